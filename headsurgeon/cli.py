@@ -1,0 +1,121 @@
+"""The ``headsurgeon`` command line: one subcommand per pipeline stage."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    if optional:
+        p.add_argument("model", nargs="?", default="tiny-stories",
+                       help="hub id, local HF directory, llama2c:PATH.bin, or tiny-stories (default)")
+    else:
+        p.add_argument("model", help="hub id, local HF directory, llama2c:PATH.bin, or tiny-stories")
+    p.add_argument("--tokenizer", default=None, help="tokenizer path (sentencepiece .model, tokenizer.bin, HF dir)")
+    p.add_argument("--device", default="cpu")
+
+
+def _corpus_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-len", type=int, default=128, help="tokens per window, BOS included (default 128)")
+    p.add_argument("--max-sequences", type=int, default=None, help="stop after this many windows")
+    p.add_argument("--separator", default=None, help="document separator (default: blank lines)")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from headsurgeon.surgery.loading import load_model
+
+    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
+    info = handle.describe()
+    sample = args.sample
+    ids = handle.tokenizer(sample, add_special_tokens=False)["input_ids"]
+    info["tokenizer_sample"] = {"text": sample, "ids": ids, "tokens": handle.tokenizer.convert_ids_to_tokens(ids)}
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"model        {info['name']}")
+    print(f"layers       {info['n_layers']}")
+    print(f"query heads  {info['n_heads']} per layer (key/value heads: {info['n_kv_heads']}), d_head {info['d_head']}")
+    print(f"d_model      {info['d_model']}, vocab {info['vocab_size']}, context {info['n_ctx']}")
+    print(f"attention    {info['attention']}; BOS id {info['bos_id']} (prepended: {info['prepend_bos']})")
+    print(f"pattern hook {info['pattern_hooks'][0]} ... {info['pattern_hooks'][-1]}  [batch, head, query, key]")
+    print(f"tokenizer    {sample!r} -> {info['tokenizer_sample']['tokens']}")
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.corpus import make_sequences, read_documents
+    from headsurgeon.surgery.loading import load_model
+
+    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
+    seqs = make_sequences(handle, read_documents(args.corpus, args.separator), max_len=args.max_len,
+                          max_sequences=args.max_sequences)
+    store = capture(handle, seqs, out=args.out, mode=args.mode, q_frac=args.q, batch_size=args.batch_size,
+                    shard_size=args.shard_size)
+    print(f"captured {len(store)} sequences × {handle.n_layers * handle.n_heads} heads ({args.mode}) -> {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="headsurgeon", description=__doc__)
+    from headsurgeon import __version__
+
+    parser.add_argument("--version", action="version", version=f"headsurgeon {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("info", help="architecture, heads, hook names and a tokenizer sample")
+    _model_args(p, optional=True)
+    p.add_argument("--sample", default="Once upon a time, there was a little girl.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("capture", help="capture attention patterns over a corpus into a resumable store")
+    _model_args(p)
+    p.add_argument("corpus", help="text file; documents separated by blank lines")
+    p.add_argument("out", help="output directory (re-run the same command to resume)")
+    _corpus_args(p)
+    p.add_argument("--mode", choices=["dense", "topq"], default="dense")
+    p.add_argument("--q", type=float, default=0.025, help="top-q fraction of the n×n grid kept in topq mode")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--shard-size", type=int, default=64)
+    p.set_defaults(func=cmd_capture)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands defined next to the code they drive."""
+    out = []
+    for module, attr in (("headsurgeon.surgery.cli", "register"), ("headsurgeon.synth.cli", "register"),
+                         ("headsurgeon.synth.tp.cli", "register"), ("headsurgeon.hub.cli", "register")):
+        try:
+            mod = __import__(module, fromlist=[attr])
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        out.append(getattr(mod, attr))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, IndexError, KeyError) as e:
+        print(f"headsurgeon {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Hybrid checkpoints, trust policy, Hugging Face Hub, and the embedded default model."""

@@ -1,0 +1,1 @@
+"""Numba kernels that turn programs into attention tensors, normalization, and the tensor cache."""

@@ -1,0 +1,343 @@
+"""Content-addressed tensor cache: in-memory LRU with a byte budget plus an optional on-disk store.
+
+Keys come from :func:`cache_key` (program hash, sequence-ids hash, mask policy), so an entry is valid
+for as long as those three things are the same; nothing is ever invalidated, only evicted.
+
+On disk, entries live in safetensors shard files (one or many tensors each, tensor name = key) in one
+directory. Writes go to a temporary file in the same directory, are flushed and fsynced, then moved
+into place with ``os.replace`` (atomic on POSIX): concurrent readers see either no shard or a whole
+one, and two processes writing the same entries both succeed (shard names are content hashes of
+their keys, so they simply replace each other with equal content). Readers discover shards written
+by other processes by rescanning the directory when its modification time changes. No pickle.
+The disk store is never pruned automatically (``clear(disk=True)`` empties it).
+The safetensors format (8-byte little-endian header length, JSON header, raw little-endian data) is
+read and written here with numpy alone, per the kernels layering rule; files are interchangeable
+with the ``safetensors`` library's.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+SHARD_SUFFIX = ".safetensors"
+_FORMAT = "headsurgeon-tensor-cache/1"
+_MTIME_SLACK_NS = 2_000_000_000
+
+
+def cache_key(program_hash: str, seq_key: str, mask_policy: str) -> str:
+    """Content address of one (program, sequence, mask policy) tensor: 40 hex chars."""
+    for name, part in (("program_hash", program_hash), ("seq_key", seq_key), ("mask_policy", mask_policy)):
+        if not isinstance(part, str) or not part:
+            raise ValueError(f"cache_key needs a non-empty str {name}; got {part!r}")
+    raw = "\x1f".join((program_hash, seq_key, mask_policy)).encode()
+    return hashlib.sha256(raw).hexdigest()[:40]
+
+
+@dataclass
+class CacheStats:
+    """Counters of a :class:`TensorCache` (``hits`` includes ``disk_hits``)."""
+
+    hits: int = 0
+    misses: int = 0
+    disk_hits: int = 0
+    puts: int = 0
+    evictions: int = 0
+    disk_writes: int = 0
+    entries: int = 0
+    bytes: int = 0
+    max_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of lookups answered from memory or disk (0 when nothing was looked up)."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Plain dict (JSON-friendly) of the counters and the hit rate."""
+        d = asdict(self)
+        d["hit_rate"] = self.hit_rate
+        return d
+
+
+_DTYPES: dict[str, str] = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
+}
+_CODES: dict[str, str] = {np.dtype(v).str: k for k, v in _DTYPES.items()}
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """Parse a safetensors header without loading tensors -> (header dict, data start offset)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path} is not a safetensors file (truncated header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100 * 1024 * 1024:
+            raise ValueError(f"{path} has an implausible safetensors header of {n} bytes")
+        raw = f.read(n)
+        if len(raw) != n:
+            raise ValueError(f"{path} is truncated inside its safetensors header")
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError(f"{path} has a malformed safetensors header")
+        return header, 8 + n
+
+
+def _encode_safetensors(items: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> tuple[bytes, dict, int]:
+    """Serialize arrays to safetensors bytes (keys sorted, data contiguous, header padded to 8).
+
+    Returns (file bytes, header dict, offset where the data section starts).
+    """
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    chunks: list[bytes] = []
+    offset = 0
+    for key in sorted(items):
+        arr = np.asarray(items[key])
+        le = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+        code = _CODES.get(np.dtype(le).str)
+        if code is None:
+            raise TypeError(f"cannot store dtype {arr.dtype} for key {key!r}; use a numeric numpy dtype")
+        data = np.ascontiguousarray(arr, dtype=le).tobytes()
+        header[key] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"".join(chunks), header, 8 + len(raw)
+
+
+def _read_tensor(path: Path, start: int, info: Mapping, key: str) -> np.ndarray:
+    """Load one tensor (described by its header entry ``info``) of a safetensors file, read-only."""
+    begin, end = info["data_offsets"]
+    dtype = np.dtype(_DTYPES[info["dtype"]])
+    with open(path, "rb") as f:
+        f.seek(start + begin)
+        data = f.read(end - begin)
+    if len(data) != end - begin:
+        raise ValueError(f"{path} is truncated in tensor {key!r}")
+    arr = np.frombuffer(data, dtype=dtype).reshape(info["shape"])
+    return arr.astype(dtype.newbyteorder("="), copy=False)
+
+
+def _key_of(key: str) -> str:
+    """Validate a cache key (what :func:`cache_key` makes, or any other safe tensor name)."""
+    if not isinstance(key, str) or not key or len(key) > 200 or any(c in key for c in "/\\\0"):
+        raise ValueError(f"bad cache key {key!r}; build keys with cache_key(program_hash, seq_key, mask_policy)")
+    return key
+
+
+class TensorCache:
+    """LRU of numpy arrays bounded by ``max_bytes``, optionally backed by a safetensors directory.
+
+    ``get`` returns read-only arrays shared with the cache (copy before writing). Thread-safe.
+    Arrays larger than ``max_bytes`` are not kept in memory (but still written to disk).
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30, directory: str | os.PathLike | None = None) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0; got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self.directory = Path(directory) if directory is not None else None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._mem: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.RLock()
+        self._stats = CacheStats(max_bytes=self.max_bytes)
+        self._index: dict[str, tuple[Path, int, dict]] = {}  # key -> (shard, data start, header entry)
+        self._scanned: set[str] = set()
+        self._dir_mtime: int | None = None
+
+    # ------------------------------------------------------------------ memory
+    def _remember(self, key: str, arr: np.ndarray) -> None:
+        """Insert (or refresh) an entry as most recent and evict down to the budget."""
+        old = self._mem.pop(key, None)
+        if old is not None:
+            self._bytes -= old.nbytes
+        if arr.nbytes > self.max_bytes:
+            return
+        self._mem[key] = arr
+        self._bytes += arr.nbytes
+        while self._bytes > self.max_bytes and self._mem:
+            _, gone = self._mem.popitem(last=False)
+            self._bytes -= gone.nbytes
+            self._stats.evictions += 1
+
+    @staticmethod
+    def _frozen(array: np.ndarray) -> np.ndarray:
+        """Private, contiguous, read-only copy of ``array``."""
+        arr = np.array(array, copy=True, order="C")
+        if arr.dtype == object:
+            raise TypeError("TensorCache stores numeric arrays only (no object dtype, no pickle)")
+        arr.flags.writeable = False
+        return arr
+
+    # ------------------------------------------------------------------ disk
+    def _refresh_index(self, force: bool = False) -> None:
+        """Index shards written since the last scan (by this or another process)."""
+        if self.directory is None:
+            return
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if not force and mtime == self._dir_mtime:
+            return
+        # Directory mtimes tick coarsely: trust one only once it is old enough that no write can
+        # still land in the same tick; until then rescan on every miss (cheap: known shards are skipped).
+        self._dir_mtime = mtime if time.time_ns() - mtime > _MTIME_SLACK_NS else None
+        with os.scandir(self.directory) as it:
+            names = [e.name for e in it if e.name.endswith(SHARD_SUFFIX) and not e.name.startswith(".")]
+        for name in names:
+            if name in self._scanned:
+                continue
+            path = self.directory / name
+            try:
+                header, start = _read_header(path)
+            except (OSError, ValueError):
+                continue  # removed meanwhile or foreign file: ignore
+            self._scanned.add(name)
+            for key, info in header.items():
+                if key != "__metadata__" and isinstance(info, dict) and info.get("dtype") in _DTYPES:
+                    self._index.setdefault(key, (path, start, info))
+
+    def _load(self, key: str) -> np.ndarray | None:
+        """Read one tensor from its shard, or None when it is not on disk."""
+        entry = self._index.get(key)
+        if entry is None:
+            self._refresh_index()
+            entry = self._index.get(key)
+        if entry is None:
+            return None
+        try:
+            arr = _read_tensor(entry[0], entry[1], entry[2], key)
+        except (OSError, KeyError, ValueError):
+            self._index.pop(key, None)
+            return None
+        if arr.flags.writeable:
+            arr.flags.writeable = False
+        return arr
+
+    def _write_shard(self, items: Mapping[str, np.ndarray]) -> Path:
+        """Atomically write ``items`` as one safetensors shard named by the hash of its keys."""
+        assert self.directory is not None
+        digest = hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:32]
+        final = self.directory / f"{digest}{SHARD_SUFFIX}"
+        payload, header, start = _encode_safetensors(items, {"format": _FORMAT})
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SHARD_SUFFIX, dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        self._scanned.add(final.name)
+        for k in items:
+            self._index[k] = (final, start, header[k])
+        self._stats.disk_writes += 1
+        return final
+
+    # ------------------------------------------------------------------ public
+    def get(self, key: str) -> np.ndarray | None:
+        """The cached array for ``key`` (memory first, then disk), or None; counts a hit or a miss."""
+        _key_of(key)
+        with self._lock:
+            arr = self._mem.get(key)
+            if arr is not None:
+                self._mem.move_to_end(key)
+                self._stats.hits += 1
+                return arr
+            if self.directory is not None:
+                arr = self._load(key)
+                if arr is not None:
+                    self._remember(key, arr)
+                    self._stats.hits += 1
+                    self._stats.disk_hits += 1
+                    return arr
+            self._stats.misses += 1
+            return None
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, np.ndarray]:
+        """Look up many keys; returns only the hits (each key counted as a hit or a miss)."""
+        return {k: a for k in keys if (a := self.get(k)) is not None}
+
+    def put(self, key: str, array: np.ndarray) -> None:
+        """Store a copy of ``array`` under ``key`` in memory and, if configured, on disk."""
+        self.put_many({key: array})
+
+    def put_many(self, items: Mapping[str, np.ndarray]) -> None:
+        """Store many arrays; with a directory they go to disk together as one shard."""
+        frozen = {_key_of(k): self._frozen(v) for k, v in items.items()}
+        if not frozen:
+            return
+        with self._lock:
+            for k, arr in frozen.items():
+                self._remember(k, arr)
+                self._stats.puts += 1
+            if self.directory is not None:
+                todo = {k: v for k, v in frozen.items() if k not in self._index}
+                if todo:
+                    self._write_shard(todo)
+
+    def __contains__(self, key: object) -> bool:
+        """True when ``key`` is in memory or on disk (does not touch the counters or the LRU order)."""
+        if not isinstance(key, str):
+            return False
+        with self._lock:
+            if key in self._mem:
+                return True
+            if self.directory is None:
+                return False
+            if key not in self._index:
+                self._refresh_index()
+            return key in self._index
+
+    def __len__(self) -> int:
+        """Number of entries held in memory."""
+        return len(self._mem)
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            s = CacheStats(**asdict(self._stats))
+            s.entries = len(self._mem)
+            s.bytes = self._bytes
+            return s
+
+    def clear(self, disk: bool = False) -> None:
+        """Drop every in-memory entry (and, with ``disk=True``, every shard in the directory)."""
+        with self._lock:
+            self._mem.clear()
+            self._bytes = 0
+            if disk and self.directory is not None:
+                for p in self.directory.glob(f"*{SHARD_SUFFIX}"):
+                    p.unlink(missing_ok=True)
+                self._index.clear()
+                self._scanned.clear()
+                self._dir_mtime = None
+
+    def __repr__(self) -> str:
+        s = self.stats
+        where = f", directory={str(self.directory)!r}" if self.directory else ""
+        return (f"TensorCache(entries={s.entries}, bytes={s.bytes}/{self.max_bytes}, hits={s.hits}, "
+                f"misses={s.misses}{where})")

@@ -1,0 +1,300 @@
+"""Numba kernels behind ``headsurgeon.synth.metrics``: soft IoU, JSD distance and top-q IoU in one pass.
+
+Why this shape: scoring H heads x P programs x B sequences densely costs H*P*B*n^2 log evaluations.
+Program patterns are usually sparse (prev, first, same-token ... have a handful of non-zeros per row),
+so candidates are turned into a row-compressed list of their visible non-zeros once, and every metric
+is rewritten to touch only those entries:
+
+* ``sum min(p, q)`` is zero wherever ``q`` is zero; ``sum max = sum p + sum q - sum min``.
+* per JSD row, the summand ``f(a, b) = 1/2 [a log(2a/(a+b)) + b log(2b/(a+b))]`` equals ``1/2 a log 2``
+  where ``b == 0``, so ``row = 1/2 log2 * rowsum(p) + sum_{b>0} (f(a, b) - 1/2 a log 2)``; with
+  ``a log a`` precomputed once per real pattern, each candidate non-zero costs one ``log``.
+
+The loop runs in parallel over (head, sequence) pairs so the real pattern (and its ``a log a``) stays
+in cache while all programs stream past it. float16 inputs are read through a 65,536-entry lookup
+table (numba has no CPU float16), so nothing is copied to float32 up front.
+Only numpy and numba are imported here (layering rule of DESIGN section 1).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+from numba.core import types
+from numba.extending import overload
+
+LN2 = math.log(2.0)
+
+#: float16 bit pattern -> float64 value, used to read float16 tensors passed as a uint16 view.
+F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+#: placeholder lookup table for float32/float64 inputs (never indexed).
+NO_LUT = np.zeros(1, dtype=np.float64)
+
+
+def _read(x, lut, i0, i1, i2, i3):  # pragma: no cover - replaced by the overload inside numba
+    """Read ``x[i0, i1, i2, i3]`` as float64 (float16 arrives as a uint16 view decoded via ``lut``)."""
+    raise NotImplementedError
+
+
+@overload(_read, inline="always")
+def _read_ol(x, lut, i0, i1, i2, i3):
+    if isinstance(x, types.Array) and x.dtype == types.uint16:
+        def impl(x, lut, i0, i1, i2, i3):
+            return lut[x[i0, i1, i2, i3]]
+        return impl
+
+    def impl(x, lut, i0, i1, i2, i3):
+        return np.float64(x[i0, i1, i2, i3])
+    return impl
+
+
+@njit(parallel=True, cache=True)
+def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
+    """One pass over x[p0:p1, b0:b1]: visible positive entries per row and invalid entries per pattern.
+
+    Returns (rows int64 [b1-b0, p1-p0, N] in (b, p, i) order, bad int64 [p1-p0, b1-b0]) where "bad"
+    counts visible entries that are negative, NaN or infinite.
+    """
+    Pc = p1 - p0
+    Bc = b1 - b0
+    rows = np.zeros((Bc, Pc, N), dtype=np.int64)
+    bad = np.zeros((Pc, Bc), dtype=np.int64)
+    for t in prange(Pc * Bc):
+        pp = t // Bc
+        bb = t % Bc
+        b = b0 + bb
+        L = lengths[b]
+        nbad = 0
+        for i in range(L):
+            jmax = i + 1 if causal else L
+            c = 0
+            for j in range(jmax):
+                v = _read(x, lut, p0 + pp, b, i, j)
+                if v > 0.0:
+                    if v == np.inf:
+                        nbad += 1
+                    c += 1
+                elif not (v == 0.0):
+                    nbad += 1
+            rows[bb, pp, i] = c
+        bad[pp, bb] = nbad
+    return rows, bad
+
+
+@njit(parallel=True, cache=True)
+def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cvlogv, ctot):
+    """Fill the row-compressed visible positives of x[p0:p1, b0:b1]; ``ctot[bb, pp]`` = visible mass."""
+    Pc = p1 - p0
+    Bc = b1 - b0
+    for t in prange(Pc * Bc):
+        pp = t // Bc
+        bb = t % Bc
+        b = b0 + bb
+        L = lengths[b]
+        tot = 0.0
+        for i in range(L):
+            jmax = i + 1 if causal else L
+            k = rowptr[(bb * Pc + pp) * N + i]
+            for j in range(jmax):
+                v = _read(x, lut, p0 + pp, b, i, j)
+                if v > 0.0:
+                    cidx[k] = j
+                    cval[k] = v
+                    cvlogv[k] = v * math.log(v)
+                    tot += v
+                    k += 1
+        ctot[bb, pp] = tot
+
+
+@njit(cache=True)
+def _kth_smallest(buf, n, k):
+    """k-th smallest (0-based) of buf[:n], reordering buf in place (iterative quickselect)."""
+    lo = 0
+    hi = n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        # median of three as pivot
+        a = buf[lo]
+        b = buf[mid]
+        c = buf[hi]
+        if a > b:
+            a, b = b, a
+        if b > c:
+            b = c
+            if a > b:
+                b = a
+        pivot = b
+        i = lo
+        j = hi
+        while i <= j:
+            while buf[i] < pivot:
+                i += 1
+            while buf[j] > pivot:
+                j -= 1
+            if i <= j:
+                t = buf[i]
+                buf[i] = buf[j]
+                buf[j] = t
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            return buf[k]
+    return buf[k]
+
+
+@njit(parallel=True, cache=True)
+def topq_sets(x, lut, lengths, causal, p0, p1, b0, b1, qs, qmax):
+    """Top-q visible positive cells of each x[p, b] as sorted flat indices ``i*L + j``.
+
+    Ties at the threshold are broken by row-major position (earlier first); zero-weight cells are
+    never selected, so a pattern with fewer than q positive cells yields a smaller set.
+    Returns (idx int32 [p1-p0, b1-b0, qmax], count int32 [p1-p0, b1-b0]).
+    """
+    Pc = p1 - p0
+    Bc = b1 - b0
+    idx = np.zeros((Pc, Bc, max(qmax, 1)), dtype=np.int32)
+    cnt = np.zeros((Pc, Bc), dtype=np.int32)
+    for t in prange(Pc * Bc):
+        pp = t // Bc
+        bb = t % Bc
+        b = b0 + bb
+        L = lengths[b]
+        q = qs[b]
+        m = L * (L + 1) // 2 if causal else L * L
+        buf = np.empty(m, dtype=np.float64)
+        npos = 0
+        for i in range(L):
+            jmax = i + 1 if causal else L
+            for j in range(jmax):
+                v = _read(x, lut, p0 + pp, b, i, j)
+                if v > 0.0:
+                    buf[npos] = v
+                    npos += 1
+        if npos <= q:
+            k = 0
+            for i in range(L):
+                jmax = i + 1 if causal else L
+                for j in range(jmax):
+                    if _read(x, lut, p0 + pp, b, i, j) > 0.0:
+                        idx[pp, bb, k] = i * L + j
+                        k += 1
+            cnt[pp, bb] = k
+            continue
+        thr = _kth_smallest(buf, npos, npos - q)
+        above = 0
+        for k in range(npos):
+            if buf[k] > thr:
+                above += 1
+        ties = q - above
+        k = 0
+        for i in range(L):
+            jmax = i + 1 if causal else L
+            for j in range(jmax):
+                v = _read(x, lut, p0 + pp, b, i, j)
+                if v > thr:
+                    idx[pp, bb, k] = i * L + j
+                    k += 1
+                elif v == thr and ties > 0:
+                    idx[pp, bb, k] = i * L + j
+                    k += 1
+                    ties -= 1
+        cnt[pp, bb] = k
+    return idx, cnt
+
+
+@njit(inline="always")
+def _set_iou(a, na, c, nc):
+    """IoU of two sorted int sets given as prefixes of ``a`` and ``c``; two empty sets -> 1."""
+    i = 0
+    j = 0
+    inter = 0
+    while i < na and j < nc:
+        if a[i] == c[j]:
+            inter += 1
+            i += 1
+            j += 1
+        elif a[i] < c[j]:
+            i += 1
+        else:
+            j += 1
+    union = na + nc - inter
+    if union == 0:
+        return 1.0
+    return inter / union
+
+
+@njit(parallel=True, cache=True)
+def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
+                rowptr, cidx, cval, cvlogv, ctot,
+                do_iou, do_jsd, do_topq,
+                r_tq_idx, r_tq_cnt, c_tq_idx, c_tq_cnt,
+                out_iou, out_jsd, out_tq):
+    """Per-sequence metrics for every head of ``real`` x the ``Pc`` CSR-packed candidates, b in [b0, b1).
+
+    Writes ``out_*[h, p, b - b0]`` (float64). ``r_tq_*`` are indexed [h, b - b0], ``c_tq_*`` [p, b - b0].
+    """
+    H = real.shape[0]
+    Bc = b1 - b0
+    half_ln2 = 0.5 * LN2
+    for t in prange(H * Bc):
+        h = t // Bc
+        bb = t % Bc
+        b = b0 + bb
+        L = lengths[b]
+        need_dense = do_iou or do_jsd
+        Ld = L if need_dense else 0
+        a_buf = np.zeros((Ld, Ld), dtype=np.float64)
+        alog = np.zeros((Ld, Ld), dtype=np.float64)
+        rows = np.zeros(Ld, dtype=np.float64)
+        atot = 0.0
+        if need_dense:
+            for i in range(L):
+                jmax = i + 1 if causal else L
+                rs = 0.0
+                for j in range(jmax):
+                    a = _read(real, lut, h, b, i, j)
+                    a_buf[i, j] = a
+                    if a > 0.0:
+                        alog[i, j] = a * math.log(a)
+                    rs += a
+                rows[i] = rs
+                atot += rs
+        for p in range(Pc):
+            if need_dense:
+                base = (bb * Pc + p) * N
+                minsum = 0.0
+                jsd = 0.0
+                for i in range(L):
+                    acc = half_ln2 * rows[i]
+                    for k in range(rowptr[base + i], rowptr[base + i + 1]):
+                        j = cidx[k]
+                        v = cval[k]
+                        a = a_buf[i, j]
+                        if a < v:
+                            minsum += a
+                        else:
+                            minsum += v
+                        if do_jsd:
+                            s = a + v
+                            acc += 0.5 * (alog[i, j] + cvlogv[k] + s * LN2 - s * math.log(s)) - half_ln2 * a
+                    if do_jsd:
+                        if acc > 0.0:
+                            jsd += math.sqrt(acc)
+                if do_iou:
+                    den = atot + ctot[bb, p] - minsum
+                    out_iou[h, p, bb] = minsum / den if den > 0.0 else 1.0
+                if do_jsd:
+                    out_jsd[h, p, bb] = jsd / L
+            if do_topq:
+                out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb], c_tq_idx[p, bb], c_tq_cnt[p, bb])
+
+
+def kernel_threads() -> int:
+    """Number of threads numba's parallel kernels use (for benchmark reports)."""
+    return int(numba.get_num_threads())

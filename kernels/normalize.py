@@ -1,0 +1,160 @@
+"""Scores -> attention: the one normalization every program output goes through (DESIGN section 2).
+
+The framework, not the program, owns the mask and the normalization, so that every program (DSL or
+Python) becomes a pattern by exactly the same rule:
+
+1. keys beyond each sequence's length are masked, and (``causal=True``) so are keys ``j > i``;
+2. a visible score that is NaN or +-inf is an error (``ValueError`` naming the position), never
+   silently repaired;
+3. negative scores are clipped to 0;
+4. each visible query row is divided by its sum;
+5. a visible row whose mass is zero attends fully to position 0 (the BOS / attention-sink default,
+   as in Transformer Programs);
+6. padded query rows (``i >= length``) are all zero.
+
+``normalize_scores`` is the numpy/numba implementation; ``normalize_scores_torch`` is its twin on
+torch tensors (torch is imported lazily, so this module itself depends only on numpy and numba).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from .primitives import threads_for
+
+__all__ = ["normalize_scores", "normalize_scores_torch", "visible_mask"]
+
+
+def _check_inputs(shape: tuple[int, ...], lengths: np.ndarray) -> np.ndarray:
+    """Validate a [B,N,N] score shape against lengths [B]; return lengths as int64."""
+    if len(shape) != 3 or shape[1] != shape[2]:
+        raise ValueError(f"scores must have shape [B, N, N]; got {tuple(shape)}")
+    lengths = np.asarray(lengths).astype(np.int64, copy=False).reshape(-1)
+    if lengths.shape[0] != shape[0]:
+        raise ValueError(
+            f"lengths has {lengths.shape[0]} entries but scores has batch size {shape[0]}; "
+            "pass one length per sequence"
+        )
+    if lengths.size and (lengths.min() < 0 or lengths.max() > shape[1]):
+        raise ValueError(
+            f"lengths must lie in [0, N={shape[1]}]; got min {lengths.min()}, max {lengths.max()}"
+        )
+    return lengths
+
+
+def visible_mask(lengths: np.ndarray, n: int, causal: bool) -> np.ndarray:
+    """Boolean [B,N,N] mask of visible (query, key) cells: both inside the length, and j <= i if causal."""
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    pos = np.arange(n)
+    inside = pos[None, :] < lengths[:, None]
+    mask = inside[:, :, None] & inside[:, None, :]
+    if causal:
+        mask &= pos[None, None, :] <= pos[None, :, None]
+    return mask
+
+
+@njit(parallel=True, cache=True)
+def _normalize_kernel(scores, lengths, causal, out, bad):  # pragma: no cover - compiled
+    """Fill ``out`` with normalized rows; record per sequence the first bad (i*N+j) cell in ``bad``."""
+    nb, n, _ = scores.shape
+    for b in prange(nb):
+        length = lengths[b]
+        bad[b] = -1
+        for i in range(n):
+            if i >= length:
+                for j in range(n):
+                    out[b, i, j] = 0.0
+                continue
+            jmax = i + 1 if causal else length
+            total = 0.0
+            for j in range(jmax):
+                v = scores[b, i, j]
+                if not np.isfinite(v):
+                    if bad[b] < 0:
+                        bad[b] = i * n + j
+                    v = 0.0
+                if v < 0.0:
+                    v = 0.0
+                fv = np.float32(v)
+                out[b, i, j] = fv
+                total += fv
+            for j in range(jmax, n):
+                out[b, i, j] = 0.0
+            if total > 0.0:
+                inv = 1.0 / total
+                for j in range(jmax):
+                    out[b, i, j] = np.float32(out[b, i, j] * inv)
+            else:
+                out[b, i, 0] = 1.0
+
+
+def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
+    """Mask, validate, clip and row-normalize raw scores [B,N,N] into attention patterns (float32)."""
+    scores = np.asarray(scores)
+    lengths = _check_inputs(scores.shape, lengths)
+    if scores.dtype not in (np.float32, np.float64):
+        if not (np.issubdtype(scores.dtype, np.number) or scores.dtype == np.bool_):
+            raise ValueError(f"scores must be numeric; got dtype {scores.dtype}")
+        scores = scores.astype(np.float64)
+    scores = np.ascontiguousarray(scores)
+    out = np.empty(scores.shape, dtype=np.float32)
+    bad = np.empty(scores.shape[0], dtype=np.int64)
+    if scores.shape[0] == 0 or scores.shape[1] == 0:
+        return out
+    with threads_for(scores.size):
+        _normalize_kernel(scores, lengths, bool(causal), out, bad)
+    hit = np.flatnonzero(bad >= 0)
+    if hit.size:
+        b = int(hit[0])
+        i, j = divmod(int(bad[b]), scores.shape[1])
+        raise ValueError(
+            f"scores contain a non-finite value ({scores[b, i, j]!r}) at sequence {b}, query {i}, "
+            f"key {j} ({hit.size} sequence(s) affected); a program must return finite scores "
+            "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"
+        )
+    return out
+
+
+def normalize_scores_torch(scores: Any, lengths: Any, causal: bool) -> Any:
+    """Torch twin of ``normalize_scores``: same masks, errors, clipping and BOS default, on any device."""
+    import torch
+
+    if scores.dim() != 3 or scores.shape[1] != scores.shape[2]:
+        raise ValueError(f"scores must have shape [B, N, N]; got {tuple(scores.shape)}")
+    nb, n, _ = scores.shape
+    lengths_t = torch.as_tensor(lengths, device=scores.device).to(torch.long).reshape(-1)
+    if lengths_t.shape[0] != nb:
+        raise ValueError(
+            f"lengths has {lengths_t.shape[0]} entries but scores has batch size {nb}; "
+            "pass one length per sequence"
+        )
+    if nb and (int(lengths_t.min()) < 0 or int(lengths_t.max()) > n):
+        raise ValueError(
+            f"lengths must lie in [0, N={n}]; got min {int(lengths_t.min())}, max {int(lengths_t.max())}"
+        )
+    dtype = scores.dtype if scores.is_floating_point() else torch.float32
+    x = scores.to(dtype)
+    pos = torch.arange(n, device=scores.device)
+    rows = pos.view(1, n) < lengths_t.view(nb, 1)  # [B, N] visible query rows
+    visible = rows[:, :, None] & rows[:, None, :]
+    if causal:
+        visible = visible & (pos.view(1, 1, n) <= pos.view(1, n, 1))
+    bad = visible & ~torch.isfinite(x)
+    if bool(bad.any()):
+        b, i, j = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(
+            f"scores contain a non-finite value ({float(x[b, i, j])!r}) at sequence {b}, query {i}, "
+            f"key {j}; a program must return finite scores (NaN/inf are errors, not masks: "
+            "return 0 for keys it should ignore)"
+        )
+    zero = torch.zeros((), dtype=dtype, device=scores.device)
+    x = torch.where(visible, x.clamp_min(0), zero)
+    total = x.sum(dim=-1, keepdim=True)
+    has_mass = total > 0
+    out = torch.where(has_mass, x / torch.where(has_mass, total, torch.ones_like(total)), zero)
+    sink = (rows & ~has_mass.squeeze(-1)).to(dtype)  # visible rows with no mass -> position 0
+    if n:
+        out[:, :, 0] = out[:, :, 0] + sink
+    return out

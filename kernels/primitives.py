@@ -1,0 +1,477 @@
+"""Numba kernels for the DSL primitives and combinators (DESIGN section 2).
+
+Every primitive kernel takes padded arrays (token ids or feature arrays ``[B, N]`` int64, boolean
+masks ``[B, N]``), ``lengths [B]`` int64, the width ``n`` and a ``causal`` flag, and returns a fresh
+float32 score matrix ``[B, N, N]``. Invariant: a kernel writes non-zero scores only on *visible*
+cells (query and key inside the length, and ``j <= i`` when causal), so that "this row is empty"
+means the same thing before and after normalization (``fallback`` relies on it). Scores are raw
+(0/1 indicators or decay weights); ``headsurgeon.kernels.normalize.normalize_scores`` turns them
+into attention.
+
+Combinator kernels work in place on whole batches (no Python loop over tokens): ``mix_accumulate``
+adds a row-normalized component with a weight, ``fallback_rows`` / ``gate_rows`` replace rows,
+``sharpen_rows`` powers and renormalizes, ``multiply`` takes elementwise products.
+
+All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+__all__ = [
+    "score_self", "score_prev", "score_next", "score_first", "score_window", "score_decay",
+    "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
+    "score_keys", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
+    "score_dep_children", "score_match", "value_index",
+    "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "multiply", "row_normalize",
+    "empty_rows", "threads_for", "SMALL_WORK",
+]
+
+# Below this many score cells (B*N*N) a kernel runs on one thread: on small batches the cost of
+# waking the OpenMP team (milliseconds on busy, oversubscribed machines) exceeds the work.
+SMALL_WORK = 1 << 16
+
+
+@contextmanager
+def threads_for(cells: int) -> Iterator[None]:
+    """Run the enclosed kernels single-threaded when the batch is small (numba's setting is thread-local)."""
+    if cells >= SMALL_WORK:
+        yield
+        return
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------------------------
+# primitives
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def score_self(lengths, n, causal):  # pragma: no cover - compiled
+    """Each query attends to itself."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            out[b, i, i] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_prev(lengths, n, k, causal):  # pragma: no cover - compiled
+    """Query i attends to key i-k (k >= 1)."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            j = i - k
+            if 0 <= j < lengths[b]:
+                out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_next(lengths, n, k, causal):  # pragma: no cover - compiled
+    """Query i attends to key i+k (encoders; empty under a causal mask)."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            j = i + k
+            if 0 <= j < lengths[b] and (not causal or j <= i):
+                out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_first(lengths, n, causal):  # pragma: no cover - compiled
+    """Every query attends to position 0 (BOS)."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            out[b, i, 0] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_window(lengths, n, lo, hi, causal):  # pragma: no cover - compiled
+    """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead)."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            for d in range(lo, hi + 1):
+                j = i - d
+                if 0 <= j < length and (not causal or j <= i):
+                    out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_decay(lengths, n, rate, causal):  # pragma: no cover - compiled
+    """Exponential decay rate**|i-j| over visible keys (the query itself scores 1)."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    table = np.empty(max(n, 1), np.float32)
+    for d in range(n):
+        table[d] = rate ** d
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                out[b, i, j] = table[abs(i - j)]
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_uniform(lengths, n, causal):  # pragma: no cover - compiled
+    """Uniform over all visible keys."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_none(lengths, n, causal):  # pragma: no cover - compiled
+    """All-zero scores (every visible row falls back to position 0 after normalization)."""
+    nb = lengths.shape[0]
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_same_token(ids, lengths, causal):  # pragma: no cover - compiled
+    """Keys holding the query's token: earlier ones (causal) or all other ones (non-causal)."""
+    nb, n = ids.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            t = ids[b, i]
+            jmax = i if causal else length
+            for j in range(jmax):
+                if j != i and ids[b, j] == t:
+                    out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_same_token_recent(ids, lengths, causal):  # pragma: no cover - compiled
+    """The most recent earlier occurrence (j < i) of the query's token."""
+    nb, n = ids.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            t = ids[b, i]
+            for j in range(i - 1, -1, -1):
+                if ids[b, j] == t:
+                    out[b, i, j] = 1.0
+                    break
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_induction(ids, lengths, causal):  # pragma: no cover - compiled
+    """Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token."""
+    nb, n = ids.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            t = ids[b, i]
+            pmax = i if causal else length - 1
+            for p in range(pmax):
+                if p != i and ids[b, p] == t:
+                    j = p + 1
+                    if j < length and (not causal or j <= i):
+                        out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_keys(mask, lengths, causal):  # pragma: no cover - compiled
+    """All visible keys whose mask is set (key_in_set and other key predicates)."""
+    nb, n = mask.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                if mask[b, j]:
+                    out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_recent(mask, lengths, causal):  # pragma: no cover - compiled
+    """The most recent key j <= i whose mask is set."""
+    nb, n = mask.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        last = -1
+        for i in range(lengths[b]):
+            if mask[b, i]:
+                last = i
+            if last >= 0:
+                out[b, i, last] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_group_start(groups, lengths, causal):  # pragma: no cover - compiled
+    """The first key with the query's group value (sentence start, word start)."""
+    nb, n = groups.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            g = groups[b, i]
+            for j in range(i + 1):
+                if groups[b, j] == g:
+                    out[b, i, j] = 1.0
+                    break
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_same_group(groups, lengths, causal):  # pragma: no cover - compiled
+    """All visible keys sharing the query's group value, the query included (same word)."""
+    nb, n = groups.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            g = groups[b, i]
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                if groups[b, j] == g:
+                    out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_dep_head(heads, lengths, causal):  # pragma: no cover - compiled
+    """The token holding the query's dependency head (none for roots / -1)."""
+    nb, n = heads.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            h = heads[b, i]
+            if 0 <= h < length and (not causal or h <= i):
+                out[b, i, h] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_dep_children(heads, lengths, causal):  # pragma: no cover - compiled
+    """The visible tokens whose dependency head is the query."""
+    nb, n = heads.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                if heads[b, j] == i:
+                    out[b, i, j] = 1.0
+    return out
+
+
+@njit(parallel=True, cache=True)
+def score_match(qidx, kidx, table, lengths, closest, causal):  # pragma: no cover - compiled
+    """Categorical predicate: keys with table[qidx[i], kidx[j]] set; ``closest`` keeps the nearest one.
+
+    ``qidx``/``kidx`` map each position's feature value to a row/column of ``table`` (-1: value not
+    mentioned, never matches). Closest = largest j <= i under a causal mask; otherwise the smallest
+    |i - j|, ties to the left.
+    """
+    nb, n = qidx.shape
+    out = np.empty((nb, n, n), np.float32)
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            qa = qidx[b, i]
+            if qa < 0:
+                continue
+            if not closest:
+                jmax = i + 1 if causal else length
+                for j in range(jmax):
+                    kb = kidx[b, j]
+                    if kb >= 0 and table[qa, kb]:
+                        out[b, i, j] = 1.0
+            elif causal:
+                for j in range(i, -1, -1):
+                    kb = kidx[b, j]
+                    if kb >= 0 and table[qa, kb]:
+                        out[b, i, j] = 1.0
+                        break
+            else:
+                for d in range(length):
+                    j = i - d
+                    if j >= 0:
+                        kb = kidx[b, j]
+                        if kb >= 0 and table[qa, kb]:
+                            out[b, i, j] = 1.0
+                            break
+                    j = i + d
+                    if d > 0 and j < length:
+                        kb = kidx[b, j]
+                        if kb >= 0 and table[qa, kb]:
+                            out[b, i, j] = 1.0
+                            break
+                    if i - d < 0 and i + d >= length:
+                        break
+    return out
+
+
+def value_index(values: np.ndarray, vocabulary: np.ndarray) -> np.ndarray:
+    """Map each entry of ``values`` to its index in the sorted unique ``vocabulary`` (-1 if absent)."""
+    values = np.asarray(values, dtype=np.int64)
+    vocabulary = np.asarray(vocabulary, dtype=np.int64)
+    if vocabulary.size == 0:
+        return np.full(values.shape, -1, dtype=np.int64)
+    pos = np.searchsorted(vocabulary, values)
+    pos_c = np.minimum(pos, vocabulary.size - 1)
+    return np.where(vocabulary[pos_c] == values, pos_c, -1).astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# combinators (in place, vectorized over whole batches)
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def mix_accumulate(out, a, weight):  # pragma: no cover - compiled
+    """out += weight * rownorm(a): each non-empty row of ``a`` contributes ``weight`` of mass."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            total = 0.0
+            for j in range(n):
+                total += a[b, i, j]
+            if total > 0.0:
+                scale = weight / total
+                for j in range(n):
+                    out[b, i, j] += np.float32(a[b, i, j] * scale)
+
+
+@njit(parallel=True, cache=True)
+def fallback_rows(a, alt):  # pragma: no cover - compiled
+    """Rows of ``a`` with zero mass are replaced by the same rows of ``alt`` (in place on ``a``)."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            total = 0.0
+            for j in range(n):
+                total += a[b, i, j]
+            if total <= 0.0:
+                for j in range(n):
+                    a[b, i, j] = alt[b, i, j]
+
+
+@njit(parallel=True, cache=True)
+def gate_rows(qmask, a, alt):  # pragma: no cover - compiled
+    """Rows whose query mask is unset take ``alt``'s row (in place on ``a``)."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            if not qmask[b, i]:
+                for j in range(n):
+                    a[b, i, j] = alt[b, i, j]
+
+
+@njit(parallel=True, cache=True)
+def sharpen_rows(a, t):  # pragma: no cover - compiled
+    """a <- rownorm(a ** t) for rows with mass (in place); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            total = 0.0
+            for j in range(n):
+                v = a[b, i, j]
+                if v > 0.0:
+                    v = v ** t
+                else:
+                    v = 0.0
+                a[b, i, j] = np.float32(v)
+                total += a[b, i, j]
+            if total > 0.0:
+                inv = 1.0 / total
+                for j in range(n):
+                    a[b, i, j] = np.float32(a[b, i, j] * inv)
+
+
+@njit(parallel=True, cache=True)
+def multiply(a, other):  # pragma: no cover - compiled
+    """a <- a * other, elementwise (in place)."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            for j in range(n):
+                a[b, i, j] *= other[b, i, j]
+
+
+@njit(parallel=True, cache=True)
+def row_normalize(a):  # pragma: no cover - compiled
+    """Divide every row with positive mass by its sum (in place); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            total = 0.0
+            for j in range(n):
+                total += a[b, i, j]
+            if total > 0.0:
+                inv = 1.0 / total
+                for j in range(n):
+                    a[b, i, j] = np.float32(a[b, i, j] * inv)
+
+
+@njit(parallel=True, cache=True)
+def empty_rows(a):  # pragma: no cover - compiled
+    """Boolean [B,N]: rows of ``a`` with no positive mass."""
+    nb, n, _ = a.shape
+    res = np.empty((nb, n), np.bool_)
+    for b in prange(nb):
+        for i in range(n):
+            total = 0.0
+            for j in range(n):
+                total += a[b, i, j]
+            res[b, i] = total <= 0.0
+    return res

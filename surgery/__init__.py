@@ -1,0 +1,1 @@
+"""Everything that touches a live model: loading, capture, program heads, ablations, evaluation."""

@@ -1,0 +1,170 @@
+"""Text corpus → documents → token windows (:class:`Sequence`) with the model's BOS convention, and splits.
+
+Splits are made by document, never by window, so that ``synth`` / ``select`` / ``test`` never share text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..synth.sequence import Sequence
+
+SPLITS = ("synth", "select", "test")
+_BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
+
+
+class CorpusError(ValueError):
+    """The corpus is empty or unusable; the message says what to change."""
+
+
+def read_documents(source: str | Path | Iterable[str], separator: str | None = None) -> list[str]:
+    """Documents from a text file (or a list of strings), split on blank lines or on ``separator``.
+
+    Empty documents are dropped. A list of strings is taken as documents (each may still contain
+    ``separator`` if one is given).
+    """
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and len(source) < 4096
+                                    and Path(source).expanduser().is_file()):
+        path = Path(source).expanduser()
+        text = path.read_text(encoding="utf-8", errors="replace")
+        chunks = [text]
+        origin = str(path)
+    elif isinstance(source, str):
+        if len(source) < 4096 and ("/" in source or source.endswith(".txt")) and "\n" not in source:
+            raise CorpusError(f"corpus file not found: {source}")
+        chunks = [source]
+        origin = "the given text"
+    else:
+        chunks = [str(c) for c in source]
+        origin = "the given list"
+        if separator is None:
+            docs = [c.strip() for c in chunks if c and c.strip()]
+            if not docs:
+                raise CorpusError(f"{origin} holds no text: every document is empty")
+            return docs
+    docs: list[str] = []
+    for chunk in chunks:
+        parts = chunk.split(separator) if separator else _BLANK_LINE.split(chunk)
+        docs.extend(p.strip() for p in parts)
+    docs = [d for d in docs if d]
+    if not docs:
+        raise CorpusError(f"{origin} holds no text: add documents separated by blank lines (or pass separator=)")
+    return docs
+
+
+def _tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def make_sequences(
+    model_or_tokenizer: Any,
+    documents: Iterable[str],
+    max_len: int = 128,
+    prepend_bos: bool | None = None,
+    max_sequences: int | None = None,
+    min_len: int = 4,
+) -> list[Sequence]:
+    """Tokenize documents into windows of at most ``max_len`` tokens (BOS included when the model uses one).
+
+    A long document yields consecutive windows; windows shorter than ``min_len`` tokens are dropped.
+    Each Sequence's ``text`` is the document span its tokens cover and ``offsets`` index that span.
+    """
+    handle = model_or_tokenizer if hasattr(model_or_tokenizer, "tokenizer") and hasattr(model_or_tokenizer, "n_ctx") else None
+    tokenizer = handle.tokenizer if handle is not None else model_or_tokenizer
+    if handle is not None and max_len > handle.n_ctx:
+        raise CorpusError(f"max_len={max_len} exceeds the model's context of {handle.n_ctx} tokens; lower max_len")
+    if max_len < 2:
+        raise CorpusError(f"max_len must be at least 2, got {max_len}")
+    if prepend_bos is None:
+        prepend_bos = handle.prepend_bos if handle is not None else getattr(tokenizer, "bos_token_id", None) is not None
+    bos_id = None
+    if prepend_bos:
+        bos_id = handle.bos_id if handle is not None else getattr(tokenizer, "bos_token_id", None)
+        if bos_id is None:
+            raise CorpusError("prepend_bos=True but the tokenizer defines no BOS token; pass prepend_bos=False")
+    bos_token = tokenizer.convert_ids_to_tokens([bos_id])[0] if bos_id is not None else None
+    body = max_len - (1 if bos_id is not None else 0)
+    out: list[Sequence] = []
+    n_docs = 0
+    for doc_index, doc in enumerate(documents):
+        if not doc or not doc.strip():
+            continue
+        n_docs += 1
+        ids, offsets = _tokenize(tokenizer, doc)
+        for start in range(0, len(ids), body):
+            w_ids, w_off = ids[start: start + body], offsets[start: start + body]
+            if len(w_ids) + (bos_id is not None) < min_len:
+                continue
+            lo = min(a for a, b in w_off)
+            hi = max(b for a, b in w_off)
+            text = doc[lo:hi]
+            offs = [(max(a - lo, 0), max(b - lo, 0)) for a, b in w_off]
+            tokens = tokenizer.convert_ids_to_tokens(w_ids)
+            if bos_id is not None:
+                w_ids, offs, tokens = [bos_id] + w_ids, [(0, 0)] + offs, [bos_token] + tokens
+            out.append(Sequence(ids=np.array(w_ids), tokens=list(tokens), text=text, offsets=np.array(offs),
+                                doc=doc_index, has_bos=bos_id is not None))
+            if max_sequences is not None and len(out) >= max_sequences:
+                return out
+    if not out:
+        raise CorpusError(
+            f"no token windows from {n_docs} non-empty documents (each needs at least {min_len} tokens); "
+            "give more text or lower min_len"
+        )
+    return out
+
+
+@dataclass
+class Splits:
+    """Sequences split by document into ``synth`` (fit/prompt), ``select`` (choose) and ``test`` (report)."""
+
+    synth: list[Sequence]
+    select: list[Sequence]
+    test: list[Sequence]
+
+    def __getitem__(self, name: str) -> list[Sequence]:
+        if name not in SPLITS:
+            raise KeyError(f"unknown split {name!r}; use one of {SPLITS}")
+        return getattr(self, name)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(self[name]) for name in SPLITS}
+
+
+def split_sequences(
+    sequences: list[Sequence], fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0
+) -> Splits:
+    """Deterministic document-level split; every split gets at least one document when there are three."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or not np.isclose(sum(fractions), 1.0):
+        raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")
+    docs = sorted({s.doc for s in sequences})
+    if not docs:
+        raise CorpusError("cannot split an empty list of sequences")
+    order = np.random.default_rng(seed).permutation(len(docs))
+    n = len(docs)
+    n_synth = int(round(fractions[0] * n))
+    n_select = int(round(fractions[1] * n))
+    if n >= 3:
+        n_synth = min(max(n_synth, 1 if fractions[0] > 0 else 0), n - 2)
+        n_select = min(max(n_select, 1 if fractions[1] > 0 else 0), n - n_synth - 1)
+    which = {}
+    for rank, i in enumerate(order):
+        which[docs[i]] = "synth" if rank < n_synth else ("select" if rank < n_synth + n_select else "test")
+    parts: dict[str, list[Sequence]] = {name: [] for name in SPLITS}
+    for s in sequences:
+        parts[which[s.doc]].append(s)
+    return Splits(**parts)
+
+
+def load_corpus(
+    model: Any, source: str | Path | Iterable[str], max_len: int = 128, separator: str | None = None,
+    max_sequences: int | None = None, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0,
+) -> Splits:
+    """Read, tokenize and split a corpus in one call."""
+    docs = read_documents(source, separator)
+    return split_sequences(make_sequences(model, docs, max_len=max_len, max_sequences=max_sequences), fractions, seed)

@@ -1,0 +1,361 @@
+"""``load_model``: one handle (model + tokenizer + facts) for hub ids, local dirs, llama2.c files and live objects.
+
+Everything downstream (capture, surgery, evaluation, checkpoints) takes a :class:`ModelHandle`.
+Attention always runs eagerly so that ``blocks.{l}.attn.hook_pattern`` fires.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .llama2c import CheckpointError, load_llama2c, load_llama2c_tokenizer
+
+DEFAULT_MODEL = "tiny-stories"
+
+
+class ModelLoadError(ValueError):
+    """The model spec could not be turned into a usable model; the message says why and what to do."""
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model with its tokenizer and the facts everything downstream needs."""
+
+    model: Any  # TransformerBridge, or a legacy HookedTransformer
+    tokenizer: Any
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    vocab_size: int
+    causal: bool
+    n_ctx: int
+    bos_id: int | None
+    prepend_bos: bool
+    source: dict = field(default_factory=dict)
+    hf_model: Any = None
+
+    @property
+    def pattern_hooks(self) -> list[str]:
+        """Hook names that see the post-softmax pattern [batch, head, query, key] of each layer."""
+        return [self.pattern_hook(layer) for layer in range(self.n_layers)]
+
+    def pattern_hook(self, layer: int) -> str:
+        self.check_head(layer, 0)
+        return f"blocks.{layer}.attn.hook_pattern"
+
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        return [(layer, head) for layer in range(self.n_layers) for head in range(self.n_heads)]
+
+    @property
+    def is_masked_lm(self) -> bool:
+        return not self.causal and self.hf_model is not None and hasattr(self.hf_model, "cls")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def check_head(self, layer: int, head: int) -> None:
+        """Raise a clear IndexError for a layer/head that does not exist."""
+        if not (isinstance(layer, int) and 0 <= layer < self.n_layers):
+            raise IndexError(f"layer {layer!r} does not exist: {self.name} has layers 0..{self.n_layers - 1}")
+        if not (isinstance(head, int) and 0 <= head < self.n_heads):
+            raise IndexError(
+                f"head {head!r} does not exist: {self.name} has query heads 0..{self.n_heads - 1} per layer"
+            )
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, pos, vocab] for token ids (no BOS added: ids are used as given)."""
+        kwargs = {}
+        if attention_mask is not None and not self.causal:
+            kwargs["attention_mask"] = attention_mask
+        elif attention_mask is not None and bool((attention_mask == 0).any()):
+            kwargs["attention_mask"] = attention_mask
+        return self.model(ids.to(self.device), **kwargs)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+            "d_head": self.d_head, "d_model": self.d_model, "vocab_size": self.vocab_size,
+            "attention": "causal" if self.causal else "bidirectional", "n_ctx": self.n_ctx,
+            "bos_id": self.bos_id, "prepend_bos": self.prepend_bos, "pattern_hooks": self.pattern_hooks,
+            "source": self.source,
+        }
+
+
+def _is_bridge(obj: Any) -> bool:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    return isinstance(obj, TransformerBridge)
+
+
+def _is_hooked_transformer(obj: Any) -> bool:
+    return type(obj).__name__ == "HookedTransformer" and hasattr(obj, "cfg") and hasattr(obj, "hook_dict")
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_model(
+    spec: Any = DEFAULT_MODEL,
+    tokenizer: Any = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    revision: str | None = None,
+) -> ModelHandle:
+    """Load a model as a :class:`ModelHandle`.
+
+    ``spec`` is a hub id, a local Hugging Face directory, ``"llama2c:PATH.bin"`` (``tokenizer`` = a
+    sentencepiece ``.model`` or llama2.c ``tokenizer.bin``), ``"tiny-stories"`` (the embedded default),
+    or an object: a TransformerBridge, a legacy HookedTransformer, or a transformers PreTrainedModel
+    (pass its tokenizer). ``tokenizer`` may also be a path or a tokenizer object for other specs.
+    """
+    if isinstance(spec, ModelHandle):
+        return spec
+    if isinstance(spec, (str, Path)):
+        spec_str = str(spec)
+        if spec_str.startswith("llama2c:"):
+            return _load_llama2c(spec_str[len("llama2c:"):], tokenizer, device, dtype)
+        if spec_str == DEFAULT_MODEL:
+            directory = _zoo_dir()
+            handle = _load_hf_dir(str(directory), tokenizer, device, dtype, revision=None)
+            handle.name = DEFAULT_MODEL
+            handle.source = {"kind": "zoo", "name": DEFAULT_MODEL}
+            return handle
+        if spec_str.endswith(".bin") and Path(spec_str).is_file():
+            raise ModelLoadError(
+                f"{spec_str} looks like a raw checkpoint file; for llama2.c checkpoints write "
+                f"load_model('llama2c:{spec_str}', tokenizer='path/to/tokenizer.model')"
+            )
+        return _load_hf_dir(spec_str, tokenizer, device, dtype, revision)
+    if _is_bridge(spec):
+        return _handle_from_bridge(spec, tokenizer or getattr(spec, "tokenizer", None), {"kind": "object"}, None)
+    if _is_hooked_transformer(spec):
+        return _handle_from_hooked(spec, tokenizer or getattr(spec, "tokenizer", None))
+    from transformers import PreTrainedModel
+
+    if isinstance(spec, PreTrainedModel):
+        tok = _resolve_tokenizer(tokenizer, None)
+        if tok is None:
+            raise ModelLoadError(
+                "a transformers model was passed without its tokenizer: call load_model(model, tokenizer=tok)"
+            )
+        return _bridge_module(spec.to(device), tok, {"kind": "object", "name_or_path": spec.config._name_or_path})
+    raise ModelLoadError(
+        f"cannot load a model from {type(spec).__name__}: pass a hub id, a local directory, 'llama2c:PATH', "
+        "'tiny-stories', a TransformerBridge, a HookedTransformer or a transformers PreTrainedModel"
+    )
+
+
+def _zoo_dir() -> Path:
+    from importlib import resources
+
+    directory = Path(str(resources.files("headsurgeon.hub"))) / "zoo_data" / "tiny-stories"
+    if not (directory / "config.json").is_file():
+        raise ModelLoadError(
+            f"the embedded default model is missing from {directory}; reinstall headsurgeon or rebuild it "
+            "with `python -m headsurgeon.hub.zoo train`"
+        )
+    return directory
+
+
+def _resolve_tokenizer(tokenizer: Any, default_dir: str | None):
+    from transformers import AutoTokenizer
+
+    if tokenizer is None:
+        if default_dir is None:
+            return None
+        try:
+            return AutoTokenizer.from_pretrained(default_dir)
+        except Exception as e:
+            raise ModelLoadError(
+                f"no usable tokenizer in {default_dir} ({type(e).__name__}: {e}); save one beside the model "
+                "(tokenizer.save_pretrained) or pass tokenizer=PATH_OR_OBJECT"
+            ) from e
+    if isinstance(tokenizer, (str, Path)):
+        path = Path(tokenizer)
+        if path.suffix in (".model", ".bin"):
+            return load_llama2c_tokenizer(path)
+        try:
+            return AutoTokenizer.from_pretrained(str(tokenizer))
+        except Exception as e:
+            if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():  # bare GPT-2 BPE files
+                from transformers import GPT2TokenizerFast
+
+                return GPT2TokenizerFast.from_pretrained(str(path))
+            raise ModelLoadError(f"cannot load tokenizer {tokenizer!r}: {type(e).__name__}: {e}") from e
+    return tokenizer
+
+
+def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
+    if tokenizer is None:
+        guesses = [p for p in Path(path).parent.glob("*") if p.suffix == ".model" or p.name == "tokenizer.bin"]
+        if len(guesses) != 1:
+            raise ModelLoadError(
+                f"llama2.c checkpoints carry no tokenizer: pass tokenizer='path/to/tok.model' "
+                f"(sentencepiece) or a llama2.c tokenizer.bin for {path}"
+            )
+        tokenizer = guesses[0]
+    try:
+        hf = load_llama2c(path)
+        tok = _resolve_tokenizer(tokenizer, None)
+    except CheckpointError as e:
+        raise ModelLoadError(str(e)) from e
+    source = {"kind": "llama2c", "path": str(Path(path).resolve()), "sha256": sha256_file(path)}
+    if isinstance(tokenizer, (str, Path)) and Path(tokenizer).is_file():
+        source["tokenizer"] = str(Path(tokenizer).resolve())
+        source["tokenizer_sha256"] = sha256_file(tokenizer)
+    handle = _bridge_module(hf.to(device=device, dtype=dtype), tok, source)
+    handle.name = f"llama2c:{Path(path).name}"
+    return handle
+
+
+def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None) -> ModelHandle:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    local = Path(name).expanduser()
+    is_local = local.exists()
+    if is_local and not (local / "config.json").is_file():
+        raise ModelLoadError(
+            f"{name} is a path but holds no config.json: point at a directory written by save_pretrained, "
+            "or use 'llama2c:FILE.bin' for llama2.c checkpoints"
+        )
+    if not is_local and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise ModelLoadError(f"model path {name!r} does not exist; check the path or give a Hugging Face hub id")
+    tok = _resolve_tokenizer(tokenizer, str(local) if is_local else name)
+    kwargs: dict[str, Any] = {"device": str(device), "dtype": dtype}
+    if revision:
+        kwargs["revision"] = revision
+    if isinstance(tokenizer, (str, Path)) or tokenizer is None:
+        kwargs["tokenizer"] = tok
+    else:
+        kwargs["tokenizer"] = tok
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bridge = TransformerBridge.boot_transformers(str(local) if is_local else name, **kwargs)
+    except OSError as e:
+        raise ModelLoadError(
+            f"cannot load {name!r}: not a local directory and not reachable as a hub id ({e}). Check the "
+            "spelling, or download it first and pass the local directory"
+        ) from e
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load {name!r}: {type(e).__name__}: {e}") from e
+    source: dict[str, Any] = {"kind": "hf", "name_or_path": str(local.resolve()) if is_local else name}
+    if revision:
+        source["revision"] = revision
+    handle = _handle_from_bridge(bridge, tok, source, getattr(bridge, "original_model", None))
+    handle.name = local.name if is_local else name
+    return handle
+
+
+def _bridge_module(hf_model: Any, tokenizer: Any, source: dict) -> ModelHandle:
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+    from transformer_lens.utilities.attn_implementation import force_eager_attention
+
+    force_eager_attention(hf_model)
+    if hasattr(tokenizer, "init_kwargs"):  # TL reads init_kwargs['name_or_path'] (absent for in-memory tokenizers)
+        tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or "in-memory")
+    archs = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bridge = build_bridge_from_module(hf_model, archs[0], hf_config=hf_model.config, tokenizer=tokenizer,
+                                              model_name=source.get("name_or_path") or archs[0])
+    except Exception as e:
+        raise ModelLoadError(
+            f"TransformerLens cannot wrap a {archs[0]} ({type(e).__name__}: {e}); this architecture is not "
+            "supported by TransformerBridge"
+        ) from e
+    return _handle_from_bridge(bridge, tokenizer, source, hf_model)
+
+
+def _check_vocab(name: str, tokenizer: Any, vocab_size: int) -> None:
+    if tokenizer is None:
+        raise ModelLoadError(f"{name} has no tokenizer: pass tokenizer=PATH_OR_OBJECT")
+    n_tok = len(tokenizer)
+    if n_tok > vocab_size:
+        raise ModelLoadError(
+            f"tokenizer/model mismatch: the tokenizer has {n_tok} tokens but {name} embeds only {vocab_size}; "
+            "pass the tokenizer that was trained with this model"
+        )
+
+
+def _probe_patterns(model: Any, name: str, vocab_size: int) -> None:
+    """Run two tokens through layer 0 and require the pattern hook to fire with [b, h, q, k]."""
+    seen = []
+
+    def hook(pattern, hook):
+        seen.append(tuple(pattern.shape))
+        return pattern
+
+    ids = torch.tensor([[0, min(1, vocab_size - 1)]], device=next(model.parameters()).device)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_pattern", hook)], stop_at_layer=1)
+    except Exception as e:
+        raise ModelLoadError(f"{name}: a probe forward pass failed ({type(e).__name__}: {e})") from e
+    if not seen or len(seen[0]) != 4:
+        raise ModelLoadError(
+            f"{name}: its attention does not expose patterns (hook_pattern never fired). Load it with "
+            "attn_implementation='eager' (sdpa/flash attention hide the pattern)"
+        )
+
+
+def _handle_from_bridge(bridge: Any, tokenizer: Any, source: dict, hf_model: Any) -> ModelHandle:
+    cfg = bridge.cfg
+    name = str(getattr(cfg, "model_name", "model"))
+    if tokenizer is not None and getattr(bridge, "tokenizer", None) is None:
+        bridge.set_tokenizer(tokenizer) if hasattr(bridge, "set_tokenizer") else setattr(bridge, "tokenizer", tokenizer)
+    tokenizer = tokenizer or bridge.tokenizer
+    _check_vocab(name, tokenizer, int(cfg.d_vocab))
+    if not hasattr(bridge, "blocks") or "blocks.0.attn.hook_pattern" not in bridge.hook_dict:
+        raise ModelLoadError(f"{name}: its attention blocks expose no hook_pattern; this architecture cannot be used")
+    _probe_patterns(bridge, name, int(cfg.d_vocab))
+    hf_model = hf_model if hf_model is not None else getattr(bridge, "original_model", None)
+    causal = getattr(cfg, "attention_dir", "causal") == "causal"
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if not causal:
+        bos_id = getattr(tokenizer, "cls_token_id", None) or bos_id
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    return ModelHandle(
+        model=bridge, tokenizer=tokenizer, name=name, n_layers=int(cfg.n_layers), n_heads=int(cfg.n_heads),
+        n_kv_heads=int(n_kv), d_head=int(cfg.d_head), d_model=int(cfg.d_model), vocab_size=int(cfg.d_vocab),
+        causal=causal, n_ctx=int(cfg.n_ctx), bos_id=bos_id, prepend_bos=bos_id is not None,
+        source=source, hf_model=hf_model,
+    )
+
+
+def _handle_from_hooked(model: Any, tokenizer: Any) -> ModelHandle:
+    cfg = model.cfg
+    name = str(getattr(cfg, "model_name", "HookedTransformer"))
+    _check_vocab(name, tokenizer, int(cfg.d_vocab))
+    causal = getattr(cfg, "attention_dir", "causal") == "causal"
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    return ModelHandle(
+        model=model, tokenizer=tokenizer, name=name, n_layers=int(cfg.n_layers), n_heads=int(cfg.n_heads),
+        n_kv_heads=int(n_kv), d_head=int(cfg.d_head), d_model=int(cfg.d_model), vocab_size=int(cfg.d_vocab),
+        causal=causal, n_ctx=int(cfg.n_ctx), bos_id=bos_id, prepend_bos=bool(getattr(cfg, "default_prepend_bos", True)),
+        source={"kind": "object"}, hf_model=None,
+    )
+
+
+logging.getLogger("transformer_lens").setLevel(logging.ERROR)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

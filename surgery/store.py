@@ -1,0 +1,254 @@
+"""AttentionStore: captured attention patterns, dense (float16) or top-q sparse, in memory or in shards.
+
+On disk: ``manifest.json`` + ``shard_00000.safetensors`` ...; a shard holds, per sequence ``s`` of the
+shard, ``s{idx}`` = float16 [L, H, n, n] (dense) or ``s{idx}.index`` int32 [L, H, q] (flat i*n+j) and
+``s{idx}.value`` float16 [L, H, q] (top-q). Shards and the manifest are written atomically.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from ..synth.sequence import Sequence
+
+FORMAT_VERSION = 1
+
+
+class StoreError(ValueError):
+    """The store directory is missing, incomplete, corrupted or built for other inputs."""
+
+
+def topq_count(n: int, q_frac: float) -> int:
+    """Entries kept per head and sequence: ceil(q_frac · n²), at least 1."""
+    return max(1, int(math.ceil(q_frac * n * n)))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj: dict) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def sequences_from_manifest(meta: dict) -> list[Sequence]:
+    """The sequences recorded in a store manifest."""
+    return [Sequence(ids=np.array(s["ids"]), tokens=s["tokens"], text=s["text"], offsets=np.array(s["offsets"]),
+                     doc=s["doc"], has_bos=s["has_bos"]) for s in meta.get("sequences", [])]
+
+
+class AttentionStore:
+    """Patterns for every (layer, query head) over a list of sequences.
+
+    ``mode`` is ``"dense"`` (float16 patterns) or ``"topq"`` (the top ``q_frac`` entries per head and
+    sequence). ``pattern(i, layer, head)`` returns a float32 n×n matrix either way (zeros where a
+    sparse store kept nothing).
+    """
+
+    def __init__(self, sequences: list[Sequence], n_layers: int, n_heads: int, mode: str = "dense",
+                 q_frac: float = 0.025, causal: bool = True, model_name: str = "", directory: Path | None = None,
+                 shard_size: int = 64) -> None:
+        if mode not in ("dense", "topq"):
+            raise ValueError(f"mode must be 'dense' or 'topq', got {mode!r}")
+        self.sequences = list(sequences)
+        self.n_layers, self.n_heads = int(n_layers), int(n_heads)
+        self.mode, self.q_frac, self.causal = mode, float(q_frac), bool(causal)
+        self.model_name = model_name
+        self.directory = Path(directory) if directory is not None else None
+        self.shard_size = int(shard_size)
+        self._memory: dict[int, dict[str, np.ndarray]] = {}
+        self._shard_cache: tuple[int, dict[str, np.ndarray]] | None = None
+
+    # ----------------------------------------------------------------- facts
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        return [(layer, head) for layer in range(self.n_layers) for head in range(self.n_heads)]
+
+    @property
+    def n_shards(self) -> int:
+        return max(1, math.ceil(len(self.sequences) / self.shard_size))
+
+    def shard_of(self, index: int) -> int:
+        return index // self.shard_size
+
+    def shard_path(self, shard: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"shard_{shard:05d}.safetensors"
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    # ----------------------------------------------------------------- writing
+    def put(self, index: int, pattern: np.ndarray) -> dict[str, np.ndarray]:
+        """Record the float pattern [L, H, n, n] of sequence ``index`` (dense or reduced to top-q)."""
+        n = self.sequences[index].n
+        if pattern.shape != (self.n_layers, self.n_heads, n, n):
+            raise ValueError(f"pattern for sequence {index} has shape {pattern.shape}, expected "
+                             f"{(self.n_layers, self.n_heads, n, n)}")
+        if self.mode == "dense":
+            entry = {f"s{index}": pattern.astype(np.float16)}
+        else:
+            q = topq_count(n, self.q_frac)
+            flat = pattern.reshape(self.n_layers, self.n_heads, n * n).astype(np.float32)
+            idx = np.argpartition(-flat, q - 1, axis=-1)[..., :q]
+            val = np.take_along_axis(flat, idx, axis=-1)
+            order = np.argsort(-val, axis=-1, kind="stable")
+            idx = np.take_along_axis(idx, order, axis=-1).astype(np.int32)
+            val = np.take_along_axis(val, order, axis=-1).astype(np.float16)
+            entry = {f"s{index}.index": idx, f"s{index}.value": val}
+        if self.directory is None:
+            self._memory[index] = entry
+        return entry
+
+    def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> None:
+        from safetensors.numpy import save
+
+        atomic_write_bytes(self.shard_path(shard), save({k: np.ascontiguousarray(v) for k, v in entries.items()}))
+
+    def manifest(self, done_shards: Iterable[int]) -> dict:
+        return {
+            "format": "headsurgeon.attention_store", "version": FORMAT_VERSION, "model": self.model_name,
+            "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "q_frac": self.q_frac,
+            "causal": self.causal, "shard_size": self.shard_size, "n_sequences": len(self.sequences),
+            "sequences": [{"ids": s.ids.tolist(), "tokens": s.tokens, "text": s.text,
+                           "offsets": s.offsets.tolist(), "doc": s.doc, "has_bos": s.has_bos}
+                          for s in self.sequences],
+            "done_shards": sorted(set(done_shards)),
+        }
+
+    def save_manifest(self, done_shards: Iterable[int]) -> None:
+        assert self.directory is not None
+        atomic_write_json(self.directory / "manifest.json", self.manifest(done_shards))
+
+    def done_shards(self) -> set[int]:
+        """Shards already on disk (as recorded by the manifest and present as files)."""
+        if self.directory is None or not (self.directory / "manifest.json").is_file():
+            return set()
+        done = json.loads((self.directory / "manifest.json").read_text()).get("done_shards", [])
+        return {s for s in done if self.shard_path(s).is_file()}
+
+    @property
+    def complete(self) -> bool:
+        if self.directory is None:
+            return len(self._memory) == len(self.sequences)
+        return self.done_shards() >= set(range(self.n_shards))
+
+    # ----------------------------------------------------------------- reading
+    @classmethod
+    def load(cls, directory: str | Path) -> "AttentionStore":
+        """Open a store written by ``capture(..., out=directory)``."""
+        directory = Path(directory)
+        path = directory / "manifest.json"
+        if not path.is_file():
+            raise StoreError(f"{directory} is not an attention store (no manifest.json); run capture first")
+        try:
+            meta = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{path} is corrupted ({e}); delete the directory and capture again") from e
+        if meta.get("format") != "headsurgeon.attention_store":
+            raise StoreError(f"{path} is not an attention-store manifest")
+        if meta.get("version", 0) > FORMAT_VERSION:
+            raise StoreError(f"{path} has format version {meta['version']}; upgrade headsurgeon to read it")
+        seqs = sequences_from_manifest(meta)
+        store = cls(seqs, meta["n_layers"], meta["n_heads"], meta["mode"], meta["q_frac"], meta["causal"],
+                    meta["model"], directory, meta["shard_size"])
+        missing = set(range(store.n_shards)) - store.done_shards()
+        if missing:
+            raise StoreError(f"{directory} is incomplete: shards {sorted(missing)[:5]} missing; re-run the same "
+                             "capture command to resume")
+        return store
+
+    def _entries(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < len(self.sequences):
+            raise IndexError(f"sequence {index} out of range (store has {len(self.sequences)})")
+        if self.directory is None:
+            if index not in self._memory:
+                raise StoreError(f"sequence {index} was not captured")
+            return self._memory[index]
+        shard = self.shard_of(index)
+        if self._shard_cache is None or self._shard_cache[0] != shard:
+            from safetensors.numpy import load_file
+
+            try:
+                self._shard_cache = (shard, load_file(str(self.shard_path(shard))))
+            except Exception as e:
+                raise StoreError(f"{self.shard_path(shard)} is unreadable ({e}); delete it and re-run capture "
+                                 "to recompute that shard") from e
+        return self._shard_cache[1]
+
+    def patterns(self, index: int) -> np.ndarray:
+        """All heads' patterns for sequence ``index`` as float32 [L, H, n, n]."""
+        entries = self._entries(index)
+        n = self.sequences[index].n
+        if self.mode == "dense":
+            return entries[f"s{index}"].astype(np.float32)
+        idx, val = entries[f"s{index}.index"], entries[f"s{index}.value"]
+        out = np.zeros((self.n_layers, self.n_heads, n * n), dtype=np.float32)
+        np.put_along_axis(out, idx.astype(np.int64), val.astype(np.float32), axis=-1)
+        return out.reshape(self.n_layers, self.n_heads, n, n)
+
+    def pattern(self, index: int, layer: int, head: int) -> np.ndarray:
+        """One head's pattern for sequence ``index`` as float32 [n, n]."""
+        if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+            raise IndexError(f"head L{layer}H{head} not in store ({self.n_layers} layers × {self.n_heads} heads)")
+        return self.patterns(index)[layer, head]
+
+    def topq(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-q flat indices (int64 [L,H,q]) and values (float32) for sequence ``index`` (any mode)."""
+        if self.mode == "topq":
+            e = self._entries(index)
+            return e[f"s{index}.index"].astype(np.int64), e[f"s{index}.value"].astype(np.float32)
+        n = self.sequences[index].n
+        flat = self.patterns(index).reshape(self.n_layers, self.n_heads, n * n)
+        q = topq_count(n, self.q_frac)
+        idx = np.argsort(-flat, axis=-1, kind="stable")[..., :q]
+        return idx, np.take_along_axis(flat, idx, axis=-1)
+
+    def batch(self, indices: list[int] | None = None, heads: list[tuple[int, int]] | None = None,
+              dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """Padded patterns [H, B, N, N] for ``heads`` (default all) over ``indices``, and lengths [B]."""
+        indices = list(range(len(self.sequences))) if indices is None else list(indices)
+        heads = self.heads if heads is None else heads
+        lengths = np.array([self.sequences[i].n for i in indices], dtype=np.int64)
+        width = int(lengths.max()) if len(indices) else 0
+        out = np.zeros((len(heads), len(indices), width, width), dtype=dtype)
+        layer_idx = np.array([h[0] for h in heads], dtype=np.int64)
+        head_idx = np.array([h[1] for h in heads], dtype=np.int64)
+        for b, i in enumerate(indices):
+            n = lengths[b]
+            out[:, b, :n, :n] = self.patterns(i)[layer_idx, head_idx]
+        return out, lengths
+
+    def subset_indices(self, sequences: list[Sequence]) -> list[int]:
+        """Store indices of the given sequences (matched by identity, then by content)."""
+        by_id = {id(s): i for i, s in enumerate(self.sequences)}
+        by_key: dict[str, int] = {}
+        out = []
+        for s in sequences:
+            if id(s) in by_id:
+                out.append(by_id[id(s)])
+                continue
+            if not by_key:
+                by_key = {t.key: i for i, t in enumerate(self.sequences)}
+            if s.key not in by_key:
+                raise KeyError(f"{s!r} is not in this attention store")
+            out.append(by_key[s.key])
+        return out

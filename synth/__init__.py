@@ -1,0 +1,1 @@
+"""Programs (DSL and sandboxed Python), metrics and the searchers that find them."""

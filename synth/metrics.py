@@ -1,0 +1,246 @@
+"""How well a program's pattern matches a real head's pattern (DESIGN section 3, exact definitions).
+
+All metrics compare a real pattern ``p`` and a program pattern ``q`` on the same *masked* n x n grid of
+one sequence: query rows ``i < n`` and keys ``j < n`` (padding beyond the sequence length never counts),
+and ``j <= i`` when ``causal`` (decoders). Entries outside the grid are ignored whatever they hold.
+
+* **soft IoU** (Ruzicka similarity, the paper's IoU): ``sum min(p, q) / sum max(p, q)`` over the grid,
+  per sequence; two all-zero patterns score 1. Higher is better; this selects and reports.
+* **JSD distance**: per query row, ``sqrt(1/2 KL(p_i || m_i) + 1/2 KL(q_i || m_i))`` with natural logs,
+  ``m = (p + q) / 2`` and ``0 log 0 = 0``; averaged over the rows that have at least one visible key
+  (every row ``i < n``, causal or not), giving one value per sequence. Range ``[0, sqrt(ln 2)]`` for
+  row-normalized inputs; lower is better; this ranks candidates during synthesis.
+* **top-q IoU** (secondary): each pattern keeps its ``q`` largest *positive* grid cells,
+  ``q = ceil(0.025 * visible cells)`` by default (visible cells = n(n+1)/2 causal, n^2 otherwise);
+  ties at the threshold go to the earlier cell in row-major order, zero cells are never kept (so a
+  sparse program may keep fewer than q); the score is ``|A & B| / |A | B|`` (two empty sets score 1).
+
+Every function returns per-sequence values or, from :func:`score_many`, their plain mean over
+sequences (each sequence weighs the same, whatever its length). Inputs are expected to be attention
+patterns: non-negative, finite (checked), rows summing to 1 over the grid (not enforced, not rescaled).
+float16 and float32 inputs are read in place (float16 is never copied to float32 as a whole); float64
+inputs are cast to float32 once (the kernels are compiled for float16 and float32 only).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence as _Seq
+
+import numpy as np
+
+from ..kernels import metrics_kernels as _k
+
+METRICS: tuple[str, ...] = ("iou", "jsd", "topq")
+TOPQ_FRAC: float = 0.025
+#: largest non-zero count packed into one candidate block (about 20 bytes each).
+DEFAULT_MAX_NNZ: int = 1 << 25
+#: bound on the per-block (head x program x sequence) output and row-count buffers.
+_BLOCK_CELLS: int = 1 << 24
+
+
+def visible_cells(length: int, causal: bool) -> int:
+    """Number of grid cells a sequence of ``length`` tokens exposes (n(n+1)/2 causal, n^2 otherwise)."""
+    n = int(length)
+    return n * (n + 1) // 2 if causal else n * n
+
+
+def topq_count(n_visible: int, frac: float = TOPQ_FRAC) -> int:
+    """q for the top-q IoU: ``ceil(frac * n_visible)`` (at least 1 when any cell is visible)."""
+    if n_visible <= 0:
+        return 0
+    return max(1, math.ceil(frac * n_visible - 1e-9))
+
+
+def _kernel_view(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Return the array the kernels read (float16 as a uint16 view) and its decode table."""
+    if x.dtype == np.float16:
+        return x.view(np.uint16), _k.F16_LUT
+    if x.dtype == np.float32:
+        return x, _k.NO_LUT
+    if x.dtype == np.float64:  # compiled for float16/float32 only: one cast (patterns are float32 anyway)
+        return x.astype(np.float32), _k.NO_LUT
+    raise TypeError(f"{name} has dtype {x.dtype}; pass float16, float32 or float64 attention patterns")
+
+
+def _check_inputs(real: np.ndarray, cand: np.ndarray, lengths) -> np.ndarray:
+    """Validate shapes and lengths; return lengths as int64."""
+    if real.ndim != 4 or cand.ndim != 4:
+        raise ValueError(
+            f"score_many wants real [H,B,N,N] and cand [P,B,N,N]; got shapes {real.shape} and {cand.shape} "
+            "(for one pattern pair use soft_iou / jsd_distance / topq_iou)"
+        )
+    lens = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
+    B = lens.shape[0]
+    if real.shape[1] != B or cand.shape[1] != B:
+        raise ValueError(
+            f"batch sizes disagree: real has {real.shape[1]} sequences, cand {cand.shape[1]}, lengths {B}; "
+            "score the same sequences in the same order"
+        )
+    for name, x in (("real", real), ("cand", cand)):
+        if x.shape[2] != x.shape[3]:
+            raise ValueError(f"{name} patterns must be square [.., N, N]; got {x.shape}")
+    if B and lens.min() < 1:
+        raise ValueError(f"every sequence needs length >= 1; got lengths min {int(lens.min())} (drop empty sequences)")
+    if B and lens.max() > min(real.shape[2], cand.shape[2]):
+        raise ValueError(
+            f"a length {int(lens.max())} exceeds the padded pattern size (real N={real.shape[2]}, "
+            f"cand N={cand.shape[2]}); pad patterns to the batch's longest sequence"
+        )
+    return lens
+
+
+def _raise_bad(bad: np.ndarray, name: str, b0: int) -> None:
+    """Raise naming the first pattern with negative or non-finite visible entries (``bad`` [X, Bc])."""
+    k, b = np.argwhere(bad)[0]
+    raise ValueError(
+        f"{name}[{k}] sequence {b0 + b} has {int(bad[k, b])} negative or non-finite visible entries "
+        f"({int(bad.sum())} in that block); metrics need attention patterns (normalize program output first)"
+    )
+
+
+def score_many(
+    real: np.ndarray,
+    cand: np.ndarray,
+    lengths,
+    causal: bool,
+    metrics: _Seq[str] = METRICS,
+    *,
+    per_sequence: bool = False,
+    topq_frac: float = TOPQ_FRAC,
+    topq_q: int | None = None,
+    check: bool = True,
+    max_nnz: int = DEFAULT_MAX_NNZ,
+) -> dict[str, np.ndarray]:
+    """Score every head against every program on every sequence in one numba pass.
+
+    ``real`` [H,B,N,N] and ``cand`` [P,B,N',N'] (float16/32/64, padded; N, N' >= max length),
+    ``lengths`` [B]. Returns ``{metric: [H,P] float64}`` (means over sequences) or ``[H,P,B]`` with
+    ``per_sequence=True``. ``topq_q`` fixes q for every sequence instead of ``topq_frac``. Candidates
+    are packed (visible non-zeros only) in blocks of at most ``max_nnz`` entries, so memory stays
+    bounded by the block, never [H,P,B,N,N]. ``check`` rejects negative or non-finite visible entries.
+    """
+    wanted = tuple(dict.fromkeys(metrics))
+    unknown = [m for m in wanted if m not in METRICS]
+    if unknown or not wanted:
+        raise ValueError(f"unknown metrics {unknown or list(metrics)}; choose from {list(METRICS)}")
+    real = np.asarray(real)
+    cand = np.asarray(cand)
+    lens = _check_inputs(real, cand, lengths)
+    rx, rlut = _kernel_view(real, "real")
+    cx, clut = _kernel_view(cand, "cand")
+    causal = bool(causal)
+    H, B, P = real.shape[0], lens.shape[0], cand.shape[0]
+    out_shape = (H, P, B) if per_sequence else (H, P)
+    results = {m: np.zeros(out_shape, dtype=np.float64) for m in wanted}
+    if H == 0 or P == 0 or B == 0:
+        if not per_sequence:
+            for m in wanted:
+                results[m][:] = np.nan
+        return results
+    do_iou, do_jsd, do_topq = "iou" in wanted, "jsd" in wanted, "topq" in wanted
+    if topq_q is not None:
+        if int(topq_q) < 1:
+            raise ValueError(f"topq_q must be >= 1; got {topq_q}")
+        qs = np.array([min(int(topq_q), visible_cells(n, causal)) for n in lens], dtype=np.int64)
+    else:
+        if not 0.0 < topq_frac <= 1.0:
+            raise ValueError(f"topq_frac must be in (0, 1]; got {topq_frac}")
+        qs = np.array([topq_count(visible_cells(n, causal), topq_frac) for n in lens], dtype=np.int64)
+    N = int(lens.max())
+    empty_i = np.zeros((1, 1, 1), dtype=np.int32)
+    empty_c = np.zeros((1, 1), dtype=np.int32)
+
+    qmax_all = int(qs.max()) if do_topq else 1
+    # Bound the row counts [Bc, max(H, P), N], the real top-q sets [H, Bc, q] and the outputs per block.
+    b_step = max(1, min(B, _BLOCK_CELLS // (max(H, P) * N), _BLOCK_CELLS // (H * qmax_all),
+                        _BLOCK_CELLS // (H * P)))
+    for b0 in range(0, B, b_step):
+        b1 = min(B, b0 + b_step)
+        Bc = b1 - b0
+        if check:
+            _, bad = _k.scan_rows(rx, rlut, lens, causal, 0, H, b0, b1, N)
+            if bad.any():
+                _raise_bad(bad, "real", b0)
+        row_counts, bad = _k.scan_rows(cx, clut, lens, causal, 0, P, b0, b1, N)  # [Bc, P, N], [P, Bc]
+        if check and bad.any():
+            _raise_bad(bad, "cand", b0)
+        per_prog = row_counts.sum(axis=(0, 2))
+        if do_topq:
+            r_idx, r_cnt = _k.topq_sets(rx, rlut, lens, causal, 0, H, b0, b1, qs, int(qs[b0:b1].max()))
+        else:
+            r_idx, r_cnt = empty_i, empty_c
+        p0 = 0
+        while p0 < P:
+            p1, acc = p0 + 1, int(per_prog[p0])
+            while (p1 < P and acc + int(per_prog[p1]) <= max_nnz
+                   and (p1 - p0 + 1) * Bc * max(H, qmax_all) <= _BLOCK_CELLS):
+                acc += int(per_prog[p1])
+                p1 += 1
+            Pc = p1 - p0
+            if do_iou or do_jsd:
+                rowptr = np.zeros(Bc * Pc * N + 1, dtype=np.int64)
+                np.cumsum(row_counts[:, p0:p1, :].reshape(-1), out=rowptr[1:])
+                nnz = int(rowptr[-1])
+                cidx = np.empty(nnz, dtype=np.int32)
+                cval = np.empty(nnz, dtype=np.float64)
+                cvlogv = np.empty(nnz, dtype=np.float64)
+                ctot = np.zeros((Bc, Pc), dtype=np.float64)
+                _k.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cvlogv, ctot)
+            else:
+                rowptr = np.zeros(1, dtype=np.int64)
+                cidx = np.zeros(0, dtype=np.int32)
+                cval = cvlogv = np.zeros(0, dtype=np.float64)
+                ctot = np.zeros((Bc, Pc), dtype=np.float64)
+            if do_topq:
+                c_idx, c_cnt = _k.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
+            else:
+                c_idx, c_cnt = empty_i, empty_c
+            bufs = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted else np.zeros((1, 1, 1))
+                    for m in METRICS}
+            _k.score_block(rx, rlut, lens, causal, b0, b1, Pc, N,
+                           rowptr, cidx, cval, cvlogv, ctot,
+                           do_iou, do_jsd, do_topq,
+                           r_idx, r_cnt, c_idx, c_cnt,
+                           bufs["iou"], bufs["jsd"], bufs["topq"])
+            for m in wanted:
+                if per_sequence:
+                    results[m][:, p0:p1, b0:b1] = bufs[m]
+                else:
+                    results[m][:, p0:p1] += bufs[m].sum(axis=2)
+            p0 = p1
+    if not per_sequence:
+        for m in wanted:
+            results[m] /= B
+    return results
+
+
+def _pair(p: np.ndarray, q: np.ndarray, lengths, causal: bool, metric: str, **kw) -> np.ndarray:
+    """Per-sequence ``metric`` of one pattern pair [B,N,N] x [B,N,N] -> [B]."""
+    p = np.asarray(p)
+    q = np.asarray(q)
+    if p.ndim != 3 or q.ndim != 3:
+        raise ValueError(f"expected padded patterns [B,N,N]; got shapes {p.shape} and {q.shape}")
+    return score_many(p[None], q[None], lengths, causal, (metric,), per_sequence=True, **kw)[metric][0, 0]
+
+
+def soft_iou(p: np.ndarray, q: np.ndarray, lengths, causal: bool = True) -> np.ndarray:
+    """Soft IoU (Ruzicka) per sequence of two padded pattern batches [B,N,N] -> float64 [B]."""
+    return _pair(p, q, lengths, causal, "iou")
+
+
+def jsd_distance(p: np.ndarray, q: np.ndarray, lengths, causal: bool = True) -> np.ndarray:
+    """Mean per-row Jensen-Shannon distance (natural log) per sequence, [B,N,N] x [B,N,N] -> [B]."""
+    return _pair(p, q, lengths, causal, "jsd")
+
+
+def topq_iou(
+    p: np.ndarray,
+    q: np.ndarray,
+    lengths,
+    causal: bool = True,
+    *,
+    frac: float = TOPQ_FRAC,
+    count: int | None = None,
+) -> np.ndarray:
+    """IoU of the top-q cell sets per sequence (q = ceil(frac * visible) or ``count``) -> [B]."""
+    return _pair(p, q, lengths, causal, "topq", topq_frac=frac, topq_q=count)

@@ -1,0 +1,1 @@
+"""Learning Transformer Programs (Friedman, Wettig & Chen 2023)."""

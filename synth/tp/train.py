@@ -1,0 +1,233 @@
+"""Training a Transformer Program: Adam, Gumbel temperature annealed geometrically per step, then argmax.
+
+Defaults are the paper's (Adam lr 5e-2, batch 512, 250 epochs, tau 3.0 -> 0.01 geometric, d_mlp 64) and
+its Table 1 shapes per task (``TASK_CONFIGS``: layers, categorical/numerical heads and MLPs; the Table's
+"heads" and "MLPs" columns are the sums of the categorical and numerical ones).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .model import ModelConfig, TransformerProgram
+from .tasks import TASKS, Split, TaskData, make_task
+
+TASK_CONFIGS: dict[str, dict] = {
+    # task:        layers, cat heads, num heads, cat MLPs, num MLPs (paper Table 1 / its scripts)
+    "reverse": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=1, n_num_mlps=1),
+    "hist": dict(n_layers=1, n_heads_cat=2, n_heads_num=2, n_cat_mlps=1, n_num_mlps=1),
+    "double_hist": dict(n_layers=3, n_heads_cat=2, n_heads_num=2, n_cat_mlps=1, n_num_mlps=1),
+    "sort": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=2, n_num_mlps=2),
+    "most_freq": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=2, n_num_mlps=2),
+    "dyck1": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=1, n_num_mlps=1),
+    "dyck2": dict(n_layers=3, n_heads_cat=2, n_heads_num=2, n_cat_mlps=2, n_num_mlps=2),
+    "induction": dict(n_layers=2, n_heads_cat=1, n_heads_num=0, n_cat_mlps=0, n_num_mlps=0),
+}
+"""Per-task default model shapes."""
+
+PAPER_ACCURACY: dict[str, float] = {
+    "reverse": 99.79,
+    "hist": 100.0,
+    "double_hist": 98.40,
+    "sort": 99.83,
+    "most_freq": 75.69,
+    "dyck1": 99.30,
+    "dyck2": 99.09,
+}
+"""Test accuracy (%) of the paper's Table 1."""
+
+TASK_EPOCHS = {"induction": 500}
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines one run besides the model shape."""
+
+    task: str = "hist"
+    seed: int = 0
+    data_seed: int | None = None
+    dataset_size: int = 20_000
+    epochs: int = 250
+    batch_size: int = 512
+    lr: float = 5e-2
+    tau_init: float = 3.0
+    tau_end: float = 0.01
+    eval_every: int = 10
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown TrainConfig keys {sorted(unknown)}; expected a subset of {sorted(names)}")
+        return cls(**d)
+
+
+def default_configs(task: str, **overrides) -> tuple[ModelConfig, TrainConfig]:
+    """Paper defaults for a task (shape from Table 1), with any field of either config overridden by name."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    train_names = {f.name for f in fields(TrainConfig)}
+    model_names = {f.name for f in fields(ModelConfig)}
+    unknown = set(overrides) - train_names - model_names
+    if unknown:
+        raise ValueError(f"unknown config fields {sorted(unknown)}")
+    tc = TrainConfig(task=task, epochs=TASK_EPOCHS.get(task, 250))
+    for k, v in overrides.items():
+        if k in train_names and v is not None:
+            setattr(tc, k, v)
+    shape = dict(TASK_CONFIGS[task])
+    shape.update({k: v for k, v in overrides.items() if k in model_names and v is not None})
+    return shape, tc  # type: ignore[return-value]  (shape completed by model_config_for once data exists)
+
+
+def model_config_for(data: TaskData, **shape) -> ModelConfig:
+    """Model config fitted to a dataset: ``d_var = max(vocabulary, max length)`` and PAD masked as a label."""
+    d_var = max(len(data.vocab), data.max_len)
+    return ModelConfig(
+        n_tokens=len(data.vocab),
+        n_labels=len(data.labels),
+        n_ctx=data.max_len,
+        d_var=shape.pop("d_var", d_var),
+        causal=data.causal,
+        masked_labels=[0],
+        **shape,
+    )
+
+
+def set_seed(seed: int) -> None:
+    """Seed torch and numpy (Gumbel noise, initialization, shuffling)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))
+
+
+def token_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per scored token, averaged per sequence, then over the batch (the paper's ``per_token``)."""
+    logp = logits.log_softmax(-1)
+    nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    scored = (y != 0).float()
+    per_seq = (nll * scored).sum(-1) / scored.sum(-1).clamp_min(1.0)
+    return per_seq.mean()
+
+
+def accuracy(pred: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor) -> float:
+    """Token accuracy over scored positions (label != PAD), as a fraction."""
+    pred, y = np.asarray(pred), np.asarray(y)
+    m = y != 0
+    return float((pred[m] == y[m]).mean()) if m.any() else float("nan")
+
+
+def tau_schedule(step: int, total: int, tau_init: float, tau_end: float) -> float:
+    """Geometric interpolation from ``tau_init`` (step 0) to ``tau_end`` (last step)."""
+    if total <= 1:
+        return tau_end
+    return float(tau_init * (tau_end / tau_init) ** (step / (total - 1)))
+
+
+@dataclass
+class TrainResult:
+    """A trained model with its data, configs, metrics and the per-epoch history."""
+
+    model: TransformerProgram
+    data: TaskData
+    model_config: ModelConfig
+    train_config: TrainConfig
+    metrics: dict
+    history: list[dict]
+
+
+def evaluate(model: TransformerProgram, split: Split) -> float:
+    """Token accuracy of the discretized (argmax) model on a split."""
+    pred = model.predict(torch.from_numpy(split.x))
+    return accuracy(pred.numpy(), split.y)
+
+
+def train(
+    task: str | TaskData,
+    train_config: TrainConfig | None = None,
+    progress: bool = True,
+    callback: Callable[[dict], None] | None = None,
+    **shape,
+) -> TrainResult:
+    """Train a Transformer Program on a task and evaluate its discretized form on every split.
+
+    ``task`` is a task name (data generated from ``train_config``) or ready ``TaskData``; ``shape``
+    overrides the Table 1 shape (``n_layers``, ``n_heads_cat``, ...).
+    """
+    data = task if isinstance(task, TaskData) else None
+    name = data.name if data is not None else str(task)
+    if train_config is None:
+        base_shape, train_config = default_configs(name)
+    else:
+        base_shape, _ = default_configs(name)
+    base_shape.update(shape)
+    tc = train_config
+    if data is None:
+        data_seed = tc.seed if tc.data_seed is None else tc.data_seed
+        data = make_task(name, size=tc.dataset_size, seed=data_seed)
+    mc = model_config_for(data, **base_shape)
+
+    set_seed(tc.seed)
+    model = TransformerProgram(mc)
+    opt = torch.optim.Adam(model.parameters(), lr=tc.lr)
+    x_train = torch.from_numpy(data.train.x)
+    y_train = torch.from_numpy(data.train.y)
+    n = len(x_train)
+    steps_per_epoch = max(1, math.ceil(n / tc.batch_size))
+    total = steps_per_epoch * tc.epochs
+    gen = torch.Generator().manual_seed(tc.seed)
+    history: list[dict] = []
+    step = 0
+    t0 = time.perf_counter()
+    bar = tqdm(range(tc.epochs), desc=f"tp {name}", disable=not progress, leave=False)
+    for epoch in bar:
+        model.train()
+        order = torch.randperm(n, generator=gen)
+        losses = []
+        for s in range(steps_per_epoch):
+            idx = order[s * tc.batch_size : (s + 1) * tc.batch_size]
+            x = x_train[idx]
+            y = y_train[idx]
+            width = int((x != 0).sum(1).max())
+            x, y = x[:, :width], y[:, :width]
+            tau = tau_schedule(step, total, tc.tau_init, tc.tau_end)
+            loss = token_loss(model(x, tau=tau), y)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}, step {step}; lower lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            step += 1
+        rec = {"epoch": epoch, "loss": float(np.mean(losses)), "tau": tau}
+        if tc.eval_every and ((epoch + 1) % tc.eval_every == 0 or epoch + 1 == tc.epochs):
+            rec["val_acc"] = evaluate(model, data.val)
+        history.append(rec)
+        bar.set_postfix({k: round(v, 4) for k, v in rec.items() if k != "epoch"})
+        if callback is not None:
+            callback(rec)
+    train_seconds = time.perf_counter() - t0
+    metrics = {
+        "task": name,
+        "train_acc": evaluate(model, data.train),
+        "val_acc": evaluate(model, data.val),
+        "test_acc": evaluate(model, data.test),
+        "train_seconds": train_seconds,
+        "steps": total,
+        "n_train": len(data.train),
+        "n_val": len(data.val),
+        "n_test": len(data.test),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if name in PAPER_ACCURACY:
+        metrics["paper_test_acc"] = PAPER_ACCURACY[name] / 100
+    return TrainResult(model, data, mc, tc, metrics, history)

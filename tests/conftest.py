@@ -1,0 +1,100 @@
+"""Shared fixtures: the ../shared data, stories260K, and small random HF models saved to local dirs."""
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)  # tiny models: one thread is as fast, and immune to oversubscription on 2 cores
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = SHARED / "data"
+STORIES = DATA / "models" / "stories260K"
+CORPUS = DATA / "corpora" / "tinystories-valid.txt"
+GPT2_TOK = DATA / "tokenizers" / "gpt2"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is absent: tests on real data need the ../shared folder beside the checkout")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_path() -> Path:
+    return need(CORPUS)
+
+
+@pytest.fixture(scope="session")
+def stories():
+    """stories260K as a ModelHandle (llama2.c checkpoint, GQA 8 query / 4 kv heads)."""
+    from headsurgeon.surgery.loading import load_model
+
+    need(STORIES / "stories260K.bin")
+    return load_model(f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=STORIES / "tok512.model")
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer_dir(tmp_path_factory) -> Path:
+    need(GPT2_TOK / "vocab.json")
+    d = tmp_path_factory.mktemp("gpt2tok")
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(GPT2_TOK / f, d / f)
+    return d
+
+
+def _save_random(kind: str, out: Path, tok_dir: Path) -> Path:
+    import torch
+    from transformers import (GPT2TokenizerFast, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM)
+
+    torch.manual_seed(0)
+    tok = GPT2TokenizerFast.from_pretrained(tok_dir)
+    vocab = len(tok)
+    if kind == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=128, vocab_size=vocab))
+    elif kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             hidden_size=32, intermediate_size=64, vocab_size=vocab,
+                                             max_position_embeddings=128))
+    elif kind == "bert":
+        model = BertForMaskedLM(BertConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
+                                           intermediate_size=64, vocab_size=vocab, max_position_embeddings=128))
+        tok.add_special_tokens({"mask_token": "<|endoftext|>", "cls_token": "<|endoftext|>",
+                                "sep_token": "<|endoftext|>", "pad_token": "<|endoftext|>"})
+    else:
+        raise ValueError(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def random_model_dirs(tmp_path_factory, gpt2_tokenizer_dir) -> dict[str, Path]:
+    """Local save_pretrained directories of tiny random GPT-2, Llama (GQA) and BERT models with tokenizers."""
+    root = tmp_path_factory.mktemp("models")
+    return {kind: _save_random(kind, root / kind, gpt2_tokenizer_dir) for kind in ("gpt2", "llama", "bert")}
+
+
+@pytest.fixture(scope="session")
+def random_models(random_model_dirs):
+    from headsurgeon.surgery.loading import load_model
+
+    return {kind: load_model(path) for kind, path in random_model_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def all_models(random_models, stories):
+    return {**random_models, "stories260K": stories}
+
+
+@pytest.fixture(scope="session")
+def documents(corpus_path) -> list[str]:
+    from headsurgeon.surgery.corpus import read_documents
+
+    return read_documents(corpus_path)

@@ -1,0 +1,37 @@
+"""`pip install .` and `pip install -e .` both expose the root folders as headsurgeon.* subpackages."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = (
+    "import importlib.util as u, headsurgeon.surgery, headsurgeon.kernels, headsurgeon.synth, headsurgeon.synth.tp, "
+    "headsurgeon.hub, headsurgeon.cli; "
+    "assert all(u.find_spec(n) is None for n in ('kernels', 'surgery', 'synth', 'hub')), 'bare top-level package'; "
+    "print(headsurgeon.kernels.__file__)"
+)
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["regular", "editable"])
+def test_install_imports_from_outside_the_repository(tmp_path, editable):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    cmd = [str(py), "-m", "pip", "install", "-q", "--no-deps", *(["-e"] if editable else []), str(ROOT)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    if r.returncode != 0 and ("Could not find a version" in r.stderr or "Network is unreachable" in r.stderr):
+        pytest.skip(f"pip cannot fetch the build backend here: {r.stderr[-300:]}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    location = Path(r.stdout.strip())
+    if editable:
+        assert location == ROOT / "kernels" / "__init__.py"
+    else:
+        assert "site-packages" in location.parts and location.parent.name == "kernels"
+        assert location.parent.parent.name == "headsurgeon"
