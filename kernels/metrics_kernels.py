@@ -6,9 +6,10 @@ so candidates are turned into a row-compressed list of their visible non-zeros o
 is rewritten to touch only those entries:
 
 * ``sum min(p, q)`` is zero wherever ``q`` is zero; ``sum max = sum p + sum q - sum min``.
-* per JSD row, the summand ``f(a, b) = 1/2 [a log(2a/(a+b)) + b log(2b/(a+b))]`` equals ``1/2 a log 2``
-  where ``b == 0``, so ``row = 1/2 log2 * rowsum(p) + sum_{b>0} (f(a, b) - 1/2 a log 2)``; with
-  ``a log a`` precomputed once per real pattern, each candidate non-zero costs one ``log``.
+* per JSD row, ``2 JSD^2 = sum_j [a log(2a/s) + b log(2b/s)]`` with ``s = a + b``, and each bracket is
+  ``a ln2 + a log a + b log 2b - s log s``, which is just ``a ln2`` where ``b == 0``; so
+  ``2 JSD^2 = ln2 * rowsum(p) + sum_{b > 0} (a log a + b log 2b - s log s)``. With ``a log a``
+  precomputed once per real pattern and ``b log 2b`` once per candidate, each non-zero costs one log.
 
 The loop runs in parallel over (head, sequence) pairs so the real pattern (and its ``a log a``) stays
 in cache while all programs stream past it. float16 inputs are read through a 65,536-entry lookup
@@ -26,6 +27,9 @@ from numba.core import types
 from numba.extending import overload
 
 LN2 = math.log(2.0)
+#: reassociation lets LLVM keep several partial sums in flight; no nnan/ninf (inputs are validated
+#: before, but the flags would also license dropping the ``acc > 0`` guard's semantics).
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 #: float16 bit pattern -> float64 value, used to read float16 tensors passed as a uint16 view.
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
@@ -84,8 +88,11 @@ def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
 
 
 @njit(parallel=True, cache=True)
-def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cvlogv, ctot):
-    """Fill the row-compressed visible positives of x[p0:p1, b0:b1]; ``ctot[bb, pp]`` = visible mass."""
+def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot):
+    """Fill the row-compressed visible positives of x[p0:p1, b0:b1] (value, ``v log 2v``, key index).
+
+    ``ctot[bb, pp]`` receives the visible mass. Values are float16/float32 inputs, so float32 is exact.
+    """
     Pc = p1 - p0
     Bc = b1 - b0
     for t in prange(Pc * Bc):
@@ -102,7 +109,7 @@ def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cvl
                 if v > 0.0:
                     cidx[k] = j
                     cval[k] = v
-                    cvlogv[k] = v * math.log(v)
+                    cwlog[k] = v * math.log(2.0 * v)
                     tot += v
                     k += 1
         ctot[bb, pp] = tot
@@ -229,70 +236,75 @@ def _set_iou(a, na, c, nc):
     return inter / union
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
-                rowptr, cidx, cval, cvlogv, ctot,
+                rowptr, cidx, cval, cwlog, ctot,
                 do_iou, do_jsd, do_topq,
                 r_tq_idx, r_tq_cnt, c_tq_idx, c_tq_cnt,
-                out_iou, out_jsd, out_tq):
+                out_iou, out_jsd, out_tq, nchunks):
     """Per-sequence metrics for every head of ``real`` x the ``Pc`` CSR-packed candidates, b in [b0, b1).
 
+    CSR rows are ordered (b - b0, p, i); ``cwlog[k] = v log(2v)`` of each stored value ``v``.
     Writes ``out_*[h, p, b - b0]`` (float64). ``r_tq_*`` are indexed [h, b - b0], ``c_tq_*`` [p, b - b0].
+    Work items (sequence, head) are split into ``nchunks`` contiguous chunks (pass a few per thread),
+    one buffer set per chunk, all heads of one sequence adjacent so its candidate rows stay in cache.
     """
     H = real.shape[0]
     Bc = b1 - b0
-    half_ln2 = 0.5 * LN2
-    for t in prange(H * Bc):
-        h = t // Bc
-        bb = t % Bc
-        b = b0 + bb
-        L = lengths[b]
-        need_dense = do_iou or do_jsd
-        Ld = L if need_dense else 0
-        a_buf = np.zeros((Ld, Ld), dtype=np.float64)
-        alog = np.zeros((Ld, Ld), dtype=np.float64)
-        rows = np.zeros(Ld, dtype=np.float64)
-        atot = 0.0
-        if need_dense:
-            for i in range(L):
-                jmax = i + 1 if causal else L
-                rs = 0.0
-                for j in range(jmax):
-                    a = _read(real, lut, h, b, i, j)
-                    a_buf[i, j] = a
-                    if a > 0.0:
-                        alog[i, j] = a * math.log(a)
-                    rs += a
-                rows[i] = rs
-                atot += rs
-        for p in range(Pc):
+    need_dense = do_iou or do_jsd
+    nt = H * Bc
+    nchunks = max(1, min(nt, nchunks))
+    Nd = N if need_dense else 0
+    for c in prange(nchunks):
+        a_buf = np.empty((Nd, Nd), dtype=np.float32)
+        alog = np.empty((Nd, Nd), dtype=np.float64)
+        rows = np.empty(Nd, dtype=np.float64)
+        for t in range(c * nt // nchunks, (c + 1) * nt // nchunks):
+            bb = t // H
+            h = t % H
+            b = b0 + bb
+            L = lengths[b]
+            atot = 0.0
             if need_dense:
-                base = (bb * Pc + p) * N
-                minsum = 0.0
-                jsd = 0.0
                 for i in range(L):
-                    acc = half_ln2 * rows[i]
-                    for k in range(rowptr[base + i], rowptr[base + i + 1]):
-                        j = cidx[k]
-                        v = cval[k]
-                        a = a_buf[i, j]
-                        if a < v:
-                            minsum += a
-                        else:
-                            minsum += v
+                    jmax = i + 1 if causal else L
+                    rs = 0.0
+                    for j in range(jmax):
+                        a = _read(real, lut, h, b, i, j)
+                        a_buf[i, j] = a
+                        alog[i, j] = a * math.log(a) if a > 0.0 else 0.0
+                        rs += a
+                    rows[i] = rs
+                    atot += rs
+            for p in range(Pc):
+                if need_dense:
+                    base = (bb * Pc + p) * N
+                    minsum = 0.0
+                    jsd = 0.0
+                    for i in range(L):
+                        # 2 JSD^2 = sum_j a log(2a/s) + v log(2v/s) = sum_j [a ln2 + a log a + v log 2v - s log s];
+                        # where v == 0 the bracket is a ln2, so only q's non-zeros need the log.
+                        acc = 0.0
+                        for k in range(rowptr[base + i], rowptr[base + i + 1]):
+                            j = cidx[k]
+                            v = np.float64(cval[k])
+                            a = np.float64(a_buf[i, j])
+                            minsum += a if a < v else v
+                            if do_jsd:
+                                s = a + v
+                                acc += alog[i, j] + cwlog[k] - s * math.log(s)
                         if do_jsd:
-                            s = a + v
-                            acc += 0.5 * (alog[i, j] + cvlogv[k] + s * LN2 - s * math.log(s)) - half_ln2 * a
+                            acc += LN2 * rows[i]
+                            if acc > 0.0:
+                                jsd += math.sqrt(0.5 * acc)
+                    if do_iou:
+                        den = atot + ctot[bb, p] - minsum
+                        out_iou[h, p, bb] = minsum / den if den > 0.0 else 1.0
                     if do_jsd:
-                        if acc > 0.0:
-                            jsd += math.sqrt(acc)
-                if do_iou:
-                    den = atot + ctot[bb, p] - minsum
-                    out_iou[h, p, bb] = minsum / den if den > 0.0 else 1.0
-                if do_jsd:
-                    out_jsd[h, p, bb] = jsd / L
-            if do_topq:
-                out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb], c_tq_idx[p, bb], c_tq_cnt[p, bb])
+                        out_jsd[h, p, bb] = jsd / L
+                if do_topq:
+                    out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb],
+                                                c_tq_idx[p, bb], c_tq_cnt[p, bb])
 
 
 def kernel_threads() -> int:

@@ -55,43 +55,68 @@ def visible_mask(lengths: np.ndarray, n: int, causal: bool) -> np.ndarray:
     return mask
 
 
-@njit(parallel=True, cache=True)
-def _normalize_kernel(scores, lengths, causal, out, bad):  # pragma: no cover - compiled
-    """Fill ``out`` with normalized rows; record per sequence the first bad (i*N+j) cell in ``bad``."""
+# Reassociation lets LLVM vectorize the row sums; NaN/inf semantics are kept (no nnan/ninf flags),
+# since detecting them is part of the contract.
+_FASTMATH = {"reassoc", "nsz", "arcp", "contract"}
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def _normalize_kernel(scores, lengths, causal, out, bad, bad_value):  # pragma: no cover - compiled
+    """Fill ``out`` (may be ``scores`` itself) with normalized rows; record the first bad cell (i*N+j)."""
     nb, n, _ = scores.shape
     for b in prange(nb):
         length = lengths[b]
         bad[b] = -1
         for i in range(n):
+            orow = out[b, i]
             if i >= length:
-                for j in range(n):
-                    out[b, i, j] = 0.0
+                orow[:] = 0.0
                 continue
+            srow = scores[b, i]
             jmax = i + 1 if causal else length
+            raw = 0.0
             total = 0.0
             for j in range(jmax):
-                v = scores[b, i, j]
-                if not np.isfinite(v):
-                    if bad[b] < 0:
-                        bad[b] = i * n + j
-                    v = 0.0
-                if v < 0.0:
-                    v = 0.0
-                fv = np.float32(v)
-                out[b, i, j] = fv
-                total += fv
-            for j in range(jmax, n):
-                out[b, i, j] = 0.0
-            if total > 0.0:
-                inv = 1.0 / total
+                v = np.float64(srow[j])
+                raw += v
+                total += max(v, 0.0)
+            scale = 1.0
+            if not (np.isfinite(raw) and np.isfinite(total)):
+                # rare path: a NaN/inf (an error), or finite float64 scores whose sum overflows
+                peak = 0.0
                 for j in range(jmax):
-                    out[b, i, j] = np.float32(out[b, i, j] * inv)
+                    v = srow[j]
+                    if not np.isfinite(v):
+                        if bad[b] < 0:
+                            bad[b] = i * n + j
+                            bad_value[b] = v
+                    elif v > peak:
+                        peak = v
+                if bad[b] >= 0:
+                    orow[:] = 0.0
+                    continue
+                scale = 1.0 / peak
+                total = 0.0
+                for j in range(jmax):
+                    total += max(np.float64(srow[j]) * scale, 0.0)
+            if total > 0.0:
+                inv = scale / total
+                for j in range(jmax):
+                    orow[j] = np.float32(max(np.float64(srow[j]), 0.0) * inv)
             else:
-                out[b, i, 0] = 1.0
+                orow[:jmax] = 0.0
+                orow[0] = 1.0
+            orow[jmax:] = 0.0
 
 
-def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
-    """Mask, validate, clip and row-normalize raw scores [B,N,N] into attention patterns (float32)."""
+def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """Mask, validate, clip and row-normalize raw scores [B,N,N] into attention patterns (float32).
+
+    ``out`` (optional) receives the result; it may be ``scores`` itself when that is a C-contiguous
+    float32 array the caller owns (in place: saves one [B,N,N] allocation; on error it is left
+    partly written).
+    """
     scores = np.asarray(scores)
     lengths = _check_inputs(scores.shape, lengths)
     if scores.dtype not in (np.float32, np.float64):
@@ -99,18 +124,22 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool) -> n
             raise ValueError(f"scores must be numeric; got dtype {scores.dtype}")
         scores = scores.astype(np.float64)
     scores = np.ascontiguousarray(scores)
-    out = np.empty(scores.shape, dtype=np.float32)
+    if out is None:
+        out = np.empty(scores.shape, dtype=np.float32)
+    elif out.shape != scores.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {scores.shape}")
     bad = np.empty(scores.shape[0], dtype=np.int64)
+    bad_value = np.zeros(scores.shape[0], dtype=np.float64)
     if scores.shape[0] == 0 or scores.shape[1] == 0:
         return out
     with threads_for(scores.size):
-        _normalize_kernel(scores, lengths, bool(causal), out, bad)
+        _normalize_kernel(scores, lengths, bool(causal), out, bad, bad_value)
     hit = np.flatnonzero(bad >= 0)
     if hit.size:
         b = int(hit[0])
         i, j = divmod(int(bad[b]), scores.shape[1])
         raise ValueError(
-            f"scores contain a non-finite value ({scores[b, i, j]!r}) at sequence {b}, query {i}, "
+            f"scores contain a non-finite value ({float(bad_value[b])!r}) at sequence {b}, query {i}, "
             f"key {j} ({hit.size} sequence(s) affected); a program must return finite scores "
             "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"
         )

@@ -28,7 +28,7 @@ __all__ = [
     "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
     "score_keys", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
     "score_dep_children", "score_match", "value_index",
-    "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "multiply", "row_normalize",
+    "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "multiply", "row_normalize",
     "empty_rows", "threads_for", "SMALL_WORK",
 ]
 
@@ -56,62 +56,53 @@ def threads_for(cells: int) -> Iterator[None]:
 # --------------------------------------------------------------------------------------------
 
 @njit(parallel=True, cache=True)
-def score_self(lengths, n, causal):  # pragma: no cover - compiled
+def _score_self(lengths, n, causal, out):  # pragma: no cover - compiled
     """Each query attends to itself."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             out[b, i, i] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_prev(lengths, n, k, causal):  # pragma: no cover - compiled
+def _score_prev(lengths, n, k, causal, out):  # pragma: no cover - compiled
     """Query i attends to key i-k (k >= 1)."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             j = i - k
             if 0 <= j < lengths[b]:
                 out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_next(lengths, n, k, causal):  # pragma: no cover - compiled
+def _score_next(lengths, n, k, causal, out):  # pragma: no cover - compiled
     """Query i attends to key i+k (encoders; empty under a causal mask)."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             j = i + k
             if 0 <= j < lengths[b] and (not causal or j <= i):
                 out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_first(lengths, n, causal):  # pragma: no cover - compiled
+def _score_first(lengths, n, causal, out):  # pragma: no cover - compiled
     """Every query attends to position 0 (BOS)."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             out[b, i, 0] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_window(lengths, n, lo, hi, causal):  # pragma: no cover - compiled
+def _score_window(lengths, n, lo, hi, causal, out):  # pragma: no cover - compiled
     """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead)."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -120,14 +111,12 @@ def score_window(lengths, n, lo, hi, causal):  # pragma: no cover - compiled
                 j = i - d
                 if 0 <= j < length and (not causal or j <= i):
                     out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_decay(lengths, n, rate, causal):  # pragma: no cover - compiled
+def _score_decay(lengths, n, rate, causal, out):  # pragma: no cover - compiled
     """Exponential decay rate**|i-j| over visible keys (the query itself scores 1)."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     table = np.empty(max(n, 1), np.float32)
     for d in range(n):
         table[d] = rate ** d
@@ -138,39 +127,32 @@ def score_decay(lengths, n, rate, causal):  # pragma: no cover - compiled
             jmax = i + 1 if causal else length
             for j in range(jmax):
                 out[b, i, j] = table[abs(i - j)]
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_uniform(lengths, n, causal):  # pragma: no cover - compiled
+def _score_uniform(lengths, n, causal, out):  # pragma: no cover - compiled
     """Uniform over all visible keys."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
             jmax = i + 1 if causal else length
-            for j in range(jmax):
-                out[b, i, j] = 1.0
-    return out
+            out[b, i, :jmax] = 1.0
 
 
 @njit(parallel=True, cache=True)
-def score_none(lengths, n, causal):  # pragma: no cover - compiled
+def _score_none(lengths, n, causal, out):  # pragma: no cover - compiled
     """All-zero scores (every visible row falls back to position 0 after normalization)."""
     nb = lengths.shape[0]
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_same_token(ids, lengths, causal):  # pragma: no cover - compiled
+def _score_same_token(ids, lengths, causal, out):  # pragma: no cover - compiled
     """Keys holding the query's token: earlier ones (causal) or all other ones (non-causal)."""
     nb, n = ids.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -180,14 +162,12 @@ def score_same_token(ids, lengths, causal):  # pragma: no cover - compiled
             for j in range(jmax):
                 if j != i and ids[b, j] == t:
                     out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_same_token_recent(ids, lengths, causal):  # pragma: no cover - compiled
+def _score_same_token_recent(ids, lengths, causal, out):  # pragma: no cover - compiled
     """The most recent earlier occurrence (j < i) of the query's token."""
     nb, n = ids.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
@@ -196,14 +176,12 @@ def score_same_token_recent(ids, lengths, causal):  # pragma: no cover - compile
                 if ids[b, j] == t:
                     out[b, i, j] = 1.0
                     break
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_induction(ids, lengths, causal):  # pragma: no cover - compiled
+def _score_induction(ids, lengths, causal, out):  # pragma: no cover - compiled
     """Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token."""
     nb, n = ids.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -215,14 +193,12 @@ def score_induction(ids, lengths, causal):  # pragma: no cover - compiled
                     j = p + 1
                     if j < length and (not causal or j <= i):
                         out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_keys(mask, lengths, causal):  # pragma: no cover - compiled
+def _score_keys(mask, lengths, causal, out):  # pragma: no cover - compiled
     """All visible keys whose mask is set (key_in_set and other key predicates)."""
     nb, n = mask.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -231,14 +207,12 @@ def score_keys(mask, lengths, causal):  # pragma: no cover - compiled
             for j in range(jmax):
                 if mask[b, j]:
                     out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_recent(mask, lengths, causal):  # pragma: no cover - compiled
+def _score_recent(mask, lengths, causal, out):  # pragma: no cover - compiled
     """The most recent key j <= i whose mask is set."""
     nb, n = mask.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         last = -1
@@ -247,14 +221,12 @@ def score_recent(mask, lengths, causal):  # pragma: no cover - compiled
                 last = i
             if last >= 0:
                 out[b, i, last] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_group_start(groups, lengths, causal):  # pragma: no cover - compiled
+def _score_group_start(groups, lengths, causal, out):  # pragma: no cover - compiled
     """The first key with the query's group value (sentence start, word start)."""
     nb, n = groups.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
@@ -263,14 +235,12 @@ def score_group_start(groups, lengths, causal):  # pragma: no cover - compiled
                 if groups[b, j] == g:
                     out[b, i, j] = 1.0
                     break
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_same_group(groups, lengths, causal):  # pragma: no cover - compiled
+def _score_same_group(groups, lengths, causal, out):  # pragma: no cover - compiled
     """All visible keys sharing the query's group value, the query included (same word)."""
     nb, n = groups.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -280,14 +250,12 @@ def score_same_group(groups, lengths, causal):  # pragma: no cover - compiled
             for j in range(jmax):
                 if groups[b, j] == g:
                     out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_dep_head(heads, lengths, causal):  # pragma: no cover - compiled
+def _score_dep_head(heads, lengths, causal, out):  # pragma: no cover - compiled
     """The token holding the query's dependency head (none for roots / -1)."""
     nb, n = heads.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -295,14 +263,12 @@ def score_dep_head(heads, lengths, causal):  # pragma: no cover - compiled
             h = heads[b, i]
             if 0 <= h < length and (not causal or h <= i):
                 out[b, i, h] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_dep_children(heads, lengths, causal):  # pragma: no cover - compiled
+def _score_dep_children(heads, lengths, causal, out):  # pragma: no cover - compiled
     """The visible tokens whose dependency head is the query."""
     nb, n = heads.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -311,19 +277,12 @@ def score_dep_children(heads, lengths, causal):  # pragma: no cover - compiled
             for j in range(jmax):
                 if heads[b, j] == i:
                     out[b, i, j] = 1.0
-    return out
 
 
 @njit(parallel=True, cache=True)
-def score_match(qidx, kidx, table, lengths, closest, causal):  # pragma: no cover - compiled
-    """Categorical predicate: keys with table[qidx[i], kidx[j]] set; ``closest`` keeps the nearest one.
-
-    ``qidx``/``kidx`` map each position's feature value to a row/column of ``table`` (-1: value not
-    mentioned, never matches). Closest = largest j <= i under a causal mask; otherwise the smallest
-    |i - j|, ties to the left.
-    """
+def _score_match(qidx, kidx, table, lengths, closest, causal, out):  # pragma: no cover - compiled
+    """Fill ``out`` for ``score_match``."""
     nb, n = qidx.shape
-    out = np.empty((nb, n, n), np.float32)
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
@@ -359,6 +318,152 @@ def score_match(qidx, kidx, table, lengths, closest, causal):  # pragma: no cove
                             break
                     if i - d < 0 and i + d >= length:
                         break
+
+
+# Allocating wrappers. ``out`` may pass a reusable float32 [B,N,N] buffer (every cell is
+# overwritten); otherwise numpy allocates it, not the kernel: numpy puts large arrays on transparent
+# huge pages, which made first-touch page faults of a [1000,128,128] float32 batch ~5x cheaper than
+# numba-allocated memory on the VMs this was measured on (20 ms vs 110 ms). Fresh memory is the
+# dominant cost of a simple primitive, so callers evaluating trees recycle buffers.
+
+
+def _buffer(out, shape) -> np.ndarray:
+    """Return ``out`` after checking it fits, or a new float32 array of ``shape``."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}; got {out.dtype} {out.shape}")
+    return out
+
+
+def score_self(lengths, n, causal, out=None) -> np.ndarray:
+    """Each query attends to itself."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_self(lengths, n, causal, out)
+    return out
+
+
+def score_prev(lengths, n, k, causal, out=None) -> np.ndarray:
+    """Query i attends to key i-k (k >= 1)."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_prev(lengths, n, k, causal, out)
+    return out
+
+
+def score_next(lengths, n, k, causal, out=None) -> np.ndarray:
+    """Query i attends to key i+k (encoders; empty under a causal mask)."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_next(lengths, n, k, causal, out)
+    return out
+
+
+def score_first(lengths, n, causal, out=None) -> np.ndarray:
+    """Every query attends to position 0 (BOS)."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_first(lengths, n, causal, out)
+    return out
+
+
+def score_window(lengths, n, lo, hi, causal, out=None) -> np.ndarray:
+    """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead)."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_window(lengths, n, lo, hi, causal, out)
+    return out
+
+
+def score_decay(lengths, n, rate, causal, out=None) -> np.ndarray:
+    """Exponential decay rate**|i-j| over visible keys (the query itself scores 1)."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_decay(lengths, n, rate, causal, out)
+    return out
+
+
+def score_uniform(lengths, n, causal, out=None) -> np.ndarray:
+    """Uniform over all visible keys."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_uniform(lengths, n, causal, out)
+    return out
+
+
+def score_none(lengths, n, causal, out=None) -> np.ndarray:
+    """All-zero scores (every visible row falls back to position 0 after normalization)."""
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_none(lengths, n, causal, out)
+    return out
+
+
+def score_same_token(ids, lengths, causal, out=None) -> np.ndarray:
+    """Keys holding the query's token: earlier ones (causal) or all other ones (non-causal)."""
+    out = _buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
+    _score_same_token(ids, lengths, causal, out)
+    return out
+
+
+def score_same_token_recent(ids, lengths, causal, out=None) -> np.ndarray:
+    """The most recent earlier occurrence (j < i) of the query's token."""
+    out = _buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
+    _score_same_token_recent(ids, lengths, causal, out)
+    return out
+
+
+def score_induction(ids, lengths, causal, out=None) -> np.ndarray:
+    """Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token."""
+    out = _buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
+    _score_induction(ids, lengths, causal, out)
+    return out
+
+
+def score_keys(mask, lengths, causal, out=None) -> np.ndarray:
+    """All visible keys whose mask is set (key_in_set and other key predicates)."""
+    out = _buffer(out, (mask.shape[0], mask.shape[1], mask.shape[1]))
+    _score_keys(mask, lengths, causal, out)
+    return out
+
+
+def score_recent(mask, lengths, causal, out=None) -> np.ndarray:
+    """The most recent key j <= i whose mask is set."""
+    out = _buffer(out, (mask.shape[0], mask.shape[1], mask.shape[1]))
+    _score_recent(mask, lengths, causal, out)
+    return out
+
+
+def score_group_start(groups, lengths, causal, out=None) -> np.ndarray:
+    """The first key with the query's group value (sentence start, word start)."""
+    out = _buffer(out, (groups.shape[0], groups.shape[1], groups.shape[1]))
+    _score_group_start(groups, lengths, causal, out)
+    return out
+
+
+def score_same_group(groups, lengths, causal, out=None) -> np.ndarray:
+    """All visible keys sharing the query's group value, the query included (same word)."""
+    out = _buffer(out, (groups.shape[0], groups.shape[1], groups.shape[1]))
+    _score_same_group(groups, lengths, causal, out)
+    return out
+
+
+def score_dep_head(heads, lengths, causal, out=None) -> np.ndarray:
+    """The token holding the query's dependency head (none for roots / -1)."""
+    out = _buffer(out, (heads.shape[0], heads.shape[1], heads.shape[1]))
+    _score_dep_head(heads, lengths, causal, out)
+    return out
+
+
+def score_dep_children(heads, lengths, causal, out=None) -> np.ndarray:
+    """The visible tokens whose dependency head is the query."""
+    out = _buffer(out, (heads.shape[0], heads.shape[1], heads.shape[1]))
+    _score_dep_children(heads, lengths, causal, out)
+    return out
+
+
+def score_match(qidx, kidx, table, lengths, closest, causal, out=None) -> np.ndarray:
+    """Categorical predicate: keys with table[qidx[i], kidx[j]] set; ``closest`` keeps the nearest one.
+
+    ``qidx``/``kidx`` map each position's feature value to a row/column of ``table`` (-1: value not
+    mentioned, never matches). Closest = largest j <= i under a causal mask; otherwise the smallest
+    |i - j|, ties to the left.
+    """
+    out = _buffer(out, (qidx.shape[0], qidx.shape[1], qidx.shape[1]))
+    _score_match(qidx, kidx, table, lengths, closest, causal, out)
     return out
 
 
@@ -377,33 +482,55 @@ def value_index(values: np.ndarray, vocabulary: np.ndarray) -> np.ndarray:
 # combinators (in place, vectorized over whole batches)
 # --------------------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
+# Row sums may be reassociated (vectorized); scores here are finite by construction.
+_FASTMATH = {"reassoc", "nsz", "arcp", "contract"}
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _row_sum(row):  # pragma: no cover - compiled
+    total = 0.0
+    for j in range(row.shape[0]):
+        total += row[j]
+    return total
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def mix_scale(a, weight):  # pragma: no cover - compiled
+    """a <- weight * rownorm(a) in place (the first term of a mix); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            total = _row_sum(row)
+            if total > 0.0:
+                scale = np.float32(weight / total)
+                for j in range(n):
+                    row[j] *= scale
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def mix_accumulate(out, a, weight):  # pragma: no cover - compiled
     """out += weight * rownorm(a): each non-empty row of ``a`` contributes ``weight`` of mass."""
     nb, n, _ = a.shape
     for b in prange(nb):
         for i in range(n):
-            total = 0.0
-            for j in range(n):
-                total += a[b, i, j]
+            row = a[b, i]
+            total = _row_sum(row)
             if total > 0.0:
-                scale = weight / total
+                scale = np.float32(weight / total)
+                orow = out[b, i]
                 for j in range(n):
-                    out[b, i, j] += np.float32(a[b, i, j] * scale)
+                    orow[j] += row[j] * scale
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def fallback_rows(a, alt):  # pragma: no cover - compiled
     """Rows of ``a`` with zero mass are replaced by the same rows of ``alt`` (in place on ``a``)."""
     nb, n, _ = a.shape
     for b in prange(nb):
         for i in range(n):
-            total = 0.0
-            for j in range(n):
-                total += a[b, i, j]
-            if total <= 0.0:
-                for j in range(n):
-                    a[b, i, j] = alt[b, i, j]
+            if _row_sum(a[b, i]) <= 0.0:
+                a[b, i, :] = alt[b, i, :]
 
 
 @njit(parallel=True, cache=True)
@@ -413,29 +540,28 @@ def gate_rows(qmask, a, alt):  # pragma: no cover - compiled
     for b in prange(nb):
         for i in range(n):
             if not qmask[b, i]:
-                for j in range(n):
-                    a[b, i, j] = alt[b, i, j]
+                a[b, i, :] = alt[b, i, :]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def sharpen_rows(a, t):  # pragma: no cover - compiled
     """a <- rownorm(a ** t) for rows with mass (in place); empty rows stay empty."""
     nb, n, _ = a.shape
     for b in prange(nb):
         for i in range(n):
+            row = a[b, i]
             total = 0.0
             for j in range(n):
-                v = a[b, i, j]
+                v = row[j]
                 if v > 0.0:
-                    v = v ** t
+                    row[j] = np.float32(np.float64(v) ** t)
                 else:
-                    v = 0.0
-                a[b, i, j] = np.float32(v)
-                total += a[b, i, j]
+                    row[j] = 0.0
+                total += row[j]
             if total > 0.0:
-                inv = 1.0 / total
+                inv = np.float32(1.0 / total)
                 for j in range(n):
-                    a[b, i, j] = np.float32(a[b, i, j] * inv)
+                    row[j] *= inv
 
 
 @njit(parallel=True, cache=True)
@@ -444,34 +570,31 @@ def multiply(a, other):  # pragma: no cover - compiled
     nb, n, _ = a.shape
     for b in prange(nb):
         for i in range(n):
+            row, orow = a[b, i], other[b, i]
             for j in range(n):
-                a[b, i, j] *= other[b, i, j]
+                row[j] *= orow[j]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def row_normalize(a):  # pragma: no cover - compiled
     """Divide every row with positive mass by its sum (in place); empty rows stay empty."""
     nb, n, _ = a.shape
     for b in prange(nb):
         for i in range(n):
-            total = 0.0
-            for j in range(n):
-                total += a[b, i, j]
+            row = a[b, i]
+            total = _row_sum(row)
             if total > 0.0:
-                inv = 1.0 / total
+                inv = np.float32(1.0 / total)
                 for j in range(n):
-                    a[b, i, j] = np.float32(a[b, i, j] * inv)
+                    row[j] *= inv
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def empty_rows(a):  # pragma: no cover - compiled
     """Boolean [B,N]: rows of ``a`` with no positive mass."""
     nb, n, _ = a.shape
     res = np.empty((nb, n), np.bool_)
     for b in prange(nb):
         for i in range(n):
-            total = 0.0
-            for j in range(n):
-                total += a[b, i, j]
-            res[b, i] = total <= 0.0
+            res[b, i] = _row_sum(a[b, i]) <= 0.0
     return res

@@ -854,6 +854,15 @@ class _Context:
         self.causal = bool(causal)
         self._pos_tags = pos_tags
         self._cache: dict[str, np.ndarray] = {}
+        self._free: list[np.ndarray] = []  # finished intermediate [B,N,N] buffers, reused (no page faults)
+
+    def buf(self) -> np.ndarray | None:
+        """A recycled [B,N,N] float32 buffer for a kernel to overwrite, or None (the kernel allocates)."""
+        return self._free.pop() if self._free else None
+
+    def release(self, arr: np.ndarray) -> None:
+        """Hand back an intermediate result that is no longer needed."""
+        self._free.append(arr)
 
     def feature(self, name: str) -> np.ndarray:
         if name == "token":
@@ -901,41 +910,41 @@ class _Context:
 def _eval_prim(node: Prim, ctx: _Context) -> np.ndarray:
     name, L, n, c = node.name, ctx.lengths, ctx.n, ctx.causal
     if name == "self":
-        return K.score_self(L, n, c)
+        return K.score_self(L, n, c, out=ctx.buf())
     if name == "first":
-        return K.score_first(L, n, c)
+        return K.score_first(L, n, c, out=ctx.buf())
     if name == "uniform":
-        return K.score_uniform(L, n, c)
+        return K.score_uniform(L, n, c, out=ctx.buf())
     if name == "none":
-        return K.score_none(L, n, c)
+        return K.score_none(L, n, c, out=ctx.buf())
     if name == "prev":
-        return K.score_prev(L, n, node.param("k"), c)
+        return K.score_prev(L, n, node.param("k"), c, out=ctx.buf())
     if name == "next":
-        return K.score_next(L, n, node.param("k"), c)
+        return K.score_next(L, n, node.param("k"), c, out=ctx.buf())
     if name == "window":
-        return K.score_window(L, n, node.param("a"), node.param("b"), c)
+        return K.score_window(L, n, node.param("a"), node.param("b"), c, out=ctx.buf())
     if name == "decay":
-        return K.score_decay(L, n, node.param("rate"), c)
+        return K.score_decay(L, n, node.param("rate"), c, out=ctx.buf())
     if name == "same_token":
-        return K.score_same_token(ctx.ids, L, c)
+        return K.score_same_token(ctx.ids, L, c, out=ctx.buf())
     if name == "same_token_recent":
-        return K.score_same_token_recent(ctx.ids, L, c)
+        return K.score_same_token_recent(ctx.ids, L, c, out=ctx.buf())
     if name == "induction":
-        return K.score_induction(ctx.ids, L, c)
+        return K.score_induction(ctx.ids, L, c, out=ctx.buf())
     if name == "key_in_set":
-        return K.score_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), L, c)
+        return K.score_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), L, c, out=ctx.buf())
     if name == "recent":
-        return K.score_recent(ctx.pred_mask(node.param("pred")), L, c)
+        return K.score_recent(ctx.pred_mask(node.param("pred")), L, c, out=ctx.buf())
     if name == "sentence_start":
-        return K.score_group_start(ctx.feature("sent"), L, c)
+        return K.score_group_start(ctx.feature("sent"), L, c, out=ctx.buf())
     if name == "word_start":
-        return K.score_group_start(ctx.feature("word"), L, c)
+        return K.score_group_start(ctx.feature("word"), L, c, out=ctx.buf())
     if name == "same_word":
-        return K.score_same_group(ctx.feature("word"), L, c)
+        return K.score_same_group(ctx.feature("word"), L, c, out=ctx.buf())
     if name == "dep_head":
-        return K.score_dep_head(ctx.feature("dep_head"), L, c)
+        return K.score_dep_head(ctx.feature("dep_head"), L, c, out=ctx.buf())
     if name == "dep_children":
-        return K.score_dep_children(ctx.feature("dep_head"), L, c)
+        return K.score_dep_children(ctx.feature("dep_head"), L, c, out=ctx.buf())
     if name == "match":
         return _eval_match(node, ctx)
     raise AssertionError(name)
@@ -954,33 +963,42 @@ def _eval_match(node: Prim, ctx: _Context) -> np.ndarray:
     table[qinv.reshape(-1), kinv.reshape(-1)] = True
     qidx = K.value_index(ctx.feature(qf), qvocab)
     kidx = K.value_index(ctx.feature(kf), kvocab)
-    return K.score_match(qidx, kidx, table, ctx.lengths, node.param("select") == "closest", ctx.causal)
+    closest = node.param("select") == "closest"
+    return K.score_match(qidx, kidx, table, ctx.lengths, closest, ctx.causal, out=ctx.buf())
 
 
 def _eval(node: Node, ctx: _Context) -> np.ndarray:
+    """Scores of a subtree: a fresh or recycled buffer the caller owns."""
     if isinstance(node, Prim):
         return _eval_prim(node, ctx)
     if isinstance(node, Mix):
-        out = np.zeros((ctx.ids.shape[0], ctx.n, ctx.n), dtype=np.float32)
-        for w, t in node.terms:
-            K.mix_accumulate(out, _eval(t, ctx), float(w))
+        (w0, t0), rest = node.terms[0], node.terms[1:]
+        out = _eval(t0, ctx)
+        K.mix_scale(out, float(w0))
+        for w, t in rest:
+            part = _eval(t, ctx)
+            K.mix_accumulate(out, part, float(w))
+            ctx.release(part)
         return out
     if isinstance(node, Fallback):
         out = _eval(node.args[0], ctx)
         for alt in node.args[1:]:
             if not K.empty_rows(out).any():
                 break
-            K.fallback_rows(out, _eval(alt, ctx))
+            part = _eval(alt, ctx)
+            K.fallback_rows(out, part)
+            ctx.release(part)
         return out
     if isinstance(node, Gate):
         qmask = ctx.pred_mask(node.pred)
-        live = qmask[:, : ctx.n] & (np.arange(ctx.n)[None, :] < ctx.lengths[:, None])
-        if not live.any():
+        inside = np.arange(ctx.n)[None, :] < ctx.lengths[:, None]
+        if not (qmask & inside).any():
             return _eval(node.other, ctx)
         out = _eval(node.then, ctx)
-        full = qmask | (np.arange(ctx.n)[None, :] >= ctx.lengths[:, None])
-        if not full.all():
-            K.gate_rows(qmask, out, _eval(node.other, ctx))
+        if not (qmask | ~inside).all():
+            part = _eval(node.other, ctx)
+            K.gate_rows(qmask, out, part)
+            ctx.release(part)
         return out
     if isinstance(node, Sharpen):
         out = _eval(node.arg, ctx)
@@ -989,7 +1007,9 @@ def _eval(node: Node, ctx: _Context) -> np.ndarray:
     if isinstance(node, Mul):
         out = _eval(node.args[0], ctx)
         for other in node.args[1:]:
-            K.multiply(out, _eval(other, ctx))
+            part = _eval(other, ctx)
+            K.multiply(out, part)
+            ctx.release(part)
         return out
     raise TypeError(f"not a DSL node: {node!r}")
 
@@ -1010,4 +1030,4 @@ def evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray,
              pos_tags: Any = None) -> np.ndarray:
     """Attention float32 [B,N,N]: ``normalize_scores`` applied to ``evaluate_scores``."""
     scores = evaluate_scores(node, ids, lengths, features, causal, pos_tags)
-    return normalize_scores(scores, lengths, causal)
+    return normalize_scores(scores, lengths, causal, out=scores)  # fresh array: normalize in place

@@ -182,14 +182,15 @@ def score_many(
                 np.cumsum(row_counts[:, p0:p1, :].reshape(-1), out=rowptr[1:])
                 nnz = int(rowptr[-1])
                 cidx = np.empty(nnz, dtype=np.int32)
-                cval = np.empty(nnz, dtype=np.float64)
-                cvlogv = np.empty(nnz, dtype=np.float64)
+                cval = np.empty(nnz, dtype=np.float32)
+                cwlog = np.empty(nnz, dtype=np.float64)
                 ctot = np.zeros((Bc, Pc), dtype=np.float64)
-                _k.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cvlogv, ctot)
+                _k.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot)
             else:
                 rowptr = np.zeros(1, dtype=np.int64)
                 cidx = np.zeros(0, dtype=np.int32)
-                cval = cvlogv = np.zeros(0, dtype=np.float64)
+                cval = np.zeros(0, dtype=np.float32)
+                cwlog = np.zeros(0, dtype=np.float64)
                 ctot = np.zeros((Bc, Pc), dtype=np.float64)
             if do_topq:
                 c_idx, c_cnt = _k.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
@@ -198,10 +199,10 @@ def score_many(
             bufs = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted else np.zeros((1, 1, 1))
                     for m in METRICS}
             _k.score_block(rx, rlut, lens, causal, b0, b1, Pc, N,
-                           rowptr, cidx, cval, cvlogv, ctot,
+                           rowptr, cidx, cval, cwlog, ctot,
                            do_iou, do_jsd, do_topq,
                            r_idx, r_cnt, c_idx, c_cnt,
-                           bufs["iou"], bufs["jsd"], bufs["topq"])
+                           bufs["iou"], bufs["jsd"], bufs["topq"], 8 * _k.kernel_threads())
             for m in wanted:
                 if per_sequence:
                     results[m][:, p0:p1, b0:b1] = bufs[m]

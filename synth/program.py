@@ -164,7 +164,8 @@ class Program:
         sequences = list(sequences)
         scores = self.evaluate_scores(sequences, causal, features, timeout, pos_tags)
         lengths = np.array([s.n for s in sequences], dtype=np.int64)
-        return normalize_scores(scores, lengths, causal)
+        own = scores if scores.dtype == np.float32 else None  # DSL scores are fresh float32: in place
+        return normalize_scores(scores, lengths, causal, out=own)
 
     def evaluate_arrays(self, ids: np.ndarray, lengths: np.ndarray,
                         features: Mapping[str, np.ndarray] | None = None, causal: bool = True,

@@ -1,46 +1,53 @@
 """Sandboxed execution of untrusted Python programs in a reusable pool of hardened worker processes.
 
 Python programs (DESIGN section 2) are untrusted text. They are validated by the AST allowlist in
-:mod:`headsurgeon.synth.pysafety` and then run *only* here, inside worker processes, never in the caller.
+:mod:`headsurgeon.synth.pysafety` and then run *only* here, in sandbox processes, never in the caller.
+
+Process model (forkserver-style). Each pool slot is a *zygote*: a fresh interpreter spawned (fork+exec,
+like multiprocessing's 'spawn', but without re-importing the caller's ``__main__``) with a minimal
+environment and one BLAS thread, that imports numpy and this module only (not torch), hardens itself
+once and then never runs program code. For every job (a chunk of sequences) it forks a *job child*
+that adds the per-job limits, runs the program and exits. So every job starts from the same pristine
+state: nothing a program does (patching a numpy dict, a full escape) can leak into another
+program's results, and a timeout or crash costs a fork (about 10 ms), not a new interpreter (about 0.4 s).
 
 Layers (each assumes the previous one may fail):
 
 1. **AST validation** (``pysafety.analyze_source``) in the parent before anything is sent.
-2. **Restricted runtime** in the worker: programs get a builtins dict with only the safe builtins, an
-   ``__import__`` that admits numpy/math/re only, and ``np``/``math``/``re`` pre-bound.
-3. **Operating-system limits** applied to the worker once at start, *before* any program runs:
+2. **Restricted runtime** in the job child: only the safe builtins, an ``__import__`` that admits
+   numpy/math/re, and ``np``/``math``/``re`` pre-bound.
+3. **Operating-system limits** (what took effect is recorded in :attr:`SandboxPool.hardening`):
 
+   zygote, once, inherited by every job child:
+   - a private, empty network namespace (``unshare(CLONE_NEWNET)``; as non-root via a user namespace)
+     where the kernel allows it: even a socket that existed would reach nothing;
+   - a root zygote drops to uid/gid ``sandbox_uid`` (65534, "nobody"): no capabilities, so no limit
+     below can be raised back, and RLIMIT_NPROC binds (root is exempt from it); ``PR_SET_NO_NEW_PRIVS``;
    - ``RLIMIT_AS`` (``memory_mb``, default 1 GiB): allocations beyond it raise ``MemoryError``;
-   - ``RLIMIT_CPU``: hard limit per worker (``worker_cpu_seconds``; SIGKILL when exceeded, the worker is
-     recycled well before), soft limit re-armed per sequence at ``timeout`` CPU-seconds (SIGXCPU ->
-     timeout error); plus ``ITIMER_REAL`` at ``timeout`` wall-seconds for a graceful in-worker timeout;
-   - ``RLIMIT_NPROC = 0``: no new processes or threads (fork bombs fail with EAGAIN). Root is exempt
-     from NPROC, so a root worker first drops to uid/gid ``sandbox_uid`` (65534, "nobody"), which also
-     takes away every capability (it cannot raise its hard limits back);
    - ``RLIMIT_FSIZE = 0`` (SIGXFSZ ignored): no file can grow; ``RLIMIT_CORE = 0``;
-   - ``RLIMIT_NOFILE`` locked at the worker's 5 descriptors (stdin/stdout/stderr on /dev/null, the two
-     protocol pipes): any ``open``/``socket``/``pipe`` fails with EMFILE, so no file reads, writes or sockets;
-   - a private, empty network namespace (``unshare(CLONE_NEWNET)``; as non-root with a user namespace)
-     where the kernel allows it, so even a socket that existed would reach nothing;
-   - a seccomp filter (x86_64/aarch64) that denies fork/vfork/clone/clone3/execve/execveat, socket/
-     socketpair, ptrace/process_vm_*, unshare/setns/mount, bpf/perf_event_open/userfaultfd/keyrings and
-     signals to any process but itself; ``PR_SET_NO_NEW_PRIVS``; ``socket`` module functions replaced;
-   - ``PR_SET_PDEATHSIG`` (SIGKILL) so workers die with the caller; a new session (no terminal signals).
+   - seccomp filter: execve/execveat, socket/socketpair, ptrace/process_vm_*, unshare/setns/mount,
+     bpf/perf_event_open/userfaultfd/keyrings/io_uring denied (x86_64 and aarch64);
+   - ``socket`` module functions replaced (clear errors); ``PR_SET_PDEATHSIG`` so it dies with the caller.
 
-4. **Parent-side enforcement**: a wall-clock deadline per sequence (``timeout`` + grace); on expiry,
-   crash or protocol violation the worker is killed (SIGKILL) and replaced. Nothing the worker sends is
-   unpickled: results come back as a small JSON header plus raw float32 bytes, checked against the
-   expected shape and for finiteness.
+   job child, per job:
+   - ``RLIMIT_NPROC = 0`` and a second seccomp filter denying fork/vfork/clone/clone3/setsid/setpgid
+     and signals to any other process: no fork bombs, no threads;
+   - ``RLIMIT_NOFILE`` locked at its 5 descriptors (stdio on /dev/null and the result pipe): any
+     ``open``/``socket``/``pipe`` fails with EMFILE, so no file reads, writes or sockets;
+   - ``RLIMIT_CPU``: hard limit = the job's budget (SIGKILL), soft limit re-armed per sequence at
+     ``timeout`` CPU-seconds (SIGXCPU), plus ``ITIMER_REAL`` at ``timeout`` wall-seconds: both raise a
+     BaseException inside the program, reported as a timeout naming the interrupted line;
+   - ``PR_SET_PDEATHSIG``: dies with its zygote.
 
-What each layer reports is in :attr:`SandboxPool.hardening` (a worker records which limits really took
-effect, e.g. ``netns: false`` where the kernel forbids namespaces).
+4. **Parent-side enforcement**: a wall-clock deadline per sequence (``timeout`` + grace). On expiry the
+   zygote is asked to SIGKILL the job child; if the zygote does not answer, the whole process group is
+   killed and the slot respawned. Nothing a sandbox process sends is unpickled: results are a small
+   JSON header plus raw float32 bytes, checked against the expected shape and for finiteness; job
+   children write results to their own pipe, zygotes report job ends on a separate control pipe.
 
-Not enforced here: ``execve`` on architectures without the seccomp table (the new image would still
-inherit every limit above); CPU *share* (a busy program occupies one core until its timeout); and
-information leaks via timing. Workers are spawned (fork+exec of a fresh interpreter, like
-multiprocessing's 'spawn' start method but without re-importing the caller's ``__main__``) from a
-dedicated thread, with a minimal environment and one BLAS thread; they import only numpy and this
-package's ``synth/errors.py``, ``synth/pysafety.py`` and ``synth/sandbox.py`` (not torch).
+Not enforced here: ``execve`` on architectures without a seccomp table (a new image would still inherit
+every limit above); CPU *share* (a busy program occupies one core until its timeout); timing side
+channels. With ``sandbox_uid=None`` a root caller's sandbox keeps root's capabilities (tests only).
 
 API::
 
@@ -97,13 +104,17 @@ __all__ = [
 REASONS = frozenset({"crash", "timeout", "memory", "bad_output", "sandbox"})
 _COSTLY = frozenset({"timeout", "memory"})  # failures that count toward ``max_failures``
 
-_HDR = struct.Struct(">I")  # worker -> parent: JSON header length
-_JOB = struct.Struct(">Q")  # parent -> worker: pickled job length
+_HDR = struct.Struct(">I")  # sandbox -> parent: JSON header length
+_MSG = struct.Struct(">Q")  # parent -> zygote: pickled message length
 _MAX_HEADER = 1 << 20
 _MAX_MESSAGE = 2000
 _MAX_DETAIL = 6000
 _PROGRAM_FILE = "<program>"
 _SYNTH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# Descriptor layout inside a zygote (after hardening) and inside a job child.
+_FD_CTL_IN, _FD_CTL_OUT, _FD_RES_OUT, _FD_WAKE_R, _FD_WAKE_W = 3, 4, 5, 6, 7
+_CHILD_FD_RES = 3
 
 _SPACY_VIEWS_FALLBACK = ("pos", "tag", "lemma", "dep", "dep_head", "pos_index", "spacy_index", "spacy_sentence_index")
 _WORDNET_VIEWS_FALLBACK = ("is_noun_wordnet", "is_verb_wordnet")
@@ -176,7 +187,7 @@ class SequenceView:
 
 
 def sequence_view(seq: Any, features: Mapping[str, Any] | None = None, features_missing: str | None = None) -> dict:
-    """Convert a Sequence (or a mapping with ids/tokens/text/offsets[/features]) to the plain picklable view sent to workers."""
+    """The plain picklable view of a Sequence (or of a mapping with ids/tokens/text/offsets[/features]) sent to the sandbox."""
     if isinstance(seq, Mapping):
         ids = np.asarray(seq["ids"], dtype=np.int64).reshape(-1)
         n = int(ids.shape[0])
@@ -201,7 +212,7 @@ def sequence_view(seq: Any, features: Mapping[str, Any] | None = None, features_
 
 
 # ==================================================================================================
-# Worker side
+# Sandbox side: zygote and job child
 # ==================================================================================================
 
 
@@ -213,34 +224,38 @@ class _BadOutput(Exception):
     pass
 
 
-_W: dict[str, Any] = {"in_user": False, "cpu_hard": 0, "timer": "wall"}
+_W: dict[str, Any] = {"in_user": False, "cpu_hard": resource.RLIM_INFINITY, "timer": "wall", "memory_mb": 0}
 
-# x86_64 / aarch64 syscall numbers for the seccomp filter.
+# Syscall numbers for the seccomp filters. "zygote": denied in the zygote and so in every job child;
+# "child": additionally denied in job children; "self_only": signals allowed only to the caller itself.
 _SECCOMP_TABLES: dict[str, dict[str, Any]] = {
     "x86_64": {
         "arch": 0xC000003E, "x32": True, "seccomp_nr": 317,
-        "deny": {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "clone": 56, "socket": 41,
-                 "socketpair": 53, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-                 "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "bpf": 321,
-                 "perf_event_open": 298, "userfaultfd": 323, "add_key": 248, "request_key": 249,
-                 "keyctl": 250, "io_uring_setup": 425},
+        "zygote": {"execve": 59, "execveat": 322, "socket": 41, "socketpair": 53, "ptrace": 101,
+                   "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272, "setns": 308,
+                   "mount": 165, "umount2": 166, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+                   "add_key": 248, "request_key": 249, "keyctl": 250, "io_uring_setup": 425},
+        "child": {"fork": 57, "vfork": 58, "clone": 56, "setsid": 112, "setpgid": 109},
         "enosys": {"clone3": 435},
         "self_only": {"kill": 62, "tkill": 200, "tgkill": 234},
     },
     "aarch64": {
         "arch": 0xC00000B7, "x32": False, "seccomp_nr": 277,
-        "deny": {"clone": 220, "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199,
-                 "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97,
-                 "setns": 268, "mount": 40, "umount2": 39, "bpf": 280, "perf_event_open": 241,
-                 "userfaultfd": 282, "add_key": 217, "request_key": 218, "keyctl": 219, "io_uring_setup": 425},
+        "zygote": {"execve": 221, "execveat": 281, "socket": 198, "socketpair": 199, "ptrace": 117,
+                   "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97, "setns": 268,
+                   "mount": 40, "umount2": 39, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
+                   "add_key": 217, "request_key": 218, "keyctl": 219, "io_uring_setup": 425},
+        "child": {"clone": 220, "setsid": 157, "setpgid": 154},
         "enosys": {"clone3": 435},
         "self_only": {"kill": 129, "tkill": 130, "tgkill": 131},
     },
 }
 
 
-def _seccomp_program(table: dict[str, Any], pid: int) -> bytes:
-    """Assemble a classic-BPF seccomp filter: deny listed syscalls (EPERM), clone3 (ENOSYS), signals to others."""
+def _seccomp_program(table: dict[str, Any], deny: list[int], enosys: list[int], self_only: list[int],
+                     pid: int) -> bytes:
+    """Assemble a classic-BPF seccomp filter: ``deny`` -> EPERM, ``enosys`` -> ENOSYS, ``self_only`` -> EPERM unless
+    its first argument is ``pid``; any other architecture than the table's kills the process."""
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, errno_, kill = 0x7FFF0000, 0x00050000, 0x80000000
     prog: list[list[Any]] = []
@@ -253,11 +268,11 @@ def _seccomp_program(table: dict[str, Any], pid: int) -> bytes:
     emit(ld, 0)  # seccomp_data.nr
     if table["x32"]:
         emit(jge, 0x40000000, "eperm", 0)  # x32 ABI syscalls
-    for nr in table["deny"].values():
+    for nr in deny:
         emit(jeq, nr, "eperm", 0)
-    for nr in table["enosys"].values():
+    for nr in enosys:
         emit(jeq, nr, "enosys", 0)
-    for nr in table["self_only"].values():
+    for nr in self_only:
         emit(jeq, nr, "self", 0)
     emit(ret, allow)
     labels = {"self": len(prog)}
@@ -275,19 +290,24 @@ def _seccomp_program(table: dict[str, Any], pid: int) -> bytes:
     for i, (code, jt, jf, k) in enumerate(prog):
         jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
         jf = labels[jf] - i - 1 if isinstance(jf, str) else jf
-        assert 0 <= jt < 256 and 0 <= jf < 256
+        if not (0 <= jt < 256 and 0 <= jf < 256):
+            raise ValueError("seccomp program too long for 8-bit jumps")
         out.append(struct.pack("HBBI", code, jt, jf, k))
     return b"".join(out)
 
 
-def _install_seccomp(libc: Any) -> str | None:
-    """Install the seccomp filter on all threads; returns None on success or why it was not installed."""
+def _install_seccomp(libc: Any, stage: str) -> str | None:
+    """Install the zygote or child filter; returns None on success or why it was not installed."""
     import platform
 
     table = _SECCOMP_TABLES.get(platform.machine())
     if table is None:
         return f"no seccomp table for {platform.machine()}"
-    code = _seccomp_program(table, os.getpid())
+    if stage == "zygote":
+        code = _seccomp_program(table, list(table["zygote"].values()), list(table["enosys"].values()), [], 0)
+    else:
+        code = _seccomp_program(table, list(table["child"].values()), list(table["enosys"].values()),
+                                list(table["self_only"].values()), os.getpid())
     buf = ctypes.create_string_buffer(code, len(code))
 
     class _Fprog(ctypes.Structure):
@@ -300,7 +320,7 @@ def _install_seccomp(libc: Any) -> str | None:
     if rc != 0:
         rc = libc.prctl(L(22), L(2), ctypes.byref(fprog), L(0), L(0))
     if rc != 0:
-        return f"seccomp refused (errno {ctypes.get_errno()})"
+        return f"seccomp ({stage}) refused (errno {ctypes.get_errno()})"
     return None
 
 
@@ -308,21 +328,24 @@ def _net_blocked(*_a: Any, **_k: Any) -> Any:
     raise PermissionError("network access is disabled inside the program sandbox")
 
 
-def _harden(cfg: dict[str, Any], rfd: int, wfd: int) -> tuple[dict[str, Any], int, int]:
-    """Apply the OS limits to this worker (order matters); returns the report and the new protocol fds."""
+def _prctl(libc: Any, *args: int) -> int:
+    return libc.prctl(*(ctypes.c_ulong(a) for a in (list(args) + [0, 0, 0, 0])[:5]))
+
+
+def _harden_zygote(cfg: dict[str, Any], ctl_in: int, ctl_out: int, res_out: int) -> dict[str, Any]:
+    """Apply the zygote's OS limits (order matters) and move its descriptors to the fixed layout."""
     report: dict[str, Any] = {"pid": os.getpid(), "notes": []}
     notes: list[str] = report["notes"]
     libc = ctypes.CDLL(None, use_errno=True)
     was_root = os.geteuid() == 0
 
     # 1. empty network namespace (needs CAP_SYS_ADMIN, or an unprivileged user namespace)
-    netns = False
-    if libc.unshare(ctypes.c_int(0x40000000)) == 0:  # CLONE_NEWNET
-        netns = True
-    elif not was_root and libc.unshare(ctypes.c_int(0x10000000 | 0x40000000)) == 0:  # CLONE_NEWUSER | CLONE_NEWNET
-        netns = True
-    else:
-        notes.append(f"network namespace unavailable (errno {ctypes.get_errno()}); relying on seccomp/NOFILE")
+    netns = libc.unshare(ctypes.c_int(0x40000000)) == 0  # CLONE_NEWNET
+    if not netns and not was_root:
+        netns = libc.unshare(ctypes.c_int(0x10000000 | 0x40000000)) == 0  # + CLONE_NEWUSER
+    if not netns:
+        notes.append(f"network namespace unavailable (errno {ctypes.get_errno()}); sockets are still "
+                     "blocked by seccomp and RLIMIT_NOFILE")
     report["netns"] = netns
 
     # 2. drop root: RLIMIT_NPROC does not bind root, and root could raise its own hard limits
@@ -334,35 +357,23 @@ def _harden(cfg: dict[str, Any], rfd: int, wfd: int) -> tuple[dict[str, Any], in
             os.setuid(int(uid))
         except OSError as e:
             notes.append(f"could not drop root to uid {uid}: {e}; fork is still blocked by seccomp")
-    report["uid"] = os.getuid()
-    report["euid"] = os.geteuid()
+    elif was_root:
+        notes.append("running as root (sandbox_uid=None): rlimits can be raised by a program that escapes")
+    report["uid"], report["euid"] = os.getuid(), os.geteuid()
 
     # 3. no privilege gain through execve; die with the parent (set after setuid, which clears it)
-    L = ctypes.c_ulong
-    report["no_new_privs"] = libc.prctl(L(38), L(1), L(0), L(0), L(0)) == 0
-    if cfg.get("pdeathsig"):
-        libc.prctl(L(1), L(int(signal.SIGKILL)), L(0), L(0), L(0))
-        if os.getppid() != cfg.get("parent_pid"):
-            os._exit(3)  # parent already gone
+    report["no_new_privs"] = _prctl(libc, 38, 1) == 0
+    _prctl(libc, 1, int(signal.SIGKILL))
+    if os.getppid() != cfg.get("parent_pid"):
+        os._exit(3)  # the parent is already gone
 
-    # 4. resource limits (soft == hard so the program cannot raise them)
-    limits = {
-        "RLIMIT_CORE": (0, 0),
-        "RLIMIT_FSIZE": (0, 0),
-        "RLIMIT_NPROC": (0, 0),
-        "RLIMIT_AS": (cfg["memory_bytes"], cfg["memory_bytes"]),
-        "RLIMIT_CPU": (cfg["cpu_hard"], cfg["cpu_hard"]),
-    }
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past FSIZE returns EFBIG instead of killing us
-    applied = {}
-    for name, (soft, hard) in limits.items():
-        which = getattr(resource, name)
+    # 4. resource limits inherited by every job child (soft == hard: a program cannot raise them)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past FSIZE returns EFBIG instead of killing
+    for name, lim in (("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", 0), ("RLIMIT_AS", cfg["memory_bytes"])):
         try:
-            resource.setrlimit(which, (soft, hard))
+            resource.setrlimit(getattr(resource, name), (lim, lim))
         except (ValueError, OSError) as e:
             notes.append(f"{name} not applied: {e}")
-        applied[name] = list(resource.getrlimit(which))
-    _W["cpu_hard"] = cfg["cpu_hard"]
 
     # 5. friendlier errors for socket use (the kernel-level blocks are seccomp and NOFILE)
     import _socket
@@ -373,45 +384,64 @@ def _harden(cfg: dict[str, Any], rfd: int, wfd: int) -> tuple[dict[str, Any], in
             if hasattr(mod, fn):
                 setattr(mod, fn, _net_blocked)
 
-    # 6. seccomp
-    why = _install_seccomp(libc) if cfg.get("seccomp", True) else "disabled by configuration"
+    # 6. seccomp (the zygote part; job children add the fork/signal filter)
+    why = _install_seccomp(libc, "zygote") if cfg.get("seccomp", True) else "seccomp disabled by configuration"
     report["seccomp"] = why is None
     if why is not None:
         notes.append(why)
 
-    # 7. descriptors: 0-2 on /dev/null, protocol on 3 (in) and 4 (out), nothing else; then lock NOFILE
+    # 7. descriptors: 0-2 on /dev/null, control in/out, result out, SIGCHLD wake-up pipe; nothing else
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 32) for fd in (ctl_in, ctl_out, res_out)]
+    wake_r, wake_w = os.pipe()
+    high += [fcntl.fcntl(wake_r, fcntl.F_DUPFD, 32), fcntl.fcntl(wake_w, fcntl.F_DUPFD, 32)]
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    tmp_r, tmp_w = fcntl.fcntl(rfd, fcntl.F_DUPFD, 16), fcntl.fcntl(wfd, fcntl.F_DUPFD, 16)
-    for fd in (rfd, wfd, devnull):
-        if 2 < fd < 16:
-            os.close(fd)
-    os.dup2(tmp_r, 3)
-    os.dup2(tmp_w, 4)
-    os.closerange(5, max(5, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+    for target, fd in zip((_FD_CTL_IN, _FD_CTL_OUT, _FD_RES_OUT, _FD_WAKE_R, _FD_WAKE_W), high):
+        os.dup2(fd, target)
+    os.closerange(_FD_WAKE_W + 1, max(_FD_WAKE_W + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+    os.set_blocking(_FD_WAKE_W, False)
+    os.set_blocking(_FD_WAKE_R, False)
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (5, 5))
-        report["nofile_locked"] = True
+        resource.setrlimit(resource.RLIMIT_NOFILE, (_FD_WAKE_W + 1, _FD_WAKE_W + 1))
     except (ValueError, OSError) as e:
-        report["nofile_locked"] = False
-        notes.append(f"RLIMIT_NOFILE not locked: {e}")
-    applied["RLIMIT_NOFILE"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
-    report["rlimits"] = applied
-    return report, 3, 4
+        notes.append(f"RLIMIT_NOFILE not locked in the zygote: {e}")
+    report["rlimits"] = {n: list(resource.getrlimit(getattr(resource, n)))
+                         for n in ("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NOFILE")}
+    return report
+
+
+def _harden_child(cfg: dict[str, Any], cpu_hard: int, zygote: int) -> None:
+    """Per-job limits in a freshly forked job child: no processes, no new descriptors, CPU budget."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _prctl(libc, 1, int(signal.SIGKILL))  # die with the zygote
+    if os.getppid() != zygote:
+        os._exit(3)
+    os.dup2(_FD_RES_OUT, _CHILD_FD_RES)  # result pipe on 3, /dev/null on 4, nothing above
+    os.dup2(0, 4)
+    os.closerange(5, _FD_WAKE_W + 1)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (5, 5))
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
+    _W["cpu_hard"] = cpu_hard
+    if cfg.get("seccomp", True):
+        why = _install_seccomp(libc, "child")
+        if why is not None:  # fail closed: the zygote's filter worked, so this should not happen
+            raise RuntimeError(why)
 
 
 def _warm_up() -> None:
-    """Import/touch everything programs and the worker use, so nothing needs a new file after NOFILE is locked."""
+    """Import/touch everything programs and the sandbox use, so nothing needs a new file after hardening."""
     import _socket  # noqa: F401 - imported now: after the uid drop the files may be unreadable
+    import importlib
     import platform
     import socket  # noqa: F401
     import warnings
 
     platform.machine()
     warnings.simplefilter("ignore")
-    import importlib
-
     for mod in ("numpy._core._methods", "numpy._core._internal", "numpy._core._exceptions", "numpy._core.arrayprint",
                 "numpy._core._dtype", "numpy._core._ufunc_config", "numpy.exceptions", "numpy.dtypes"):
         try:
@@ -424,6 +454,7 @@ def _warm_up() -> None:
     np.char.upper(np.array(["a"])), np.strings.lower(np.array(["A"])), np.emath.sqrt(-1.0)
     np.einsum("ij->i", a), np.convolve(a[0], a[1]), np.unique(a), np.tril(a), np.searchsorted(a[0], 2.0)
     np.argwhere(np.isfinite(a)), np.array2string(a), repr(a), str(np.float32(1.5)), np.cumsum(a, axis=1)
+    a.sum(axis=1, keepdims=True), a.mean(0), a.std(), a.max(1), a.argmax(1), a.clip(0, 1), a.round(2)
     try:
         np.asarray([[1, 2], [3]])
     except ValueError:
@@ -460,17 +491,15 @@ def _describe_exception(e: BaseException) -> tuple[str, str]:
             last = frames[-1]
             line = (last.line or "").strip()
             msg += f" (at line {last.lineno}" + (f": {line[:120]}" if line else "") + ")"
-            shown = frames[-8:]
-            detail = "Traceback (program frames, most recent call last):\n" + "".join(
-                traceback.format_list(shown)
-            ) + msg
+            detail = ("Traceback (program frames, most recent call last):\n"
+                      + "".join(traceback.format_list(frames[-8:])) + msg)
     except Exception:  # noqa: BLE001
         pass
     return msg, detail[-_MAX_DETAIL:]
 
 
 def _quiet_print(*_a: Any, **_k: Any) -> None:
-    """``print`` inside programs: output is discarded (workers have no stdout)."""
+    """``print`` inside programs: output is discarded (sandbox processes have no stdout)."""
 
 
 def _safe_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
@@ -512,7 +541,9 @@ def _cpu_used() -> float:
 
 def _arm(timeout: float) -> None:
     hard = _W["cpu_hard"]
-    soft = min(hard, int(_cpu_used() + timeout) + 1)
+    soft = int(_cpu_used() + timeout) + 1
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
     try:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
     except (ValueError, OSError):
@@ -542,9 +573,7 @@ def _check_output(out: Any, n: int, max_cells: int) -> np.ndarray:
     except (ValueError, TypeError) as e:
         raise _BadOutput(f"the return value is not a rectangular numeric array ({type(e).__name__}: {e})") from None
     if arr.dtype.kind not in "biuf":
-        raise _BadOutput(
-            f"the return value has dtype {arr.dtype} ({type(out).__name__}); scores must be real numbers"
-        )
+        raise _BadOutput(f"the return value has dtype {arr.dtype} ({type(out).__name__}); scores must be real numbers")
     if arr.ndim != 2 or arr.shape != (n, n):
         raise _BadOutput(f"the return value has shape {tuple(arr.shape)}; expected ({n}, {n}) for this sequence")
     if arr.size > max_cells:
@@ -556,17 +585,10 @@ def _check_output(out: Any, n: int, max_cells: int) -> np.ndarray:
         i, j = (int(x) for x in np.argwhere(~finite)[0])
         bad = int((~finite).sum())
         raise _BadOutput(
-            f"score[{i}, {j}] is {arr[i, j]!r} ({bad} non-finite value(s)); scores must be finite "
-            "(NaN/inf, or beyond float32 range) - fix the division/log that produced it"
+            f"score[{i}, {j}] is {float(arr[i, j])!r} ({bad} non-finite value(s)); scores must be finite "
+            "(not NaN/inf, within float32 range): fix the division or log that produced it"
         )
     return f32
-
-
-def _send(fd: int, header: dict[str, Any], payload: Any = None) -> None:
-    data = json.dumps(header).encode()
-    _write_all(fd, _HDR.pack(len(data)) + data)
-    if payload is not None:
-        _write_all(fd, payload)
 
 
 def _write_all(fd: int, data: Any, deadline: float | None = None) -> None:
@@ -580,6 +602,13 @@ def _write_all(fd: int, data: Any, deadline: float | None = None) -> None:
         view = view[n:]
 
 
+def _send(fd: int, header: dict[str, Any], payload: Any = None) -> None:
+    data = json.dumps(header).encode()
+    _write_all(fd, _HDR.pack(len(data)) + data)
+    if payload is not None:
+        _write_all(fd, payload)
+
+
 def _read_exact_blocking(fd: int, n: int) -> bytes | None:
     chunks, got = [], 0
     while got < n:
@@ -589,6 +618,14 @@ def _read_exact_blocking(fd: int, n: int) -> bytes | None:
         chunks.append(b)
         got += len(b)
     return b"".join(chunks)
+
+
+def _recv_message(fd: int) -> dict[str, Any] | None:
+    raw = _read_exact_blocking(fd, _MSG.size)
+    if raw is None:
+        return None
+    body = _read_exact_blocking(fd, _MSG.unpack(raw)[0])
+    return None if body is None else pickle.loads(body)  # from the trusted parent
 
 
 def _error_header(i: int, reason: str, message: str, detail: str = "") -> dict[str, Any]:
@@ -616,7 +653,7 @@ def _run_guarded(fn: Any, arg: Any, timeout: float, post: Any = None) -> tuple[s
         return "bad_output", str(e), ""
     except MemoryError as e:
         msg, detail = _describe_exception(e)
-        return "memory", f"the program ran out of memory (the sandbox cap is {_W.get('memory_mb')} MiB): {msg}", detail
+        return "memory", f"the program ran out of memory (the sandbox cap is {_W['memory_mb']} MiB): {msg}", detail
     except RecursionError as e:
         msg, detail = _describe_exception(e)
         return "crash", f"{msg}; avoid deep recursion (use loops)", detail
@@ -625,72 +662,109 @@ def _run_guarded(fn: Any, arg: Any, timeout: float, post: Any = None) -> tuple[s
         return "crash", f"the program raised {msg}", detail
 
 
-def _worker_loop(rfd: int, wfd: int, max_cells: int) -> None:
-    np_err = np.geterr()
-    while True:
-        raw = _read_exact_blocking(rfd, _JOB.size)
-        if raw is None:
-            os._exit(0)
-        body = _read_exact_blocking(rfd, _JOB.unpack(raw)[0])
-        if body is None:
-            os._exit(0)
-        job = pickle.loads(body)  # from the trusted parent
-        recycle = False
-        source, name, timeout = job["source"], job["name"], float(job["timeout"])
-        budget = int(job.get("max_failures", 2))
-        failures: list[str] = []
-        views = job["views"]
-        linecache.cache[_PROGRAM_FILE] = (len(source), None, source.splitlines(True), _PROGRAM_FILE)
-        np.seterr(**np_err)
-        g = _program_globals(bool(job.get("unrestricted")))
+def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
+    """In the job child: load the program, run it on each sequence, stream one frame per sequence."""
+    source, name, timeout = job["source"], job["name"], float(job["timeout"])
+    budget = int(job.get("max_failures", 2))
+    failures: list[str] = []
+    linecache.cache[_PROGRAM_FILE] = (len(source), None, source.splitlines(True), _PROGRAM_FILE)
+    g = _program_globals(bool(job.get("unrestricted")))
 
-        def load(_: Any) -> Any:
-            exec(compile(source, _PROGRAM_FILE, "exec", dont_inherit=True), g)  # noqa: S102 - the sandbox
-            fn = g.get(name)
-            if not callable(fn):
-                raise NameError(f"the program defines no function named {name!r}")
-            return fn
+    def load(_: Any) -> Any:
+        exec(compile(source, _PROGRAM_FILE, "exec", dont_inherit=True), g)  # noqa: S102 - this is the sandbox
+        fn = g.get(name)
+        if not callable(fn):
+            raise NameError(f"the program defines no function named {name!r}")
+        return fn
 
-        status, fn, detail = _run_guarded(load, None, timeout)
-        if status != "ok":
-            recycle = status == "memory"
-            where = "while loading the program (top-level code)"
-            _send(wfd, {"t": "loaded", "ok": False, "reason": status,
-                        "message": f"{fn} {where}"[:_MAX_MESSAGE], "detail": detail})
+    status, fn, detail = _run_guarded(load, None, timeout)
+    if status != "ok":
+        _send(out, {"t": "loaded", "ok": False, "reason": status, "detail": detail,
+                    "message": f"{fn} while loading the program (top-level code)"[:_MAX_MESSAGE]})
+        return
+    _send(out, {"t": "loaded", "ok": True})
+    for i, v in enumerate(job["views"]):
+        if len(failures) >= budget:
+            _send(out, {**_error_header(
+                i, failures[-1], f"not run: the program already failed {len(failures)} time(s) in this call "
+                f"({failures[-1]}); remaining sequences skipped"), "skipped": True})
+            continue
+        n = int(v["n"])
+        try:
+            view = SequenceView(v)
+        except Exception as e:  # noqa: BLE001
+            _send(out, _error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
+            continue
+        np.random.seed(0)  # programs using the global RNG are reproducible per sequence
+        status, value, detail = _run_guarded(fn, view, timeout, lambda o, n=n: _check_output(o, n, max_cells))
+        if status == "ok":
+            _send(out, {"t": "result", "i": i, "ok": True, "nbytes": int(value.nbytes)}, value)
         else:
-            _send(wfd, {"t": "loaded", "ok": True})
-            for i, v in enumerate(views):
-                n = int(v["n"])
-                if len(failures) >= budget:
-                    _send(wfd, {**_error_header(
-                        i, failures[-1], f"not run: the program already failed {len(failures)} time(s) in this "
-                        f"call ({failures[-1]}); remaining sequences skipped"), "skipped": True})
-                    continue
-                try:
-                    view = SequenceView(v)
-                except Exception as e:  # noqa: BLE001
-                    _send(wfd, _error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
-                    continue
-                np.random.seed(0)  # programs using the global RNG are reproducible per sequence
-                status, value, detail = _run_guarded(fn, view, timeout, lambda out, n=n: _check_output(out, n, max_cells))
-                if status == "ok":
-                    _send(wfd, {"t": "result", "i": i, "ok": True, "nbytes": int(value.nbytes)}, value)
-                else:
-                    recycle = recycle or status == "memory"
-                    if status in _COSTLY:
-                        failures.append(status)
-                    _send(wfd, _error_header(i, status, value, detail))
-                del value
-        _send(wfd, {"t": "done", "cpu": _cpu_used(), "recycle": recycle})
-        if recycle:
+            if status in _COSTLY:
+                failures.append(status)
+            _send(out, _error_header(i, status, value, detail))
+        del value, view
+
+
+def _reap(pid: int) -> tuple[int, float, bool]:
+    """In the zygote: wait for the job child, killing it if the parent asks; returns (status, cpu, killed)."""
+    killed = False
+    while True:
+        wpid, status, usage = os.wait4(pid, os.WNOHANG)
+        if wpid == pid:
+            return status, usage.ru_utime + usage.ru_stime, killed
+        ready = select.select([_FD_CTL_IN, _FD_WAKE_R], [], [], 0.25)[0]
+        if _FD_WAKE_R in ready:
+            try:
+                while os.read(_FD_WAKE_R, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        if _FD_CTL_IN in ready:
+            msg = _recv_message(_FD_CTL_IN)
+            if msg is None:  # the parent went away
+                os.kill(pid, signal.SIGKILL)
+                os.wait4(pid, 0)
+                os._exit(0)
+            if msg.get("op") == "kill" and not killed:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+
+
+def _zygote_loop(cfg: dict[str, Any]) -> None:
+    max_cells = int(cfg["max_cells"])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(_FD_WAKE_W, warn_on_full_buffer=False)
+    me = os.getpid()
+    while True:
+        msg = _recv_message(_FD_CTL_IN)
+        if msg is None:
             os._exit(0)
+        if msg.get("op") != "job":
+            continue  # a late "kill" for a job that already ended
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                _harden_child(cfg, int(msg["cpu_hard"]), me)
+                _run_job(msg, _CHILD_FD_RES, max_cells)
+                code = 0
+            except BaseException:  # noqa: BLE001 - our own failure: try to say so, then die
+                try:
+                    _send(_CHILD_FD_RES, {"t": "fatal", "error": traceback.format_exc()[-_MAX_DETAIL:]})
+                except BaseException:  # noqa: BLE001
+                    pass
+            finally:
+                os._exit(code)
+        status, cpu, killed = _reap(pid)
+        _send(_FD_CTL_OUT, {"t": "done", "status": status, "cpu": cpu, "killed": killed})
 
 
 def _worker_main(cfg_json: str) -> None:
-    """Entry point of a sandbox worker process (see the module docstring for the hardening order)."""
+    """Entry point of a sandbox zygote process (see the module docstring for the hardening order)."""
     cfg = json.loads(cfg_json)
     _W["memory_mb"] = cfg["memory_bytes"] >> 20
-    rfd, wfd = os.dup(0), os.dup(1)
+    ctl_in, ctl_out, res_out = os.dup(0), os.dup(1), int(cfg["res_fd"])
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -698,17 +772,19 @@ def _worker_main(cfg_json: str) -> None:
     signal.signal(signal.SIGALRM, _on_timer)
     signal.signal(signal.SIGXCPU, _on_timer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out_fd = ctl_out
     try:
         _warm_up()
-        report, rfd, wfd = _harden(cfg, rfd, wfd)
+        report = _harden_zygote(cfg, ctl_in, ctl_out, res_out)
+        out_fd = _FD_CTL_OUT
         report["memory_mb"] = _W["memory_mb"]
-        _send(wfd, {"t": "ready", "report": report})
-        _worker_loop(rfd, wfd, int(cfg["max_cells"]))
-    except BaseException:  # noqa: BLE001 - our own failure: tell the parent, then die
+        _send(_FD_CTL_OUT, {"t": "ready", "report": report})
+    except BaseException:  # noqa: BLE001 - tell the parent why, then die
         try:
-            _send(wfd, {"t": "fatal", "error": traceback.format_exc()[-_MAX_DETAIL:]})
+            _send(out_fd, {"t": "fatal", "error": traceback.format_exc()[-_MAX_DETAIL:]})
         finally:
             os._exit(70)
+    _zygote_loop(cfg)
 
 
 _BOOT = (
@@ -735,7 +811,7 @@ class _ProtocolError(Exception):
 
 
 class _Spawner:
-    """One long-lived thread that starts every worker, so PR_SET_PDEATHSIG tracks a thread that does not exit early."""
+    """One long-lived thread that starts every zygote, so PR_SET_PDEATHSIG tracks a thread that does not exit early."""
 
     def __init__(self) -> None:
         self._q: queue.Queue = queue.Queue()
@@ -775,96 +851,146 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
-class _Worker:
-    """Parent-side handle of one worker process: framed, deadline-bounded I/O; never unpickles its output."""
+_SIGNAL_HINTS = {
+    signal.SIGSEGV: "segmentation fault: e.g. C-stack overflow from very deep recursion or nesting, "
+                    "or a C-extension bug",
+    signal.SIGKILL: "killed",
+    signal.SIGABRT: "aborted inside a C extension",
+    signal.SIGBUS: "bus error",
+    signal.SIGSYS: "a forbidden system call",
+}
 
-    def __init__(self, proc: subprocess.Popen, errfile: Any) -> None:
+
+def _describe_status(hdr: dict[str, Any], cpu_hard: int) -> tuple[str, str]:
+    """(reason, message) for a job child that ended before finishing its chunk."""
+    status = hdr.get("status")
+    if not isinstance(status, int):
+        return "sandbox", "the sandbox reported an unreadable exit status"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        cpu = hdr.get("cpu") if isinstance(hdr.get("cpu"), (int, float)) else 0.0
+        if sig in (signal.SIGKILL, signal.SIGXCPU) and cpu >= cpu_hard - 1:
+            return "timeout", f"the program used up the job's CPU-time budget ({cpu_hard} s) and was killed"
+        return "crash", f"the program's process died with {_signal_name(sig)} ({_SIGNAL_HINTS.get(sig, 'a signal')})"
+    if os.WIFEXITED(status):
+        return "crash", f"the program's process exited with status {os.WEXITSTATUS(status)}"
+    return "crash", f"the program's process ended with wait status {status}"
+
+
+class _Worker:
+    """Parent-side handle of one zygote: framed, deadline-bounded I/O; never unpickles what it receives."""
+
+    def __init__(self, proc: subprocess.Popen, res_r: int) -> None:
         self.proc = proc
-        self.errfile = errfile
-        self.wfd = proc.stdin.fileno()  # type: ignore[union-attr]
-        self.rfd = proc.stdout.fileno()  # type: ignore[union-attr]
+        self.ctl_w = proc.stdin.fileno()  # type: ignore[union-attr]
+        self.ctl_r = proc.stdout.fileno()  # type: ignore[union-attr]
+        self.res_r = res_r
         self.report: dict[str, Any] = {}
-        self.cpu = 0.0
+        self.jobs = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def send_job(self, job: dict[str, Any], deadline: float) -> None:
-        data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    def send(self, msg: dict[str, Any], deadline: float) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            _write_all(self.wfd, _JOB.pack(len(data)) + data, deadline)
+            _write_all(self.ctl_w, _MSG.pack(len(data)) + data, deadline)
         except (OSError, ValueError) as e:
-            raise _WorkerGone(f"could not send the job: {e}") from None
+            raise _WorkerGone(f"could not reach the sandbox process: {e}") from None
 
-    def _read(self, n: int, deadline: float) -> bytearray:
+    def _read(self, fd: int, n: int, deadline: float) -> bytearray:
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
+        # while reading job-child output, the zygote's "done" with nothing left to read means a torn frame
+        watch = [fd, self.ctl_r] if fd == self.res_r else [fd]
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
             try:
-                ready = select.select([self.rfd], [], [], left)[0]
+                ready = select.select(watch, [], [], left)[0]
+                if not ready:
+                    raise TimeoutError
+                if fd not in ready:
+                    raise _ProtocolError("a truncated frame: the job process died while writing it")
+                k = os.readv(fd, [view[got:]])
             except (OSError, ValueError) as e:
                 raise _WorkerGone(str(e)) from None
-            if not ready:
-                raise TimeoutError
-            try:
-                k = os.readv(self.rfd, [view[got:]])
-            except OSError as e:
-                raise _WorkerGone(str(e)) from None
             if k == 0:
-                raise _WorkerGone("the worker closed its pipe")
+                raise _WorkerGone("the sandbox process closed its pipe")
             got += k
         return buf
 
-    def read_header(self, deadline: float) -> dict[str, Any]:
-        (size,) = _HDR.unpack(self._read(_HDR.size, deadline))
+    def read_header(self, fd: int, deadline: float) -> dict[str, Any]:
+        (size,) = _HDR.unpack(self._read(fd, _HDR.size, deadline))
         if size > _MAX_HEADER:
-            raise _ProtocolError(f"header of {size} bytes")
+            raise _ProtocolError(f"a frame header of {size} bytes")
         try:
-            header = json.loads(bytes(self._read(size, deadline)))
+            header = json.loads(bytes(self._read(fd, size, deadline)))
         except (ValueError, RecursionError) as e:
-            raise _ProtocolError(f"unreadable header: {e}") from None
+            raise _ProtocolError(f"an unreadable frame header ({e})") from None
         if not isinstance(header, dict) or not isinstance(header.get("t"), str):
-            raise _ProtocolError("header is not a frame")
+            raise _ProtocolError("a frame that is not a JSON object with a type")
         return header
 
-    def read_payload(self, nbytes: int, deadline: float) -> bytearray:
-        return self._read(nbytes, deadline)
+    def next_event(self, deadline: float) -> tuple[str, dict[str, Any]]:
+        """The next frame from the job child ("res") or, when it has none left, the zygote ("ctl")."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        try:
+            ready = select.select([self.res_r, self.ctl_r], [], [], left)[0]
+        except (OSError, ValueError) as e:
+            raise _WorkerGone(str(e)) from None
+        if self.res_r in ready:  # results first: they were written before the child ended
+            return "res", self.read_header(self.res_r, time.monotonic() + 10.0)
+        if self.ctl_r in ready:
+            return "ctl", self.read_header(self.ctl_r, time.monotonic() + 10.0)
+        raise TimeoutError
+
+    def read_payload(self, nbytes: int) -> bytearray:
+        return self._read(self.res_r, nbytes, time.monotonic() + 10.0 + nbytes / 50e6)
+
+    def drain(self) -> None:
+        """Discard whatever a dead job child left in the result pipe."""
+        try:
+            while select.select([self.res_r], [], [], 0)[0]:
+                if not os.read(self.res_r, 1 << 16):
+                    break
+        except OSError:
+            pass
 
     def kill(self) -> None:
         try:
             if self.proc.poll() is None:
-                self.proc.kill()
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # the zygote and its job child
+                except (ProcessLookupError, PermissionError):
+                    self.proc.kill()
             self.proc.wait(timeout=10)
         except Exception:  # noqa: BLE001
             pass
-        for f in (self.proc.stdin, self.proc.stdout, self.errfile):
+        for f in (self.proc.stdin, self.proc.stdout):
             try:
                 if f is not None:
                     f.close()
             except Exception:  # noqa: BLE001
                 pass
+        try:
+            os.close(self.res_r)
+        except OSError:
+            pass
 
     def death(self) -> str:
-        """Describe why the worker process ended (waits briefly for it)."""
+        """Describe why the zygote ended (waits briefly for it)."""
         try:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            return "the worker stopped responding"
+            return "the sandbox process stopped responding"
         if code < 0:
-            sig = -code
-            hint = {
-                signal.SIGSEGV: "segmentation fault: e.g. C-stack overflow from very deep recursion or nesting",
-                signal.SIGKILL: "killed: the worker's CPU-time hard limit or the system's OOM killer",
-                signal.SIGABRT: "aborted inside a C extension",
-                signal.SIGXCPU: "CPU time limit",
-                signal.SIGBUS: "bus error (memory mapping)",
-            }.get(sig, "terminated by a signal")
-            return f"the worker died with {_signal_name(sig)} ({hint})"
-        return f"the worker exited with status {code}"
+            return f"the sandbox process died with {_signal_name(-code)}"
+        return f"the sandbox process exited with status {code}"
 
 
 def _default_workers() -> int:
@@ -903,20 +1029,20 @@ class _RunState:
             self.failures += 1
             self.last_failure = (reason, message)
 
-    def exhausted(self) -> bool:
+    def remaining_budget(self) -> int:
         with self.lock:
-            return self.failures >= self.max_failures
+            return self.max_failures - self.failures
 
 
 class SandboxPool:
-    """A pool of hardened worker processes that run validated Python programs over sequences.
+    """A pool of hardened sandbox processes that run validated Python programs over sequences.
 
-    ``workers``: processes (default: cpu_count - 1, at most 4; env HEADSURGEON_SANDBOX_WORKERS);
-    ``memory_mb``: RLIMIT_AS per worker; ``max_n``: longest sequence accepted (output max_n x max_n);
-    ``worker_cpu_seconds``: RLIMIT_CPU hard limit per worker (recycled at half of it);
-    ``chunk_size``: sequences per worker round trip; ``sandbox_uid``: uid a root worker drops to;
-    ``seccomp``: install the syscall filter; ``start_timeout``: seconds a worker may take to start.
-    Workers start lazily on first use. Thread-safe; use as a context manager or call :meth:`close`.
+    ``workers``: parallel zygotes (default: cpu_count - 1, at most 4; env HEADSURGEON_SANDBOX_WORKERS);
+    ``memory_mb``: RLIMIT_AS per job; ``max_n``: longest sequence accepted (output max_n x max_n);
+    ``chunk_size``: sequences per job (one fork, ~10 ms, and one round trip); ``sandbox_uid``: uid a root sandbox
+    drops to (None keeps root: tests only); ``seccomp``: install the syscall filters;
+    ``start_timeout``: seconds a zygote may take to start. Zygotes start lazily on first use.
+    Thread-safe; use as a context manager or call :meth:`close`.
     """
 
     def __init__(
@@ -925,8 +1051,7 @@ class SandboxPool:
         *,
         memory_mb: int = 1024,
         max_n: int = 4096,
-        worker_cpu_seconds: int = 600,
-        chunk_size: int = 16,
+        chunk_size: int = 32,
         sandbox_uid: int | None = 65534,
         seccomp: bool = True,
         start_timeout: float = 60.0,
@@ -935,10 +1060,9 @@ class SandboxPool:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if memory_mb < 128:
-            raise ValueError(f"memory_mb={memory_mb} is too small for a Python+numpy worker; use >= 128")
+            raise ValueError(f"memory_mb={memory_mb} is too small for a Python+numpy sandbox; use >= 128")
         self.memory_mb = int(memory_mb)
         self.max_n = int(max_n)
-        self.worker_cpu_seconds = max(10, int(worker_cpu_seconds))
         self.chunk_size = max(1, int(chunk_size))
         self.sandbox_uid = sandbox_uid
         self.seccomp = bool(seccomp)
@@ -960,14 +1084,14 @@ class SandboxPool:
         self.close()
 
     def start(self) -> "SandboxPool":
-        """Start all workers now (otherwise they start on first use); raises RuntimeError if one cannot start."""
+        """Start all zygotes now (otherwise they start on first use); raises RuntimeError if one cannot start."""
         got = [self._checkout() for _ in range(self.workers)]
         for w in got:
             self._checkin(w)
         return self
 
     def close(self) -> None:
-        """Kill every worker; the pool cannot be used afterwards."""
+        """Kill every sandbox process; the pool cannot be used afterwards."""
         with self._cond:
             self._closed = True
             self._idle.clear()
@@ -979,14 +1103,14 @@ class SandboxPool:
         return self._closed
 
     def _spawn(self) -> _Worker:
+        res_r, res_w = os.pipe()
         cfg = {
             "memory_bytes": self.memory_mb << 20,
-            "cpu_hard": self.worker_cpu_seconds,
             "max_cells": self.max_n * self.max_n,
             "sandbox_uid": self.sandbox_uid,
             "seccomp": self.seccomp,
-            "pdeathsig": True,
             "parent_pid": os.getpid(),
+            "res_fd": res_w,
         }
         env = {
             "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0",
@@ -1000,37 +1124,42 @@ class SandboxPool:
         def popen() -> subprocess.Popen:
             return subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errfile, env=env, cwd="/",
-                close_fds=True, start_new_session=True,
+                close_fds=True, pass_fds=(res_w,), start_new_session=True,
             )
 
         try:
             proc = _spawner().call(popen)
         except OSError as e:
             errfile.close()
-            raise RuntimeError(f"could not start a sandbox worker ({sys.executable}): {e}") from None
-        w = _Worker(proc, errfile)
+            os.close(res_r)
+            raise RuntimeError(f"could not start a sandbox process ({sys.executable}): {e}") from None
+        finally:
+            os.close(res_w)
+        w = _Worker(proc, res_r)
         try:
-            hdr = w.read_header(time.monotonic() + self.start_timeout)
+            hdr = w.read_header(w.ctl_r, time.monotonic() + self.start_timeout)
             if hdr.get("t") == "fatal":
-                raise _ProtocolError(f"worker error:\n{str(hdr.get('error'))[-_MAX_DETAIL:]}")
+                raise _ProtocolError(f"it reported:\n{str(hdr.get('error'))[-_MAX_DETAIL:]}")
             if hdr.get("t") != "ready" or not isinstance(hdr.get("report"), dict):
-                raise _ProtocolError("no ready frame")
+                raise _ProtocolError("it sent no ready frame")
         except (TimeoutError, _WorkerGone, _ProtocolError) as e:
-            if w.alive():
-                w.proc.kill()
-            w.proc.wait()
+            w.kill()
             errfile.seek(0)
             tail = errfile.read()[-3000:].decode("utf-8", "replace").strip()
-            w.kill()
+            errfile.close()
             why = "timed out" if isinstance(e, TimeoutError) else str(e)
             raise RuntimeError(
-                f"a sandbox worker failed to start ({why}; exit code {w.proc.returncode}); "
+                f"a sandbox process failed to start ({why}; exit code {w.proc.returncode}); "
                 f"its stderr ends with:\n{tail or '<empty>'}"
             ) from None
-        w.report = hdr["report"]
-        self.hardening = dict(w.report)
         errfile.close()
-        w.errfile = None
+        w.report = dict(hdr["report"])
+        w.report["job_limits"] = {
+            "RLIMIT_NPROC": [0, 0], "RLIMIT_NOFILE": [5, 5], "RLIMIT_CPU": "per job: timeout * (chunk + 1) + 2 s",
+            "seccomp": ("fork/vfork/clone/clone3/setsid/setpgid, signals to others"
+                        if w.report.get("seccomp") else "off"),
+        }
+        self.hardening = dict(w.report)
         return w
 
     def _checkout(self) -> _Worker:
@@ -1062,7 +1191,7 @@ class SandboxPool:
         return w
 
     def _forget(self, w: _Worker) -> None:
-        """Drop a worker (caller holds the condition)."""
+        """Drop a zygote (caller holds the condition)."""
         self._all.discard(w)
         self._live -= 1
         w.kill()
@@ -1070,7 +1199,7 @@ class SandboxPool:
 
     def _checkin(self, w: _Worker) -> None:
         with self._cond:
-            if self._closed or not w.alive() or w.cpu > self.worker_cpu_seconds / 2:
+            if self._closed or not w.alive():
                 self._forget(w)
             else:
                 self._idle.append(w)
@@ -1094,7 +1223,7 @@ class SandboxPool:
         """Run the program on each sequence; returns, per sequence, a float32 [n, n] array or a ProgramExecutionError.
 
         ``timeout``: wall-clock (and CPU) seconds per sequence. ``max_failures``: after this many
-        timeouts, out-of-memory errors or worker deaths in one call, the remaining sequences are not run
+        timeouts, out-of-memory errors or process deaths in one call, the remaining sequences are not run
         (each reports that), so a program that hangs costs about ``max_failures * timeout`` of wall time
         (each parallel worker may spend the remaining budget once), not ``n * timeout``.
         Raises :class:`ProgramValidationError` when the source fails validation; never raises for
@@ -1118,7 +1247,8 @@ class SandboxPool:
         per = max(1, min(self.chunk_size, math.ceil(len(todo) / self.workers)))
         for k in range(0, len(todo), per):
             state.chunks.append(todo[k:k + per])
-        job = {"source": source, "name": info.name, "timeout": float(timeout), "unrestricted": bool(_unrestricted)}
+        job = {"op": "job", "source": source, "name": info.name, "timeout": float(timeout),
+               "unrestricted": bool(_unrestricted)}
         n_threads = min(self.workers, len(state.chunks))
         if n_threads <= 1:
             self._drive(job, views, state, timeout)
@@ -1148,7 +1278,7 @@ class SandboxPool:
             if v["n"] > self.max_n:
                 state.results[i] = ProgramExecutionError(
                     f"sequence {i} has {v['n']} tokens; the sandbox accepts at most max_n={self.max_n} "
-                    "(the output is n x n); split the text or raise SandboxPool(max_n=...)", "sandbox")
+                    "(the output is n x n): split the text or raise SandboxPool(max_n=...)", "sandbox")
                 views.append(None)
                 continue
             views.append(v)
@@ -1161,7 +1291,7 @@ class SandboxPool:
                 chunk = state.take()
                 if chunk is None:
                     break
-                if state.exhausted():
+                if state.remaining_budget() <= 0:
                     reason, last = state.last_failure
                     for i in chunk:
                         state.results[i] = ProgramExecutionError(
@@ -1192,46 +1322,63 @@ class SandboxPool:
 
     def _run_chunk(self, w: _Worker, chunk: list[int], job: dict, views: list, state: _RunState,
                    timeout: float) -> _Worker | None:
-        """Send one chunk, collect its results; returns the worker if it may be reused, else None."""
+        """Run one chunk as one job; returns the zygote if it may be reused, else None (it was killed)."""
         grace = 1.0 + 0.25 * timeout
+        cpu_hard = int(math.ceil(timeout * (len(chunk) + 1))) + 2
         pos = 0  # index into chunk of the sequence being waited for
+        loaded = False
 
-        def fail_current(reason: str, message: str, requeue: bool = True) -> None:
-            i = chunk[pos]
-            state.results[i] = ProgramExecutionError(f"sequence {i}: {message}", reason)
-            state.failed(reason, message)
-            if requeue:
+        def fail(reason: str, message: str, detail: str = "", whole: bool = False) -> None:
+            """Record a failure of the current sequence (or all of an unloaded chunk); requeue the rest."""
+            targets = chunk[pos:] if whole else chunk[pos:pos + 1]
+            for i in targets:
+                state.results[i] = ProgramExecutionError(f"sequence {i}: {message}", reason, detail)
+            if reason in _COSTLY or reason == "crash":
+                state.failed(reason, message)
+            if not whole:
                 state.requeue(chunk[pos + 1:])
 
         try:
-            budget = max(1, state.max_failures - state.failures)  # the worker stops early on its own too
-            w.send_job({**job, "views": [views[i] for i in chunk], "max_failures": budget}, time.monotonic() + 30.0)
-            hdr = w.read_header(time.monotonic() + timeout + grace)
-            if hdr.get("t") != "loaded":
-                raise _ProtocolError(f"expected 'loaded', got {hdr.get('t')!r}")
-            if not hdr.get("ok"):
-                reason = hdr.get("reason") if hdr.get("reason") in REASONS else "crash"
-                message = str(hdr.get("message", "the program failed to load"))[:_MAX_MESSAGE]
-                detail = str(hdr.get("detail", ""))[-_MAX_DETAIL:]
-                for i in chunk:
-                    state.results[i] = ProgramExecutionError(f"sequence {i}: {message}", reason, detail)
-                if reason in _COSTLY:
-                    state.failed(reason, message)
-                pos = len(chunk)
-            while pos < len(chunk):
+            budget = max(1, state.remaining_budget())  # the job child stops early on its own too
+            w.send({**job, "views": [views[i] for i in chunk], "max_failures": budget, "cpu_hard": cpu_hard},
+                   time.monotonic() + 30.0)
+            w.jobs += 1
+            while True:
+                finished = loaded and pos >= len(chunk)
+                kind, hdr = w.next_event(time.monotonic() + (grace if finished else timeout + grace))
+                if kind == "ctl":
+                    if hdr["t"] != "done":
+                        raise _ProtocolError(f"expected 'done' from the zygote, got {hdr['t']!r}")
+                    if not finished:  # the job child died early
+                        reason, message = _describe_status(hdr, cpu_hard)
+                        where = "while loading the program" if not loaded else "while running the program"
+                        fail(reason, f"{message} {where}", whole=not loaded)
+                    w.drain()
+                    return w
+                t = hdr["t"]
+                if t == "fatal":
+                    raise _ProtocolError(f"internal error in the job process: {str(hdr.get('error'))[-1500:]}")
+                if not loaded:
+                    if t != "loaded":
+                        raise _ProtocolError(f"expected 'loaded', got {t!r}")
+                    loaded = True
+                    if not hdr.get("ok"):
+                        reason = hdr.get("reason") if hdr.get("reason") in REASONS else "crash"
+                        fail(reason, str(hdr.get("message", "the program failed to load"))[:_MAX_MESSAGE],
+                             str(hdr.get("detail", ""))[-_MAX_DETAIL:], whole=True)
+                        pos = len(chunk)
+                    continue
+                if finished or t != "result" or hdr.get("i") != pos:
+                    raise _ProtocolError(f"unexpected frame {str(hdr)[:200]}")
                 i = chunk[pos]
                 n = views[i]["n"]
-                hdr = w.read_header(time.monotonic() + timeout + grace)
-                if hdr.get("t") != "result" or hdr.get("i") != pos:
-                    raise _ProtocolError(f"expected result {pos}, got {str(hdr)[:200]}")
                 if hdr.get("ok") is True:
                     nbytes = hdr.get("nbytes")
                     if nbytes != n * n * 4:
-                        raise _ProtocolError(f"result of {nbytes!r} bytes for n={n}")
-                    buf = w.read_payload(nbytes, time.monotonic() + grace + nbytes / 50e6)
-                    arr = np.frombuffer(buf, dtype="<f4").reshape(n, n)
+                        raise _ProtocolError(f"a result of {nbytes!r} bytes for n={n}")
+                    arr = np.frombuffer(w.read_payload(nbytes), dtype="<f4").reshape(n, n)
                     if not np.isfinite(arr).all():
-                        raise _ProtocolError("non-finite values in a result the worker had validated")
+                        raise _ProtocolError("non-finite values in a result the job process had validated")
                     state.results[i] = arr
                 else:
                     reason = hdr.get("reason")
@@ -1243,31 +1390,38 @@ class SandboxPool:
                     if reason in _COSTLY and not hdr.get("skipped"):
                         state.failed(reason, message)
                 pos += 1
-            hdr = w.read_header(time.monotonic() + grace)
-            if hdr.get("t") != "done":
-                raise _ProtocolError(f"expected 'done', got {hdr.get('t')!r}")
-            cpu = hdr.get("cpu")
-            w.cpu = float(cpu) if isinstance(cpu, (int, float)) else float("inf")
-            if hdr.get("recycle"):
-                self._discard(w)
-                return None
-            return w
         except TimeoutError:
-            self._discard(w)
             if pos < len(chunk):
-                fail_current("timeout", f"the program ran longer than {timeout:g} s (wall clock); its worker was "
-                                        "killed and replaced")
-            return None
-        except _WorkerGone as e:
-            why = w.death()
-            self._discard(w)
-            if pos < len(chunk):
-                fail_current("crash", f"{why} while running the program; the worker was replaced")
-            return None
+                fail("timeout", f"the program ran longer than {timeout:g} s (wall clock) without yielding to the "
+                                "in-process timer (e.g. a long C-level loop); its process was killed")
+            return self._abort(w)
         except _ProtocolError as e:
+            if pos < len(chunk):
+                fail("sandbox", f"the program's process broke the result protocol ({e}); it was killed")
+            return self._abort(w)
+        except _WorkerGone as e:  # the zygote itself (which never runs program code) is gone
+            why = w.death() if not w.alive() else str(e)
             self._discard(w)
             if pos < len(chunk):
-                fail_current("sandbox", f"the sandbox worker broke protocol ({e}); it was killed and replaced")
+                i = chunk[pos]
+                state.results[i] = ProgramExecutionError(
+                    f"sequence {i}: {why} while running the program; it was replaced", "sandbox")
+                state.requeue(chunk[pos + 1:])
+            return None
+
+    def _abort(self, w: _Worker) -> _Worker | None:
+        """Have the zygote SIGKILL its job child; if it does not confirm promptly, kill the zygote too."""
+        try:
+            w.send({"op": "kill"}, time.monotonic() + 2.0)
+            deadline = time.monotonic() + 5.0
+            while True:
+                hdr = w.read_header(w.ctl_r, deadline)
+                if hdr["t"] == "done":
+                    break
+            w.drain()
+            return w
+        except (TimeoutError, _WorkerGone, _ProtocolError):
+            self._discard(w)
             return None
 
 

@@ -66,7 +66,7 @@ SEQ = make_seq(8, 100)
 
 @pytest.fixture(scope="module")
 def pool():
-    p = SandboxPool(workers=2, memory_mb=MEMORY_MB, worker_cpu_seconds=120, chunk_size=4)
+    p = SandboxPool(workers=2, memory_mb=MEMORY_MB, chunk_size=4)
     yield p
     p.close()
 
@@ -147,6 +147,9 @@ def test_order_batching_and_determinism(pool):
     for s, x, y in zip(seqs, a, b):
         assert x.shape == (s.n, s.n) and x.min() >= s.n  # results come back in order
         np.testing.assert_array_equal(x, y)  # global RNG reseeded per sequence
+    empty = {"ids": np.zeros(0, np.int64), "tokens": [], "text": "", "offsets": np.zeros((0, 2))}
+    (r,) = pool.run(src, [empty], timeout=5.0)
+    assert isinstance(r, np.ndarray) and r.shape == (0, 0)
 
 
 def test_shared_pool_and_sequence_size_limit():
@@ -291,7 +294,8 @@ def test_raising_program(pool):
     for r in pool.run("X = 1 // 0\ndef f(seq):\n    return 0\n", SEQS[:2]):
         assert_error(r, "crash", "ZeroDivisionError", "top-level")
     # a program cannot swallow the sandbox's timeout with `except Exception`
-    src = "def f(seq):\n    while True:\n        try:\n            while True:\n                pass\n        except Exception:\n            pass\n"
+    src = ("def f(seq):\n    while True:\n        try:\n            while True:\n                pass\n"
+           "        except Exception:\n            pass\n")
     assert_error(run1(pool, src), "timeout")
     assert_healthy(pool)
 
@@ -365,7 +369,8 @@ def f(seq):
     if os.geteuid() == 0:
         assert r[2, 0] != 0, "a root worker must drop to an unprivileged uid"
     report = pool.hardening
-    assert report["nofile_locked"] and report["rlimits"]["RLIMIT_NPROC"] == [0, 0]
+    assert report["rlimits"]["RLIMIT_FSIZE"] == [0, 0] and report["job_limits"]["RLIMIT_NPROC"] == [0, 0]
+    assert report["no_new_privs"]
 
 
 @pytest.mark.parametrize("action", ["fork", "system", "thread", "exec", "setuid", "raise_nproc"])
@@ -394,7 +399,8 @@ def test_unrestricted_file_writes_fail(pool):
     victim.chmod(0o666)  # world-writable: only the sandbox's own limits protect it
     try:
         for path, mode in ((target, "w"), (victim, "w"), (victim, "a")):
-            src = f"def f(seq):\n    open({str(path)!r}, {mode!r}).write('pwned')\n    return np.zeros((seq.n, seq.n))\n"
+            src = (f"def f(seq):\n    open({str(path)!r}, {mode!r}).write('pwned')\n"
+                   "    return np.zeros((seq.n, seq.n))\n")
             assert_error(run1(pool, src, _unrestricted=True), "crash", "OSError")
         assert not target.exists()
         assert victim.read_text() == "precious"
@@ -423,23 +429,42 @@ def test_unrestricted_network_fails(pool):
 
 
 def test_unrestricted_timers_blocked_parent_still_kills(pool):
-    src = ("import signal\ndef f(seq):\n    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGXCPU})\n"
+    src = ("import signal\ndef f(seq):\n"
+           "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGXCPU})\n"
            "    while True:\n        pass\n")
-    assert_error(run1(pool, src, timeout=0.5, _unrestricted=True), "timeout", "wall clock", "replaced")
     assert_healthy(pool)
+    zygotes = {w.proc.pid for w in pool._all}
+    assert_error(run1(pool, src, timeout=0.5, _unrestricted=True), "timeout", "wall clock", "was killed")
+    assert_healthy(pool)
+    assert {w.proc.pid for w in pool._all} == zygotes  # only the job process died; the zygotes were reused
 
 
 def test_unrestricted_crashes_and_protocol_garbage(pool):
     cases = [
         ("import os\ndef f(seq):\n    os._exit(3)\n", "crash", "status 3"),
         ("import ctypes\ndef f(seq):\n    return ctypes.string_at(8, 8)\n", "crash", "SIGSEGV"),
-        ("import os\ndef f(seq):\n    os.write(4, b'\\xff' * 64)\n    return np.zeros((seq.n, seq.n))\n",
+        ("import os\ndef f(seq):\n    os.write(3, b'\\xff' * 64)\n    return np.zeros((seq.n, seq.n))\n",
          "sandbox", "protocol"),
+        ("import os\ndef f(seq):\n    os.write(3, b'\\x00\\x00\\x00\\x40{\"t\": ')\n    os._exit(0)\n",
+         "sandbox", "truncated"),
         ("import os\ndef f(seq):\n    os.kill(os.getppid(), 0)\n", "crash", "PermissionError"),
     ]
     for src, reason, needle in cases:
         assert_error(run1(pool, src, _unrestricted=True), reason, needle)
     assert_healthy(pool)
+
+
+def test_programs_cannot_affect_later_programs(pool):
+    """Each job runs in a fresh fork of a pristine process: mutations (even by escaped code) do not persist."""
+    poison = "def f(seq):\n    np.typecodes['Character'] = 'x' * 50\n    return np.zeros((seq.n, seq.n))\n"
+    patch = "import numpy\ndef f(seq):\n    numpy.tril = numpy.ones_like\n    return numpy.zeros((seq.n, seq.n))\n"
+    probe = "def f(seq):\n    return np.full((seq.n, seq.n), len(np.typecodes['Character']))\n"
+    for _ in range(2 * pool.workers):  # reach every zygote
+        assert isinstance(run1(pool, poison), np.ndarray)
+        assert isinstance(run1(pool, patch, _unrestricted=True), np.ndarray)
+    for r in pool.run(probe, SEQS, timeout=5.0):
+        np.testing.assert_array_equal(r, len(np.typecodes["Character"]))
+    assert_healthy(pool)  # uses np.tril
 
 
 @pytest.mark.parametrize("layer", ["rlimit_only", "seccomp_only"])

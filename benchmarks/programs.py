@@ -1,0 +1,526 @@
+"""Benchmark: 20 DSL programs on numba kernels vs the same programs as per-sequence Python/numpy functions.
+
+Workload: 1,000 TinyStories sequences (paragraphs of ../shared/data/corpora/tinystories-valid.txt,
+tokenized with stories260K's sentencepiece tok512 model, BOS + at most 127 tokens), causal mask.
+Feature arrays (word/sentence index, flags; spaCy POS and dependency heads) are computed once before
+timing and shared by both sides. Each program is timed side by side in one process:
+
+* numba: ``Program.evaluate(sequences, features=...)`` -> normalized float32 [B, N, N] (padding,
+  kernels, combinators, ``normalize_scores``);
+* reference: one Python function per program called per sequence (loops over tokens, numpy where the
+  reference implementation used it), then a per-sequence numpy normalization (mask, clip, row sums,
+  empty rows to BOS), as in the reference implementation.
+
+Both outputs are checked equal (max |diff| printed). Timings: medians over ``--repeats`` interleaved
+runs (numba gets a warm-up call first, so compile / cache load is excluded).
+
+Second section (``bench_metrics_scoring``): the 20 programs' patterns scored against the 40 real
+heads of stories260K (5 layers x 8 query heads) on the first 200 sequences with
+``headsurgeon.synth.metrics.score_many`` (IoU + JSD) vs a per-triple numpy loop, with the best
+program per head. (Benchmark only: it selects and reports on the same sequences.)
+
+Run: ``python benchmarks/programs.py [--sequences 1000 --repeats 3 --metric-sequences 200]``.
+
+Measured (2026-11-30, 2 shared CPU cores, load average ~6-8 from other engineers' jobs, numba 0.68
+with 2 OpenMP threads; timings on this VM are noisy, ratios more stable than absolute numbers):
+  programs  : <filled in below after the run>
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from headsurgeon.synth.program import Program
+from headsurgeon.synth.sequence import Sequence
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+CORPUS = SHARED / "corpora" / "tinystories-valid.txt"
+TOKENIZER = SHARED / "models" / "stories260K" / "tok512.model"
+CHECKPOINT = SHARED / "models" / "stories260K" / "stories260K.bin"
+MAX_LEN = 128
+
+BASIC_FEATURES = ["word", "sent", "punct", "cap", "newline", "sent_end", "word_start"]
+SPACY_FEATURES = ["pos", "dep_head"]
+
+
+# ============================================================================ data
+
+def load_sequences(count: int, max_len: int = MAX_LEN) -> tuple[list[Sequence], object]:
+    """The first ``count`` TinyStories paragraphs as Sequences: BOS + up to max_len-1 tok512 pieces."""
+    import sentencepiece as spm
+
+    if not CORPUS.exists() or not TOKENIZER.exists():
+        sys.exit(f"this benchmark needs {CORPUS} and {TOKENIZER} (the ../shared folder beside the checkout)")
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
+    text = CORPUS.read_text(encoding="utf-8", errors="replace")
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    sequences: list[Sequence] = []
+    bos = sp.bos_id()
+    for doc, para in enumerate(paragraphs):
+        proto = sp.encode(para, return_type="proto")
+        pieces = list(proto.pieces)[: max_len - 1]
+        if len(pieces) < 3:
+            continue
+        raw = para.encode("utf-8")
+        char_of = np.zeros(len(raw) + 1, dtype=np.int64)  # byte offset -> char offset
+        pos = 0
+        for ci, ch in enumerate(para):
+            width = len(ch.encode("utf-8"))
+            char_of[pos: pos + width] = ci
+            pos += width
+        char_of[len(raw)] = len(para)
+        offsets = [(0, 0)] + [(int(char_of[p.begin]), int(char_of[p.end - 1]) + 1 if p.end > p.begin
+                               else int(char_of[p.begin])) for p in pieces]
+        sequences.append(Sequence(
+            ids=np.array([bos] + [p.id for p in pieces]), tokens=[sp.id_to_piece(bos)] + [p.piece for p in pieces],
+            text=para, offsets=np.array(offsets), doc=doc, has_bos=True,
+        ))
+        if len(sequences) == count:
+            break
+    return sequences, sp
+
+
+def load_features(sequences: list[Sequence]) -> tuple[dict[str, np.ndarray], bool]:
+    """Padded feature arrays for every name the programs use; spaCy ones when the model is installed."""
+    from headsurgeon.synth.features import batch_feature_arrays
+
+    feats = batch_feature_arrays(sequences, BASIC_FEATURES)
+    try:
+        feats.update(batch_feature_arrays(sequences, SPACY_FEATURES))
+        return feats, True
+    except Exception as e:  # noqa: BLE001 - spaCy model missing: run the programs that do not need it
+        print(f"(spaCy features unavailable, dropping POS/dependency programs: {e})")
+        return feats, False
+
+
+# ============================================================================ the reference style
+# One function per program, called per sequence with plain lists; loops over tokens like the
+# reference implementation's programs. ``s`` holds "ids" and the feature lists of one sequence.
+
+Ref = Callable[[dict], np.ndarray]
+
+
+def r_prev(k: int) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        n = len(s["ids"])
+        out = np.zeros((n, n))
+        for i in range(k, n):
+            out[i, i - k] = 1.0
+        return out
+    return f
+
+
+def r_self(s: dict) -> np.ndarray:
+    return np.eye(len(s["ids"]))
+
+
+def r_first(s: dict) -> np.ndarray:
+    n = len(s["ids"])
+    out = np.zeros((n, n))
+    out[:, 0] = 1.0
+    return out
+
+
+def r_window(a: int, b: int) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        n = len(s["ids"])
+        out = np.zeros((n, n))
+        for i in range(n):
+            for d in range(a, b + 1):
+                if 0 <= i - d <= i:
+                    out[i, i - d] = 1.0
+        return out
+    return f
+
+
+def r_decay(rate: float) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        n = len(s["ids"])
+        out = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1):
+                out[i, j] = rate ** (i - j)
+        return out
+    return f
+
+
+def r_uniform(s: dict) -> np.ndarray:
+    n = len(s["ids"])
+    return np.tril(np.ones((n, n)))
+
+
+def r_same_token(s: dict) -> np.ndarray:
+    ids = s["ids"]
+    n = len(ids)
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i):
+            if ids[j] == ids[i]:
+                out[i, j] = 1.0
+    return out
+
+
+def r_same_token_recent(s: dict) -> np.ndarray:
+    ids = s["ids"]
+    n = len(ids)
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i - 1, -1, -1):
+            if ids[j] == ids[i]:
+                out[i, j] = 1.0
+                break
+    return out
+
+
+def r_induction(s: dict) -> np.ndarray:
+    ids = s["ids"]
+    n = len(ids)
+    out = np.zeros((n, n))
+    for i in range(n):
+        for p in range(i):
+            if ids[p] == ids[i]:
+                out[i, p + 1] = 1.0
+    return out
+
+
+def r_key_in_set(keys: set[int]) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        ids = s["ids"]
+        n = len(ids)
+        out = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1):
+                if ids[j] in keys:
+                    out[i, j] = 1.0
+        return out
+    return f
+
+
+def r_recent(flag: str) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        n = len(s["ids"])
+        out = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i, -1, -1):
+                if s[flag][j]:
+                    out[i, j] = 1.0
+                    break
+        return out
+    return f
+
+
+def r_group_start(feature: str) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        g = s[feature]
+        n = len(g)
+        out = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1):
+                if g[j] == g[i]:
+                    out[i, j] = 1.0
+                    break
+        return out
+    return f
+
+
+def r_same_word(s: dict) -> np.ndarray:
+    w = s["word"]
+    n = len(w)
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1):
+            if w[j] == w[i]:
+                out[i, j] = 1.0
+    return out
+
+
+def r_dep_head(s: dict) -> np.ndarray:
+    heads = s["dep_head"]
+    n = len(heads)
+    out = np.zeros((n, n))
+    for i in range(n):
+        if 0 <= heads[i] <= i:
+            out[i, heads[i]] = 1.0
+    return out
+
+
+def r_match_closest(pairs: set[tuple[int, int]]) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        ids = s["ids"]
+        n = len(ids)
+        out = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i, -1, -1):
+                if (ids[i], ids[j]) in pairs:
+                    out[i, j] = 1.0
+                    break
+        return out
+    return f
+
+
+def _rownorm(m: np.ndarray) -> np.ndarray:
+    s = m.sum(axis=1, keepdims=True)
+    return np.divide(m, s, out=np.zeros_like(m), where=s > 0)
+
+
+def r_mix(*terms: tuple[float, Ref]) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        return sum(w * _rownorm(g(s)) for w, g in terms)
+    return f
+
+
+def r_fallback(a: Ref, b: Ref) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        x, y = a(s), b(s)
+        empty = x.sum(axis=1) <= 0
+        x[empty] = y[empty]
+        return x
+    return f
+
+
+def r_gate(test: Callable[[dict, int], bool], a: Ref, b: Ref) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        x, y = a(s), b(s)
+        for i in range(len(s["ids"])):
+            if not test(s, i):
+                x[i] = y[i]
+        return x
+    return f
+
+
+def r_sharpen(a: Ref, t: float) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        return _rownorm(a(s) ** t)
+    return f
+
+
+def reference_normalize(scores: np.ndarray) -> np.ndarray:
+    """Per-sequence numpy normalization (causal): mask, clip, row-normalize, empty rows to BOS."""
+    n = scores.shape[0]
+    if not np.isfinite(scores).all():
+        raise ValueError("non-finite scores")
+    m = np.tril(np.clip(scores, 0, None))
+    s = m.sum(axis=1, keepdims=True)
+    out = np.divide(m, s, out=np.zeros_like(m), where=s > 0)
+    out[s[:, 0] <= 0, 0] = 1.0
+    return out.astype(np.float32)
+
+
+def build_programs(sp, spacy: bool) -> list[tuple[str, Ref]]:
+    """The 20 benchmark programs: (DSL text, equivalent per-sequence reference function)."""
+    punct_ids = sorted({sp.piece_to_id(p) for p in (".", ",", "!", "?", '"')} - {sp.unk_id()})
+    the, dot, he, she = (sp.piece_to_id(p) for p in ("▁the", ".", "▁he", "▁she"))
+    pairs = [(the, the), (dot, dot), (he, she), (she, he)]
+    pairs_text = ", ".join(f"[{a}, {b}]" for a, b in sorted(pairs))
+    progs: list[tuple[str, Ref]] = [
+        ("prev(1)", r_prev(1)),
+        ("self()", r_self),
+        ("first()", r_first),
+        ("0.7*prev(1) + 0.3*first()", r_mix((0.7, r_prev(1)), (0.3, r_first))),
+        ("window(1, 3)", r_window(1, 3)),
+        ("decay(0.8)", r_decay(0.8)),
+        ("uniform()", r_uniform),
+        ("same_token()", r_same_token),
+        ("fallback(same_token_recent(), first())", r_fallback(r_same_token_recent, r_first)),
+        ("fallback(induction(), first())", r_fallback(r_induction, r_first)),
+        (f"key_in_set(ids=[{', '.join(map(str, punct_ids))}])", r_key_in_set(set(punct_ids))),
+        ("recent(punct)", r_recent("punct")),
+        ("fallback(recent(sent_end), first())", r_fallback(r_recent("sent_end"), r_first)),
+        ("sentence_start()", r_group_start("sent")),
+        ("word_start()", r_group_start("word")),
+        ("same_word()", r_same_word),
+        ("gate(cap, prev(1), first())", r_gate(lambda s, i: s["cap"][i] != 0, r_prev(1), r_first)),
+        (f"match(q=token, k=token, pairs=[{pairs_text}], select=closest)", r_match_closest(set(pairs))),
+        ("0.5*prev(2) + 0.5*sharpen(decay(0.5), 2)", r_mix((0.5, r_prev(2)), (0.5, r_sharpen(r_decay(0.5), 2.0)))),
+    ]
+    if spacy:
+        noun = _pos_id("NOUN")
+        progs.append(("gate(pos=NOUN, fallback(dep_head(), first()), 0.5*prev(1) + 0.5*first())",
+                      r_gate(lambda s, i: s["pos"][i] == noun, r_fallback(r_dep_head, r_first),
+                             r_mix((0.5, r_prev(1)), (0.5, r_first)))))
+    else:
+        progs.append(("0.5*same_word() + 0.5*recent(cap)", r_mix((0.5, r_same_word), (0.5, r_recent("cap")))))
+    return progs
+
+
+def _pos_id(tag: str) -> int:
+    from headsurgeon.synth.features import POS_TAGS
+
+    return list(POS_TAGS).index(tag)
+
+
+def per_sequence_inputs(sequences: list[Sequence], feats: dict[str, np.ndarray]) -> list[dict]:
+    """Per-sequence Python lists (ids and features) for the reference functions."""
+    out = []
+    for b, seq in enumerate(sequences):
+        d = {"ids": seq.ids.tolist()}
+        for name, arr in feats.items():
+            d[name] = arr[b, : seq.n].tolist()
+        out.append(d)
+    return out
+
+
+# ============================================================================ section 1: programs
+
+def bench_programs(sequences: list[Sequence], feats: dict[str, np.ndarray], progs: list[tuple[str, Ref]],
+                   repeats: int) -> dict[str, np.ndarray]:
+    """Time every program on both paths (interleaved, medians) and check that they agree."""
+    inputs = per_sequence_inputs(sequences, feats)
+    lengths = [s.n for s in sequences]
+    width = max(lengths)
+    print(f"\n== programs: {len(progs)} DSL programs x {len(sequences)} sequences (N={width}, "
+          f"mean length {np.mean(lengths):.1f}), causal, {repeats} repeats, medians ==")
+    print(f"{'program':<62} {'numba ms':>9} {'python ms':>10} {'speedup':>8} {'max|diff|':>10}")
+    total_numba = total_ref = 0.0
+    ratios = []
+    patterns: dict[str, np.ndarray] = {}
+    for text, ref in progs:
+        program = Program.parse(text)
+        program.evaluate(sequences[:4], features={k: v[:4] for k, v in feats.items()})  # compile/load
+        t_numba, t_ref = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            got = program.evaluate(sequences, features=feats)
+            t_numba.append(time.perf_counter() - t0)
+            del got
+            t0 = time.perf_counter()
+            want = [reference_normalize(ref(s)) for s in inputs]
+            t_ref.append(time.perf_counter() - t0)
+        got = program.evaluate(sequences, features=feats)
+        diff = max(float(np.abs(got[b, :n, :n] - w).max()) for b, (n, w) in enumerate(zip(lengths, want)))
+        diff = max(diff, float(np.abs(got.sum(-1) - (np.arange(width)[None] < np.array(lengths)[:, None])).max()))
+        mn, mr = statistics.median(t_numba), statistics.median(t_ref)
+        total_numba += mn
+        total_ref += mr
+        ratios.append(mr / mn)
+        patterns[text] = got
+        print(f"{text[:62]:<62} {mn * 1e3:9.1f} {mr * 1e3:10.1f} {mr / mn:7.0f}x {diff:10.1e}")
+        if diff > 1e-5:
+            print(f"   !! numba and reference disagree on {text} (max |diff| {diff:.2e})")
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    print(f"{'TOTAL (sum of medians)':<62} {total_numba * 1e3:9.1f} {total_ref * 1e3:10.1f} "
+          f"{total_ref / total_numba:7.0f}x")
+    print(f"speedup: total {total_ref / total_numba:.0f}x, geometric mean {geo:.0f}x, "
+          f"min {min(ratios):.0f}x, max {max(ratios):.0f}x (goal >= 50x)")
+    return patterns
+
+
+# ============================================================================ section 2: metrics scoring
+# Scores the programs' patterns against real heads with headsurgeon.synth.metrics.score_many (written
+# by the metrics engineer) vs a per-triple numpy loop in the reference implementation's style.
+
+def numpy_triple(p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, float]:
+    """Soft IoU and mean row JSD distance of one (head, program, sequence) triple (causal)."""
+    p, q = p[:n, :n].astype(np.float64), q[:n, :n].astype(np.float64)
+    mask = np.tril(np.ones((n, n), dtype=bool))
+    p, q = np.where(mask, p, 0), np.where(mask, q, 0)
+    iou = np.minimum(p, q).sum() / np.maximum(p, q).sum()
+    m = (p + q) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kp = np.where(p > 0, p * np.log(p / m), 0).sum(axis=1)
+        kq = np.where(q > 0, q * np.log(q / m), 0).sum(axis=1)
+    jsd = np.sqrt(np.maximum(0.5 * kp + 0.5 * kq, 0)).mean()
+    return float(iou), float(jsd)
+
+
+def real_head_patterns(sequences: list[Sequence]) -> np.ndarray | None:
+    """Captured stories260K patterns [H, B, N, N] float16 (40 query heads), or None if unavailable."""
+    try:
+        import torch
+
+        from headsurgeon.surgery.capture import forward_patterns
+        from headsurgeon.surgery.loading import load_model
+
+        torch.set_num_threads(1)
+        handle = load_model(f"llama2c:{CHECKPOINT}", tokenizer=TOKENIZER)
+    except Exception as e:  # noqa: BLE001 - the section is optional
+        print(f"(real heads unavailable: {e})")
+        return None
+    width = max(s.n for s in sequences)
+    heads = handle.n_layers * handle.n_heads
+    real = np.zeros((heads, len(sequences), width, width), dtype=np.float16)
+    for start in range(0, len(sequences), 50):
+        chunk = sequences[start: start + 50]
+        for k, pat in enumerate(forward_patterns(handle, chunk)):  # [L, H, n, n]
+            n = pat.shape[-1]
+            real[:, start + k, :n, :n] = pat.reshape(heads, n, n)
+    return real
+
+
+def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndarray], repeats: int,
+                          sample: int = 400) -> None:
+    """score_many over 40 real heads x the programs x sequences vs a per-triple numpy loop."""
+    try:
+        from headsurgeon.synth.metrics import score_many
+    except ImportError as e:
+        print(f"\n== metrics scoring: skipped (headsurgeon.synth.metrics unavailable: {e}) ==")
+        return
+    real = real_head_patterns(sequences)
+    if real is None:
+        print("\n== metrics scoring: skipped (no real heads) ==")
+        return
+    names = list(patterns)
+    B = len(sequences)
+    width = real.shape[-1]
+    cand = np.stack([patterns[k][:B, :width, :width] for k in names])  # [P, B, N, N] float32
+    lengths = np.array([s.n for s in sequences], dtype=np.int64)
+    H, P = real.shape[0], cand.shape[0]
+    print(f"\n== metrics scoring: {H} real heads (stories260K) x {P} programs x {B} sequences "
+          f"= {H * P * B:,} triples, IoU + JSD ==")
+    score_many(real[:, :2], cand[:, :2], lengths[:2], True, metrics=("iou", "jsd"))  # compile/load
+    t_batch = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = score_many(real, cand, lengths, True, metrics=("iou", "jsd"), per_sequence=True)
+        t_batch.append(time.perf_counter() - t0)
+    rng = random.Random(0)
+    triples = [(rng.randrange(H), rng.randrange(P), rng.randrange(B)) for _ in range(sample)]
+    t0 = time.perf_counter()
+    loop = [numpy_triple(real[h, b], cand[p, b], int(lengths[b])) for h, p, b in triples]
+    t_loop = (time.perf_counter() - t0) / sample * H * P * B
+    err = max(max(abs(res["iou"][h, p, b] - i), abs(res["jsd"][h, p, b] - j))
+              for (h, p, b), (i, j) in zip(triples, loop))
+    mb = statistics.median(t_batch)
+    print(f"score_many (batched)   : {mb:8.2f} s")
+    print(f"numpy per-triple loop  : {t_loop:8.2f} s (extrapolated from {sample} random triples)")
+    print(f"speedup                : {t_loop / mb:8.0f}x   (max |diff| on the sample {err:.1e})")
+    iou = res["iou"].mean(axis=2)
+    print("best program per head by soft IoU on these sequences (benchmark only: selected and reported "
+          "on the same data):")
+    for h in range(H):
+        best = int(iou[h].argmax())
+        print(f"  L{h // 8}H{h % 8}: {iou[h, best]:.3f}  {names[best]}")
+
+
+# ============================================================================ main
+
+def main(argv: list[str] | None = None) -> None:
+    """Run both sections and print the measured ratios."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sequences", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--metric-sequences", type=int, default=200, help="0 skips the metrics section")
+    args = ap.parse_args(argv)
+    import numba
+
+    t0 = time.perf_counter()
+    sequences, sp = load_sequences(args.sequences)
+    feats, spacy = load_features(sequences)
+    print(f"{len(sequences)} sequences, features {sorted(feats)} in {time.perf_counter() - t0:.1f} s; "
+          f"numba {numba.__version__}, {numba.get_num_threads()} threads")
+    patterns = bench_programs(sequences, feats, build_programs(sp, spacy), args.repeats)
+    if args.metric_sequences:
+        k = min(args.metric_sequences, len(sequences))
+        bench_metrics_scoring(sequences[:k], {t: p[:k] for t, p in patterns.items()}, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

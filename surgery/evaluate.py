@@ -1,0 +1,186 @@
+"""What a swap costs: perplexity (token-weighted; pseudo-perplexity for masked LMs), per-head ΔPPL,
+replacement sweeps with random baselines, and Spearman(IoU, ΔPPL) with a bootstrap interval."""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence as Seq
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..synth.sequence import Sequence
+from .capture import padded_batch
+from .loading import ModelHandle, load_model
+from .replace import HybridModel, head_name, parse_head, replace_heads
+
+
+def _handle_and_call(model: Any) -> tuple[ModelHandle, Any]:
+    if isinstance(model, HybridModel):
+        return model.handle, model
+    handle = load_model(model)
+    return handle, lambda ids, attention_mask=None: handle.forward(ids, attention_mask)
+
+
+def _register(model: Any, sequences: list[Sequence]) -> None:
+    if isinstance(model, HybridModel):
+        model.register_sequences(sequences)
+
+
+@torch.no_grad()
+def perplexity(model: Any, sequences: list[Sequence], batch_size: int = 16, progress: bool = True) -> float:
+    """exp(mean next-token cross-entropy) over all predicted tokens (token-weighted, batched).
+
+    Encoders with a masked-LM head get pseudo-perplexity: each token masked in turn and predicted.
+    """
+    handle, call = _handle_and_call(model)
+    if not sequences:
+        raise ValueError("perplexity needs at least one sequence")
+    _register(model, sequences)
+    if not handle.causal:
+        return _pseudo_perplexity(handle, call, sequences, batch_size, progress)
+    total, count = 0.0, 0
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i].n)
+    bar = tqdm(total=len(sequences), desc="perplexity", unit="seq", disable=not progress, leave=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for start in range(0, len(order), batch_size):
+            batch = [sequences[i] for i in order[start: start + batch_size]]
+            ids, mask = padded_batch(batch)
+            logits = call(ids, attention_mask=mask).float().cpu()
+            logp = torch.log_softmax(logits[:, :-1], dim=-1)
+            target = ids[:, 1:]
+            nll = -logp.gather(-1, target[..., None])[..., 0]
+            valid = mask[:, 1:].bool()
+            total += float(nll[valid].sum())
+            count += int(valid.sum())
+            bar.update(len(batch))
+    bar.close()
+    if count == 0:
+        raise ValueError("no predicted tokens: every sequence has a single token")
+    return math.exp(total / count)
+
+
+def _pseudo_perplexity(handle: ModelHandle, call: Any, sequences: list[Sequence], batch_size: int,
+                       progress: bool) -> float:
+    mask_id = getattr(handle.tokenizer, "mask_token_id", None)
+    if mask_id is None or not handle.is_masked_lm:
+        raise ValueError(f"{handle.name} is bidirectional without a masked-LM head and mask token: "
+                         "perplexity is undefined for it")
+    total, count = 0.0, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for s in tqdm(sequences, desc="pseudo-perplexity", unit="seq", disable=not progress, leave=False):
+            positions = list(range(1 if s.has_bos else 0, s.n))
+            for start in range(0, len(positions), batch_size):
+                chunk = positions[start: start + batch_size]
+                ids = torch.from_numpy(s.ids).repeat(len(chunk), 1)
+                rows = torch.arange(len(chunk))
+                cols = torch.tensor(chunk)
+                ids[rows, cols] = mask_id
+                logits = call(ids, attention_mask=torch.ones_like(ids)).float().cpu()
+                logp = torch.log_softmax(logits[rows, cols], dim=-1)
+                total -= float(logp[rows, torch.from_numpy(s.ids[chunk])].sum())
+                count += len(chunk)
+    return math.exp(total / max(count, 1))
+
+
+def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
+                       base_ppl: float | None = None, progress: bool = True, **kw: Any) -> dict[tuple[int, int], float]:
+    """Relative perplexity change (ppl_hybrid / ppl_base − 1) with one head replaced at a time."""
+    handle = load_model(model)
+    base = base_ppl if base_ppl is not None else perplexity(handle, sequences, progress=False, **kw)
+    out = {}
+    for key, program in tqdm(list(programs.items()), desc="per-head ΔPPL", disable=not progress):
+        head = parse_head(key)
+        with replace_heads(handle, {head: program}) as hybrid:
+            out[head] = perplexity(hybrid, sequences, progress=False, **kw) / base - 1.0
+    return out
+
+
+def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
+                      order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+                      seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
+                      title: str = "") -> list[dict[str, float]]:
+    """Replace heads in ``order`` (default: as given), 0 → 100% in ``steps``, beside two baselines.
+
+    Baselines: the same programs replaced in a random order, and each head given another head's program
+    (random-program). Returns rows {fraction, n_heads, ppl, ppl_random_order, ppl_random_program,
+    delta, delta_random_order, delta_random_program} and, with ``out_png``, a plot.
+    """
+    handle = load_model(model)
+    items = {parse_head(k): v for k, v in programs.items()}
+    heads = [parse_head(h) for h in order] if order is not None else list(items)
+    missing = [h for h in heads if h not in items]
+    if missing:
+        raise KeyError(f"sweep order names heads without programs: {[head_name(h) for h in missing]}")
+    rng = np.random.default_rng(seed)
+    random_order = [heads[i] for i in rng.permutation(len(heads))]
+    cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
+    random_program = {heads[cycle[i]]: items[heads[cycle[(i + 1) % len(heads)]]] for i in range(len(heads))}
+    base = perplexity(handle, sequences, progress=False)
+    rows = []
+    for frac in tqdm(list(steps), desc="replacement sweep", disable=not progress):
+        k = int(round(frac * len(heads)))
+        row = {"fraction": float(frac), "n_heads": k}
+        for label, chosen in (("", {h: items[h] for h in heads[:k]}),
+                              ("_random_order", {h: items[h] for h in random_order[:k]}),
+                              ("_random_program", {h: random_program[h] for h in heads[:k]})):
+            if not chosen:
+                ppl = base
+            else:
+                with replace_heads(handle, chosen) as hybrid:
+                    ppl = perplexity(hybrid, sequences, progress=False)
+            row["ppl" + label] = ppl
+            row["delta" + label] = ppl / base - 1.0
+        rows.append(row)
+    if out_png is not None:
+        plot_sweep(rows, out_png, title or f"{handle.name}: replacement sweep")
+    return rows
+
+
+def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "") -> Path:
+    """Line plot of ΔPPL vs fraction replaced for the chosen order and both baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    x = [100 * r["fraction"] for r in rows]
+    for key, label, style in (("delta", "by IoU (chosen order)", "-o"), ("delta_random_order", "random order", "--s"),
+                              ("delta_random_program", "random programs", ":^")):
+        ax.plot(x, [100 * r[key] for r in rows], style, label=label)
+    ax.set_xlabel("heads replaced (%)")
+    ax.set_ylabel("perplexity change (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png
+
+
+def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,
+                level: float = 0.95) -> tuple[float, float, float]:
+    """Spearman's rho of x and y with a percentile bootstrap confidence interval (rho, low, high)."""
+    from scipy.stats import spearmanr
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.shape != y.shape or x.size < 3:
+        raise ValueError("spearman_ci needs two equally long series of at least 3 values")
+    rho = float(spearmanr(x, y).statistic)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, x.size, x.size)
+        if np.unique(x[idx]).size < 2 or np.unique(y[idx]).size < 2:
+            continue
+        boots.append(spearmanr(x[idx], y[idx]).statistic)
+    lo, hi = np.nanpercentile(boots, [100 * (1 - level) / 2, 100 * (1 + level) / 2]) if boots else (np.nan, np.nan)
+    return rho, float(lo), float(hi)

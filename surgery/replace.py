@@ -1,0 +1,360 @@
+"""ProgramHead and replace_heads: swap query heads' attention for programs, per head, before values mix.
+
+The substitution happens at ``blocks.{l}.attn.hook_pattern`` ([batch, head, query, key]) where the
+backend honours pattern edits, and otherwise (TransformerBridge on BERT discards them) by recomputing
+the head's ``z`` from ``hook_v``: ``z_h = A_h · v_kv(h)``. Never at the attention output, where heads are
+already mixed by W_O. Patterns come from the programs through the content-addressed tensor cache plus a
+per-batch cache, so a repeated batch costs a dictionary lookup.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import warnings
+from collections import OrderedDict
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..kernels.cache import TensorCache
+from ..synth.program import Program
+from ..synth.sequence import Sequence
+from .ids import SequenceRegistry
+from .loading import ModelHandle, load_model
+from .providers import ProgramPatterns, as_provider
+
+HeadKey = tuple[int, int]
+_HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
+
+
+class SurgeryError(ValueError):
+    """A head swap cannot be applied (bad head key, duplicate, program failing on a batch, KV-cache use)."""
+
+
+def parse_head(key: Any) -> HeadKey:
+    """``(3, 5)``, ``"L3H5"`` or ``"3.5"`` → ``(3, 5)``; anything else is a clear error."""
+    if isinstance(key, str):
+        m = _HEAD_RE.match(key) or re.match(r"^\s*(\d+)\s*[.,:/]\s*(\d+)\s*$", key)
+        if not m:
+            raise SurgeryError(f"cannot read head {key!r}: write 'L3H5' or (3, 5)")
+        return int(m.group(1)), int(m.group(2))
+    if isinstance(key, (tuple, list)) and len(key) == 2 and all(isinstance(x, (int, np.integer)) for x in key):
+        return int(key[0]), int(key[1])
+    raise SurgeryError(f"cannot read head {key!r}: write 'L3H5' or (layer, head)")
+
+
+def head_name(head: HeadKey) -> str:
+    return f"L{head[0]}H{head[1]}"
+
+
+class ProgramHead(nn.Module):
+    """One query head whose attention comes from a program (blended with the neural one by ``alpha``)."""
+
+    def __init__(self, layer: int, head: int, source: Any, alpha: float = 1.0, cache: TensorCache | None = None):
+        super().__init__()
+        if not 0.0 <= float(alpha) <= 1.0:
+            raise SurgeryError(f"alpha must lie in [0, 1] (0 = neural, 1 = program), got {alpha}")
+        self.layer, self.head = int(layer), int(head)
+        self.provider = as_provider(source, cache)
+        self.alpha = float(alpha)
+
+    @property
+    def program(self) -> Any:
+        return self.provider.program if isinstance(self.provider, ProgramPatterns) else self.provider
+
+    def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
+        """The program's attention for the batch, float32 [B, N, N]; failures become a SurgeryError."""
+        try:
+            out = np.asarray(self.provider.patterns(sequences, causal), dtype=np.float32)
+        except Exception as e:
+            raise SurgeryError(f"the program for {head_name((self.layer, self.head))} failed on a batch of "
+                               f"{len(sequences)} sequences: {type(e).__name__}: {e}") from e
+        width = max(s.n for s in sequences)
+        if out.shape != (len(sequences), width, width):
+            raise SurgeryError(f"the program for {head_name((self.layer, self.head))} returned shape {out.shape}; "
+                               f"expected {(len(sequences), width, width)}")
+        if not np.isfinite(out).all():
+            raise SurgeryError(f"the program for {head_name((self.layer, self.head))} returned NaN/inf")
+        return out
+
+    def blend(self, neural: torch.Tensor, program: torch.Tensor) -> torch.Tensor:
+        if self.alpha >= 1.0:
+            return program
+        if self.alpha <= 0.0:
+            return neural
+        return self.alpha * program + (1.0 - self.alpha) * neural
+
+    def extra_repr(self) -> str:
+        return f"{head_name((self.layer, self.head))}, alpha={self.alpha}, program={self.program!r}"
+
+
+def pattern_edits_take_effect(handle: ModelHandle) -> bool:
+    """Whether this backend uses an edited hook_pattern (TransformerBridge on BERT does not)."""
+    cached = handle.source.get("_pattern_edits")
+    if cached is not None:
+        return bool(cached)
+    ids = torch.tensor([[handle.bos_id or 0, 1 % handle.vocab_size, 2 % handle.vocab_size]], device=handle.device)
+    hp = handle.model.hook_dict[handle.pattern_hook(0)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = handle.model(ids)
+        h = hp.register_forward_hook(lambda mod, inp, out: torch.zeros_like(out))
+        try:
+            edited = handle.model(ids)
+        finally:
+            h.remove()
+    works = not torch.equal(base, edited)
+    handle.source["_pattern_edits"] = works
+    return works
+
+
+class HybridModel(nn.Module):
+    """The model with some heads replaced. Use it like the model; ``restore()`` returns the untouched one.
+
+    ``hybrid(ids)`` returns logits; ``hybrid.replaced`` maps (layer, head) → program; attributes of the
+    ModelHandle (tokenizer, n_layers, ...) and of the TransformerBridge are reachable directly.
+    """
+
+    def __init__(self, handle: ModelHandle, heads: dict[HeadKey, ProgramHead], cache: TensorCache | None,
+                 batch_cache_items: int = 8) -> None:
+        super().__init__()
+        self.base = handle.model
+        self.program_heads = nn.ModuleDict({head_name(k): v for k, v in sorted(heads.items())})
+        object.__setattr__(self, "handle", handle)
+        self.cache = cache
+        self.registry = SequenceRegistry(handle.tokenizer, handle.bos_id)
+        self.mode = "pattern" if pattern_edits_take_effect(handle) else "z"
+        self._batch_cache: OrderedDict[str, dict[HeadKey, torch.Tensor]] = OrderedDict()
+        self._batch_cache_items = batch_cache_items
+        self._ids: torch.Tensor | None = None
+        self._lengths: torch.Tensor | None = None
+        self._v: dict[int, torch.Tensor] = {}
+        self._handles: list[Any] = []
+        self._install()
+
+    # ------------------------------------------------------------ public face
+    @property
+    def replaced(self) -> dict[HeadKey, Any]:
+        return {(ph.layer, ph.head): ph.program for ph in self.program_heads.values()}
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def forward(self, input: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """Logits (or whatever the base returns) with program heads applied; pass attention_mask for padding."""
+        if not self.active:
+            raise SurgeryError("this hybrid was restored; call replace_heads again to re-apply the programs")
+        if attention_mask is not None:
+            self._lengths = attention_mask.sum(-1).cpu()
+            if not self.handle.causal or bool((attention_mask == 0).any()):
+                kwargs["attention_mask"] = attention_mask.to(self.handle.device)
+        try:
+            if isinstance(input, torch.Tensor) and not input.is_floating_point():
+                input = input.to(self.handle.device)
+            return self.base(input, **kwargs)
+        finally:
+            self._lengths = None
+
+    def register_sequences(self, sequences: list[Sequence]) -> None:
+        """Tell the hybrid the exact Sequences (text, offsets) behind ids it will see; otherwise ids are decoded."""
+        self.registry.register(sequences)
+
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, max_new_tokens: int = 32, temperature: float = 0.0,
+                 eos_id: int | None = None, seed: int | None = None) -> torch.Tensor:
+        """Greedy (temperature 0) or sampled continuation; full recompute per step (programs see whole sequences)."""
+        ids = ids if ids.ndim == 2 else ids[None]
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for _ in range(max_new_tokens):
+            window = ids[:, -self.handle.n_ctx:]
+            logits = self(window)[:, -1].float().cpu()
+            if temperature > 0:
+                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
+            else:
+                nxt = logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt.to(ids.device)], dim=1)
+            if eos_id is not None and bool((nxt == eos_id).all()):
+                break
+        return ids
+
+    def restore(self) -> Any:
+        """Remove every hook this hybrid installed and return the untouched model (the TransformerBridge)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._batch_cache.clear()
+        self._v.clear()
+        return self.base
+
+    def __enter__(self) -> "HybridModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.restore()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        handle = self.__dict__.get("handle")
+        if handle is not None and hasattr(handle, name):
+            return getattr(handle, name)
+        return getattr(self._modules["base"], name)
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode}, replaced={[head_name(k) for k in sorted(self.replaced)]}"
+
+    # ------------------------------------------------------------ hooks
+    def _by_layer(self) -> dict[int, list[ProgramHead]]:
+        out: dict[int, list[ProgramHead]] = {}
+        for ph in self.program_heads.values():
+            out.setdefault(ph.layer, []).append(ph)
+        return out
+
+    def _install(self) -> None:
+        hooks = self.base.hook_dict
+        if "embed.hook_in" not in hooks:
+            raise SurgeryError(f"{self.handle.name}: no embed.hook_in hook point to read token ids from")
+        self._handles.append(hooks["embed.hook_in"].register_forward_hook(self._remember_ids))
+        for layer, heads in self._by_layer().items():
+            attention = [ph for ph in heads if not getattr(ph.provider, "output_level", False)]
+            outputs = [ph for ph in heads if getattr(ph.provider, "output_level", False)]
+            if attention and self.mode == "pattern":
+                hp = hooks[f"blocks.{layer}.attn.hook_pattern"]
+                self._handles.append(hp.register_forward_hook(self._pattern_hook(layer, attention)))
+                attention = []
+            if attention:
+                hv = hooks[f"blocks.{layer}.attn.hook_v"]
+                self._handles.append(hv.register_forward_hook(self._v_hook(layer)))
+            if attention or outputs:
+                hz = hooks[f"blocks.{layer}.attn.hook_z"]
+                self._handles.append(hz.register_forward_hook(self._z_hook(layer, attention, outputs)))
+
+    def _remember_ids(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        self._ids = output.detach()
+
+    def _batch_patterns(self, query_len: int, key_len: int) -> dict[HeadKey, torch.Tensor]:
+        ids = self._ids
+        if ids is None or ids.ndim != 2:
+            raise SurgeryError("program heads need token ids (embed.hook_in did not fire with [batch, pos] ids)")
+        if query_len != key_len or key_len != ids.shape[1]:
+            raise SurgeryError(
+                f"program heads saw {query_len} queries over {key_len} keys for {ids.shape[1]} input tokens: "
+                "KV-cache decoding is not supported; use hybrid.generate (full recompute per step)"
+            )
+        ids_np = ids.cpu().numpy()
+        lengths = (self._lengths.numpy() if self._lengths is not None
+                   else np.full(ids_np.shape[0], ids_np.shape[1], dtype=np.int64))
+        key = hashlib.sha256(ids_np.astype("<i8").tobytes() + lengths.astype("<i8").tobytes()).hexdigest()
+        found = self._batch_cache.get(key)
+        if found is not None:
+            self._batch_cache.move_to_end(key)
+            return found
+        seqs = [self.registry.get(ids_np[b, : int(lengths[b])]) for b in range(ids_np.shape[0])]
+        width = ids_np.shape[1]
+        found = {}
+        for ph in self.program_heads.values():
+            if getattr(ph.provider, "output_level", False):
+                continue
+            pats = ph.patterns(seqs, self.handle.causal)
+            if pats.shape[-1] < width:  # padded batch: programs saw only the real tokens
+                pats = np.pad(pats, ((0, 0), (0, width - pats.shape[1]), (0, width - pats.shape[2])))
+            found[(ph.layer, ph.head)] = torch.from_numpy(pats).to(self.handle.device)
+        self._batch_cache[key] = found
+        while len(self._batch_cache) > self._batch_cache_items:
+            self._batch_cache.popitem(last=False)
+        return found
+
+    def _pattern_hook(self, layer: int, heads: list[ProgramHead]):
+        def hook(module: nn.Module, inputs: Any, pattern: torch.Tensor) -> torch.Tensor:
+            programs = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])
+            out = pattern.clone()
+            for ph in heads:
+                out[:, ph.head] = ph.blend(pattern[:, ph.head], programs[(layer, ph.head)].to(pattern.dtype))
+            return out
+        return hook
+
+    def _v_hook(self, layer: int):
+        def hook(module: nn.Module, inputs: Any, v: torch.Tensor) -> None:
+            self._v[layer] = v
+        return hook
+
+    def _z_hook(self, layer: int, heads: list[ProgramHead], outputs: list[ProgramHead]):
+        group = self.handle.n_heads // self.handle.n_kv_heads
+        d = self.handle.d_head
+
+        def hook(module: nn.Module, inputs: Any, z: torch.Tensor) -> torch.Tensor:
+            z4 = z if z.ndim == 4 else z.reshape(z.shape[0], z.shape[1], -1, d)  # raw hooks see [b, pos, heads*d]
+            out = z4.clone()
+            if heads:
+                v = self._v.pop(layer, None)
+                if v is None:
+                    raise SurgeryError(f"layer {layer}: hook_v did not fire before hook_z; cannot recompute z")
+                v4 = v if v.ndim == 4 else v.reshape(v.shape[0], v.shape[1], -1, d)
+                programs = self._batch_patterns(z4.shape[1], v4.shape[1])
+                for ph in heads:
+                    a = programs[(layer, ph.head)].to(v4.dtype)
+                    program_z = torch.einsum("bqk,bkd->bqd", a, v4[:, :, ph.head // group])
+                    out[:, :, ph.head] = ph.blend(z4[:, :, ph.head], program_z)
+            for ph in outputs:
+                fixed = ph.provider.outputs(z4.shape[1]).to(device=z4.device, dtype=z4.dtype)
+                out[:, :, ph.head] = ph.blend(z4[:, :, ph.head], fixed.expand(z4.shape[0], -1, -1))
+            return out.reshape(z.shape)
+        return hook
+
+
+def _normalize_programs(handle: ModelHandle, programs: Mapping[Any, Any] | Any) -> dict[HeadKey, Any]:
+    items = programs.items() if isinstance(programs, Mapping) else getattr(programs, "items", lambda: None)()
+    if items is None:
+        raise SurgeryError("programs must map heads ('L3H5' or (3, 5)) to programs, or be a ProgramSet")
+    out: dict[HeadKey, Any] = {}
+    for key, program in items:
+        head = parse_head(key)
+        try:
+            handle.check_head(*head)
+        except IndexError as e:
+            raise SurgeryError(str(e)) from e
+        if head in out:
+            raise SurgeryError(f"head {head_name(head)} is given twice ({key!r}); keep one program per head")
+        out[head] = program
+    if not out:
+        raise SurgeryError("no heads to replace: programs is empty")
+    return out
+
+
+def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
+                  cache: TensorCache | None = None) -> HybridModel:
+    """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
+
+    ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
+    provider; a ProgramSet works too. ``alpha`` (per head via a mapping) blends neural (0) and program (1).
+    """
+    base_heads: dict[HeadKey, Any] = {}
+    if isinstance(model, HybridModel):
+        base_heads = {k: ph.provider for k, ph in ((parse_head(n), ph) for n, ph in model.program_heads.items())}
+        alphas_old = {parse_head(n): ph.alpha for n, ph in model.program_heads.items()}
+        cache = cache or model.cache
+        handle = model.handle
+        model.restore()
+    else:
+        alphas_old = {}
+        handle = load_model(model)
+    heads = _normalize_programs(handle, programs)
+    dup = set(heads) & set(base_heads)
+    if dup:
+        raise SurgeryError(f"heads {[head_name(h) for h in sorted(dup)]} are already replaced in this hybrid")
+    cache = cache if cache is not None else TensorCache(max_bytes=256 << 20)
+    alpha_of = ({parse_head(k): float(v) for k, v in alpha.items()} if isinstance(alpha, Mapping) else {})
+    modules = {h: ProgramHead(*h, src, alphas_old.get(h, 1.0), cache) for h, src in base_heads.items()}
+    for h, src in heads.items():
+        modules[h] = ProgramHead(*h, src, alpha_of.get(h, alpha if not isinstance(alpha, Mapping) else 1.0), cache)
+    return HybridModel(handle, modules, cache)
+
+
+def iter_hook_points(model: Any) -> Iterator[tuple[str, nn.Module]]:
+    """(name, hook point) pairs of a bridge, for checking that no hook is left behind."""
+    yield from model.hook_dict.items()

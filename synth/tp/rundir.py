@@ -1,0 +1,109 @@
+"""Run directories: everything one training run leaves behind, without pickle.
+
+Layout::
+
+    RUN_DIR/config.json        model shape, training settings, vocabularies, format version
+    RUN_DIR/model.safetensors  the trained parameters (safetensors)
+    RUN_DIR/metrics.json       accuracies of the discretized model, wall time, per-epoch history
+    RUN_DIR/program.json       the discretized program (``DiscreteProgram.to_json``)
+    RUN_DIR/program.py         the decompiled standalone Python module
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from .decompile import decompile
+from .discrete import DiscreteProgram, discretize
+from .model import ModelConfig, TransformerProgram
+from .train import TrainConfig, TrainResult
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Run:
+    """A loaded run: the model (discretizable), its configs and vocabularies."""
+
+    path: Path
+    model: TransformerProgram
+    model_config: ModelConfig
+    train_config: TrainConfig
+    vocab: list[str]
+    labels: list[str]
+    task: str
+
+    def discretize(self) -> DiscreteProgram:
+        return discretize(self.model, self.vocab, self.labels, self.task)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def save_run(result: TrainResult, out: str | Path) -> Path:
+    """Write config, safetensors weights, metrics, the discretized program and its decompiled source."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = result.data
+    _write_json(
+        out / "config.json",
+        {
+            "format": FORMAT_VERSION,
+            "task": data.name,
+            "model": result.model_config.to_dict(),
+            "train": result.train_config.to_dict(),
+            "vocab": data.vocab,
+            "labels": data.labels,
+        },
+    )
+    state = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": str(FORMAT_VERSION), "task": data.name})
+    _write_json(out / "metrics.json", {**result.metrics, "history": result.history})
+    write_program(load_run(out), out)
+    return out
+
+
+def write_program(run: Run, out: str | Path | None = None) -> tuple[Path, Path]:
+    """Discretize a run and write ``program.json`` and the decompiled ``program.py`` into ``out`` (default: the run)."""
+    out = Path(out) if out is not None else run.path
+    prog = run.discretize()
+    _write_json(out / "program.json", prog.to_json())
+    (out / "program.py").write_text(decompile(prog))
+    return out / "program.json", out / "program.py"
+
+
+def load_run(path: str | Path) -> Run:
+    """Rebuild the model of a run directory from ``config.json`` and ``model.safetensors``."""
+    path = Path(path)
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.exists():
+            raise FileNotFoundError(f"{f} is missing; is {path} a run directory written by `headsurgeon tp train`?")
+    cfg = json.loads(cfg_file.read_text())
+    if cfg.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{cfg_file} has format {cfg.get('format')!r}; this version reads format {FORMAT_VERSION}")
+    mc = ModelConfig.from_dict(cfg["model"])
+    model = TransformerProgram(mc)
+    state = load_file(str(weights))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{weights} does not fit config.json: missing {missing}, unexpected {unexpected}")
+    model.eval()
+    return Run(path, model, mc, TrainConfig.from_dict(cfg["train"]), cfg["vocab"], cfg["labels"], cfg["task"])
+
+
+def load_program(path: str | Path) -> DiscreteProgram:
+    """The discretized program of a run directory (``program.json``, or rebuilt from the weights)."""
+    path = Path(path)
+    if (path / "program.json").exists():
+        return DiscreteProgram.from_json(json.loads((path / "program.json").read_text()))
+    return load_run(path).discretize()
+
+
+__all__ = ["Run", "save_run", "load_run", "load_program", "write_program", "FORMAT_VERSION"]
