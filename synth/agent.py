@@ -54,7 +54,7 @@ from headsurgeon.kernels.normalize import normalize_scores
 
 from . import prompts as P
 from .candidate import Candidate
-from .errors import ProgramError, ProgramExecutionError, ProgramValidationError
+from .errors import ProgramError, ProgramExecutionError
 from .metrics import score_many
 from .program import Program
 from .sequence import Sequence, sequences_key
@@ -531,7 +531,7 @@ class LLMAgent:
             hs.rounds = rnd + 1
             user = base
             if rnd > 0:
-                user = base + "\n\n" + self._feedback(attempts, new_failures or failures[-4:], real, lengths, ctx)
+                user = base + "\n\n" + self._feedback(attempts, failures[-6:], real, lengths, ctx)
             messages = [{"role": "system", "content": ctx.system}, {"role": "user", "content": user}]
             futs: list[Future] = [ctx.pool.submit(self._propose, messages, head, rnd)
                                   for _ in range(cfg.candidates_per_round)]

@@ -62,6 +62,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -77,7 +78,7 @@ __all__ = [
     "Prim", "Mix", "Fallback", "Gate", "Sharpen", "Mul", "Pred", "Node",
     "parse", "to_text", "from_json", "to_json", "canonical_json", "features_needed",
     "evaluate_scores", "evaluate", "PRIMITIVES", "COMBINATORS", "FLAGS", "MATCH_FEATURES",
-    "KNOWN_POS_TAGS",
+    "KNOWN_POS_TAGS", "clear_scratch",
 ]
 
 MAX_DEPTH = 64
@@ -1014,20 +1015,65 @@ def _eval(node: Node, ctx: _Context) -> np.ndarray:
     raise TypeError(f"not a DSL node: {node!r}")
 
 
+# Intermediate [B,N,N] buffers left over from earlier evaluations, reused so that a tree costs one
+# fresh allocation per call (first-touch page faults of fresh memory dominate simple programs).
+SCRATCH_BYTES = 256 << 20
+_scratch: list[np.ndarray] = []
+_scratch_lock = threading.Lock()
+
+
+def _take_scratch(shape: tuple[int, int, int]) -> list[np.ndarray]:
+    with _scratch_lock:
+        mine = [a for a in _scratch if a.shape == shape]
+        _scratch[:] = [a for a in _scratch if a.shape != shape]
+    return mine
+
+
+def _give_scratch(arrays: list[np.ndarray]) -> None:
+    with _scratch_lock:
+        for a in arrays:
+            if sum(x.nbytes for x in _scratch) + a.nbytes <= SCRATCH_BYTES:
+                _scratch.append(a)
+
+
+def clear_scratch() -> None:
+    """Drop the reusable intermediate buffers (frees up to SCRATCH_BYTES)."""
+    with _scratch_lock:
+        _scratch.clear()
+
+
 def evaluate_scores(node: Node, ids: np.ndarray, lengths: np.ndarray,
                     features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                    pos_tags: Any = None) -> np.ndarray:
-    """Raw scores float32 [B,N,N] of a tree over padded ids/feature arrays (zero outside visible cells)."""
+                    pos_tags: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Raw scores float32 [B,N,N] of a tree over padded ids/feature arrays (zero outside visible cells).
+
+    ``out``: an optional C-contiguous float32 [B,N,N] buffer that receives the result (every cell is
+    overwritten), e.g. a block buffer reused across many programs.
+    """
     ctx = _Context(ids, lengths, features, causal, pos_tags)
-    if ctx.ids.shape[0] == 0 or ctx.n == 0:
-        return np.zeros((ctx.ids.shape[0], ctx.n, ctx.n), dtype=np.float32)
-    with K.threads_for(ctx.ids.shape[0] * ctx.n * ctx.n):
-        return _eval(node, ctx)
+    shape = (ctx.ids.shape[0], ctx.n, ctx.n)
+    if out is not None:
+        out = K._buffer(out, shape)
+    if shape[0] == 0 or ctx.n == 0:
+        return np.zeros(shape, dtype=np.float32) if out is None else out
+    # The first buffer a kernel takes always becomes the root's result (each combinator evaluates
+    # the child it writes into first), so ``out`` goes on top of the stack.
+    ctx._free = _take_scratch(shape) + ([out] if out is not None else [])
+    try:
+        with K.threads_for(shape[0] * ctx.n * ctx.n):
+            result = _eval(node, ctx)
+    finally:
+        _give_scratch([a for a in ctx._free if a is not out])
+    if out is not None and result is not out:  # defensive; not expected
+        out[...] = result
+        _give_scratch([result])
+        result = out
+    return result
 
 
 def evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray,
              features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-             pos_tags: Any = None) -> np.ndarray:
-    """Attention float32 [B,N,N]: ``normalize_scores`` applied to ``evaluate_scores``."""
-    scores = evaluate_scores(node, ids, lengths, features, causal, pos_tags)
-    return normalize_scores(scores, lengths, causal, out=scores)  # fresh array: normalize in place
+             pos_tags: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Attention float32 [B,N,N]: ``normalize_scores`` applied to ``evaluate_scores`` (in place)."""
+    scores = evaluate_scores(node, ids, lengths, features, causal, pos_tags, out)
+    return normalize_scores(scores, lengths, causal, out=scores, masked=True)

@@ -143,39 +143,54 @@ class Program:
 
     def evaluate_scores(self, sequences: list[Sequence], causal: bool = True,
                         features: Mapping[str, np.ndarray] | None = None,
-                        timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None) -> np.ndarray:
-        """Raw scores [B,N,N] before normalization, padded with zeros (float32 for DSL, float64 for Python)."""
+                        timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None,
+                        out: np.ndarray | None = None) -> np.ndarray:
+        """Raw scores [B,N,N] before normalization, padded with zeros (float32 for DSL, float64 for Python).
+
+        ``out`` (DSL only): a float32 [B,N,N] buffer to write into instead of allocating.
+        """
         sequences = list(sequences)
         if self._node is not None:
             ids, lengths = pad_ids(sequences)
             feats = self._features(sequences, features)
-            return dsl.evaluate_scores(self._node, ids, lengths, feats, causal, pos_tags)
-        return self._python_scores(sequences, timeout)
+            return dsl.evaluate_scores(self._node, ids, lengths, feats, causal, pos_tags, out)
+        scores = self._python_scores(sequences, timeout)
+        if out is not None:
+            out[...] = scores
+            return out
+        return scores
 
     def evaluate(self, sequences: list[Sequence], causal: bool = True,
                  features: Mapping[str, np.ndarray] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None) -> np.ndarray:
+                 timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
         """Normalized attention float32 [B,N,N] for a batch of sequences (zeros beyond each length).
 
         ``features`` may supply precomputed ``batch_feature_arrays`` output (padded like the ids);
         missing names are fetched lazily. Python programs run in the sandbox pool with ``timeout``
-        seconds per sequence; the first failure is raised as ``ProgramExecutionError``.
+        seconds per sequence; the first failure is raised as ``ProgramExecutionError``. ``out``: an
+        optional C-contiguous float32 [B,N,N] buffer that receives the result (saves the allocation
+        when evaluating many programs block by block).
         """
         sequences = list(sequences)
-        scores = self.evaluate_scores(sequences, causal, features, timeout, pos_tags)
         lengths = np.array([s.n for s in sequences], dtype=np.int64)
-        own = scores if scores.dtype == np.float32 else None  # DSL scores are fresh float32: in place
-        return normalize_scores(scores, lengths, causal, out=own)
+        if self._node is not None:
+            scores = self.evaluate_scores(sequences, causal, features, timeout, pos_tags, out)
+            # our own float32 buffer, zero outside the visible grid: normalize in place
+            return normalize_scores(scores, lengths, causal, out=scores, masked=True)
+        scores = self._python_scores(sequences, timeout)
+        return normalize_scores(scores, lengths, causal, out=out)
 
     def evaluate_arrays(self, ids: np.ndarray, lengths: np.ndarray,
                         features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                        pos_tags: Any = None, normalize: bool = True) -> np.ndarray:
+                        pos_tags: Any = None, normalize: bool = True,
+                        out: np.ndarray | None = None) -> np.ndarray:
         """DSL only: evaluate on padded arrays directly (ids [B,N], lengths [B], feature arrays [B,N])."""
         if self._node is None:
             raise TypeError("evaluate_arrays needs a DSL program; Python programs read Sequences")
         if normalize:
-            return dsl.evaluate(self._node, ids, lengths, features, causal, pos_tags)
-        return dsl.evaluate_scores(self._node, ids, lengths, features, causal, pos_tags)
+            return dsl.evaluate(self._node, ids, lengths, features, causal, pos_tags, out)
+        return dsl.evaluate_scores(self._node, ids, lengths, features, causal, pos_tags, out)
 
     def _python_scores(self, sequences: list[Sequence], timeout: float) -> np.ndarray:
         results = _sandbox().get_pool().run(self.text, sequences, timeout)

@@ -213,6 +213,16 @@ class ScriptedLLMServer:
         with self.lock:
             return [r for r in self.requests if r.head == head]
 
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no request is being handled (slow replies finished); True if that happened in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.in_flight == 0:
+                    return True
+            time.sleep(0.02)
+        return False
+
     def usage_totals(self) -> tuple[int, int]:
         """Prompt and completion tokens reported in successful (200) replies."""
         with self.lock:

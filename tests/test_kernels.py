@@ -377,3 +377,38 @@ def test_kernels_ignore_padding_content() -> None:
 def test_missing_feature_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="'word'.*batch_feature_arrays"):
         dsl.evaluate(dsl.parse("same_word()"), np.zeros((1, 3), np.int64), np.array([3]), {}, True)
+
+
+def test_buffer_reuse_never_aliases_results() -> None:
+    """Results handed out stay intact while later evaluations recycle intermediate buffers."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 5, size=(4, 10))
+    lengths = np.array([10, 7, 3, 10])
+    feats = {name: rng.integers(-1, 4, size=(4, 10)) for name in FEATURE_NAMES}
+    trees_ = [dsl.parse(t) for t in (
+        "0.3*prev(1) + 0.7*fallback(induction(), gate(cap, first(), self()))",
+        "mul(uniform(), fallback(same_token(), decay(0.5)))",
+        "prev(2)",
+    )]
+    first = [dsl.evaluate(t, ids, lengths, feats, True) for t in trees_]
+    snapshot = [a.copy() for a in first]
+    for _ in range(3):
+        again = [dsl.evaluate(t, ids, lengths, feats, True) for t in trees_]
+        for a, b, s in zip(again, first, snapshot):
+            np.testing.assert_array_equal(a, s)
+            np.testing.assert_array_equal(b, s)
+            assert a is not b and not np.shares_memory(a, b)
+
+
+def test_out_buffer_receives_the_result() -> None:
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 5, size=(3, 8))
+    lengths = np.array([8, 5, 1])
+    node = dsl.parse("0.5*fallback(same_token_recent(), first()) + 0.5*sharpen(decay(0.7), 2)")
+    want = dsl.evaluate(node, ids, lengths, None, True)
+    buf = np.full((3, 8, 8), np.nan, dtype=np.float32)
+    got = dsl.evaluate(node, ids, lengths, None, True, out=buf)
+    assert got is buf
+    np.testing.assert_array_equal(buf, want)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        dsl.evaluate(node, ids, lengths, None, True, out=np.zeros((3, 8, 8)))

@@ -1,0 +1,552 @@
+"""Benchmark: streaming attention capture vs a plain forward (throughput) and vs run_with_cache (memory).
+
+Models: stories260K (llama2.c, 5 layers x 8 heads, d_head 8) from ../shared/data, and a randomly
+initialised GPT-2-small-shaped model (transformers GPT2Config defaults: 12 x 12 heads, d_model 768)
+with the real GPT-2 BPE tokenizer from ../shared/data/tokenizers/gpt2. Text: tinystories-valid.txt,
+documents split on blank lines, windows from ``make_sequences`` (stories260K: 256 tokens, GPT-2: 64).
+
+Throughput: ``capture(..., out=DIR)`` (dense and top-q, streamed to safetensors shards) vs a plain
+forward without hooks over the same padded batches (capture's own order: shards sorted by length).
+Methods are interleaved within each repeat; ratio = median over repeats of t(plain)/t(method). The
+capture runs are instrumented (time in ``forward_patterns`` / ``put`` / ``write_shard`` /
+``save_manifest``) and a diagnostic section times the conversions inside ``put`` on real patterns.
+``--try-fix`` also times capture with the change proposed below patched in (and checks its store is
+identical).
+
+Memory: one fresh subprocess per (model, method, corpus size); peak RSS (VmHWM, reset through
+/proc/self/clear_refs after loading, warm-up and gc) minus the RSS at that point. Methods: streaming
+capture to disk (dense, top-q) vs ``run_with_cache(names_filter=hook_pattern)`` keeping every batch's
+cache in a list (as a naive user would; run under no_grad, which favours it). Corpus sizes N and 4N.
+
+Run: ``python benchmarks/capture.py [--quick] [--threads 1] [--models stories,gpt2] [--try-fix]``.
+
+Measured (torch 2.13 CPU, 1 torch thread, 2 vCPUs SHARED with other jobs: load average 5-10 during
+the run, so absolute tokens/s are noisy and low; ratios are within-repeat):
+
+  stories260K, 128 windows (~12.3k tokens), 5 repeats  [filled in below]
+  GPT-2-small random, 16 windows of <=64 tokens, 3 repeats  [filled in below]
+
+RESULTS: see the end of this docstring (last full run).
+
+Bottleneck found (stories260K misses 0.8x; GPT-2-small meets it, its forward dwarfs the patterns):
+  1. dense: ``np.ndarray.astype(np.float16)`` in ``AttentionStore.put`` runs at ~20 M elements/s on
+     real attention patterns (about half the entries underflow to float16 subnormals/zero, numpy's
+     cast takes a slow path on them) vs ~350-650 M el/s for ``torch.Tensor.half()``, bit-identical.
+  2. top-q: ``np.argpartition`` + argsort + 3 ``take_along_axis`` is ~2x slower than ``torch.topk``.
+  3. ``forward_patterns`` stacks the whole padded float32 batch [B, L, H, N, N] (one extra full copy)
+     before slicing each sequence.
+  4. ``save_manifest`` re-encodes every sequence (ids, tokens, text, offsets) as indented JSON after
+     every shard: O(corpus) per shard, O(corpus^2 / shard_size) per capture (see the diagnostic line).
+  Fix (surgery/store.py, surgery/capture.py): convert with torch (``torch.from_numpy(p).half()``; or
+  ``pattern.to(torch.float16)`` in the hook for dense mode), select with ``torch.topk(flat, q,
+  sorted=True)``, stack per sequence only the real [L, H, n, n] slices, and write the sequence list once
+  (e.g. ``sequences.json`` at the start; per-shard updates only touch ``done_shards``).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = SHARED / "data"
+CORPUS = DATA / "corpora" / "tinystories-valid.txt"
+STORIES_BIN = DATA / "models" / "stories260K" / "stories260K.bin"
+STORIES_TOK = DATA / "models" / "stories260K" / "tok512.model"
+GPT2_TOK = DATA / "tokenizers" / "gpt2"
+MB = 1024 * 1024
+
+
+@dataclass
+class Config:
+    """Workload of one model: window length, batching, and how many windows each part uses."""
+
+    model: str  # "stories" or "gpt2"
+    max_len: int
+    batch_size: int
+    shard_size: int
+    n_throughput: int
+    repeats: int
+    n_memory: int  # N; memory is also measured at 4N
+
+
+def configs(quick: bool) -> dict[str, Config]:
+    """Default and --quick workloads (the GPT-2 part stays small: it is ~100x costlier per token)."""
+    if quick:
+        return {"stories": Config("stories", 256, 16, 32, 64, 3, 32),
+                "gpt2": Config("gpt2", 64, 8, 8, 8, 2, 8)}
+    return {"stories": Config("stories", 256, 16, 64, 128, 5, 64),
+            "gpt2": Config("gpt2", 64, 8, 16, 16, 3, 16)}
+
+
+# --------------------------------------------------------------------------- models and data
+def build_gpt2_dir(directory: Path) -> Path:
+    """Save a seeded random GPT-2-small (GPT2Config defaults) with the real GPT-2 tokenizer into ``directory``."""
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    torch.manual_seed(0)
+    tokenizer = GPT2TokenizerFast.from_pretrained(str(GPT2_TOK))
+    model = GPT2LMHeadModel(GPT2Config())
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def load(model: str, gpt2_dir: str | None) -> Any:
+    """Load stories260K (llama2.c) or the saved random GPT-2 as a ModelHandle."""
+    from headsurgeon.surgery.loading import load_model
+
+    if model == "stories":
+        return load_model(f"llama2c:{STORIES_BIN}", tokenizer=str(STORIES_TOK))
+    if gpt2_dir is None:
+        raise ValueError("the gpt2 workload needs the directory written by build_gpt2_dir")
+    return load_model(gpt2_dir)
+
+
+def corpus_sequences(handle: Any, max_len: int, count: int | None) -> list:
+    """The first ``count`` windows (all when None) of tinystories-valid.txt with the model's tokenizer and BOS."""
+    from headsurgeon.surgery.corpus import make_sequences, read_documents
+
+    seqs = make_sequences(handle, read_documents(CORPUS), max_len=max_len, max_sequences=count)
+    if count is not None and len(seqs) < count:
+        raise SystemExit(f"the corpus gave only {len(seqs)} windows, {count} needed; lower the counts")
+    return seqs
+
+
+def capture_batches(sequences: list, batch_size: int, shard_size: int) -> list[list]:
+    """The batches capture() forms: per shard, sequences sorted by length, cut into batch_size groups."""
+    batches = []
+    for lo in range(0, len(sequences), shard_size):
+        order = sorted(range(lo, min(lo + shard_size, len(sequences))), key=lambda i: sequences[i].n)
+        batches.extend([sequences[i] for i in order[s: s + batch_size]] for s in range(0, len(order), batch_size))
+    return batches
+
+
+def forward_kwargs(handle: Any, mask: torch.Tensor) -> dict:
+    """Same forward arguments as capture's forward_patterns (mask only for bidirectional models)."""
+    return {} if handle.causal else {"attention_mask": mask}
+
+
+# --------------------------------------------------------------------------- timed methods
+def plain_forward(handle: Any, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Forward every batch without hooks."""
+    with torch.no_grad():
+        for ids, mask in batches:
+            handle.model(ids, **forward_kwargs(handle, mask))
+
+
+def noop_hooks(handle: Any, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Forward every batch with do-nothing pattern hooks (hook-dispatch cost only)."""
+    hooks = [(handle.pattern_hook(layer), lambda pattern, hook: pattern) for layer in range(handle.n_layers)]
+    with torch.no_grad():
+        for ids, mask in batches:
+            handle.model.run_with_hooks(ids, fwd_hooks=hooks, **forward_kwargs(handle, mask))
+
+
+@contextmanager
+def instrument(acc: Counter) -> Iterator[None]:
+    """Accumulate wall time spent in capture's forward_patterns and the store's put/write/manifest calls."""
+    import headsurgeon.surgery.capture as cap
+    from headsurgeon.surgery.store import AttentionStore
+
+    targets = [(cap, "forward_patterns")] + [(AttentionStore, n) for n in ("put", "write_shard", "save_manifest")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
+
+    def timed(name: str, fn: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[name] += time.perf_counter() - t0
+        return wrapper
+
+    try:
+        for obj, name, fn in saved:
+            setattr(obj, name, timed(name, fn))
+        yield
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+
+
+# --------------------------------------------------------------------------- proposed fix (prototype)
+def proposed_forward_patterns(handle: Any, sequences: list, dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
+    """forward_patterns, but converting in the hook and stacking only each sequence's real n x n slices."""
+    import warnings
+
+    from headsurgeon.surgery.capture import padded_batch
+
+    ids, mask = padded_batch(sequences)
+    captured: dict[int, torch.Tensor] = {}
+
+    def make_hook(layer: int) -> Callable:
+        def hook(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+            captured[layer] = pattern.detach().to("cpu", dtype)
+            return pattern
+        return hook
+
+    hooks = [(handle.pattern_hook(layer), make_hook(layer)) for layer in range(handle.n_layers)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle.model.run_with_hooks(ids.to(handle.device), fwd_hooks=hooks, **forward_kwargs(handle, mask))
+    return [torch.stack([captured[layer][b, :, : s.n, : s.n] for layer in range(handle.n_layers)]).numpy()
+            for b, s in enumerate(sequences)]
+
+
+def proposed_put(self: Any, index: int, pattern: np.ndarray) -> dict[str, np.ndarray]:
+    """AttentionStore.put with torch's float16 cast and torch.topk (same entries, same format)."""
+    from headsurgeon.surgery.store import topq_count
+
+    n = self.sequences[index].n
+    if pattern.shape != (self.n_layers, self.n_heads, n, n):
+        raise ValueError(f"pattern for sequence {index} has shape {pattern.shape}")
+    t = torch.from_numpy(np.ascontiguousarray(pattern))
+    if self.mode == "dense":
+        entry = {f"s{index}": t.to(torch.float16).numpy()}
+    else:
+        q = topq_count(n, self.q_frac)
+        val, idx = torch.topk(t.reshape(self.n_layers, self.n_heads, n * n).float(), q, dim=-1, sorted=True)
+        entry = {f"s{index}.index": idx.to(torch.int32).numpy(), f"s{index}.value": val.to(torch.float16).numpy()}
+    if self.directory is None:
+        self._memory[index] = entry
+    return entry
+
+
+def proposed_save_manifest(self: Any, done_shards: Any) -> None:
+    """save_manifest that encodes the (unchanging) sequence list once per store instead of once per shard."""
+    from headsurgeon.surgery.store import atomic_write_bytes
+
+    if getattr(self, "_sequences_json", None) is None:
+        self._sequences_json = json.dumps(self.manifest([])["sequences"], separators=(",", ":"))
+    sequences, self.sequences = self.sequences, []
+    try:
+        head = self.manifest(done_shards)
+    finally:
+        self.sequences = sequences
+    head["n_sequences"] = len(sequences)
+    del head["sequences"]
+    text = json.dumps(head, sort_keys=True)[:-1] + ', "sequences": ' + self._sequences_json + "}"
+    atomic_write_bytes(self.directory / "manifest.json", text.encode())
+
+
+@contextmanager
+def proposed_fix(mode: str) -> Iterator[None]:
+    """Patch the prototype fix into headsurgeon.surgery for the duration of one capture."""
+    import headsurgeon.surgery.capture as cap
+    from headsurgeon.surgery.store import AttentionStore
+
+    dtype = torch.float16 if mode == "dense" else torch.float32
+    saved = (cap.forward_patterns, AttentionStore.put, AttentionStore.save_manifest)
+    cap.forward_patterns = lambda handle, seqs: proposed_forward_patterns(handle, seqs, dtype)
+    AttentionStore.put, AttentionStore.save_manifest = proposed_put, proposed_save_manifest
+    try:
+        yield
+    finally:
+        cap.forward_patterns, AttentionStore.put, AttentionStore.save_manifest = saved
+
+
+# --------------------------------------------------------------------------- throughput
+def run_capture(handle: Any, seqs: list, cfg: Config, mode: str, out: Path, fixed: bool = False,
+                acc: Counter | None = None) -> float:
+    """Seconds for one streaming capture to a fresh directory (optionally instrumented or with the fix)."""
+    from headsurgeon.surgery.capture import capture
+
+    shutil.rmtree(out, ignore_errors=True)
+    with (proposed_fix(mode) if fixed else instrument(acc if acc is not None else Counter())):
+        t0 = time.perf_counter()
+        capture(handle, seqs, out=out, mode=mode, batch_size=cfg.batch_size, shard_size=cfg.shard_size,
+                progress=False)
+        return time.perf_counter() - t0
+
+
+def throughput(handle: Any, cfg: Config, repeats: int, try_fix: bool, tmp: Path) -> dict:
+    """Interleaved repeats of plain forward, no-op hooks and capture (dense, top-q); medians and ratios."""
+    from headsurgeon.surgery.capture import padded_batch
+    from headsurgeon.surgery.store import AttentionStore
+
+    seqs = corpus_sequences(handle, cfg.max_len, cfg.n_throughput)
+    tokens = sum(s.n for s in seqs)
+    batches = [padded_batch(b) for b in capture_batches(seqs, cfg.batch_size, cfg.shard_size)]
+    padded = sum(int(ids.numel()) for ids, _ in batches)
+    breakdown = {"dense": Counter(), "topq": Counter()}
+    methods: dict[str, Callable[[], float]] = {
+        "plain forward": lambda: timed(lambda: plain_forward(handle, batches)),
+        "pattern hooks (no-op)": lambda: timed(lambda: noop_hooks(handle, batches)),
+        "capture dense -> disk": lambda: run_capture(handle, seqs, cfg, "dense", tmp / "dense",
+                                                     acc=breakdown["dense"]),
+        "capture topq -> disk": lambda: run_capture(handle, seqs, cfg, "topq", tmp / "topq", acc=breakdown["topq"]),
+    }
+    if try_fix:
+        methods["dense + proposed fix"] = lambda: run_capture(handle, seqs, cfg, "dense", tmp / "dense_fix", True)
+        methods["topq + proposed fix"] = lambda: run_capture(handle, seqs, cfg, "topq", tmp / "topq_fix", True)
+    plain_forward(handle, batches[:1])  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    names = list(methods)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each repeat
+            times[name].append(methods[name]())
+    plain = times["plain forward"]
+    rows = {name: {"tok_s": tokens / statistics.median(ts), "ratio": statistics.median(p / t for p, t in zip(plain, ts)),
+                   "median_s": statistics.median(ts)} for name, ts in times.items()}
+    for mode, acc in breakdown.items():
+        total = sum(times[f"capture {mode} -> disk"])
+        rows[f"capture {mode} -> disk"]["breakdown"] = {k: v / total for k, v in acc.items()}
+    result = {"tokens": tokens, "padded_tokens": padded, "sequences": len(seqs), "repeats": repeats, "rows": rows}
+    if try_fix:
+        result["fix_identical"] = {mode: same_store(AttentionStore.load(tmp / mode), AttentionStore.load(tmp / f"{mode}_fix"))
+                                   for mode in ("dense", "topq")}
+    return result
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Wall seconds of one call."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def same_store(a: Any, b: Any) -> bool:
+    """Dense: bit-identical patterns; top-q: identical sorted values per head (ties may pick other cells)."""
+    for i in range(len(a)):
+        if a.mode == "dense" and not np.array_equal(a.patterns(i), b.patterns(i)):
+            return False
+        if a.mode == "topq" and not np.array_equal(np.sort(a.topq(i)[1], -1), np.sort(b.topq(i)[1], -1)):
+            return False
+    return len(a) == len(b)
+
+
+# --------------------------------------------------------------------------- diagnostics
+def diagnose(handle: Any, cfg: Config, tmp: Path, manifest: bool = True) -> dict:
+    """Time put's conversions on one real batch of patterns, and (``manifest``) one manifest save for the whole corpus."""
+    from headsurgeon.surgery.capture import forward_patterns
+    from headsurgeon.surgery.store import AttentionStore, topq_count
+
+    seqs = corpus_sequences(handle, cfg.max_len, cfg.n_throughput)
+    batch = capture_batches(seqs, cfg.batch_size, cfg.shard_size)[-1]  # longest windows
+    pats = [np.ascontiguousarray(p) for p in forward_patterns(handle, batch)]
+    elements = sum(p.size for p in pats)
+    out: dict[str, Any] = {"elements": elements}
+    t_np = best_of(lambda: [p.astype(np.float16) for p in pats])
+    t_torch = best_of(lambda: [torch.from_numpy(p).half().numpy() for p in pats])
+    out["f16_numpy_Mel_s"], out["f16_torch_Mel_s"] = elements / t_np / 1e6, elements / t_torch / 1e6
+    out["f16_identical"] = all(np.array_equal(p.astype(np.float16), torch.from_numpy(p).half().numpy()) for p in pats)
+    flat = np.concatenate([p.ravel() for p in pats])
+    out["zero_frac"] = float((flat == 0).mean())
+    out["f16_subnormal_frac"] = float(((flat > 0) & (flat < 6.104e-5)).mean())
+    store = AttentionStore(batch, handle.n_layers, handle.n_heads, "topq")
+    t_np = best_of(lambda: [store.put(i, p) for i, p in enumerate(pats)])
+    t_torch = best_of(lambda: [proposed_put(store, i, p) for i, p in enumerate(pats)])
+    out["topq_numpy_Mel_s"], out["topq_torch_Mel_s"] = elements / t_np / 1e6, elements / t_torch / 1e6
+    out["q_example"] = (batch[-1].n, topq_count(batch[-1].n, store.q_frac))
+    if not manifest:
+        return out
+    every = corpus_sequences(handle, cfg.max_len, None)
+    full = AttentionStore(every, handle.n_layers, handle.n_heads, "dense", directory=tmp / "manifest",
+                          shard_size=cfg.shard_size)
+    full.directory.mkdir(parents=True, exist_ok=True)
+    t_manifest = timed(lambda: full.save_manifest(range(full.n_shards // 2)))
+    plain = timed(lambda: forward_patterns(handle, batch)) / len(batch)  # s per (long) sequence
+    out.update(corpus_windows=len(every), n_shards=full.n_shards, manifest_s=t_manifest,
+               manifest_MB=(full.directory / "manifest.json").stat().st_size / MB,
+               manifest_total_s=t_manifest * (full.n_shards + 1), forward_total_s_upper=plain * len(every))
+    return out
+
+
+def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Fastest of a few calls (micro-benchmarks on a shared CPU)."""
+    return min(timed(fn) for _ in range(repeats))
+
+
+# --------------------------------------------------------------------------- memory (child processes)
+def rss_bytes(field: str) -> int | None:
+    """VmRSS / VmHWM of this process from /proc (None where unavailable)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux clear_refs); False where the kernel refuses."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def child(spec: dict) -> dict:
+    """In a fresh process: load, warm up, reset the peak, run one method over N windows; report peak - baseline."""
+    from headsurgeon.surgery.capture import capture, padded_batch
+
+    torch.set_num_threads(spec["threads"])
+    cfg = Config(**spec["cfg"])
+    handle = load(cfg.model, spec.get("gpt2_dir"))
+    seqs = corpus_sequences(handle, cfg.max_len, spec["n"])
+    method = spec["method"]
+    is_pattern = lambda name: name.endswith("hook_pattern")  # noqa: E731
+    out_dir = Path(spec["tmp"]) / "store"
+    with torch.no_grad():  # warm-up on one batch of the same method, so one-time allocations are not counted
+        if method == "run_with_cache":
+            ids, _ = padded_batch(seqs[: cfg.batch_size])
+            _, cache = handle.model.run_with_cache(ids, names_filter=is_pattern)
+            del cache, _
+        else:
+            capture(handle, seqs[: cfg.batch_size], out=None, mode=method.split("-")[1], progress=False)
+    gc.collect()
+    exact = reset_peak()
+    base = rss_bytes("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    held = 0
+    if method == "run_with_cache":
+        caches = []
+        with torch.no_grad():
+            for lo in range(0, len(seqs), cfg.batch_size):  # corpus order, as a naive user would
+                ids, _ = padded_batch(seqs[lo: lo + cfg.batch_size])
+                _, cache = handle.model.run_with_cache(ids, names_filter=is_pattern)
+                caches.append(cache)
+        held = sum(t.numel() * t.element_size() for c in caches for t in c.values())
+    else:
+        capture(handle, seqs, out=out_dir, mode=method.split("-")[1], batch_size=cfg.batch_size,
+                shard_size=cfg.shard_size, progress=False)
+        held = sum(p.stat().st_size for p in out_dir.iterdir())
+    elapsed = time.perf_counter() - t0
+    peak = rss_bytes("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"model": cfg.model, "method": method, "n": len(seqs), "tokens": sum(s.n for s in seqs),
+            "base_MB": base / MB, "peak_MB": (peak - base) / MB, "held_MB": held / MB, "seconds": elapsed,
+            "exact_peak": exact, "f32_patterns_MB": sum(4 * handle.n_layers * handle.n_heads * s.n ** 2 for s in seqs) / MB}
+
+
+def memory(cfg: Config, gpt2_dir: str | None, threads: int, tmp: Path) -> list[dict]:
+    """Run every (method, corpus size) configuration in its own subprocess."""
+    rows = []
+    for n in (cfg.n_memory, 4 * cfg.n_memory):
+        for method in ("stream-dense", "stream-topq", "run_with_cache"):
+            work = tmp / f"mem_{cfg.model}_{method}_{n}"
+            work.mkdir(parents=True, exist_ok=True)
+            spec = {"cfg": asdict(cfg), "n": n, "method": method, "gpt2_dir": gpt2_dir, "threads": threads,
+                    "tmp": str(work)}
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                                  capture_output=True, text=True, timeout=1800)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                raise SystemExit(f"memory child {cfg.model}/{method}/{n} failed:\n{proc.stderr[-3000:]}")
+            row = json.loads(lines[-1][len("RESULT "):])
+            rows.append(row)
+            print(f"  {row['method']:<15} {row['n']:>5} {row['tokens']:>7} {row['peak_MB']:>9.1f} {row['held_MB']:>9.1f} "
+                  f"{row['f32_patterns_MB']:>10.1f} {row['seconds']:>7.1f}{'' if row['exact_peak'] else '  (ru_maxrss)'}",
+                  flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+    for method in ("stream-dense", "stream-topq", "run_with_cache"):
+        small, large = [r["peak_MB"] for r in rows if r["method"] == method]
+        print(f"  growth {method:<15} 4N/N peak: {large / max(small, 1e-9):.2f}x  ({small:.1f} -> {large:.1f} MB)")
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+def report_throughput(name: str, res: dict, threads: int) -> None:
+    """Print the throughput table of one model."""
+    print(f"\n[{name}] throughput: {res['sequences']} windows, {res['tokens']} tokens ({res['padded_tokens']} padded), "
+          f"{res['repeats']} repeats, torch threads={threads}")
+    print(f"  {'method':<24} {'tok/s':>9} {'ratio':>7}   breakdown of capture time")
+    for method, row in res["rows"].items():
+        parts = row.get("breakdown")
+        detail = ""
+        if parts:
+            other = 1 - sum(parts.values())
+            detail = ", ".join(f"{k} {100 * v:.0f}%" for k, v in parts.items()) + f", other {100 * other:.0f}%"
+        flag = "" if method in ("plain forward", "pattern hooks (no-op)") else (
+            "  OK" if row["ratio"] >= 0.8 else "  < 0.8 goal")
+        print(f"  {method:<24} {row['tok_s']:>9.0f} {row['ratio']:>7.2f}{flag}   {detail}")
+    if "fix_identical" in res:
+        print(f"  proposed fix gives the same store: {res['fix_identical']}")
+
+
+def report_diagnose(name: str, d: dict) -> None:
+    """Print the diagnostic lines of one model."""
+    print(f"[{name}] diagnostics on one batch of real patterns ({d['elements'] / 1e6:.1f} M elements; "
+          f"{100 * d['zero_frac']:.0f}% exact zeros, {100 * d['f16_subnormal_frac']:.0f}% below float16's normal range)")
+    print(f"  float32->float16: numpy astype {d['f16_numpy_Mel_s']:.0f} M el/s, torch .half() "
+          f"{d['f16_torch_Mel_s']:.0f} M el/s (bit-identical: {d['f16_identical']})")
+    print(f"  top-q select (n={d['q_example'][0]}, q={d['q_example'][1]}): store.put (numpy argpartition) "
+          f"{d['topq_numpy_Mel_s']:.0f} M el/s, torch.topk put {d['topq_torch_Mel_s']:.0f} M el/s")
+    if "manifest_s" not in d:
+        return
+    print(f"  manifest: whole corpus = {d['corpus_windows']} windows, {d['n_shards']} shards; one save "
+          f"{d['manifest_s']:.2f} s ({d['manifest_MB']:.1f} MB), rewritten after every shard -> "
+          f"{d['manifest_total_s']:.0f} s per capture vs <= {d['forward_total_s_upper']:.0f} s of forward_patterns")
+
+
+def main() -> None:
+    """Parse arguments, run throughput, diagnostics and memory for each model, print everything."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller corpus counts and fewer repeats")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every measurement")
+    p.add_argument("--models", default="stories,gpt2", help="comma list of: stories, gpt2")
+    p.add_argument("--repeats", type=int, default=None, help="override the repeat count")
+    p.add_argument("--try-fix", action="store_true", help="also time capture with the proposed fix patched in")
+    p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+        return
+    missing = [str(f) for f in (CORPUS, STORIES_BIN, STORIES_TOK, GPT2_TOK / "vocab.json") if not f.exists()]
+    if missing:
+        raise SystemExit(f"benchmark data missing: {missing}; it expects ../shared/data beside the repository")
+    from importlib.metadata import version
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    print(f"torch {torch.__version__} (threads={torch.get_num_threads()}), transformer-lens {version('transformer-lens')}, "
+          f"numpy {np.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (shared machine)")
+    cfgs = configs(args.quick)
+    with tempfile.TemporaryDirectory(prefix="hs_capbench_") as tmpdir:
+        tmp = Path(tmpdir)
+        gpt2_dir = None
+        for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+            if model not in cfgs:
+                raise SystemExit(f"unknown model {model!r}; use stories and/or gpt2")
+            cfg = cfgs[model]
+            name = "stories260K" if model == "stories" else "GPT-2-small (random init)"
+            if model == "gpt2":
+                gpt2_dir = str(build_gpt2_dir(tmp / "gpt2_small_random"))
+            if not args.skip_throughput:
+                handle = load(model, gpt2_dir)
+                res = throughput(handle, cfg, args.repeats or cfg.repeats, args.try_fix, tmp / f"tp_{model}")
+                report_throughput(name, res, args.threads)
+                report_diagnose(name, diagnose(handle, cfg, tmp / f"diag_{model}", manifest=model == "stories"))
+                del handle
+                gc.collect()
+            if not args.skip_memory:
+                print(f"[{name}] memory: peak RSS above the post-load baseline, one fresh process per row "
+                      f"(batch {cfg.batch_size}, shard {cfg.shard_size}, windows <= {cfg.max_len} tokens)")
+                print(f"  {'method':<15} {'seqs':>5} {'tokens':>7} {'peak MB':>9} {'held MB':>9} {'f32 pats MB':>10} "
+                      f"{'time s':>7}   (held: cache tensors kept / store bytes on disk)")
+                memory(cfg, gpt2_dir, args.threads, tmp)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
