@@ -71,6 +71,9 @@ STORIES_BIN = DATA / "models" / "stories260K" / "stories260K.bin"
 STORIES_TOK = DATA / "models" / "stories260K" / "tok512.model"
 GPT2_TOK = DATA / "tokenizers" / "gpt2"
 MB = 1024 * 1024
+# Fixed glibc mmap threshold: freed large tensors go back to the OS at once, so RSS follows live memory
+# (with the default dynamic threshold, freed blocks linger in the heap and the peak depends on history).
+CHILD_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass
@@ -84,15 +87,16 @@ class Config:
     n_throughput: int
     repeats: int
     n_memory: int  # N; memory is also measured at 4N
+    mem_len: int  # memory runs use only full windows of exactly this many tokens (same batch shapes at N and 4N)
 
 
 def configs(quick: bool) -> dict[str, Config]:
     """Default and --quick workloads (the GPT-2 part stays small: it is ~100x costlier per token)."""
     if quick:
-        return {"stories": Config("stories", 256, 16, 32, 64, 3, 32),
-                "gpt2": Config("gpt2", 64, 8, 8, 8, 2, 8)}
-    return {"stories": Config("stories", 256, 16, 64, 128, 5, 64),
-            "gpt2": Config("gpt2", 64, 8, 16, 16, 3, 16)}
+        return {"stories": Config("stories", 256, 16, 32, 64, 3, 32, 128),
+                "gpt2": Config("gpt2", 64, 8, 8, 8, 2, 8, 64)}
+    return {"stories": Config("stories", 256, 16, 64, 128, 5, 64, 128),
+            "gpt2": Config("gpt2", 64, 8, 16, 16, 3, 16, 64)}
 
 
 # --------------------------------------------------------------------------- models and data
@@ -119,11 +123,17 @@ def load(model: str, gpt2_dir: str | None) -> Any:
     return load_model(gpt2_dir)
 
 
-def corpus_sequences(handle: Any, max_len: int, count: int | None) -> list:
-    """The first ``count`` windows (all when None) of tinystories-valid.txt with the model's tokenizer and BOS."""
+def corpus_sequences(handle: Any, max_len: int, count: int | None, full_only: bool = False) -> list:
+    """The first ``count`` windows (all when None) of tinystories-valid.txt with the model's tokenizer and BOS.
+
+    ``full_only`` keeps only windows of exactly ``max_len`` tokens (from the longer stories).
+    """
     from headsurgeon.surgery.corpus import make_sequences, read_documents
 
-    seqs = make_sequences(handle, read_documents(CORPUS), max_len=max_len, max_sequences=count)
+    seqs = make_sequences(handle, read_documents(CORPUS), max_len=max_len,
+                          max_sequences=None if full_only else count)
+    if full_only:
+        seqs = [s for s in seqs if s.n == max_len][:count]
     if count is not None and len(seqs) < count:
         raise SystemExit(f"the corpus gave only {len(seqs)} windows, {count} needed; lower the counts")
     return seqs
@@ -402,7 +412,7 @@ def child(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     cfg = Config(**spec["cfg"])
     handle = load(cfg.model, spec.get("gpt2_dir"))
-    seqs = corpus_sequences(handle, cfg.max_len, spec["n"])
+    seqs = corpus_sequences(handle, cfg.mem_len, spec["n"], full_only=True)
     method = spec["method"]
     is_pattern = lambda name: name.endswith("hook_pattern")  # noqa: E731
     out_dir = Path(spec["tmp"]) / "store"
@@ -447,7 +457,7 @@ def memory(cfg: Config, gpt2_dir: str | None, threads: int, tmp: Path) -> list[d
             spec = {"cfg": asdict(cfg), "n": n, "method": method, "gpt2_dir": gpt2_dir, "threads": threads,
                     "tmp": str(work)}
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-                                  capture_output=True, text=True, timeout=1800)
+                                  capture_output=True, text=True, timeout=1800, env=CHILD_ENV)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
                 raise SystemExit(f"memory child {cfg.model}/{method}/{n} failed:\n{proc.stderr[-3000:]}")
@@ -541,7 +551,7 @@ def main() -> None:
                 gc.collect()
             if not args.skip_memory:
                 print(f"[{name}] memory: peak RSS above the post-load baseline, one fresh process per row "
-                      f"(batch {cfg.batch_size}, shard {cfg.shard_size}, windows <= {cfg.max_len} tokens)")
+                      f"(batch {cfg.batch_size}, shard {cfg.shard_size}, only full windows of {cfg.mem_len} tokens)")
                 print(f"  {'method':<15} {'seqs':>5} {'tokens':>7} {'peak MB':>9} {'held MB':>9} {'f32 pats MB':>10} "
                       f"{'time s':>7}   (held: cache tensors kept / store bytes on disk)")
                 memory(cfg, gpt2_dir, args.threads, tmp)

@@ -145,8 +145,8 @@ def numpy_triple(p: np.ndarray, q: np.ndarray, L: int, frac: float = 0.025) -> t
     mask = _TRIL.get(L)
     if mask is None:
         mask = _TRIL[L] = np.tril(np.ones((L, L), bool))
-    p = np.where(mask, p[:L, :L], 0.0)          # float64, causal grid only
-    q = np.where(mask, q[:L, :L], 0.0)
+    p = np.where(mask, p[:L, :L].astype(np.float64), 0.0)   # causal grid only, in float64
+    q = np.where(mask, q[:L, :L].astype(np.float64), 0.0)
     iou = np.minimum(p, q).sum() / np.maximum(p, q).sum()
     m = 0.5 * (p + q)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=40)
     ap.add_argument("--programs", type=int, default=200)
     ap.add_argument("--sequences", type=int, default=500)
-    ap.add_argument("--block", type=int, default=20, help="programs generated and scored per block")
+    ap.add_argument("--block", type=int, default=25, help="programs generated and scored per block")
     ap.add_argument("--sample", type=int, default=400, help="triples timed in the numpy loop")
     ap.add_argument("--cache-programs", type=int, default=20)
     args = ap.parse_args(argv)

@@ -60,6 +60,25 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from headsurgeon.explain import explain
+
+    agent_config = None
+    if args.llm_model or args.llm_base_url:
+        from headsurgeon.synth.agent import AgentConfig
+
+        agent_config = AgentConfig(**{k: v for k, v in (("model", args.llm_model), ("base_url", args.llm_base_url),
+                                                         ("cost_cap", args.llm_cost_cap)) if v is not None})
+    result = explain(args.model, args.corpus, args.out, tokenizer=args.tokenizer, max_len=args.max_len,
+                     max_sequences=args.max_sequences, seed=args.seed, searchers=args.searchers,
+                     agent_config=agent_config)
+    print(result.summary_table())
+    for note in result.notes:
+        print(note)
+    print(f"wrote {result.out / 'programs.json'} and {result.out / 'report.html'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headsurgeon", description=__doc__)
     from headsurgeon import __version__
@@ -83,6 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--shard-size", type=int, default=64)
     p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("explain", help="capture → program search → selection → replacement sweep → HTML report")
+    p.add_argument("model", nargs="?", default="tiny-stories", help="model spec (default: the embedded tiny-stories)")
+    p.add_argument("corpus", nargs="?", default=None, help="text file (default: the embedded demo corpus)")
+    p.add_argument("out", nargs="?", default="headsurgeon-out", help="output directory (default headsurgeon-out)")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--max-len", type=int, default=64)
+    p.add_argument("--max-sequences", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--searchers", nargs="+", default=["enumerative", "learned", "llm"],
+                   help="which searchers run (llm only when an endpoint is configured)")
+    p.add_argument("--llm-model", default=None, help="chat model for the LLM agent (or HEADSURGEON_LLM_MODEL)")
+    p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint (or HEADSURGEON_LLM_BASE_URL)")
+    p.add_argument("--llm-cost-cap", type=float, default=None, help="stop LLM requests past this many USD")
+    p.set_defaults(func=cmd_explain)
 
     for register in _extensions():
         register(sub)

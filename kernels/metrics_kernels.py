@@ -10,11 +10,17 @@ is rewritten to touch only those entries:
   ``a ln2 + a log a + b log 2b - s log s``, which is just ``a ln2`` where ``b == 0``; so
   ``2 JSD^2 = ln2 * rowsum(p) + sum_{b > 0} (a log a + b log 2b - s log s)``. With ``a log a``
   precomputed once per real pattern and ``b log 2b`` once per candidate, each non-zero costs one log.
+  All of it is accumulated in float64 (the identity cancels to ~1e-16 for identical rows).
 
-The loop runs in parallel over (head, sequence) pairs so the real pattern (and its ``a log a``) stays
-in cache while all programs stream past it. float16 inputs are read through a 65,536-entry lookup
-table (numba has no CPU float16), so nothing is copied to float32 up front.
-Only numpy and numba are imported here (layering rule of DESIGN section 1).
+Dense candidate rows (decay, uniform, ...) store their non-zeros on consecutive keys; such runs are
+scored with contiguous loads and ``fast_log``, a branch-free float64 log that LLVM vectorizes
+(libm's ``log`` is a scalar call), which makes dense rows about 2x cheaper than a scalar loop.
+
+The work runs in parallel over (sequence, head) pairs so one real pattern (and its ``a log a``) is
+loaded once and all programs of that sequence stream past it. float16 inputs are read through a
+65,536-entry lookup table (numba has no CPU float16), so nothing is copied to float32 up front.
+Only numpy and numba (and llvmlite, numba's own code generator, for two bit-cast intrinsics) are
+imported here (layering rule of DESIGN section 1).
 """
 from __future__ import annotations
 
@@ -88,20 +94,20 @@ F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
 NO_LUT = np.zeros(1, dtype=np.float64)
 
 
-def _read(x, lut, i0, i1, i2, i3):  # pragma: no cover - replaced by the overload inside numba
-    """Read ``x[i0, i1, i2, i3]`` as float64 (float16 arrives as a uint16 view decoded via ``lut``)."""
+def _read(row, lut, j):  # pragma: no cover - replaced by the overload inside numba
+    """Read ``row[j]`` of a 1-D pattern row as float64 (float16 arrives as uint16 bits decoded by ``lut``)."""
     raise NotImplementedError
 
 
 @overload(_read, inline="always")
-def _read_ol(x, lut, i0, i1, i2, i3):
-    if isinstance(x, types.Array) and x.dtype == types.uint16:
-        def impl(x, lut, i0, i1, i2, i3):
-            return lut[x[i0, i1, i2, i3]]
+def _read_ol(row, lut, j):
+    if isinstance(row, types.Array) and row.dtype == types.uint16:
+        def impl(row, lut, j):
+            return lut[row[j]]
         return impl
 
-    def impl(x, lut, i0, i1, i2, i3):
-        return np.float64(x[i0, i1, i2, i3])
+    def impl(row, lut, j):
+        return np.float64(row[j])
     return impl
 
 
@@ -124,9 +130,10 @@ def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
         nbad = 0
         for i in range(L):
             jmax = i + 1 if causal else L
+            row = x[p0 + pp, b, i]
             c = 0
             for j in range(jmax):
-                v = _read(x, lut, p0 + pp, b, i, j)
+                v = _read(row, lut, j)
                 if v > 0.0:
                     if v == np.inf:
                         nbad += 1
@@ -155,8 +162,9 @@ def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwl
         for i in range(L):
             jmax = i + 1 if causal else L
             k = rowptr[(bb * Pc + pp) * N + i]
+            row = x[p0 + pp, b, i]
             for j in range(jmax):
-                v = _read(x, lut, p0 + pp, b, i, j)
+                v = _read(row, lut, j)
                 if v > 0.0:
                     cidx[k] = j
                     cval[k] = v
@@ -166,44 +174,44 @@ def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwl
         ctot[bb, pp] = tot
 
 
-@njit(cache=True)
-def _kth_smallest(buf, n, k):
-    """k-th smallest (0-based) of buf[:n], reordering buf in place (iterative quickselect)."""
-    lo = 0
-    hi = n - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        # median of three as pivot
-        a = buf[lo]
-        b = buf[mid]
-        c = buf[hi]
-        if a > b:
-            a, b = b, a
-        if b > c:
-            b = c
-            if a > b:
-                b = a
-        pivot = b
-        i = lo
-        j = hi
-        while i <= j:
-            while buf[i] < pivot:
-                i += 1
-            while buf[j] > pivot:
-                j -= 1
-            if i <= j:
-                t = buf[i]
-                buf[i] = buf[j]
-                buf[j] = t
-                i += 1
-                j -= 1
-        if k <= j:
-            hi = j
-        elif k >= i:
-            lo = i
+@njit(inline="always")
+def _sift_down(hv, hp, size, i):
+    """Restore the heap below ``i``; the root is the *worst* kept cell (smallest value, latest position)."""
+    while True:
+        l = 2 * i + 1
+        if l >= size:
+            return
+        w = l
+        r = l + 1
+        if r < size and (hv[r] < hv[l] or (hv[r] == hv[l] and hp[r] > hp[l])):
+            w = r
+        if hv[w] < hv[i] or (hv[w] == hv[i] and hp[w] > hp[i]):
+            tv = hv[i]
+            tp = hp[i]
+            hv[i] = hv[w]
+            hp[i] = hp[w]
+            hv[w] = tv
+            hp[w] = tp
+            i = w
         else:
-            return buf[k]
-    return buf[k]
+            return
+
+
+@njit(inline="always")
+def _sift_up(hv, hp, i):
+    """Move entry ``i`` up while it is worse than its parent."""
+    while i > 0:
+        par = (i - 1) // 2
+        if hv[i] < hv[par] or (hv[i] == hv[par] and hp[i] > hp[par]):
+            tv = hv[i]
+            tp = hp[i]
+            hv[i] = hv[par]
+            hp[i] = hp[par]
+            hv[par] = tv
+            hp[par] = tp
+            i = par
+        else:
+            return
 
 
 @njit(parallel=True, cache=True)
@@ -211,12 +219,15 @@ def topq_sets(x, lut, lengths, causal, p0, p1, b0, b1, qs, qmax):
     """Top-q visible positive cells of each x[p, b] as sorted flat indices ``i*L + j``.
 
     Ties at the threshold are broken by row-major position (earlier first); zero-weight cells are
-    never selected, so a pattern with fewer than q positive cells yields a smaller set.
+    never selected, so a pattern with fewer than q positive cells yields a smaller set. One pass in
+    row-major order keeps a size-q heap whose root is the worst kept cell; a later cell enters only
+    if strictly larger than the root, which is exactly the earlier-wins tie rule.
     Returns (idx int32 [p1-p0, b1-b0, qmax], count int32 [p1-p0, b1-b0]).
     """
     Pc = p1 - p0
     Bc = b1 - b0
-    idx = np.zeros((Pc, Bc, max(qmax, 1)), dtype=np.int32)
+    qm = max(qmax, 1)
+    idx = np.zeros((Pc, Bc, qm), dtype=np.int32)
     cnt = np.zeros((Pc, Bc), dtype=np.int32)
     for t in prange(Pc * Bc):
         pp = t // Bc
@@ -224,45 +235,29 @@ def topq_sets(x, lut, lengths, causal, p0, p1, b0, b1, qs, qmax):
         b = b0 + bb
         L = lengths[b]
         q = qs[b]
-        m = L * (L + 1) // 2 if causal else L * L
-        buf = np.empty(m, dtype=np.float64)
-        npos = 0
-        for i in range(L):
-            jmax = i + 1 if causal else L
-            for j in range(jmax):
-                v = _read(x, lut, p0 + pp, b, i, j)
-                if v > 0.0:
-                    buf[npos] = v
-                    npos += 1
-        if npos <= q:
-            k = 0
+        hv = np.empty(qm, dtype=np.float64)
+        hp = np.empty(qm, dtype=np.int32)
+        size = 0
+        if q > 0:
             for i in range(L):
                 jmax = i + 1 if causal else L
+                row = x[p0 + pp, b, i]
                 for j in range(jmax):
-                    if _read(x, lut, p0 + pp, b, i, j) > 0.0:
-                        idx[pp, bb, k] = i * L + j
-                        k += 1
-            cnt[pp, bb] = k
-            continue
-        thr = _kth_smallest(buf, npos, npos - q)
-        above = 0
-        for k in range(npos):
-            if buf[k] > thr:
-                above += 1
-        ties = q - above
-        k = 0
-        for i in range(L):
-            jmax = i + 1 if causal else L
-            for j in range(jmax):
-                v = _read(x, lut, p0 + pp, b, i, j)
-                if v > thr:
-                    idx[pp, bb, k] = i * L + j
-                    k += 1
-                elif v == thr and ties > 0:
-                    idx[pp, bb, k] = i * L + j
-                    k += 1
-                    ties -= 1
-        cnt[pp, bb] = k
+                    v = _read(row, lut, j)
+                    if v > 0.0:
+                        if size < q:
+                            hv[size] = v
+                            hp[size] = i * L + j
+                            _sift_up(hv, hp, size)
+                            size += 1
+                        elif v > hv[0]:
+                            hv[0] = v
+                            hp[0] = i * L + j
+                            _sift_down(hv, hp, size, 0)
+        kept = np.sort(hp[:size])
+        for k in range(size):
+            idx[pp, bb, k] = kept[k]
+        cnt[pp, bb] = size
     return idx, cnt
 
 
@@ -362,8 +357,9 @@ def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
                 for i in range(L):
                     jmax = i + 1 if causal else L
                     rs = 0.0
+                    row = real[h, b, i]
                     for j in range(jmax):
-                        a = _read(real, lut, h, b, i, j)
+                        a = _read(row, lut, j)
                         a_buf[i, j] = a
                         rs += a
                     for j in range(jmax):

@@ -1,18 +1,20 @@
 """Numba kernels for the DSL primitives and combinators (DESIGN section 2).
 
-Every primitive kernel takes padded arrays (token ids or feature arrays ``[B, N]`` int64, boolean
-masks ``[B, N]``), ``lengths [B]`` int64, the width ``n`` and a ``causal`` flag, and returns a fresh
-float32 score matrix ``[B, N, N]``. Invariant: a kernel writes non-zero scores only on *visible*
-cells (query and key inside the length, and ``j <= i`` when causal), so that "this row is empty"
-means the same thing before and after normalization (``fallback`` relies on it). Scores are raw
-(0/1 indicators or decay weights); ``headsurgeon.kernels.normalize.normalize_scores`` turns them
-into attention.
+Every primitive ``score_*`` takes padded arrays (token ids or feature arrays ``[B, N]`` int64,
+boolean masks ``[B, N]``), ``lengths [B]`` int64, the width ``n`` where no array gives it, and a
+``causal`` flag, and returns a float32 score matrix ``[B, N, N]`` (a new array, or ``out=`` when a
+reusable buffer is passed; every cell is overwritten). Invariant: a kernel writes non-zero scores
+only on *visible* cells (query and key inside the length, and ``j <= i`` when causal), so that "this
+row is empty" means the same thing before and after normalization (``fallback`` relies on it).
+Scores are raw (0/1 indicators or decay weights); ``headsurgeon.kernels.normalize.normalize_scores``
+turns them into attention.
 
-Combinator kernels work in place on whole batches (no Python loop over tokens): ``mix_accumulate``
-adds a row-normalized component with a weight, ``fallback_rows`` / ``gate_rows`` replace rows,
-``sharpen_rows`` powers and renormalizes, ``multiply`` takes elementwise products.
+Combinators work in place on whole batches (no Python loop over tokens): ``mix_scale`` /
+``mix_accumulate`` add row-normalized components with weights, ``fallback_rows`` / ``gate_rows``
+replace rows, ``sharpen_rows`` powers and renormalizes, ``multiply`` takes elementwise products.
 
-All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences.
+All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences; batches below
+``SMALL_WORK`` cells run single-threaded (``threads_for``).
 """
 from __future__ import annotations
 
@@ -544,8 +546,7 @@ def gate_rows(qmask, a, alt):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, fastmath=_FASTMATH)
-def sharpen_rows(a, t):  # pragma: no cover - compiled
-    """a <- rownorm(a ** t) for rows with mass (in place); empty rows stay empty."""
+def _sharpen_rows(a, t, ti):  # pragma: no cover - compiled
     nb, n, _ = a.shape
     for b in prange(nb):
         for i in range(n):
@@ -554,7 +555,18 @@ def sharpen_rows(a, t):  # pragma: no cover - compiled
             for j in range(n):
                 v = row[j]
                 if v > 0.0:
-                    row[j] = np.float32(np.float64(v) ** t)
+                    if ti > 0:  # integer exponent: repeated squaring, no pow() call
+                        base = np.float64(v)
+                        acc = 1.0
+                        e = ti
+                        while e > 0:
+                            if e & 1:
+                                acc *= base
+                            base *= base
+                            e >>= 1
+                        row[j] = np.float32(acc)
+                    else:
+                        row[j] = np.float32(np.float64(v) ** t)
                 else:
                     row[j] = 0.0
                 total += row[j]
@@ -562,6 +574,12 @@ def sharpen_rows(a, t):  # pragma: no cover - compiled
                 inv = np.float32(1.0 / total)
                 for j in range(n):
                     row[j] *= inv
+
+
+def sharpen_rows(a: np.ndarray, t: float) -> None:
+    """a <- rownorm(a ** t) for rows with mass (in place); empty rows stay empty."""
+    ti = int(t) if float(t).is_integer() and 1 <= t <= 64 else 0
+    _sharpen_rows(a, float(t), ti)
 
 
 @njit(parallel=True, cache=True)

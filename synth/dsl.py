@@ -599,7 +599,8 @@ class _Parser:
             raise _err(f"{where}: primitive {name} does not take expressions as arguments")
         if name == "recent":
             if len(args) != 1:
-                raise _err(f"{where} takes one predicate, e.g. recent(punct) or recent(pos=NOUN); got {len(args)} arguments")
+                raise _err(f"{where} takes one predicate, e.g. recent(punct) or recent(pos=NOUN); "
+                           f"got {len(args)} arguments")
             k, v = args[0]
             return Prim("recent", (("pred", _make_pred(v, k, where)),))
         positional = [v for k, v in args if k is None]

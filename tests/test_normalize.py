@@ -130,3 +130,16 @@ def test_integer_and_empty_inputs() -> None:
     got = normalize_scores(np.ones((1, 2, 2), dtype=np.int64), np.array([2]), True)
     np.testing.assert_allclose(got[0], [[1, 0], [0.5, 0.5]])
     assert normalize_scores(np.zeros((0, 3, 3)), np.zeros(0, np.int64), True).shape == (0, 3, 3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=score_batches(), causal=st.booleans())
+def test_masked_in_place_matches(batch, causal: bool) -> None:
+    """masked=True (cells outside the grid already 0) in place gives the same result as the full path."""
+    scores, lengths = batch
+    scores = np.where(visible_mask(lengths, scores.shape[1], causal), scores, 0).astype(np.float32)
+    want = normalize_scores(scores, lengths, causal)
+    buf = scores.copy()
+    got = normalize_scores(buf, lengths, causal, out=buf, masked=True)
+    assert got is buf
+    np.testing.assert_array_equal(got, want)

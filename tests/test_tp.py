@@ -113,14 +113,18 @@ def test_split_sizes_uniqueness_and_reproducibility():
     assert (len(a.train), len(a.val), len(a.test)) == (16_200, 1_800, 2_000)
     keys = [tuple(s) for split in ("train", "val", "test") for s, _ in a.raw[split]]
     assert len(set(keys)) == len(keys) == 20_000
-    b = T.make_task("hist", seed=0)
-    c = T.make_task("hist", seed=1)
-    assert np.array_equal(a.train.x, b.train.x) and np.array_equal(a.test.y, b.test.y)
-    assert not np.array_equal(a.train.x, c.train.x)
-    # reverse has only 5 + 25 + ... + 5**6 = 19,530 distinct inputs: fewer samples, still unique
-    r = T.make_task("reverse", seed=0)
-    assert 10_000 < len(r.train) + len(r.val) + len(r.test) < 19_530
+    b = T.make_task("hist", size=2000, seed=0)
+    c = T.make_task("hist", size=2000, seed=1)
+    assert np.array_equal(T.make_task("hist", size=2000, seed=0).train.x, b.train.x)
+    assert np.array_equal(T.make_task("hist", size=2000, seed=0).test.y, b.test.y)
+    assert not np.array_equal(b.train.x, c.train.x)
     assert T.split_sizes(20_000) == (16_200, 1_800, 2_000)
+    # reverse has only 5 + 25 + ... + 5**6 = 19,530 distinct inputs: with a bounded number of draws the
+    # dataset comes out smaller, still unique and split in the same proportions
+    r = T.make_task("reverse", size=20_000, seed=0, oversample=1)
+    n = len(r.train) + len(r.val) + len(r.test)
+    assert 5_000 < n < 19_530 and (len(r.train), len(r.val), len(r.test)) == T.split_sizes(n)
+    assert len({tuple(s) for split in ("train", "val", "test") for s, _ in r.raw[split]}) == n
 
 
 def test_unknown_task_is_a_clear_error():
@@ -336,7 +340,7 @@ def test_cli_train_decompile_eval_and_help(tmp_path, capsys):
     (run_dir / "program.py").unlink()
     args = parser.parse_args(["tp", "decompile", str(run_dir)])
     assert args.func(args) == 0
-    assert (run_dir / "program.py").exists()
+    assert (run_dir / "program.py").exists() and "wrote" in capsys.readouterr().out
     ns = load_module((run_dir / "program.py").read_text())
     assert len(ns["run"](["<s>", "1", "1", "2"])) == 4
     args = parser.parse_args(["tp", "eval", str(run_dir), "--split", "val"])

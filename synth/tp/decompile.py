@@ -138,7 +138,8 @@ def _mlp(prog: DiscreteProgram, mt: MLPTable) -> list[str]:
             by_out[out].append(key)
     lines = [f"def {mt.name}({', '.join(args)}):"]
     key_expr = args[0] if same else f"({', '.join(args)})"
-    lines.append(f"    key = {key_expr}")
+    if by_out:
+        lines.append(f"    key = {key_expr}")
     for i, out in enumerate(sorted(by_out)):
         lines.append(f"    {'if' if i == 0 else 'elif'} key in {_set(by_out[out])}:")
         lines.append(f"        return {out}")

@@ -168,9 +168,10 @@ class Predicate(nn.Module):
 
 
 def _read(stream: torch.Tensor | list[torch.Tensor], gate: torch.Tensor) -> torch.Tensor:
-    """Mix variables ``[V, ...]`` by gate rows ``[R, V]`` -> ``[R, ...]`` (one matmul, contiguous result).
+    """Mix variables ``[V, ...]`` by gate rows ``[R, V]`` -> ``[R, ...]`` (contiguous result).
 
-    ``stream`` may be a list of blocks that together hold the ``V`` variables (saves concatenating them).
+    ``stream`` may be a list of blocks that together hold the ``V`` variables: one matmul per block,
+    accumulated, instead of concatenating the whole stream every layer.
     """
     if isinstance(stream, torch.Tensor):
         stream = [stream]

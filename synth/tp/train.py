@@ -72,8 +72,12 @@ class TrainConfig:
         return cls(**d)
 
 
-def default_configs(task: str, **overrides) -> tuple[ModelConfig, TrainConfig]:
-    """Paper defaults for a task (shape from Table 1), with any field of either config overridden by name."""
+def default_configs(task: str, **overrides) -> tuple[dict, TrainConfig]:
+    """Paper defaults for a task: (model shape from Table 1, training config), fields overridden by name.
+
+    The shape dict holds ``n_layers``/``n_heads_cat``/...; ``model_config_for`` completes it once the
+    data (vocabulary, length) is known. ``None`` overrides are ignored.
+    """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     train_names = {f.name for f in fields(TrainConfig)}
@@ -87,7 +91,7 @@ def default_configs(task: str, **overrides) -> tuple[ModelConfig, TrainConfig]:
             setattr(tc, k, v)
     shape = dict(TASK_CONFIGS[task])
     shape.update({k: v for k, v in overrides.items() if k in model_names and v is not None})
-    return shape, tc  # type: ignore[return-value]  (shape completed by model_config_for once data exists)
+    return shape, tc
 
 
 def model_config_for(data: TaskData, **shape) -> ModelConfig:

@@ -1,0 +1,140 @@
+"""explain: capture → search (enumerative, learned, LLM agent when configured) → one selection → sweep → report.
+
+Writes OUT/programs.json (a ProgramSet), OUT/sweep.png and OUT/report.html, and returns a summary.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from headsurgeon.surgery.capture import capture
+from headsurgeon.surgery.corpus import load_corpus
+from headsurgeon.surgery.evaluate import replacement_sweep
+from headsurgeon.surgery.loading import load_model
+from headsurgeon.synth.candidate import Candidate
+from headsurgeon.synth.programset import ProgramSet, head_label
+from headsurgeon.synth.select import select_programs
+
+SEARCHERS = ("enumerative", "learned", "llm")
+
+
+@dataclass
+class ExplainResult:
+    """What explain produced: the program set, the sweep rows, the store and where files went."""
+
+    programs: ProgramSet
+    sweep: list[dict]
+    out: Path
+    store: Any
+    splits: Any
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def summary_table(self) -> str:
+        lines = [f"{'head':<6} {'IoU test':>8} {'JSD test':>8}  {'source':<11} program"]
+        for h in self.programs.ranked("test"):
+            e = self.programs.entries[h]
+            t = e.scores.get("test", {})
+            lines.append(f"{head_label(h):<6} {t.get('iou', float('nan')):>8.3f} {t.get('jsd', float('nan')):>8.3f}  "
+                         f"{e.source:<11} {e.program.text[:70]}")
+        s = self.programs.summary("test")
+        if "mean_iou" in s:
+            lines.append(f"mean test IoU {s['mean_iou']:.3f}, median {s['median_iou']:.3f}, "
+                         f"IoU>=0.9: {s['share_iou_ge_0.9']:.0%}, IoU>=0.7: {s['share_iou_ge_0.7']:.0%}")
+        for r in self.sweep:
+            lines.append(f"sweep {r['fraction']:.0%} heads replaced: ΔPPL {100 * r['delta']:+.2f}% "
+                         f"(random order {100 * r['delta_random_order']:+.2f}%, random programs "
+                         f"{100 * r['delta_random_program']:+.2f}%)")
+        return "\n".join(lines)
+
+
+def _run_searchers(store: Any, splits_idx: dict[str, list[int]], searchers: Iterable[str], out: Path,
+                   seed: int, progress: bool, agent_config: Any, notes: list[str],
+                   timings: dict[str, float]) -> dict[tuple[int, int], list[Candidate]]:
+    pool: dict[tuple[int, int], list[Candidate]] = {}
+
+    def merge(found: dict[tuple[int, int], list[Candidate]]) -> None:
+        for h, cs in found.items():
+            pool.setdefault(h, []).extend(cs)
+
+    for name in searchers:
+        if name not in SEARCHERS:
+            raise ValueError(f"unknown searcher {name!r}; choose from {SEARCHERS}")
+        t0 = time.perf_counter()
+        if name == "enumerative":
+            from headsurgeon.synth.enumerative import enumerative_search
+
+            merge(enumerative_search(store, synth_idx=splits_idx["synth"], select_idx=splits_idx["select"],
+                                     seed=seed, progress=progress))
+        elif name == "learned":
+            from headsurgeon.synth.learned import learned_search
+
+            merge(learned_search(store, synth_idx=splits_idx["synth"], select_idx=splits_idx["select"],
+                                 seed=seed, progress=progress))
+        else:
+            from headsurgeon.synth.agent import AgentConfig, AgentConfigError, LLMAgent
+
+            try:
+                agent = LLMAgent(agent_config or AgentConfig(progress=progress))
+            except AgentConfigError as e:
+                notes.append(f"LLM agent skipped: {e}")
+                continue
+            merge(agent.search(store, synth_idx=splits_idx["synth"], select_idx=splits_idx["select"],
+                               journal=out / "llm_journal.jsonl"))
+            notes.append(f"LLM agent: {agent.stats.summary()}")
+        timings[name] = time.perf_counter() - t0
+    return pool
+
+
+def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "headsurgeon-out",
+            tokenizer: Any = None, max_len: int = 64, max_sequences: int = 300,
+            fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0,
+            searchers: Iterable[str] = ("enumerative", "learned", "llm"), library: Iterable[Any] = (),
+            agent_config: Any = None, sweep_steps: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0),
+            progress: bool = True) -> ExplainResult:
+    """Run the whole pipeline and write OUT/programs.json, OUT/sweep.png and OUT/report.html."""
+    from headsurgeon.report import write_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    handle = load_model(model, tokenizer=tokenizer)
+    if corpus is None:
+        from headsurgeon.hub.zoo import demo_corpus_path
+
+        corpus = demo_corpus_path()
+    splits = load_corpus(handle, corpus, max_len=max_len, max_sequences=max_sequences, fractions=fractions, seed=seed)
+    if not (splits.synth and splits.select and splits.test):
+        raise ValueError(f"the corpus split is too small ({splits.sizes()}): give more documents")
+    sequences = splits.synth + splits.select + splits.test
+    idx = {"synth": list(range(len(splits.synth))),
+           "select": list(range(len(splits.synth), len(splits.synth) + len(splits.select))),
+           "test": list(range(len(splits.synth) + len(splits.select), len(sequences)))}
+    timings["load"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store = capture(handle, sequences, out=out / "store", progress=progress)
+    timings["capture"] = time.perf_counter() - t0
+    pool = _run_searchers(store, idx, searchers, out, seed, progress, agent_config, notes, timings)
+    t0 = time.perf_counter()
+    programs = select_programs(store, pool, idx["select"], idx["test"], synth_idx=idx["synth"], library=library,
+                               progress=progress, model=handle.name)
+    programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>", "max_len": max_len,
+                          "splits": splits.sizes(), "seed": seed})
+    programs.save(out / "programs.json")
+    timings["select"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sweep = replacement_sweep(handle, programs, splits.test, order=programs.ranked("select"), steps=sweep_steps,
+                              seed=seed, out_png=out / "sweep.png", progress=progress,
+                              title=f"{handle.name}: heads replaced in order of select IoU")
+    timings["sweep"] = time.perf_counter() - t0
+    write_report(out / "report.html", programs, store, idx["test"], out / "sweep.png", sweep,
+                 title=f"headsurgeon: {handle.name}", summary={"timings_s": {k: round(v, 1) for k, v in timings.items()},
+                                                             "notes": notes})
+    (out / "summary.json").write_text(json.dumps({"summary": programs.summary("test"), "sweep": sweep,
+                                                   "timings_s": timings, "notes": notes}, indent=1))
+    return ExplainResult(programs, sweep, out, store, splits, timings, notes)

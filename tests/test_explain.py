@@ -1,0 +1,66 @@
+"""explain end to end on stories260K (reduced), and report.html rendered in headless Chromium."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import CORPUS, STORIES, need
+from headsurgeon.synth.programset import ProgramSet
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory, stories):
+    from headsurgeon.explain import explain
+
+    out = tmp_path_factory.mktemp("explain")
+    return explain(stories, need(CORPUS), out, max_len=24, max_sequences=40, searchers=(),
+                   library=["0.5*prev(1) + 0.5*first()", "same_token_recent()"],
+                   sweep_steps=(0.0, 0.5, 1.0), progress=False)
+
+
+def test_explain_writes_programs_report_and_sweep(explained):
+    out = explained.out
+    ps = ProgramSet.load(out / "programs.json")
+    assert len(ps) == 40 and ps.keys() == explained.programs.keys()
+    for e in ps.entries.values():
+        assert {"select", "test", "synth"} <= set(e.scores) and 0 <= e.scores["test"]["iou"] <= 1
+    assert [r["n_heads"] for r in explained.sweep] == [0, 20, 40]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["summary"]["heads"] == 40
+    html = (out / "report.html").read_text()
+    assert html.count("class='heatmap'") == 40 * 2 * 2 and "id='sweep'" in html  # real + program, 2 examples
+    assert "L0H0" in html
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+
+
+def test_report_renders_in_headless_chromium(explained, tmp_path):
+    browser = chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    page = (explained.out / "report.html").resolve().as_uri()
+    dom = subprocess.run([browser, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count('class="heatmap"') == 160, dom[:500]
+    assert 'id="sweep"' in dom and 'id="heads"' in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1200,2400", page],
+                   capture_output=True, timeout=120)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    # the screenshot is not blank: decode it and look for many distinct colours (heatmaps, plot)
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(shot)
+    colours = np.unique((img[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 200
