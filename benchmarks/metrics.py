@@ -129,11 +129,23 @@ def program_block(families: list[tuple[str, float]], ids: list[np.ndarray], leng
     return out
 
 
+_PARAMS: dict[str, list[float]] = {
+    "prev": [1, 2, 3, 4, 5, 6, 7, 8], "window": [1, 2, 3, 4, 6, 8, 12, 16],
+    "prev+first": [0.1, 0.3, 0.5, 0.7, 0.9], "prev+decay": [0.1, 0.2, 0.5, 0.8, 1.5, 3.0],
+    "decay": [0.1, 0.2, 0.5, 0.8, 1.5, 3.0],
+}
+_FAMILIES = ["prev", "self", "first", "prev+first", "window", "same", "induction", "prev+decay", "decay", "uniform"]
+DENSE = ("prev+decay", "decay", "uniform")
+
+
 def families(P: int) -> list[tuple[str, float]]:
-    """P (family, parameter) pairs cycling over 10 families."""
-    names = ["prev", "self", "first", "prev+first", "window", "same", "induction", "prev+decay", "decay", "uniform"]
-    return [(names[p % 10], [1, 2, 3, 4, 0.3, 0.5, 0.7, 0.9][(p // 10) % 8] if names[p % 10] in
-             ("prev", "window") else [0.2, 0.5, 0.8, 1.5, 3.0, 0.1][(p // 10) % 6]) for p in range(P)]
+    """P (family, parameter) pairs cycling over the 10 families (parameter-free ones repeat)."""
+    out = []
+    for p in range(P):
+        name = _FAMILIES[p % 10]
+        params = _PARAMS.get(name, [0.0])
+        out.append((name, params[(p // 10) % len(params)]))
+    return out
 
 
 # --------------------------------------------------------------------------- baseline
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     total = H * P * B
     dense_cells = sum(visible_cells(n, True) for n in lengths) * P
     print(f"candidate density: {nnz / dense_cells:.1%} of visible cells non-zero "
-          f"({sum(f[0] in ('decay', 'uniform', 'prev+decay') for f in fams)} of {P} programs dense)")
+          f"({sum(f[0] in DENSE for f in fams)} of {P} programs dense)")
     print(f"score_many iou+jsd+topq: {t_score:.2f} s wall, {c_score:.2f} s CPU (all threads) for {total:,} triples "
           f"({t_score / total * 1e6:.2f} us/triple wall)")
     print(f"score_many iou+jsd     : {t_sparse:.2f} s")

@@ -60,7 +60,6 @@ from headsurgeon.surgery.capture import padded_batch
 from headsurgeon.surgery.corpus import make_sequences, read_documents
 from headsurgeon.surgery.loading import ModelHandle, load_model
 from headsurgeon.surgery.replace import HybridModel, replace_heads
-from headsurgeon.synth.program import Program
 from headsurgeon.synth.sequence import Sequence
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -285,7 +284,8 @@ def wrap_hooks(model: Any, sw: Stopwatch, label: str) -> None:
             point._forward_hooks[hid] = sw.wrap(label, fn)
 
 
-def layer_patterns(work: Workload, hybrid: HybridModel, seqs: list[Sequence]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def layer_patterns(work: Workload, hybrid: HybridModel,
+                   seqs: list[Sequence]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Per layer: (head index tensor, stacked program patterns [B, k, N, N]) for one batch."""
     by_layer: dict[int, list[tuple[int, np.ndarray]]] = {}
     for ph in hybrid.program_heads.values():
@@ -330,8 +330,7 @@ def proposed_hooks(work: Workload, hybrid: HybridModel) -> Callable[[], Callable
 
 
 def profile_warm(work: Workload, hybrid: HybridModel, repeats: int) -> None:
-    """Where the warm overhead goes: time inside the hooks during real forwards, page faults, tight-loop pieces,
-    and the proposed in-place hook measured the same way."""
+    """Where the warm overhead goes: in-hook time and page faults in real forwards, vs the proposed hook."""
     sw = Stopwatch()
     wrap_hooks(work.handle.model, sw, "hybrid hooks")
     hybrid._batch_patterns = sw.wrap("batch key + lookup", hybrid._batch_patterns)
@@ -374,7 +373,8 @@ def profile_warm(work: Workload, hybrid: HybridModel, repeats: int) -> None:
         faults = statistics.median(f for _, f in vals)
         hook = "-" if in_hooks[label] is None else f"{in_hooks[label] * 1e3:.2f}"
         print(f"    {label:<18} {cpu * 1e3:8.1f} {cpu / base_cpu:7.3f}x {hook:>12} {faults:13.0f}")
-    print(f"    of the current hooks' time: batch key + lookup {sw.cpu.get('batch key + lookup', 0.0) / n * 1e3:.2f} ms; "
+    lookup_ms = sw.cpu.get("batch key + lookup", 0.0) / n * 1e3
+    print(f"    of the current hooks' time: batch key + lookup {lookup_ms:.2f} ms; "
           f"the rest is pattern.clone() + per-head assignment; proposed logits equal the hybrid's: {same}")
 
     ids = work.warm_batches[0]

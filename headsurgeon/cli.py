@@ -79,6 +79,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from headsurgeon.demo import format_summary, run_demo
+
+    summary = run_demo(args.out, max_sequences=args.max_sequences, max_len=args.max_len)
+    print(json.dumps({k: v for k, v in summary.items() if k != "table"}, indent=1) if args.json
+          else format_summary(summary))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headsurgeon", description=__doc__)
     from headsurgeon import __version__
@@ -117,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint (or HEADSURGEON_LLM_BASE_URL)")
     p.add_argument("--llm-cost-cap", type=float, default=None, help="stop LLM requests past this many USD")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")
+    p.add_argument("--out", default="headsurgeon-demo", help="output directory (default headsurgeon-demo)")
+    p.add_argument("--max-len", type=int, default=64)
+    p.add_argument("--max-sequences", type=int, default=240)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_demo)
 
     for register in _extensions():
         register(sub)

@@ -9,7 +9,8 @@ and ``j <= i`` when ``causal`` (decoders). Entries outside the grid are ignored 
 * **JSD distance**: per query row, ``sqrt(1/2 KL(p_i || m_i) + 1/2 KL(q_i || m_i))`` with natural logs,
   ``m = (p + q) / 2`` and ``0 log 0 = 0``; averaged over the rows that have at least one visible key
   (every row ``i < n``, causal or not), giving one value per sequence. Range ``[0, sqrt(ln 2)]`` for
-  row-normalized inputs; lower is better; this ranks candidates during synthesis.
+  row-normalized inputs; lower is better; this ranks candidates during synthesis. (Computed through an
+  exact rearrangement in float64; identical patterns give 0 up to ~1e-8, the square root of rounding.)
 * **top-q IoU** (secondary): each pattern keeps its ``q`` largest *positive* grid cells,
   ``q = ceil(0.025 * visible cells)`` by default (visible cells = n(n+1)/2 causal, n^2 otherwise);
   ties at the threshold go to the earlier cell in row-major order, zero cells are never kept (so a
@@ -32,7 +33,7 @@ from ..kernels import metrics_kernels as _k
 
 METRICS: tuple[str, ...] = ("iou", "jsd", "topq")
 TOPQ_FRAC: float = 0.025
-#: largest non-zero count packed into one candidate block (about 20 bytes each).
+#: largest non-zero count packed into one candidate block (16 bytes each: key, value, v log 2v).
 DEFAULT_MAX_NNZ: int = 1 << 25
 #: bound on the per-block (head x program x sequence) output and row-count buffers.
 _BLOCK_CELLS: int = 1 << 24

@@ -1,0 +1,762 @@
+"""Learned searcher: per head, fit categorical predicates over Sequence features by gradient descent with
+Gumbel-softmax annealing, discretize, and decompile into a DSL program (DESIGN sections 2, 3 and 8).
+
+This is the bridge to Learning Transformer Programs (Friedman, Wettig & Chen 2023): as in a categorical
+attention head there, each *match term* reads one query-side and one key-side feature through Gumbel
+gates over the candidate features (token id buckets, word-start / punctuation / capital / newline /
+sentence-end flags, optionally spaCy POS ...), and a predicate matrix over their values says which
+(query value, key value) pairs match. The term attends to the *closest* matching key (``select=closest``,
+the paper's closest-match bias) or spreads over every matching key (``select=all``), and a query with no
+match attends to position 0 (BOS, the paper's default). The head's pattern is modelled as a mixture of
+the match terms and fixed relative-position terms (``first``, ``self``, ``prev(k)``, ``uniform``,
+``decay``):
+
+    P(i, .) = sum_t w_t C_t(i, .) / sum_t w_t [row i of C_t is non-empty]
+
+which is exactly the DSL's ``w1*A + w2*B + ...`` semantics (row-normalized components, empty rows
+contribute nothing, then one final normalization).
+
+Training (per head, on the ``synth`` split): every predicate entry is a binary Gumbel-softmax (relaxed
+Bernoulli) sample, every feature gate a Gumbel-softmax over the candidate features, the temperature
+falls geometrically from ``tau_start`` (3.0) to ``tau_end`` (0.01) as in the paper, Adam minimizes the
+cross-entropy (or JSD / soft IoU, see ``LearnedConfig.loss``) of the real rows against the predicted
+rows over visible keys. The soft "closest" is exact at 0/1: key j gets ``m_ij * prod_{j' closer} (1 -
+m_ij')`` and BOS the leftover ``prod_j (1 - m_ij)``.
+
+Discretization: gates -> argmax, predicate entries -> ``logit > 0``; the token feature is bucketed (the
+``top_tokens`` most frequent ids on ``synth``, the rest in an "other" bucket that never matches, so the
+predicate stays small and decompiles exactly); pairs that never select a key on ``synth`` are dropped
+and at most ``max_pairs`` are kept (by the real attention mass they capture); the mixture weights are
+refitted on the hard components, small ones dropped. The result decompiles to e.g.
+``0.61*fallback(match(q=token, k=punct, pairs=[[13, 1], ...], select=closest), first()) + 0.3*prev(1) +
+0.09*first()``, and :meth:`LearnedHead.torch_patterns` computes the same discretized model with torch
+(an independent implementation the tests compare with the kernels).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence as _Seq
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import dsl
+from .candidate import Candidate
+from .features import POS_TAGS, SPACY_FEATURES, batch_feature_arrays
+from .metrics import score_many
+from .program import Program
+from .sequence import Sequence, pad_ids
+
+__all__ = [
+    "DEFAULT_FEATURES", "OPTIONAL_FEATURES", "LearnedConfig", "FeatureSpace", "MatchTerm", "LearnedHead",
+    "fit_head", "learned_search",
+]
+
+#: cheap features (no spaCy) every search considers by default.
+DEFAULT_FEATURES: tuple[str, ...] = ("token", "word_start", "punct", "cap", "newline", "sent_end")
+#: further features a caller may add (``pos`` and ``dep_head`` need spaCy; index features list many values).
+OPTIONAL_FEATURES: tuple[str, ...] = ("pos", "sent", "word", "position", "dep_head")
+_ARRAY_FEATURES = ("word", "word_start", "sent", "sent_end", "punct", "cap", "newline", "pos", "dep_head")
+SELECTS = ("closest", "all")
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class LearnedConfig:
+    """Hyper-parameters of the learned searcher (the defaults are the measured ones; see the module doc)."""
+
+    steps: int = 200  # Adam steps per head with Gumbel annealing
+    batch_size: int = 24  # sequences per step
+    lr: float = 0.05  # Adam learning rate (the paper's)
+    tau_start: float = 3.0  # Gumbel temperature, geometric from tau_start to tau_end
+    tau_end: float = 0.01
+    terms: tuple[str, ...] = ("closest", "all")  # one match term per entry, with its select mode
+    features: tuple[str, ...] = DEFAULT_FEATURES  # candidate features for both the query and the key side
+    top_tokens: int = 32  # token buckets: the most frequent ids on synth (+ an "other" bucket)
+    max_values: int = 32  # other features: the most frequent values (+ "other")
+    max_pairs: int = 48  # readability cap on the pairs of one match term
+    offsets: int = 8  # prev(1) .. prev(offsets) as positional terms (next(k) too when not causal)
+    decays: tuple[float, ...] = (0.5, 0.8, 0.95)  # decay(rate) positional terms
+    loss: str = "kl"  # "kl" (cross-entropy of real vs predicted rows), "jsd" or "iou"
+    refit_steps: int = 60  # Adam steps refitting the mixture weights on the discretized components
+    min_weight: float = 0.01  # mixture terms lighter than this (after refit) are dropped
+    init_scale: float = 0.1  # std of the initial predicate logits
+    max_synth: int = 256  # at most this many synth sequences are used for fitting (evenly spaced)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"steps and batch_size must be >= 1; got {self.steps}, {self.batch_size}")
+        if not 0 < self.tau_end <= self.tau_start:
+            raise ValueError(f"need 0 < tau_end <= tau_start; got {self.tau_start} -> {self.tau_end}")
+        bad = [t for t in self.terms if t not in SELECTS]
+        if bad:
+            raise ValueError(f"terms must be select modes from {SELECTS}; got {bad}")
+        unknown = [f for f in self.features if f not in dsl.MATCH_FEATURES]
+        if unknown or not self.features:
+            raise ValueError(f"features must be a non-empty subset of {dsl.MATCH_FEATURES}; unknown: {unknown}")
+        if self.loss not in ("kl", "jsd", "iou"):
+            raise ValueError(f"loss must be 'kl', 'jsd' or 'iou'; got {self.loss!r}")
+        if any(not 0.0 < r < 1.0 for r in self.decays):
+            raise ValueError(f"decay rates must lie in (0, 1); got {self.decays}")
+
+
+# ------------------------------------------------------------------------------------------------
+# features -> value slots
+# ------------------------------------------------------------------------------------------------
+
+def feature_arrays(sequences: list[Sequence], names: _Seq[str]) -> dict[str, np.ndarray]:
+    """Padded int64 [B, N] arrays of the named match features (``token`` and ``position`` included)."""
+    ids, lengths = pad_ids(sequences)
+    out: dict[str, np.ndarray] = {}
+    wanted = [n for n in names if n in _ARRAY_FEATURES]
+    if wanted:
+        out.update(batch_feature_arrays(sequences, wanted))
+    if "token" in names:
+        out["token"] = ids
+    if "position" in names:
+        out["position"] = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
+    return out
+
+
+@dataclass
+class FeatureSpace:
+    """Value vocabularies of the candidate features (fitted on ``synth``) and the concatenated one-hot slots.
+
+    Feature ``f`` owns slots ``offset[f] .. offset[f] + len(vocab[f])``; the last one is its "other"
+    bucket (values outside the vocabulary, and padding), which never matches anything.
+    """
+
+    names: tuple[str, ...]
+    vocabs: tuple[np.ndarray, ...]  # sorted raw values per feature
+
+    @classmethod
+    def fit(cls, arrays: dict[str, np.ndarray], lengths: np.ndarray, names: _Seq[str], top_tokens: int,
+            max_values: int) -> "FeatureSpace":
+        """Keep, per feature, its most frequent values over the visible positions (ties: smaller value)."""
+        inside = np.arange(next(iter(arrays.values())).shape[1])[None, :] < np.asarray(lengths)[:, None]
+        vocabs = []
+        for name in names:
+            vals, counts = np.unique(arrays[name][inside], return_counts=True)
+            cap = top_tokens if name == "token" else max_values
+            order = np.lexsort((vals, -counts))[:cap]
+            vocabs.append(np.sort(vals[order]).astype(np.int64))
+        return cls(tuple(names), tuple(vocabs))
+
+    @property
+    def sizes(self) -> list[int]:
+        """Slots per feature (vocabulary + the "other" bucket)."""
+        return [len(v) + 1 for v in self.vocabs]
+
+    @property
+    def offsets(self) -> list[int]:
+        return [int(x) for x in np.cumsum([0] + self.sizes[:-1])]
+
+    @property
+    def dim(self) -> int:
+        return int(sum(self.sizes))
+
+    def slot_feature(self) -> np.ndarray:
+        """Feature index of every slot, int64 [dim]."""
+        return np.repeat(np.arange(len(self.names)), self.sizes)
+
+    def other_mask(self) -> np.ndarray:
+        """bool [dim]: the "other" slots (forced to never match)."""
+        mask = np.zeros(self.dim, dtype=bool)
+        for off, size in zip(self.offsets, self.sizes):
+            mask[off + size - 1] = True
+        return mask
+
+    def local_index(self, f: int, values: np.ndarray) -> np.ndarray:
+        """Index of each raw value in feature ``f``'s vocabulary; the "other" index for unknown values."""
+        vocab = self.vocabs[f]
+        values = np.asarray(values, dtype=np.int64)
+        if vocab.size == 0:
+            return np.zeros(values.shape, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(vocab, values), vocab.size - 1)
+        return np.where(vocab[pos] == values, pos, vocab.size).astype(np.int64)
+
+    def encode(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Global slot index of every feature at every position: int64 [F, B, N]."""
+        return np.stack([self.local_index(f, arrays[name]) + off
+                         for f, (name, off) in enumerate(zip(self.names, self.offsets))])
+
+    def dsl_value(self, f: int, local: int) -> Any:
+        """The DSL spelling of value ``local`` of feature ``f`` (POS ids become tag names)."""
+        raw = int(self.vocabs[f][local])
+        if self.names[f] == "pos" and 0 <= raw < len(POS_TAGS):
+            return POS_TAGS[raw]
+        return raw
+
+    def describe(self, f: int, local: int, tokens: dict[int, str] | None = None) -> str:
+        """A short human label of a value (token text for token ids when known)."""
+        raw = int(self.vocabs[f][local])
+        name = self.names[f]
+        if name == "token" and tokens and raw in tokens:
+            return repr(tokens[raw])
+        if name == "pos":
+            return str(self.dsl_value(f, local))
+        if name in ("punct", "cap", "newline", "sent_end", "word_start"):
+            return {-1: "BOS", 0: "no", 1: "yes"}.get(raw, str(raw))
+        return str(raw)
+
+
+# ------------------------------------------------------------------------------------------------
+# positional components (torch formulas, checked against the kernels by the tests)
+# ------------------------------------------------------------------------------------------------
+
+def positional_specs(cfg: LearnedConfig, causal: bool) -> list[str]:
+    """DSL text of the fixed relative-position terms of the mixture."""
+    specs = ["first()", "self()"] + [f"prev({k})" for k in range(1, cfg.offsets + 1)]
+    if not causal:
+        specs += [f"next({k})" for k in range(1, cfg.offsets + 1)]
+    specs += ["uniform()"] + [f"decay({r!r})" for r in cfg.decays]
+    return specs
+
+
+def _visible(lengths: torch.Tensor, n: int, causal: bool) -> torch.Tensor:
+    """bool [B, N, N] visible cells."""
+    pos = torch.arange(n)
+    inside = pos[None, :] < lengths[:, None]
+    vis = inside[:, :, None] & inside[:, None, :]
+    if causal:
+        vis = vis & (pos[None, None, :] <= pos[None, :, None])
+    return vis
+
+
+def _positional(specs: list[str], lengths: torch.Tensor, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-normalized components [T, B, N, N] and non-empty flags [T, B, N] (float64) of positional DSL terms."""
+    vis = _visible(lengths, n, causal).double()
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    comps = []
+    for text in specs:
+        node = dsl.parse(text)
+        name = node.name
+        if name == "first":
+            raw = (j == 0).double().expand(n, n)
+        elif name == "self":
+            raw = (i == j).double()
+        elif name == "prev":
+            raw = (j == i - node.param("k")).double()
+        elif name == "next":
+            raw = (j == i + node.param("k")).double()
+        elif name == "uniform":
+            raw = torch.ones(n, n, dtype=torch.float64)
+        elif name == "decay":
+            raw = torch.tensor(node.param("rate"), dtype=torch.float64) ** (i - j).abs().double()
+        else:  # pragma: no cover - specs come from positional_specs
+            raise ValueError(f"not a positional term: {text}")
+        comps.append(raw[None] * vis)
+    stack = torch.stack(comps)  # [T, B, N, N]
+    total = stack.sum(-1)
+    nonempty = (total > 0).double()
+    stack = stack / total.clamp_min(1e-300)[..., None]
+    return stack, nonempty
+
+
+def _order(n: int) -> torch.Tensor:
+    """Per query row, keys ordered by closeness: (|i - j|, left before right) -> int64 [N, N] permutation."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    key = (i - j).abs() * 2 + (j > i).long()
+    return torch.argsort(key, dim=1, stable=True)
+
+
+def _select_rows(m: torch.Tensor, select: str, perm: torch.Tensor, hard: bool) -> torch.Tensor:
+    """Match probabilities m [B, N, N] (zero off the visible grid) -> attention rows with BOS fallback.
+
+    closest: key j gets ``m_ij * prod_{j' closer than j} (1 - m_ij')``; all: ``m_ij / sum_j m_ij``; the
+    no-match mass ``prod_j (1 - m_ij)`` goes to position 0. Exact (no clamping) when ``hard``.
+    """
+    B, n, _ = m.shape
+    idx = perm[None].expand(B, n, n)
+    if hard:
+        mb = m > 0.5
+        any_match = mb.any(-1)
+        if select == "closest":
+            mp = torch.gather(mb, 2, idx)
+            first = mp & (torch.cumsum(mp.long(), dim=2) == 1)
+            rows = torch.zeros_like(m).scatter(2, idx, first.to(m.dtype))
+        else:
+            rows = mb.to(m.dtype) / mb.sum(-1, keepdim=True).clamp_min(1).to(m.dtype)
+        rows[..., 0] += (~any_match).to(m.dtype)
+        return rows
+    logs = torch.log1p(-m.clamp(max=1.0 - 1e-6))
+    empty = torch.exp(logs.sum(-1))  # [B, N]
+    if select == "closest":
+        lp = torch.gather(logs, 2, idx)
+        before = torch.cumsum(lp, dim=2) - lp  # exclusive prefix sum in closeness order
+        rows = torch.zeros_like(m).scatter(2, idx, torch.gather(m, 2, idx) * torch.exp(before))
+    else:
+        rows = (1.0 - empty)[..., None] * m / m.sum(-1, keepdim=True).clamp_min(_EPS)
+    bos = torch.zeros_like(m)
+    bos[..., 0] = empty
+    return rows + bos
+
+
+def _gumbel_softmax(logits: torch.Tensor, tau: float, gen: torch.Generator, hard: bool) -> torch.Tensor:
+    if hard:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    u = torch.rand(logits.shape, generator=gen, dtype=logits.dtype).clamp(1e-10, 1 - 1e-10)
+    return torch.softmax((logits - torch.log(-torch.log(u))) / tau, dim=-1)
+
+
+def _relaxed_bernoulli(logits: torch.Tensor, tau: float, gen: torch.Generator, hard: bool) -> torch.Tensor:
+    if hard:
+        return (logits > 0).to(logits.dtype)
+    u = torch.rand(logits.shape, generator=gen, dtype=logits.dtype).clamp(1e-10, 1 - 1e-10)
+    return torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / tau)
+
+
+# ------------------------------------------------------------------------------------------------
+# the discretized model
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class MatchTerm:
+    """A discretized match term: ``fallback(match(q=qf, k=kf, pairs, select), first())``."""
+
+    q: int  # feature index (into FeatureSpace.names) read by the query
+    k: int  # feature index read by the key
+    table: np.ndarray  # bool [Vq + 1, Vk + 1] over local value indices ("other" row/column all False)
+    select: str
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.table.sum())
+
+    def node(self, space: FeatureSpace) -> dsl.Node | None:
+        """The DSL tree, or None when no pair is left (the term is then just ``first()``)."""
+        qs, ks = np.nonzero(self.table)
+        if qs.size == 0:
+            return None
+        pairs = [[space.dsl_value(self.q, int(a)), space.dsl_value(self.k, int(b))] for a, b in zip(qs, ks)]
+        match = dsl._make_prim("match", [], {"q": space.names[self.q], "k": space.names[self.k],
+                                             "pairs": pairs, "select": self.select})
+        return dsl.Fallback((match, dsl.Prim("first")))
+
+
+@dataclass
+class LearnedHead:
+    """One head's discretized learned model: weighted match terms and positional terms, and its DSL program."""
+
+    space: FeatureSpace
+    causal: bool
+    matches: list[tuple[float, MatchTerm]]
+    positional: list[tuple[float, str]]
+    loss: float = float("nan")  # training loss of the discretized model on synth
+    history: list[float] = field(default_factory=list, repr=False)
+
+    def node(self) -> dsl.Node:
+        """The mixture as a DSL tree (a single term is not wrapped in a mix)."""
+        terms: list[tuple[float, dsl.Node]] = []
+        for w, term in self.matches:
+            node = term.node(self.space)
+            terms.append((w, node if node is not None else dsl.Prim("first")))
+        terms += [(w, dsl.parse(text)) for w, text in self.positional]
+        if not terms:
+            return dsl.Prim("first")
+        if len(terms) == 1:
+            return terms[0][1]
+        return dsl.Mix(tuple((float(w), node) for w, node in terms))
+
+    @property
+    def program(self) -> Program:
+        return Program.from_node(self.node())
+
+    def match_programs(self) -> list[Program]:
+        """Each non-empty match term on its own (``fallback(match(...), first())``)."""
+        out = []
+        for _, term in self.matches:
+            node = term.node(self.space)
+            if node is not None:
+                out.append(Program.from_node(node))
+        return out
+
+    def hypothesis(self, tokens: dict[int, str] | None = None, max_pairs: int = 4) -> str:
+        """A short text describing the predicate(s) and the positional mix."""
+        parts = []
+        for w, term in self.matches:
+            qn, kn = self.space.names[term.q], self.space.names[term.k]
+            qs, ks = np.nonzero(term.table)
+            if qs.size == 0:
+                continue
+            shown = ", ".join(f"{self.space.describe(term.q, int(a), tokens)}->{self.space.describe(term.k, int(b), tokens)}"
+                              for a, b in list(zip(qs, ks))[:max_pairs])
+            more = f" +{qs.size - max_pairs} more" if qs.size > max_pairs else ""
+            what = "the closest earlier key" if term.select == "closest" else "every key"
+            parts.append(f"{w:.2f}: {what} with query {qn} x key {kn} in {{{shown}{more}}} (else BOS)")
+        pos = sorted(self.positional, key=lambda t: -t[0])[:4]
+        if pos:
+            parts.append("positional " + ", ".join(f"{text} {w:.2f}" for w, text in pos))
+        return "learned predicate: " + "; ".join(parts) if parts else "learned: BOS only"
+
+    def torch_patterns(self, sequences: list[Sequence], arrays: dict[str, np.ndarray] | None = None) -> torch.Tensor:
+        """The discretized model evaluated with torch (float64 [B, N, N]), independently of the DSL kernels."""
+        ids, lengths = pad_ids(sequences)
+        if arrays is None:
+            arrays = feature_arrays(sequences, self.space.names)
+        slots = torch.from_numpy(self.space.encode(arrays))
+        lens = torch.from_numpy(lengths)
+        n = ids.shape[1]
+        vis = _visible(lens, n, self.causal)
+        perm = _order(n)
+        offs = self.space.offsets
+        num = torch.zeros(len(sequences), n, n, dtype=torch.float64)
+        den = torch.zeros(len(sequences), n, dtype=torch.float64)
+        for w, term in self.matches:
+            table = torch.from_numpy(term.table)
+            qv = slots[term.q] - offs[term.q]
+            kv = slots[term.k] - offs[term.k]
+            m = table[qv[:, :, None], kv[:, None, :]] & vis
+            num += w * _select_rows(m.double(), term.select, perm, hard=True) * vis
+            den += w * vis.any(-1).double()
+        if self.positional:
+            comps, nonempty = _positional([t for _, t in self.positional], lens, n, self.causal)
+            ws = torch.tensor([w for w, _ in self.positional], dtype=torch.float64)
+            num += torch.einsum("t,tbij->bij", ws, comps)
+            den += torch.einsum("t,tbi->bi", ws, nonempty)
+        out = num / den.clamp_min(1e-300)[..., None]
+        inside = torch.arange(n)[None, :] < lens[:, None]
+        empty = (den <= 0) & inside
+        out[..., 0] += empty.double()
+        return out * inside[..., None]
+
+
+# ------------------------------------------------------------------------------------------------
+# training one head
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Data:
+    """Padded training tensors of the synth split, shared by all heads."""
+
+    slots: torch.Tensor  # int64 [F, B, N]
+    onehot: torch.Tensor  # float32 [B, N, D] multi-hot (one slot per feature)
+    lengths: torch.Tensor  # int64 [B]
+    n: int
+
+
+def _make_data(space: FeatureSpace, arrays: dict[str, np.ndarray], lengths: np.ndarray) -> _Data:
+    slots = torch.from_numpy(space.encode(arrays))
+    F_, B, n = slots.shape
+    onehot = torch.zeros(B, n, space.dim, dtype=torch.float32)
+    for f in range(F_):
+        onehot.scatter_(2, slots[f][..., None], 1.0)
+    return _Data(slots, onehot, torch.from_numpy(np.asarray(lengths, dtype=np.int64)), n)
+
+
+class _Model(torch.nn.Module):
+    """Soft (Gumbel) / hard mixture of match terms and positional terms for one head."""
+
+    def __init__(self, space: FeatureSpace, cfg: LearnedConfig, n_pos: int, gen: torch.Generator) -> None:
+        super().__init__()
+        T, D, F_ = len(cfg.terms), space.dim, len(space.names)
+        self.selects = cfg.terms
+        self.pred = torch.nn.Parameter(torch.randn(T, D, D, generator=gen) * cfg.init_scale)
+        self.gate_q = torch.nn.Parameter(torch.zeros(T, F_))
+        self.gate_k = torch.nn.Parameter(torch.zeros(T, F_))
+        self.mix = torch.nn.Parameter(torch.zeros(T + n_pos))
+        self.register_buffer("slot_feature", torch.from_numpy(space.slot_feature()))
+        self.register_buffer("keep", torch.from_numpy(~space.other_mask()).float())
+
+    def match_rows(self, onehot: torch.Tensor, vis: torch.Tensor, perm: torch.Tensor, tau: float,
+                   gen: torch.Generator | None, hard: bool) -> list[torch.Tensor]:
+        """Attention rows [B, N, N] of every match term (with the BOS fallback)."""
+        out = []
+        keep2 = self.keep[:, None] * self.keep[None, :]
+        for t, select in enumerate(self.selects):
+            s = _relaxed_bernoulli(self.pred[t], tau, gen, hard) * keep2
+            gq = _gumbel_softmax(self.gate_q[t], tau, gen, hard)[self.slot_feature]
+            gk = _gumbel_softmax(self.gate_k[t], tau, gen, hard)[self.slot_feature]
+            q = onehot * gq
+            k = onehot * gk
+            m = torch.matmul(torch.matmul(q, s), k.transpose(1, 2)) * vis
+            out.append(_select_rows(m.clamp(0.0, 1.0), select, perm, hard))
+        return out
+
+    def forward(self, onehot: torch.Tensor, vis: torch.Tensor, perm: torch.Tensor, pos: torch.Tensor,
+                pos_nonempty: torch.Tensor, tau: float, gen: torch.Generator | None, hard: bool) -> torch.Tensor:
+        rows = self.match_rows(onehot, vis, perm, tau, gen, hard)
+        return _mix(self.mix, rows, pos, pos_nonempty, vis)
+
+
+def _mix(mix_logits: torch.Tensor, rows: list[torch.Tensor], pos: torch.Tensor, pos_nonempty: torch.Tensor,
+         vis: torch.Tensor) -> torch.Tensor:
+    """Mixture of match rows (always non-empty) and positional components with softmax weights."""
+    w = torch.softmax(mix_logits, 0)
+    T = len(rows)
+    num = torch.einsum("t,tbij->bij", w[T:], pos)
+    den = torch.einsum("t,tbi->bi", w[T:], pos_nonempty)
+    for t, r in enumerate(rows):
+        num = num + w[t] * r
+        den = den + w[t]
+    return num / den.clamp_min(_EPS)[..., None] * vis
+
+
+def _loss(pred: torch.Tensor, real: torch.Tensor, vis: torch.Tensor, lengths: torch.Tensor, kind: str) -> torch.Tensor:
+    """Mean over valid rows (kl, jsd) or sequences (iou) of the chosen discrepancy."""
+    n = pred.shape[1]
+    rows = (torch.arange(n)[None, :] < lengths[:, None]).float()
+    if kind == "iou":
+        inter = torch.minimum(pred, real).sum((1, 2))
+        union = torch.maximum(pred, real).sum((1, 2)).clamp_min(_EPS)
+        return 1.0 - (inter / union).mean()
+    q = pred.clamp_min(1e-6) * vis
+    q = q / q.sum(-1, keepdim=True).clamp_min(_EPS)
+    if kind == "kl":
+        ce = -(real * torch.log(q.clamp_min(1e-30))).sum(-1)
+        ent = (real * torch.log(real.clamp_min(1e-30))).sum(-1)
+        per_row = ce + ent
+    else:
+        m = 0.5 * (real + q)
+        lm = torch.log(m.clamp_min(1e-30))
+        kl_p = (real * (torch.log(real.clamp_min(1e-30)) - lm)).sum(-1)
+        kl_q = (q * (torch.log(q.clamp_min(1e-30)) - lm)).sum(-1)
+        per_row = torch.sqrt((0.5 * (kl_p + kl_q)).clamp_min(1e-8))
+    return (per_row * rows).sum() / rows.sum().clamp_min(1.0)
+
+
+def _hard_table(model: _Model, t: int, space: FeatureSpace) -> MatchTerm:
+    q = int(model.gate_q[t].argmax())
+    k = int(model.gate_k[t].argmax())
+    offs, sizes = space.offsets, space.sizes
+    block = model.pred[t, offs[q]: offs[q] + sizes[q], offs[k]: offs[k] + sizes[k]].detach() > 0
+    table = block.numpy().copy()
+    table[-1, :] = False
+    table[:, -1] = False
+    return MatchTerm(q, k, table, model.selects[t])
+
+
+def _term_rows(term: MatchTerm, data: _Data, space: FeatureSpace, vis: torch.Tensor, perm: torch.Tensor,
+               idx: torch.Tensor | None = None) -> torch.Tensor:
+    """Hard rows [B, N, N] float32 of a discretized match term on (a subset of) the synth data."""
+    offs = space.offsets
+    slots = data.slots if idx is None else data.slots[:, idx]
+    qv = slots[term.q] - offs[term.q]
+    kv = slots[term.k] - offs[term.k]
+    table = torch.from_numpy(term.table)
+    m = table[qv[:, :, None], kv[:, None, :]] & vis
+    return _select_rows(m.float(), term.select, perm, hard=True)
+
+
+def _prune(term: MatchTerm, data: _Data, space: FeatureSpace, real: torch.Tensor, vis: torch.Tensor,
+           perm: torch.Tensor, max_pairs: int) -> MatchTerm:
+    """Drop pairs that select no key on synth; keep at most ``max_pairs`` by captured real attention mass."""
+    if term.n_pairs == 0:
+        return term
+    offs = space.offsets
+    qv = data.slots[term.q] - offs[term.q]
+    kv = data.slots[term.k] - offs[term.k]
+    table = torch.from_numpy(term.table)
+    m = table[qv[:, :, None], kv[:, None, :]] & vis
+    chosen = _select_rows(m.float(), term.select, perm, hard=True) > 0
+    chosen &= m  # drop the BOS fallback cells that are no match
+    Vq, Vk = term.table.shape
+    flat = (qv[:, :, None] * Vk + kv[:, None, :])[chosen]
+    mass = torch.zeros(Vq * Vk, dtype=torch.float64).index_add_(0, flat, real[chosen].double())
+    used = torch.zeros(Vq * Vk, dtype=torch.long).index_add_(0, flat, torch.ones_like(flat))
+    keep = (used > 0).reshape(Vq, Vk).numpy() & term.table
+    if keep.sum() > max_pairs:
+        score = mass.reshape(Vq, Vk).numpy().copy()
+        score[~keep] = -np.inf
+        flat_order = np.lexsort((np.arange(score.size), -score.reshape(-1)))[:max_pairs]
+        keep = np.zeros_like(keep)
+        keep.reshape(-1)[flat_order] = True
+    return replace(term, table=keep)
+
+
+def _round_weight(w: float) -> float:
+    return float(f"{w:.4g}")
+
+
+def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedConfig, causal: bool,
+             seed: int = 0) -> LearnedHead:
+    """Fit, discretize and decompile one head from its synth patterns ``real`` [B, N, N] (float16/32)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    B, n = data.onehot.shape[0], data.n
+    real_t = torch.from_numpy(np.asarray(real[:, :n, :n], dtype=np.float32))
+    specs = positional_specs(cfg, causal)
+    perm = _order(n)
+    model = _Model(space, cfg, len(specs), gen)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    if causal:
+        pos_all, pos_ne_all = _positional(specs, torch.tensor([n]), n, causal)
+        pos_all, pos_ne_all = pos_all.float(), pos_ne_all.float()
+    history = []
+    orders = {n: perm}
+    bs = min(cfg.batch_size, B)
+    for step in range(cfg.steps):
+        frac = step / max(cfg.steps - 1, 1)
+        tau = cfg.tau_start * (cfg.tau_end / cfg.tau_start) ** frac
+        idx = torch.randperm(B, generator=gen)[:bs]
+        lens = data.lengths[idx]
+        w = int(lens.max())
+        vis = _visible(lens, w, causal)
+        if causal:
+            pos, pos_ne = pos_all[:, :, :w, :w], pos_ne_all[:, :, :w]
+        else:
+            pos, pos_ne = (x.float() for x in _positional(specs, lens, w, causal))
+        if w not in orders:
+            orders[w] = _order(w)
+        pred = model(data.onehot[idx, :w], vis.float(), orders[w], pos, pos_ne, tau, gen, hard=False)
+        loss = _loss(pred, real_t[idx, :w, :w], vis.float(), lens, cfg.loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(float(loss))
+
+    # discretize: argmax gates, threshold predicates, prune pairs
+    vis_all = _visible(data.lengths, n, causal)
+    with torch.no_grad():
+        terms = [_prune(_hard_table(model, t, space), data, space, real_t, vis_all, perm, cfg.max_pairs)
+                 for t in range(len(cfg.terms))]
+    # refit the mixture weights on the hard components (full synth set, full batch)
+    pos_f, pos_ne_f = (x.float() for x in _positional(specs, data.lengths, n, causal))
+    with torch.no_grad():
+        rows = [_term_rows(t, data, space, vis_all, perm) for t in terms]
+    visf = vis_all.float()
+    mix = torch.nn.Parameter(model.mix.detach().clone())
+    opt2 = torch.optim.Adam([mix], lr=cfg.lr)
+    for _ in range(cfg.refit_steps):
+        loss = _loss(_mix(mix, rows, pos_f, pos_ne_f, visf), real_t, visf, data.lengths, cfg.loss)
+        opt2.zero_grad()
+        loss.backward()
+        opt2.step()
+    weights = torch.softmax(mix.detach(), 0).double().numpy()
+    T = len(terms)
+    # a match term with no pair left is first(): fold its weight into the first() term
+    first_at = specs.index("first()")
+    for t, term in enumerate(terms):
+        if term.n_pairs == 0:
+            weights[T + first_at] += weights[t]
+            weights[t] = 0.0
+    keep = weights >= cfg.min_weight * weights.max()
+    weights = np.where(keep, weights, 0.0)
+    weights = weights / weights.sum()
+    matches = [(_round_weight(weights[t]), terms[t]) for t in range(T) if weights[t] > 0]
+    positional = [(_round_weight(weights[T + p]), specs[p]) for p in range(len(specs)) if weights[T + p] > 0]
+    head = LearnedHead(space, causal, matches, positional, history=history)
+    with torch.no_grad():
+        final_rows = [rows[t] for t in range(T) if weights[t] > 0]
+        ws = torch.tensor([w for w, _ in matches] + [w for w, _ in positional], dtype=torch.float32)
+        pos_idx = [p for p in range(len(specs)) if weights[T + p] > 0]
+        pred = _mix(torch.log(ws.clamp_min(1e-30)), final_rows, pos_f[pos_idx], pos_ne_f[pos_idx], visf)
+        head.loss = float(_loss(pred, real_t, visf, data.lengths, cfg.loss))
+    return head
+
+
+# ------------------------------------------------------------------------------------------------
+# the searcher
+# ------------------------------------------------------------------------------------------------
+
+def _token_names(sequences: list[Sequence]) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for s in sequences:
+        for i, t in zip(s.ids.tolist(), s.tokens):
+            names.setdefault(int(i), t)
+    return names
+
+
+def _score(store: Any, head: tuple[int, int], programs: list[Program], indices: list[int],
+           arrays_of: Any, chunk: int = 64) -> list[dict[str, float]]:
+    """IoU and JSD of each program against one head over store sequences ``indices`` (kernel evaluation)."""
+    tot = np.zeros((2, len(programs)))
+    for start in range(0, len(indices), chunk):
+        idx = indices[start: start + chunk]
+        seqs = [store.sequences[i] for i in idx]
+        real, lengths = store.batch(idx, [head])
+        feats = arrays_of(idx)
+        cand = np.stack([p.evaluate(seqs, causal=store.causal, features=feats) for p in programs])
+        got = score_many(real, cand, lengths, store.causal, ("iou", "jsd"))
+        tot[0] += got["iou"][0] * len(idx)
+        tot[1] += got["jsd"][0] * len(idx)
+    tot /= max(len(indices), 1)
+    return [{"iou": float(tot[0, p]), "jsd": float(tot[1, p])} for p in range(len(programs))]
+
+
+def _spread(indices: list[int], k: int) -> list[int]:
+    """At most ``k`` of ``indices``, evenly spaced (deterministic)."""
+    if len(indices) <= k:
+        return list(indices)
+    pick = np.linspace(0, len(indices) - 1, k).round().astype(int)
+    return [indices[i] for i in pick]
+
+
+def learned_search(store: Any, heads: _Seq[tuple[int, int]] | None = None, synth_idx: _Seq[int] | None = None,
+                   select_idx: _Seq[int] | None = None, seed: int = 0, progress: bool = True,
+                   steps: int | None = None, features: _Seq[str] | None = None,
+                   config: LearnedConfig | None = None, threads: int | None = 1,
+                   return_models: bool = False) -> dict[tuple[int, int], list[Candidate]]:
+    """Fit a learned categorical-predicate program per head; candidates scored on ``synth`` and ``select``.
+
+    ``store`` needs ``.sequences``, ``.causal``, ``.heads`` and ``.batch(indices, heads) -> ([H,B,N,N],
+    lengths)``. ``synth_idx`` (default: every sequence) fits, ``select_idx`` (optional) is only scored.
+    ``features`` (default :data:`DEFAULT_FEATURES`; add ``"pos"`` for spaCy tags) and ``steps`` override
+    ``config``. Per head the candidates are the full mixture and each match term alone. Deterministic
+    for a ``seed``; torch runs on ``threads`` threads (restored afterwards). With ``return_models`` the
+    result maps each head to ``(candidates, LearnedHead)`` instead.
+    """
+    cfg = config or LearnedConfig()
+    if steps is not None:
+        cfg = replace(cfg, steps=int(steps))
+    if features is not None:
+        cfg = replace(cfg, features=tuple(features))
+    heads = list(store.heads if heads is None else heads)
+    synth_idx = list(range(len(store.sequences)) if synth_idx is None else synth_idx)
+    select_idx = list(select_idx or [])
+    if not synth_idx:
+        raise ValueError("learned_search needs synth sequences to fit on; pass synth_idx=[...]")
+    if set(synth_idx) & set(select_idx):
+        raise ValueError("synth_idx and select_idx share sequences; fit and select on disjoint splits")
+    fit_idx = _spread(synth_idx, cfg.max_synth)
+    names = tuple(dict.fromkeys(cfg.features))
+    fit_seqs = [store.sequences[i] for i in fit_idx]
+
+    def arrays_of(idx: list[int]) -> dict[str, np.ndarray]:
+        seqs = [store.sequences[i] for i in idx]
+        return feature_arrays(seqs, [n for n in names if n in _ARRAY_FEATURES])
+
+    _, fit_lengths = pad_ids(fit_seqs)
+    fit_arrays = feature_arrays(fit_seqs, names)
+    space = FeatureSpace.fit(fit_arrays, fit_lengths, names, cfg.top_tokens, cfg.max_values)
+    data = _make_data(space, fit_arrays, fit_lengths)
+    tokens = _token_names(fit_seqs)
+    if any(n in SPACY_FEATURES for n in names):  # compute spaCy views once for the scored sequences too
+        feature_arrays([store.sequences[i] for i in synth_idx + select_idx], [n for n in names if n in SPACY_FEATURES])
+
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    out: dict[tuple[int, int], Any] = {}
+    try:
+        bar = tqdm(heads, desc="learned", unit="head", disable=not progress)
+        for h_i, head in enumerate(bar):
+            real, _ = store.batch(fit_idx, [head])
+            model = fit_head(real[0], data, space, cfg, bool(store.causal), seed=seed * 100_003 + h_i)
+            programs = [model.program] + model.match_programs()
+            programs = list({p.hash: p for p in programs}.values())
+            scores = {"synth": _score(store, head, programs, synth_idx, arrays_of)}
+            if select_idx:
+                scores["select"] = _score(store, head, programs, select_idx, arrays_of)
+            hypo = model.hypothesis(tokens)
+            cands = []
+            for p_i, prog in enumerate(programs):
+                label = hypo if p_i == 0 else "match term alone: " + _first_line(prog.text)
+                cands.append(Candidate((int(head[0]), int(head[1])), prog, "learned", hypothesis=label,
+                                       scores={s: v[p_i] for s, v in scores.items()}))
+            out[(int(head[0]), int(head[1]))] = (cands, model) if return_models else cands
+            if progress and select_idx:
+                bar.set_postfix(iou=f"{max(c.scores['select']['iou'] for c in cands):.3f}")
+    finally:
+        torch.set_num_threads(old_threads)
+    return out
+
+
+def _first_line(text: str, width: int = 120) -> str:
+    text = re.sub(r"\s+", " ", text)
+    return text if len(text) <= width else text[: width - 3] + "..."
