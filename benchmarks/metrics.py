@@ -31,7 +31,7 @@ import numpy as np
 
 from headsurgeon.kernels.cache import TensorCache
 from headsurgeon.kernels.metrics_kernels import kernel_threads
-from headsurgeon.synth.metrics import score_many, topq_count, visible_cells
+from headsurgeon.synth.metrics import RealPatterns, score_many, topq_count, visible_cells
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.tensors import program_tensors
 
@@ -206,18 +206,22 @@ def main(argv: list[str] | None = None) -> None:
     iou = np.zeros((H, P))
     jsd = np.zeros((H, P))
     tq = np.zeros((H, P))
-    t_score = t_sparse = c_score = 0.0
+    # heads are fixed while candidate blocks stream past them: validate them / build top-q sets once
+    t, c = time.perf_counter(), time.process_time()
+    prepared = RealPatterns(real, lengths, True)
+    t_score, c_score = time.perf_counter() - t, time.process_time() - c
+    t_sparse = 0.0
     nnz = 0
     blocks = []
     for p0 in range(0, P, args.block):
         cand = program_block(fams[p0:p0 + args.block], ids, lengths)
         nnz += int(np.count_nonzero(cand))
         t, c = time.perf_counter(), time.process_time()
-        res = score_many(real, cand, lengths, True)
+        res = prepared.score(cand)
         t_score += time.perf_counter() - t
         c_score += time.process_time() - c
         t = time.perf_counter()
-        score_many(real, cand, lengths, True, metrics=("iou", "jsd"))
+        prepared.score(cand, metrics=("iou", "jsd"))
         t_sparse += time.perf_counter() - t
         iou[:, p0:p0 + args.block], jsd[:, p0:p0 + args.block] = res["iou"], res["jsd"]
         tq[:, p0:p0 + args.block] = res["topq"]
@@ -226,9 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     dense_cells = sum(visible_cells(n, True) for n in lengths) * P
     print(f"candidate density: {nnz / dense_cells:.1%} of visible cells non-zero "
           f"({sum(f[0] in DENSE for f in fams)} of {P} programs dense)")
-    print(f"score_many iou+jsd+topq: {t_score:.2f} s wall, {c_score:.2f} s CPU (all threads) for {total:,} triples "
-          f"({t_score / total * 1e6:.2f} us/triple wall)")
-    print(f"score_many iou+jsd     : {t_sparse:.2f} s")
+    print(f"score_many (RealPatterns once + .score per block) iou+jsd+topq: {t_score:.2f} s wall, "
+          f"{c_score:.2f} s CPU (all threads) for {total:,} triples ({t_score / total * 1e6:.2f} us/triple wall)")
+    print(f"  the same with iou+jsd only: {t_sparse:.2f} s wall")
 
     # ---- per-triple numpy loop on a subsample, extrapolated
     cand0 = blocks[0][1]

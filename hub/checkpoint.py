@@ -241,6 +241,42 @@ def _check_file(path: Path, sha256: str | None, what: str) -> None:
             )
 
 
+def _base_weights(ref: Mapping[str, Any], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The referenced base model's weights alone (no bridge, no tokenizer): what ``save_hybrid`` compares with.
+
+    A difference from how ``load_model`` would load it can only make weights look changed, which embeds them:
+    never wrong, only bigger.
+    """
+    kind = ref.get("kind")
+    if kind == "llama2c":
+        from headsurgeon.surgery.llama2c import load_llama2c
+
+        _check_file(Path(ref["path"]), ref.get("sha256"), "llama2.c checkpoint")
+        return dict(load_llama2c(ref["path"]).to(dtype).state_dict())
+    if kind == "zoo":
+        from headsurgeon.surgery.loading import _zoo_dir
+
+        name, revision = str(_zoo_dir()), None
+        if ref.get("name") != "tiny-stories":
+            raise CheckpointError(f"unknown zoo model {ref.get('name')!r}")
+    elif kind == "hf":
+        name, revision = str(ref["name_or_path"]), ref.get("commit") or ref.get("revision")
+    else:
+        raise CheckpointError(f"unknown base model kind {kind!r}")
+    import transformers
+    from transformers import AutoConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.from_pretrained(name, revision=revision, trust_remote_code=False)
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        cls = getattr(transformers, str(arch), None) if arch else None
+        if cls is None:
+            raise CheckpointError(f"{name}: architecture {arch!r} is unknown to transformers")
+        model = cls.from_pretrained(name, revision=revision, config=config, dtype=dtype, trust_remote_code=False)
+    return dict(model.state_dict())
+
+
 def _load_base(ref: Mapping[str, Any], device: str | torch.device, override: Any = None) -> Any:
     """Re-load the referenced base model (checking file hashes first) as a ModelHandle."""
     from headsurgeon.surgery.loading import ModelLoadError, load_model
@@ -346,6 +382,10 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
             f"{target} exists, is not empty and is not a headsurgeon checkpoint; refusing to replace it. "
             "Choose a new or empty directory (or an existing checkpoint to overwrite)"
         )
+    try:
+        _json_bytes(dict(metrics or {}))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"metrics must be a JSON-serializable dict: {e}") from e
     handle = hybrid.handle
     hf = handle.hf_model
     if hf is None:
@@ -363,13 +403,10 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
     changed: list[str] | None = None
     if ref is not None:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                base = _load_base(ref, "cpu")
-            changed = _differing(state, hf_state_dict(base.hf_model))
-            del base
-        except CheckpointError as e:
-            warnings.warn(f"cannot re-load the base model to compare weights ({e}); embedding the weights instead")
+            changed = _differing(state, _base_weights(ref, next(iter(state.values())).dtype))
+        except Exception as e:  # base unreachable (moved file, offline hub id): embedding is always correct
+            warnings.warn(f"cannot re-load the base model to compare weights ({type(e).__name__}: {e}); "
+                          "embedding the weights instead")
             changed = None
     embed = ref is None or changed is None or bool(changed)
 
@@ -378,7 +415,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "library": _library_versions(),
-        "base": ({"kind": "embedded", "original": ref or source or None} if embed else ref),
+        "base": ({"kind": "embedded", "original": ref or _original_of(source)} if embed else ref),
         "weights": {
             "stored": "embedded" if embed else "reference",
             "file": WEIGHTS if embed else None,
@@ -434,6 +471,13 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _original_of(source: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where embedded weights came from: a re-saved embedded checkpoint keeps its own original base."""
+    if source.get("kind") == "embedded":
+        return source.get("base")
+    return dict(source) or None
 
 
 def _config_facts(hybrid: Any) -> dict[str, Any]:

@@ -180,12 +180,13 @@ class TrainConfig:
     n_positions: int = 256
     seq_len: int = 256
     batch_size: int = 8  # 8 x 256 tokens: more updates per CPU-second than larger batches at this scale
-    lr: float = 2e-3
+    lr: float = 3e-3
     min_lr_frac: float = 0.1
     warmup_steps: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    dropout: float = 0.1  # ~70 passes over ~190k tokens: regularise against memorising
+    dropout: float = 0.1  # ~190k training tokens seen many times: regularise against memorising
+    bf16: str = "auto"  # bf16 autocast for matmuls: "auto" (where the CPU has native bf16), "on", "off"
     heldout_frac: float = 0.1
     max_docs: int = 0  # >0: use only the first N documents (smoke runs)
     eval_tokens: int = 0  # >0: evaluate at most this many tokens per split (smoke runs); 0 = whole held-out set
@@ -300,6 +301,7 @@ def train(cfg: TrainConfig, data_path: Path | None = None, out_dir: Path | None 
         lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     gen = np.random.default_rng(cfg.seed)
+    use_bf16 = _use_bf16(cfg.bf16)
     budget_s = cfg.minutes * 60.0
     t_loop = time.time()
     step, running, tokens_seen = 0, float("nan"), 0
@@ -321,8 +323,9 @@ def train(cfg: TrainConfig, data_path: Path | None = None, out_dir: Path | None 
             g["lr"] = lr
         starts = gen.integers(0, len(train_ids) - cfg.seq_len - 1, size=cfg.batch_size)
         x = torch.from_numpy(np.stack([train_ids[s : s + cfg.seq_len + 1] for s in starts]))
-        logits = model(input_ids=x[:, :-1], attention_mask=torch.ones_like(x[:, :-1])).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(input_ids=x[:, :-1], attention_mask=torch.ones_like(x[:, :-1])).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -380,6 +383,7 @@ def train(cfg: TrainConfig, data_path: Path | None = None, out_dir: Path | None 
         "train_wall_s": round(train_s, 1),
         "total_wall_s": None,
         "torch_threads": cfg.threads,
+        "bf16_autocast": use_bf16,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "loadavg_start_end": [round(load0, 2), round(_loadavg(), 2)],  # CPU shared with other jobs?
         "versions": _versions(),
@@ -387,6 +391,20 @@ def train(cfg: TrainConfig, data_path: Path | None = None, out_dir: Path | None 
     }
     _save_atomic(model, tokenizer, out_dir, record, t_start)
     return json.loads((out_dir / "training.json").read_text())
+
+
+def _use_bf16(mode: str) -> bool:
+    """Resolve the ``bf16`` setting: "auto" uses bf16 autocast only where oneDNN has native bf16 kernels."""
+    import torch
+
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"bf16 must be 'auto', 'on' or 'off', got {mode!r}")
+    if mode != "auto":
+        return mode == "on"
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _loadavg() -> float:
@@ -567,6 +585,8 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(d, f), dest=f)
     for f in ("lr", "dropout", "weight_decay", "heldout_frac"):
         t.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(d, f), dest=f)
+    t.add_argument("--bf16", choices=("auto", "on", "off"), default=d.bf16,
+                   help="bf16 autocast (weights stay float32; ~1.5x fewer CPU-seconds per step on AVX512-BF16)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     s = sub.add_parser("sample", help="sample the demo corpus from a trained model",
                        description="Sample stories from BOS into a blank-line separated demo corpus.")

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["TensorCache", "CacheStats", "cache_key"]
+
 SHARD_SUFFIX = ".safetensors"
 _FORMAT = "headsurgeon-tensor-cache/1"
 _MTIME_SLACK_NS = 2_000_000_000

@@ -283,8 +283,8 @@ def _set_iou(a, na, c, nc):
 
 
 @njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
-def _run_terms(a_row, alog_row, cval, cwlog, k0, j0, n, do_jsd):
-    """(sum min, JSD row sum) over q's non-zeros k0..k0+n that sit on consecutive keys j0..j0+n.
+def _run_terms(a_buf, alog, i, cval, cwlog, k0, j0, n, do_jsd):
+    """(sum min, JSD row sum) of real row ``a_buf[i]`` against q's non-zeros k0..k0+n on keys j0..j0+n.
 
     Contiguous loads and the branch-free ``fast_log`` let this loop vectorize (dense candidates).
     """
@@ -292,32 +292,32 @@ def _run_terms(a_row, alog_row, cval, cwlog, k0, j0, n, do_jsd):
     acc = 0.0
     if do_jsd:
         for d in range(n):
-            a = np.float64(a_row[j0 + d])
+            a = np.float64(a_buf[i, j0 + d])
             v = np.float64(cval[k0 + d])
             mn += a if a < v else v
             s = a + v
-            acc += alog_row[j0 + d] + cwlog[k0 + d] - s * fast_log(s)
+            acc += alog[i, j0 + d] + cwlog[k0 + d] - s * fast_log(s)
     else:
         for d in range(n):
-            a = np.float64(a_row[j0 + d])
+            a = np.float64(a_buf[i, j0 + d])
             v = np.float64(cval[k0 + d])
             mn += a if a < v else v
     return mn, acc
 
 
 @njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
-def _scattered_terms(a_row, alog_row, cidx, cval, cwlog, k0, k1, do_jsd):
-    """(sum min, JSD row sum) over q's non-zeros k0..k1 at arbitrary keys ``cidx[k]``."""
+def _scattered_terms(a_buf, alog, i, cidx, cval, cwlog, k0, k1, do_jsd):
+    """(sum min, JSD row sum) of real row ``a_buf[i]`` against q's non-zeros k0..k1 at keys ``cidx[k]``."""
     mn = 0.0
     acc = 0.0
     for k in range(k0, k1):
         j = cidx[k]
-        a = np.float64(a_row[j])
+        a = np.float64(a_buf[i, j])
         v = np.float64(cval[k])
         mn += a if a < v else v
         if do_jsd:
             s = a + v
-            acc += alog_row[j] + cwlog[k] - s * fast_log(s)
+            acc += alog[i, j] + cwlog[k] - s * fast_log(s)
     return mn, acc
 
 
@@ -331,8 +331,9 @@ def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
 
     CSR rows are ordered (b - b0, p, i); ``cwlog[k] = v log(2v)`` of each stored value ``v``.
     Writes ``out_*[h, p, b - b0]`` (float64). ``r_tq_*`` are indexed [h, b - b0], ``c_tq_*`` [p, b - b0].
-    Work items (sequence, head) are split into ``nchunks`` contiguous chunks (pass a few per thread),
-    one buffer set per chunk, all heads of one sequence adjacent so its candidate rows stay in cache.
+    Sequences are split into ``nchunks`` contiguous chunks run in parallel (pass a few per thread).
+    Within a sequence the loop is tiled by query row: row i of every head (decoded once, with its
+    ``a log a``) and row i of every program stay in L1/L2 while all (head, program) pairs use them.
 
     Per row, ``2 JSD^2 = sum_j [a log(2a/s) + v log(2v/s)] = sum_j [a ln2 + a log a + v log 2v - s log s]``
     (``s = a + v``); where ``v == 0`` the bracket is ``a ln2``, so only q's non-zeros need a log.
@@ -340,58 +341,63 @@ def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
     H = real.shape[0]
     Bc = b1 - b0
     need_dense = do_iou or do_jsd
-    nt = H * Bc
-    nchunks = max(1, min(nt, nchunks))
+    nchunks = max(1, min(Bc, nchunks))
     Nd = N if need_dense else 0
     for c in prange(nchunks):
-        a_buf = np.zeros((Nd, Nd), dtype=np.float32)
-        alog = np.zeros((Nd, Nd), dtype=np.float64)
-        rows = np.zeros(Nd, dtype=np.float64)
-        for t in range(c * nt // nchunks, (c + 1) * nt // nchunks):
-            bb = t // H
-            h = t % H
+        ra = np.zeros((H, Nd), dtype=np.float32)
+        ralog = np.zeros((H, Nd), dtype=np.float64)
+        rsum = np.zeros(H, dtype=np.float64)
+        atot = np.zeros(H, dtype=np.float64)
+        minsum = np.zeros((H, Pc), dtype=np.float64)
+        jsd = np.zeros((H, Pc), dtype=np.float64)
+        for bb in range(c * Bc // nchunks, (c + 1) * Bc // nchunks):
             b = b0 + bb
             L = lengths[b]
-            atot = 0.0
             if need_dense:
+                atot[:] = 0.0
+                minsum[:, :] = 0.0
+                jsd[:, :] = 0.0
                 for i in range(L):
                     jmax = i + 1 if causal else L
-                    rs = 0.0
-                    row = real[h, b, i]
-                    for j in range(jmax):
-                        a = _read(row, lut, j)
-                        a_buf[i, j] = a
-                        rs += a
-                    for j in range(jmax):
-                        a = np.float64(a_buf[i, j])
-                        alog[i, j] = a * fast_log(a)
-                    rows[i] = rs
-                    atot += rs
-            for p in range(Pc):
-                if need_dense:
-                    base = (bb * Pc + p) * N
-                    minsum = 0.0
-                    jsd = 0.0
-                    for i in range(L):
+                    for h in range(H):
+                        row = real[h, b, i]
+                        rs = 0.0
+                        for j in range(jmax):
+                            a = _read(row, lut, j)
+                            ra[h, j] = a
+                            rs += a
+                        for j in range(jmax):
+                            av = np.float64(ra[h, j])
+                            ralog[h, j] = av * fast_log(av)
+                        rsum[h] = rs
+                        atot[h] += rs
+                    for p in range(Pc):
+                        base = (bb * Pc + p) * N
                         k0 = rowptr[base + i]
                         k1 = rowptr[base + i + 1]
-                        if k1 > k0 and cidx[k1 - 1] - cidx[k0] == k1 - k0 - 1:
-                            mn, acc = _run_terms(a_buf[i], alog[i], cval, cwlog, k0, cidx[k0], k1 - k0, do_jsd)
-                        else:
-                            mn, acc = _scattered_terms(a_buf[i], alog[i], cidx, cval, cwlog, k0, k1, do_jsd)
-                        minsum += mn
+                        run = k1 > k0 and cidx[k1 - 1] - cidx[k0] == k1 - k0 - 1
+                        for h in range(H):
+                            if run:
+                                mn, acc = _run_terms(ra, ralog, h, cval, cwlog, k0, cidx[k0], k1 - k0, do_jsd)
+                            else:
+                                mn, acc = _scattered_terms(ra, ralog, h, cidx, cval, cwlog, k0, k1, do_jsd)
+                            minsum[h, p] += mn
+                            if do_jsd:
+                                acc += LN2 * rsum[h]
+                                if acc > 0.0:
+                                    jsd[h, p] += math.sqrt(0.5 * acc)
+                for h in range(H):
+                    for p in range(Pc):
+                        if do_iou:
+                            den = atot[h] + ctot[bb, p] - minsum[h, p]
+                            out_iou[h, p, bb] = minsum[h, p] / den if den > 0.0 else 1.0
                         if do_jsd:
-                            acc += LN2 * rows[i]
-                            if acc > 0.0:
-                                jsd += math.sqrt(0.5 * acc)
-                    if do_iou:
-                        den = atot + ctot[bb, p] - minsum
-                        out_iou[h, p, bb] = minsum / den if den > 0.0 else 1.0
-                    if do_jsd:
-                        out_jsd[h, p, bb] = jsd / L
-                if do_topq:
-                    out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb],
-                                                c_tq_idx[p, bb], c_tq_cnt[p, bb])
+                            out_jsd[h, p, bb] = jsd[h, p] / L
+            if do_topq:
+                for h in range(H):
+                    for p in range(Pc):
+                        out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb],
+                                                    c_tq_idx[p, bb], c_tq_cnt[p, bb])
 
 
 def kernel_threads() -> int:

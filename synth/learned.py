@@ -70,7 +70,9 @@ class LearnedConfig:
     """Hyper-parameters of the learned searcher (the defaults are the measured ones; see the module doc)."""
 
     steps: int = 200  # Adam steps per head with Gumbel annealing
-    batch_size: int = 24  # sequences per step
+    batch_size: int = 32  # sequences per step
+    rows: int = 32  # query rows sampled per sequence and step
+    refit_rows: int = 32  # query rows per synth sequence for the mixture refit
     lr: float = 0.05  # Adam learning rate (the paper's)
     tau_start: float = 3.0  # Gumbel temperature, geometric from tau_start to tau_end
     tau_end: float = 0.01
@@ -81,7 +83,7 @@ class LearnedConfig:
     max_pairs: int = 48  # readability cap on the pairs of one match term
     offsets: int = 8  # prev(1) .. prev(offsets) as positional terms (next(k) too when not causal)
     decays: tuple[float, ...] = (0.5, 0.8, 0.95)  # decay(rate) positional terms
-    loss: str = "kl"  # "kl" (cross-entropy of real vs predicted rows), "jsd" or "iou"
+    loss: str = "iou"  # "iou" (1 - soft IoU on the sampled rows), "kl" (real vs predicted rows) or "jsd"
     refit_steps: int = 60  # Adam steps refitting the mixture weights on the discretized components
     min_weight: float = 0.01  # mixture terms lighter than this (after refit) are dropped
     init_scale: float = 0.1  # std of the initial predicate logits
@@ -266,14 +268,14 @@ def _order(n: int) -> torch.Tensor:
     return torch.argsort(key, dim=1, stable=True)
 
 
-def _select_rows(m: torch.Tensor, select: str, perm: torch.Tensor, hard: bool) -> torch.Tensor:
-    """Match probabilities m [B, N, N] (zero off the visible grid) -> attention rows with BOS fallback.
+def _select_rows(m: torch.Tensor, select: str, order: torch.Tensor, hard: bool) -> torch.Tensor:
+    """Match probabilities m [B, R, N] (zero off the visible grid) -> attention rows with BOS fallback.
 
-    closest: key j gets ``m_ij * prod_{j' closer than j} (1 - m_ij')``; all: ``m_ij / sum_j m_ij``; the
-    no-match mass ``prod_j (1 - m_ij)`` goes to position 0. Exact (no clamping) when ``hard``.
+    ``order`` [R, N] or [B, R, N]: each row's keys by closeness (:func:`_order`). closest: key j gets
+    ``m_ij * prod_{j' closer than j} (1 - m_ij')``; all: ``m_ij / sum_j m_ij``; the no-match mass
+    ``prod_j (1 - m_ij)`` goes to position 0. Exact (no clamping) when ``hard``.
     """
-    B, n, _ = m.shape
-    idx = perm[None].expand(B, n, n)
+    idx = order.expand(m.shape)
     if hard:
         mb = m > 0.5
         any_match = mb.any(-1)
@@ -435,19 +437,84 @@ class LearnedHead:
 class _Data:
     """Padded training tensors of the synth split, shared by all heads."""
 
-    slots: torch.Tensor  # int64 [F, B, N]
+    slots: torch.Tensor  # int64 [F, B, N] global slot of every feature at every position
     onehot: torch.Tensor  # float32 [B, N, D] multi-hot (one slot per feature)
     lengths: torch.Tensor  # int64 [B]
     n: int
+    causal: bool
+    specs: list[str]  # positional DSL terms
+    order: torch.Tensor  # int64 [N, N] keys by closeness per query row
+    pos: torch.Tensor | None  # causal: float32 [T, N, N] row-normalized positional components
+    pos_ne: torch.Tensor | None  # causal: float32 [T, N] non-empty flags
 
 
-def _make_data(space: FeatureSpace, arrays: dict[str, np.ndarray], lengths: np.ndarray) -> _Data:
+def _make_data(space: FeatureSpace, arrays: dict[str, np.ndarray], lengths: np.ndarray, specs: list[str],
+               causal: bool) -> _Data:
     slots = torch.from_numpy(space.encode(arrays))
     F_, B, n = slots.shape
     onehot = torch.zeros(B, n, space.dim, dtype=torch.float32)
     for f in range(F_):
         onehot.scatter_(2, slots[f][..., None], 1.0)
-    return _Data(slots, onehot, torch.from_numpy(np.asarray(lengths, dtype=np.int64)), n)
+    pos = pos_ne = None
+    if causal:  # under a causal mask, row i of a positional term does not depend on the sequence length
+        p, ne = _positional(specs, torch.tensor([n]), n, True)
+        pos, pos_ne = p[:, 0].float(), ne[:, 0].float()
+    return _Data(slots, onehot, torch.from_numpy(np.asarray(lengths, dtype=np.int64)), n, causal, specs,
+                 _order(n), pos, pos_ne)
+
+
+@dataclass
+class _Rows:
+    """A batch of query rows: sequence ``idx`` [B] and query positions ``qi`` [B, R]."""
+
+    idx: torch.Tensor
+    qi: torch.Tensor
+    valid: torch.Tensor  # bool [B, R] (qi inside the length)
+    vis: torch.Tensor  # bool [B, R, N]
+    order: torch.Tensor  # int64 [B, R, N]
+    pos: torch.Tensor  # float32 [T, N, N] (causal: shared by all sequences) or [T, B, R, N]
+    pos_ne: torch.Tensor  # float32 [T, N] or [T, B, R]
+
+    @property
+    def shared(self) -> bool:
+        return self.pos.dim() == 3
+
+    def select_pos(self, keep: list[int]) -> "_Rows":
+        return replace(self, pos=self.pos[keep], pos_ne=self.pos_ne[keep])
+
+
+def _rows(data: _Data, idx: torch.Tensor, qi: torch.Tensor) -> _Rows:
+    lens = data.lengths[idx]
+    n = data.n
+    j = torch.arange(n)
+    valid = qi < lens[:, None]
+    vis = (j[None, None, :] < lens[:, None, None]) & valid[..., None]
+    if data.causal:
+        vis = vis & (j[None, None, :] <= qi[..., None])
+        pos, pos_ne = data.pos, data.pos_ne
+    else:
+        p, ne = _positional(data.specs, lens, n, False)
+        T, B, R = p.shape[0], qi.shape[0], qi.shape[1]
+        pos = torch.gather(p.float(), 2, qi[None, :, :, None].expand(T, B, R, n))
+        pos_ne = torch.gather(ne.float(), 2, qi[None].expand(T, B, R))
+    return _Rows(idx, qi, valid, vis, data.order[qi], pos, pos_ne)
+
+
+def _gather_rows(x: torch.Tensor, rows: _Rows) -> torch.Tensor:
+    """Rows ``rows.qi`` of ``x[rows.idx]`` ([B_all, N, ...] -> [B, R, ...])."""
+    sub = x[rows.idx]
+    shape = rows.qi.shape + sub.shape[2:]
+    index = rows.qi.reshape(rows.qi.shape + (1,) * (sub.dim() - 2)).expand(shape)
+    return torch.gather(sub, 1, index)
+
+
+def _sample_rows(data: _Data, n_seq: int, n_rows: int, gen: torch.Generator, all_seqs: bool = False) -> _Rows:
+    """Random sequences (or all of them) and random query rows inside each one's length."""
+    B = data.lengths.shape[0]
+    idx = torch.arange(B) if all_seqs else torch.randperm(B, generator=gen)[:n_seq]
+    lens = data.lengths[idx].double()
+    qi = (torch.rand(idx.shape[0], n_rows, generator=gen, dtype=torch.float64) * lens[:, None]).long()
+    return _rows(data, idx, qi.clamp(max=data.n - 1))
 
 
 class _Model(torch.nn.Module):
@@ -464,61 +531,57 @@ class _Model(torch.nn.Module):
         self.register_buffer("slot_feature", torch.from_numpy(space.slot_feature()))
         self.register_buffer("keep", torch.from_numpy(~space.other_mask()).float())
 
-    def match_rows(self, onehot: torch.Tensor, vis: torch.Tensor, perm: torch.Tensor, tau: float,
-                   gen: torch.Generator | None, hard: bool) -> list[torch.Tensor]:
-        """Attention rows [B, N, N] of every match term (with the BOS fallback)."""
-        out = []
+    def forward(self, data: _Data, rows: _Rows, tau: float, gen: torch.Generator) -> torch.Tensor:
+        """Soft predicted attention [B, R, N] of the sampled rows."""
         keep2 = self.keep[:, None] * self.keep[None, :]
+        q_oh = _gather_rows(data.onehot, rows)
+        k_oh = data.onehot[rows.idx]
+        visf = rows.vis.float()
+        out = []
         for t, select in enumerate(self.selects):
-            s = _relaxed_bernoulli(self.pred[t], tau, gen, hard) * keep2
-            gq = _gumbel_softmax(self.gate_q[t], tau, gen, hard)[self.slot_feature]
-            gk = _gumbel_softmax(self.gate_k[t], tau, gen, hard)[self.slot_feature]
-            q = onehot * gq
-            k = onehot * gk
-            m = torch.matmul(torch.matmul(q, s), k.transpose(1, 2)) * vis
-            out.append(_select_rows(m.clamp(0.0, 1.0), select, perm, hard))
-        return out
-
-    def forward(self, onehot: torch.Tensor, vis: torch.Tensor, perm: torch.Tensor, pos: torch.Tensor,
-                pos_nonempty: torch.Tensor, tau: float, gen: torch.Generator | None, hard: bool) -> torch.Tensor:
-        rows = self.match_rows(onehot, vis, perm, tau, gen, hard)
-        return _mix(self.mix, rows, pos, pos_nonempty, vis)
+            s = _relaxed_bernoulli(self.pred[t], tau, gen, False) * keep2
+            gq = _gumbel_softmax(self.gate_q[t], tau, gen, False)[self.slot_feature]
+            gk = _gumbel_softmax(self.gate_k[t], tau, gen, False)[self.slot_feature]
+            m = torch.matmul(torch.matmul(q_oh * gq, s), (k_oh * gk).transpose(1, 2)) * visf
+            out.append(_select_rows(m.clamp(0.0, 1.0), select, rows.order, hard=False))
+        return _mix(self.mix, out, rows)
 
 
-def _mix(mix_logits: torch.Tensor, rows: list[torch.Tensor], pos: torch.Tensor, pos_nonempty: torch.Tensor,
-         vis: torch.Tensor) -> torch.Tensor:
-    """Mixture of match rows (always non-empty) and positional components with softmax weights."""
+def _mix(mix_logits: torch.Tensor, match_rows: list[torch.Tensor], rows: _Rows) -> torch.Tensor:
+    """Mixture of match rows (never empty) and positional components with softmax weights."""
     w = torch.softmax(mix_logits, 0)
-    T = len(rows)
-    num = torch.einsum("t,tbij->bij", w[T:], pos)
-    den = torch.einsum("t,tbi->bi", w[T:], pos_nonempty)
-    for t, r in enumerate(rows):
+    T = len(match_rows)
+    if rows.shared:  # mix the [T, N, N] components once, then take the sampled rows
+        num = torch.einsum("t,tij->ij", w[T:], rows.pos)[rows.qi]
+        den = torch.einsum("t,ti->i", w[T:], rows.pos_ne)[rows.qi]
+    else:
+        num = torch.einsum("t,tbij->bij", w[T:], rows.pos)
+        den = torch.einsum("t,tbi->bi", w[T:], rows.pos_ne)
+    for t, r in enumerate(match_rows):
         num = num + w[t] * r
         den = den + w[t]
-    return num / den.clamp_min(_EPS)[..., None] * vis
+    return num / den.clamp_min(_EPS)[..., None] * rows.vis
 
 
-def _loss(pred: torch.Tensor, real: torch.Tensor, vis: torch.Tensor, lengths: torch.Tensor, kind: str) -> torch.Tensor:
-    """Mean over valid rows (kl, jsd) or sequences (iou) of the chosen discrepancy."""
-    n = pred.shape[1]
-    rows = (torch.arange(n)[None, :] < lengths[:, None]).float()
+def _loss(pred: torch.Tensor, real: torch.Tensor, rows: _Rows, kind: str) -> torch.Tensor:
+    """Mean over valid rows (kl, jsd) or over sequences (iou, on the sampled rows) of the discrepancy."""
+    valid = rows.valid.float()
     if kind == "iou":
         inter = torch.minimum(pred, real).sum((1, 2))
         union = torch.maximum(pred, real).sum((1, 2)).clamp_min(_EPS)
         return 1.0 - (inter / union).mean()
-    q = pred.clamp_min(1e-6) * vis
+    q = pred.clamp_min(1e-6) * rows.vis
     q = q / q.sum(-1, keepdim=True).clamp_min(_EPS)
+    lp = torch.log(real.clamp_min(1e-30))
     if kind == "kl":
-        ce = -(real * torch.log(q.clamp_min(1e-30))).sum(-1)
-        ent = (real * torch.log(real.clamp_min(1e-30))).sum(-1)
-        per_row = ce + ent
+        per_row = (real * (lp - torch.log(q.clamp_min(1e-30)))).sum(-1)
     else:
         m = 0.5 * (real + q)
         lm = torch.log(m.clamp_min(1e-30))
-        kl_p = (real * (torch.log(real.clamp_min(1e-30)) - lm)).sum(-1)
+        kl_p = (real * (lp - lm)).sum(-1)
         kl_q = (q * (torch.log(q.clamp_min(1e-30)) - lm)).sum(-1)
         per_row = torch.sqrt((0.5 * (kl_p + kl_q)).clamp_min(1e-8))
-    return (per_row * rows).sum() / rows.sum().clamp_min(1.0)
+    return (per_row * valid).sum() / valid.sum().clamp_min(1.0)
 
 
 def _hard_table(model: _Model, t: int, space: FeatureSpace) -> MatchTerm:
@@ -532,41 +595,40 @@ def _hard_table(model: _Model, t: int, space: FeatureSpace) -> MatchTerm:
     return MatchTerm(q, k, table, model.selects[t])
 
 
-def _term_rows(term: MatchTerm, data: _Data, space: FeatureSpace, vis: torch.Tensor, perm: torch.Tensor,
-               idx: torch.Tensor | None = None) -> torch.Tensor:
-    """Hard rows [B, N, N] float32 of a discretized match term on (a subset of) the synth data."""
+def _hard_match(term: MatchTerm, data: _Data, space: FeatureSpace, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool match cells [B, R, N] of a discretized term and the local (query, key) values' flat pair index."""
     offs = space.offsets
-    slots = data.slots if idx is None else data.slots[:, idx]
-    qv = slots[term.q] - offs[term.q]
-    kv = slots[term.k] - offs[term.k]
-    table = torch.from_numpy(term.table)
-    m = table[qv[:, :, None], kv[:, None, :]] & vis
-    return _select_rows(m.float(), term.select, perm, hard=True)
+    qv = torch.gather(data.slots[term.q][rows.idx], 1, rows.qi) - offs[term.q]
+    kv = data.slots[term.k][rows.idx] - offs[term.k]
+    m = torch.from_numpy(term.table)[qv[:, :, None], kv[:, None, :]] & rows.vis
+    return m, qv[:, :, None] * term.table.shape[1] + kv[:, None, :]
 
 
-def _prune(term: MatchTerm, data: _Data, space: FeatureSpace, real: torch.Tensor, vis: torch.Tensor,
-           perm: torch.Tensor, max_pairs: int) -> MatchTerm:
+def _prune(term: MatchTerm, data: _Data, space: FeatureSpace, real: torch.Tensor, max_pairs: int,
+           chunk: int = 32) -> MatchTerm:
     """Drop pairs that select no key on synth; keep at most ``max_pairs`` by captured real attention mass."""
     if term.n_pairs == 0:
         return term
-    offs = space.offsets
-    qv = data.slots[term.q] - offs[term.q]
-    kv = data.slots[term.k] - offs[term.k]
-    table = torch.from_numpy(term.table)
-    m = table[qv[:, :, None], kv[:, None, :]] & vis
-    chosen = _select_rows(m.float(), term.select, perm, hard=True) > 0
-    chosen &= m  # drop the BOS fallback cells that are no match
-    Vq, Vk = term.table.shape
-    flat = (qv[:, :, None] * Vk + kv[:, None, :])[chosen]
-    mass = torch.zeros(Vq * Vk, dtype=torch.float64).index_add_(0, flat, real[chosen].double())
-    used = torch.zeros(Vq * Vk, dtype=torch.long).index_add_(0, flat, torch.ones_like(flat))
-    keep = (used > 0).reshape(Vq, Vk).numpy() & term.table
+    size = term.table.size
+    mass = torch.zeros(size, dtype=torch.float64)
+    used = torch.zeros(size, dtype=torch.long)
+    B, n = data.lengths.shape[0], data.n
+    for b0 in range(0, B, chunk):
+        idx = torch.arange(b0, min(B, b0 + chunk))
+        rows = _rows(data, idx, torch.arange(n).expand(idx.shape[0], n))
+        m, flat = _hard_match(term, data, space, rows)
+        chosen = (_select_rows(m.float(), term.select, rows.order, hard=True) > 0) & m
+        sel = flat[chosen]
+        mass.index_add_(0, sel, real[idx][chosen].double())
+        used.index_add_(0, sel, torch.ones_like(sel))
+    keep = (used > 0).reshape(term.table.shape).numpy() & term.table
     if keep.sum() > max_pairs:
-        score = mass.reshape(Vq, Vk).numpy().copy()
-        score[~keep] = -np.inf
-        flat_order = np.lexsort((np.arange(score.size), -score.reshape(-1)))[:max_pairs]
-        keep = np.zeros_like(keep)
-        keep.reshape(-1)[flat_order] = True
+        score = mass.numpy().copy()
+        score[~keep.reshape(-1)] = -np.inf
+        top = np.lexsort((np.arange(size), -score))[:max_pairs]
+        keep = np.zeros(size, dtype=bool)
+        keep[top] = True
+        keep = keep.reshape(term.table.shape)
     return replace(term, table=keep)
 
 
@@ -574,79 +636,59 @@ def _round_weight(w: float) -> float:
     return float(f"{w:.4g}")
 
 
-def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedConfig, causal: bool,
-             seed: int = 0) -> LearnedHead:
+def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedConfig, seed: int = 0) -> LearnedHead:
     """Fit, discretize and decompile one head from its synth patterns ``real`` [B, N, N] (float16/32)."""
     gen = torch.Generator().manual_seed(int(seed))
-    B, n = data.onehot.shape[0], data.n
-    real_t = torch.from_numpy(np.asarray(real[:, :n, :n], dtype=np.float32))
-    specs = positional_specs(cfg, causal)
-    perm = _order(n)
+    n = data.n
+    real_t = torch.from_numpy(np.ascontiguousarray(real[:, :n, :n]))
+    specs = data.specs
     model = _Model(space, cfg, len(specs), gen)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    if causal:
-        pos_all, pos_ne_all = _positional(specs, torch.tensor([n]), n, causal)
-        pos_all, pos_ne_all = pos_all.float(), pos_ne_all.float()
     history = []
-    orders = {n: perm}
-    bs = min(cfg.batch_size, B)
     for step in range(cfg.steps):
         frac = step / max(cfg.steps - 1, 1)
         tau = cfg.tau_start * (cfg.tau_end / cfg.tau_start) ** frac
-        idx = torch.randperm(B, generator=gen)[:bs]
-        lens = data.lengths[idx]
-        w = int(lens.max())
-        vis = _visible(lens, w, causal)
-        if causal:
-            pos, pos_ne = pos_all[:, :, :w, :w], pos_ne_all[:, :, :w]
-        else:
-            pos, pos_ne = (x.float() for x in _positional(specs, lens, w, causal))
-        if w not in orders:
-            orders[w] = _order(w)
-        pred = model(data.onehot[idx, :w], vis.float(), orders[w], pos, pos_ne, tau, gen, hard=False)
-        loss = _loss(pred, real_t[idx, :w, :w], vis.float(), lens, cfg.loss)
+        rows = _sample_rows(data, cfg.batch_size, cfg.rows, gen)
+        pred = model(data, rows, tau, gen)
+        loss = _loss(pred, _gather_rows(real_t, rows).float(), rows, cfg.loss)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        history.append(float(loss))
+        history.append(float(loss.detach()))
 
-    # discretize: argmax gates, threshold predicates, prune pairs
-    vis_all = _visible(data.lengths, n, causal)
-    with torch.no_grad():
-        terms = [_prune(_hard_table(model, t, space), data, space, real_t, vis_all, perm, cfg.max_pairs)
+    with torch.no_grad():  # discretize: argmax gates, threshold predicates, prune pairs
+        terms = [_prune(_hard_table(model, t, space), data, space, real_t, cfg.max_pairs)
                  for t in range(len(cfg.terms))]
-    # refit the mixture weights on the hard components (full synth set, full batch)
-    pos_f, pos_ne_f = (x.float() for x in _positional(specs, data.lengths, n, causal))
-    with torch.no_grad():
-        rows = [_term_rows(t, data, space, vis_all, perm) for t in terms]
-    visf = vis_all.float()
+        rows = _sample_rows(data, 0, cfg.refit_rows, gen, all_seqs=True)
+        hard = [_select_rows(_hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
+                for t in terms]
+        target = _gather_rows(real_t, rows).float()
+    # refit the mixture weights on the discretized components
     mix = torch.nn.Parameter(model.mix.detach().clone())
     opt2 = torch.optim.Adam([mix], lr=cfg.lr)
     for _ in range(cfg.refit_steps):
-        loss = _loss(_mix(mix, rows, pos_f, pos_ne_f, visf), real_t, visf, data.lengths, cfg.loss)
+        loss = _loss(_mix(mix, hard, rows), target, rows, cfg.loss)
         opt2.zero_grad()
         loss.backward()
         opt2.step()
     weights = torch.softmax(mix.detach(), 0).double().numpy()
     T = len(terms)
-    # a match term with no pair left is first(): fold its weight into the first() term
     first_at = specs.index("first()")
-    for t, term in enumerate(terms):
+    for t, term in enumerate(terms):  # a match term with no pair left is first(): fold its weight there
         if term.n_pairs == 0:
             weights[T + first_at] += weights[t]
             weights[t] = 0.0
-    keep = weights >= cfg.min_weight * weights.max()
-    weights = np.where(keep, weights, 0.0)
+    weights = np.where(weights >= cfg.min_weight * weights.max(), weights, 0.0)
     weights = weights / weights.sum()
     matches = [(_round_weight(weights[t]), terms[t]) for t in range(T) if weights[t] > 0]
     positional = [(_round_weight(weights[T + p]), specs[p]) for p in range(len(specs)) if weights[T + p] > 0]
-    head = LearnedHead(space, causal, matches, positional, history=history)
+    head = LearnedHead(space, data.causal, matches, positional, history=history)
     with torch.no_grad():
-        final_rows = [rows[t] for t in range(T) if weights[t] > 0]
         ws = torch.tensor([w for w, _ in matches] + [w for w, _ in positional], dtype=torch.float32)
-        pos_idx = [p for p in range(len(specs)) if weights[T + p] > 0]
-        pred = _mix(torch.log(ws.clamp_min(1e-30)), final_rows, pos_f[pos_idx], pos_ne_f[pos_idx], visf)
-        head.loss = float(_loss(pred, real_t, visf, data.lengths, cfg.loss))
+        keep_pos = [p for p in range(len(specs)) if weights[T + p] > 0]
+        sub = rows.select_pos(keep_pos)
+        pred = _mix(torch.log(ws), [hard[t] for t in range(T) if weights[t] > 0], sub)
+        head.loss = float(_loss(pred, target, rows, cfg.loss))
     return head
 
 
@@ -662,21 +704,30 @@ def _token_names(sequences: list[Sequence]) -> dict[int, str]:
     return names
 
 
-def _score(store: Any, head: tuple[int, int], programs: list[Program], indices: list[int],
-           arrays_of: Any, chunk: int = 64) -> list[dict[str, float]]:
-    """IoU and JSD of each program against one head over store sequences ``indices`` (kernel evaluation)."""
-    tot = np.zeros((2, len(programs)))
+def _batch(store: Any, indices: list[int], heads: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``store.batch`` as float16 when the store supports a dtype (halves the memory), else as given."""
+    try:
+        return store.batch(indices, heads, dtype=np.float16)
+    except TypeError:
+        return store.batch(indices, heads)
+
+
+def _score_chunk(store: Any, heads: list[tuple[int, int]], programs: list[list[Program]], indices: list[int],
+                 names: tuple[str, ...], chunk: int = 64) -> list[list[dict[str, float]]]:
+    """IoU and JSD of each head's programs against that head over ``indices`` (kernel evaluation)."""
+    tot = [np.zeros((2, len(p))) for p in programs]
     for start in range(0, len(indices), chunk):
         idx = indices[start: start + chunk]
         seqs = [store.sequences[i] for i in idx]
-        real, lengths = store.batch(idx, [head])
-        feats = arrays_of(idx)
-        cand = np.stack([p.evaluate(seqs, causal=store.causal, features=feats) for p in programs])
-        got = score_many(real, cand, lengths, store.causal, ("iou", "jsd"))
-        tot[0] += got["iou"][0] * len(idx)
-        tot[1] += got["jsd"][0] * len(idx)
-    tot /= max(len(indices), 1)
-    return [{"iou": float(tot[0, p]), "jsd": float(tot[1, p])} for p in range(len(programs))]
+        real, lengths = _batch(store, idx, heads)
+        feats = feature_arrays(seqs, [n for n in names if n in _ARRAY_FEATURES])
+        for h in range(len(heads)):
+            cand = np.stack([p.evaluate(seqs, causal=store.causal, features=feats) for p in programs[h]])
+            got = score_many(real[h: h + 1], cand, lengths, store.causal, ("iou", "jsd"))
+            tot[h][0] += got["iou"][0] * len(idx)
+            tot[h][1] += got["jsd"][0] * len(idx)
+    return [[{"iou": float(t[0, p] / len(indices)), "jsd": float(t[1, p] / len(indices))}
+             for p in range(t.shape[1])] for t in tot]
 
 
 def _spread(indices: list[int], k: int) -> list[int]:
@@ -690,69 +741,75 @@ def _spread(indices: list[int], k: int) -> list[int]:
 def learned_search(store: Any, heads: _Seq[tuple[int, int]] | None = None, synth_idx: _Seq[int] | None = None,
                    select_idx: _Seq[int] | None = None, seed: int = 0, progress: bool = True,
                    steps: int | None = None, features: _Seq[str] | None = None,
-                   config: LearnedConfig | None = None, threads: int | None = 1,
+                   config: LearnedConfig | None = None, threads: int | None = 1, head_chunk: int = 8,
                    return_models: bool = False) -> dict[tuple[int, int], list[Candidate]]:
     """Fit a learned categorical-predicate program per head; candidates scored on ``synth`` and ``select``.
 
     ``store`` needs ``.sequences``, ``.causal``, ``.heads`` and ``.batch(indices, heads) -> ([H,B,N,N],
     lengths)``. ``synth_idx`` (default: every sequence) fits, ``select_idx`` (optional) is only scored.
     ``features`` (default :data:`DEFAULT_FEATURES`; add ``"pos"`` for spaCy tags) and ``steps`` override
-    ``config``. Per head the candidates are the full mixture and each match term alone. Deterministic
-    for a ``seed``; torch runs on ``threads`` threads (restored afterwards). With ``return_models`` the
-    result maps each head to ``(candidates, LearnedHead)`` instead.
+    ``config``. Per head the candidates are the full mixture and each match term alone, with IoU and JSD
+    (kernel evaluation, :func:`headsurgeon.synth.metrics.score_many`) under ``scores["synth"]`` and
+    ``scores["select"]``. Deterministic for a ``seed`` (each head's fit depends only on the seed, the
+    head and the synth data); torch runs on ``threads`` threads (restored afterwards); patterns are read
+    ``head_chunk`` heads at a time. With ``return_models`` each head maps to ``(candidates, LearnedHead)``.
     """
     cfg = config or LearnedConfig()
     if steps is not None:
         cfg = replace(cfg, steps=int(steps))
     if features is not None:
         cfg = replace(cfg, features=tuple(features))
-    heads = list(store.heads if heads is None else heads)
+    heads = [(int(h[0]), int(h[1])) for h in (store.heads if heads is None else heads)]
     synth_idx = list(range(len(store.sequences)) if synth_idx is None else synth_idx)
     select_idx = list(select_idx or [])
     if not synth_idx:
         raise ValueError("learned_search needs synth sequences to fit on; pass synth_idx=[...]")
     if set(synth_idx) & set(select_idx):
         raise ValueError("synth_idx and select_idx share sequences; fit and select on disjoint splits")
+    causal = bool(store.causal)
     fit_idx = _spread(synth_idx, cfg.max_synth)
     names = tuple(dict.fromkeys(cfg.features))
     fit_seqs = [store.sequences[i] for i in fit_idx]
-
-    def arrays_of(idx: list[int]) -> dict[str, np.ndarray]:
-        seqs = [store.sequences[i] for i in idx]
-        return feature_arrays(seqs, [n for n in names if n in _ARRAY_FEATURES])
-
+    if any(n in SPACY_FEATURES for n in names):  # one spaCy pass over every sequence that will be read
+        feature_arrays([store.sequences[i] for i in synth_idx + select_idx], [n for n in names if n in SPACY_FEATURES])
     _, fit_lengths = pad_ids(fit_seqs)
     fit_arrays = feature_arrays(fit_seqs, names)
     space = FeatureSpace.fit(fit_arrays, fit_lengths, names, cfg.top_tokens, cfg.max_values)
-    data = _make_data(space, fit_arrays, fit_lengths)
+    data = _make_data(space, fit_arrays, fit_lengths, positional_specs(cfg, causal), causal)
     tokens = _token_names(fit_seqs)
-    if any(n in SPACY_FEATURES for n in names):  # compute spaCy views once for the scored sequences too
-        feature_arrays([store.sequences[i] for i in synth_idx + select_idx], [n for n in names if n in SPACY_FEATURES])
 
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(int(threads))
     out: dict[tuple[int, int], Any] = {}
+    bar = tqdm(total=len(heads), desc="learned", unit="head", disable=not progress)
     try:
-        bar = tqdm(heads, desc="learned", unit="head", disable=not progress)
-        for h_i, head in enumerate(bar):
-            real, _ = store.batch(fit_idx, [head])
-            model = fit_head(real[0], data, space, cfg, bool(store.causal), seed=seed * 100_003 + h_i)
-            programs = [model.program] + model.match_programs()
-            programs = list({p.hash: p for p in programs}.values())
-            scores = {"synth": _score(store, head, programs, synth_idx, arrays_of)}
+        for c0 in range(0, len(heads), max(1, head_chunk)):
+            chunk = heads[c0: c0 + max(1, head_chunk)]
+            real, _ = _batch(store, fit_idx, chunk)
+            models = []
+            for h, head in enumerate(chunk):
+                head_seed = (int(seed) * 1_000_003 + head[0] * 10_007 + head[1]) % (1 << 62)
+                models.append(fit_head(real[h], data, space, cfg, seed=head_seed))
+                bar.update(1)
+            del real
+            programs = [list({p.hash: p for p in [m.program] + m.match_programs()}.values()) for m in models]
+            scores = {"synth": _score_chunk(store, chunk, programs, synth_idx, names)}
             if select_idx:
-                scores["select"] = _score(store, head, programs, select_idx, arrays_of)
-            hypo = model.hypothesis(tokens)
-            cands = []
-            for p_i, prog in enumerate(programs):
-                label = hypo if p_i == 0 else "match term alone: " + _first_line(prog.text)
-                cands.append(Candidate((int(head[0]), int(head[1])), prog, "learned", hypothesis=label,
-                                       scores={s: v[p_i] for s, v in scores.items()}))
-            out[(int(head[0]), int(head[1]))] = (cands, model) if return_models else cands
+                scores["select"] = _score_chunk(store, chunk, programs, select_idx, names)
+            for h, (head, model) in enumerate(zip(chunk, models)):
+                hypo = model.hypothesis(tokens)
+                cands = []
+                for p_i, prog in enumerate(programs[h]):
+                    label = hypo if p_i == 0 else "match term alone: " + _first_line(prog.text)
+                    cands.append(Candidate(head, prog, "learned", hypothesis=label,
+                                           scores={s: v[h][p_i] for s, v in scores.items()}))
+                out[head] = (cands, model) if return_models else cands
             if progress and select_idx:
-                bar.set_postfix(iou=f"{max(c.scores['select']['iou'] for c in cands):.3f}")
+                best = [max(c.scores["select"]["iou"] for c in (v[0] if return_models else v)) for v in out.values()]
+                bar.set_postfix(mean_select_iou=f"{np.mean(best):.3f}")
     finally:
+        bar.close()
         torch.set_num_threads(old_threads)
     return out
 

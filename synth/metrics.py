@@ -31,6 +31,9 @@ import numpy as np
 
 from ..kernels import metrics_kernels as _k
 
+__all__ = ["METRICS", "TOPQ_FRAC", "RealPatterns", "score_many", "soft_iou", "jsd_distance", "topq_iou",
+           "topq_count", "visible_cells"]
+
 METRICS: tuple[str, ...] = ("iou", "jsd", "topq")
 TOPQ_FRAC: float = 0.025
 #: largest non-zero count packed into one candidate block (16 bytes each: key, value, v log 2v).
@@ -63,31 +66,15 @@ def _kernel_view(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
     raise TypeError(f"{name} has dtype {x.dtype}; pass float16, float32 or float64 attention patterns")
 
 
-def _check_inputs(real: np.ndarray, cand: np.ndarray, lengths) -> np.ndarray:
-    """Validate shapes and lengths; return lengths as int64."""
-    if real.ndim != 4 or cand.ndim != 4:
-        raise ValueError(
-            f"score_many wants real [H,B,N,N] and cand [P,B,N,N]; got shapes {real.shape} and {cand.shape} "
-            "(for one pattern pair use soft_iou / jsd_distance / topq_iou)"
-        )
-    lens = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
-    B = lens.shape[0]
-    if real.shape[1] != B or cand.shape[1] != B:
-        raise ValueError(
-            f"batch sizes disagree: real has {real.shape[1]} sequences, cand {cand.shape[1]}, lengths {B}; "
-            "score the same sequences in the same order"
-        )
-    for name, x in (("real", real), ("cand", cand)):
-        if x.shape[2] != x.shape[3]:
-            raise ValueError(f"{name} patterns must be square [.., N, N]; got {x.shape}")
-    if B and lens.min() < 1:
-        raise ValueError(f"every sequence needs length >= 1; got lengths min {int(lens.min())} (drop empty sequences)")
-    if B and lens.max() > min(real.shape[2], cand.shape[2]):
-        raise ValueError(
-            f"a length {int(lens.max())} exceeds the padded pattern size (real N={real.shape[2]}, "
-            f"cand N={cand.shape[2]}); pad patterns to the batch's longest sequence"
-        )
-    return lens
+def _metric_names(metrics: _Seq[str]) -> tuple[str, ...]:
+    """Validate and de-duplicate requested metric names."""
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    wanted = tuple(dict.fromkeys(metrics))
+    unknown = [m for m in wanted if m not in METRICS]
+    if unknown or not wanted:
+        raise ValueError(f"unknown metrics {unknown or list(metrics)}; choose from {list(METRICS)}")
+    return wanted
 
 
 def _raise_bad(bad: np.ndarray, name: str, b0: int) -> None:
@@ -97,6 +84,167 @@ def _raise_bad(bad: np.ndarray, name: str, b0: int) -> None:
         f"{name}[{k}] sequence {b0 + b} has {int(bad[k, b])} negative or non-finite visible entries "
         f"({int(bad.sum())} in that block); metrics need attention patterns (normalize program output first)"
     )
+
+
+class RealPatterns:
+    """Real head patterns ``[H,B,N,N]`` prepared once for scoring many candidate blocks against them.
+
+    Construction validates shapes, lengths and (``check``) values once; the top-q cell sets of the
+    real patterns are computed on first use and kept (when they take at most ``topq_cache_bytes``),
+    so a synthesis loop that scores candidates block by block pays the real-side work once.
+    ``score_many`` is ``RealPatterns(real, lengths, causal).score(cand)``.
+    """
+
+    def __init__(self, real: np.ndarray, lengths, causal: bool, *, topq_frac: float = TOPQ_FRAC,
+                 topq_q: int | None = None, check: bool = True, topq_cache_bytes: int = 256 << 20) -> None:
+        real = np.asarray(real)
+        if real.ndim != 4 or real.shape[2] != real.shape[3]:
+            raise ValueError(
+                f"real patterns must be [H,B,N,N] (heads, sequences, query, key); got shape {real.shape} "
+                "(for one pattern pair use soft_iou / jsd_distance / topq_iou)"
+            )
+        lens = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
+        if lens.shape[0] != real.shape[1]:
+            raise ValueError(
+                f"batch sizes disagree: real has {real.shape[1]} sequences, lengths {lens.shape[0]}; "
+                "score the same sequences in the same order"
+            )
+        if lens.size and lens.min() < 1:
+            raise ValueError(f"every sequence needs length >= 1; got lengths min {int(lens.min())} "
+                             "(drop empty sequences)")
+        if lens.size and lens.max() > real.shape[2]:
+            raise ValueError(f"a length {int(lens.max())} exceeds the padded real pattern size N={real.shape[2]}; "
+                             "pad patterns to the batch's longest sequence")
+        self.real = real
+        self.lengths = lens
+        self.causal = bool(causal)
+        self.check = bool(check)
+        self._rx, self._rlut = _kernel_view(real, "real")
+        H, B = real.shape[0], lens.shape[0]
+        if topq_q is not None:
+            if int(topq_q) < 1:
+                raise ValueError(f"topq_q must be >= 1; got {topq_q}")
+            qs = [min(int(topq_q), visible_cells(n, self.causal)) for n in lens]
+        else:
+            if not 0.0 < topq_frac <= 1.0:
+                raise ValueError(f"topq_frac must be in (0, 1]; got {topq_frac}")
+            qs = [topq_count(visible_cells(n, self.causal), topq_frac) for n in lens]
+        self.qs = np.array(qs, dtype=np.int64)
+        self.N = int(lens.max()) if B else 0
+        self._topq_cache_bytes = int(topq_cache_bytes)
+        self._topq: tuple[np.ndarray, np.ndarray] | None = None
+        if self.check and H and B:
+            step = max(1, _BLOCK_CELLS // (H * self.N))
+            for b0 in range(0, B, step):
+                _, bad = _k.scan_rows(self._rx, self._rlut, lens, self.causal, 0, H, b0, min(B, b0 + step), self.N)
+                if bad.any():
+                    _raise_bad(bad, "real", b0)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the real pattern array [H, B, N, N]."""
+        return tuple(self.real.shape)
+
+    def _real_topq(self, b0: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-q sets of every head on sequences [b0, b1): (idx [H, b1-b0, q], count [H, b1-b0])."""
+        H, B = self.real.shape[0], self.lengths.shape[0]
+        qmax = int(self.qs.max())
+        if self._topq is None and H * B * qmax * 4 <= self._topq_cache_bytes:
+            self._topq = _k.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, 0, B, self.qs, qmax)
+        if self._topq is not None:
+            idx, cnt = self._topq
+            if (b0, b1) == (0, B):
+                return idx, cnt
+            return np.ascontiguousarray(idx[:, b0:b1]), np.ascontiguousarray(cnt[:, b0:b1])
+        return _k.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, b0, b1, self.qs,
+                            int(self.qs[b0:b1].max()))
+
+    def score(self, cand: np.ndarray, metrics: _Seq[str] = METRICS, *, per_sequence: bool = False,
+              max_nnz: int = DEFAULT_MAX_NNZ) -> dict[str, np.ndarray]:
+        """Score candidates ``[P,B,N',N']`` against every head -> ``{metric: [H,P]}`` (``[H,P,B]`` per sequence)."""
+        wanted = _metric_names(metrics)
+        cand = np.asarray(cand)
+        if cand.ndim != 4 or cand.shape[2] != cand.shape[3]:
+            raise ValueError(f"candidate patterns must be [P,B,N,N]; got shape {cand.shape}")
+        lens, causal = self.lengths, self.causal
+        H, B, P = self.real.shape[0], lens.shape[0], cand.shape[0]
+        if cand.shape[1] != B:
+            raise ValueError(
+                f"batch sizes disagree: real has {B} sequences, cand {cand.shape[1]}; "
+                "score the same sequences in the same order"
+            )
+        if B and lens.max() > cand.shape[2]:
+            raise ValueError(f"a length {int(lens.max())} exceeds the padded cand pattern size N={cand.shape[2]}; "
+                             "pad patterns to the batch's longest sequence")
+        cx, clut = _kernel_view(cand, "cand")
+        out_shape = (H, P, B) if per_sequence else (H, P)
+        results = {m: np.zeros(out_shape, dtype=np.float64) for m in wanted}
+        if H == 0 or P == 0 or B == 0:
+            if not per_sequence:
+                for m in wanted:
+                    results[m][:] = np.nan
+            return results
+        do_iou, do_jsd, do_topq = "iou" in wanted, "jsd" in wanted, "topq" in wanted
+        N = self.N
+        qs = self.qs
+        empty_i = np.zeros((1, 1, 1), dtype=np.int32)
+        empty_c = np.zeros((1, 1), dtype=np.int32)
+        qmax_all = int(qs.max()) if do_topq else 1
+        # Bound the row counts [Bc, P, N], the top-q sets [X, Bc, q] and the outputs per block.
+        b_step = max(1, min(B, _BLOCK_CELLS // (P * N), _BLOCK_CELLS // (H * qmax_all), _BLOCK_CELLS // (H * P)))
+        nchunks = 8 * _k.kernel_threads()
+        for b0 in range(0, B, b_step):
+            b1 = min(B, b0 + b_step)
+            Bc = b1 - b0
+            row_counts, bad = _k.scan_rows(cx, clut, lens, causal, 0, P, b0, b1, N)  # [Bc, P, N], [P, Bc]
+            if self.check and bad.any():
+                _raise_bad(bad, "cand", b0)
+            per_prog = row_counts.sum(axis=(0, 2))
+            r_idx, r_cnt = self._real_topq(b0, b1) if do_topq else (empty_i, empty_c)
+            p0 = 0
+            while p0 < P:
+                p1, acc = p0 + 1, int(per_prog[p0])
+                while (p1 < P and acc + int(per_prog[p1]) <= max_nnz
+                       and (p1 - p0 + 1) * Bc * max(H, qmax_all) <= _BLOCK_CELLS):
+                    acc += int(per_prog[p1])
+                    p1 += 1
+                Pc = p1 - p0
+                if do_iou or do_jsd:
+                    rowptr = np.zeros(Bc * Pc * N + 1, dtype=np.int64)
+                    np.cumsum(row_counts[:, p0:p1, :].reshape(-1), out=rowptr[1:])
+                    nnz = int(rowptr[-1])
+                    cidx = np.empty(nnz, dtype=np.int32)
+                    cval = np.empty(nnz, dtype=np.float32)
+                    cwlog = np.empty(nnz, dtype=np.float64)
+                    ctot = np.zeros((Bc, Pc), dtype=np.float64)
+                    _k.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot)
+                else:
+                    rowptr = np.zeros(1, dtype=np.int64)
+                    cidx = np.zeros(0, dtype=np.int32)
+                    cval = np.zeros(0, dtype=np.float32)
+                    cwlog = np.zeros(0, dtype=np.float64)
+                    ctot = np.zeros((Bc, Pc), dtype=np.float64)
+                if do_topq:
+                    c_idx, c_cnt = _k.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
+                else:
+                    c_idx, c_cnt = empty_i, empty_c
+                bufs = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted else np.zeros((1, 1, 1))
+                        for m in METRICS}
+                _k.score_block(self._rx, self._rlut, lens, causal, b0, b1, Pc, N,
+                               rowptr, cidx, cval, cwlog, ctot,
+                               do_iou, do_jsd, do_topq,
+                               r_idx, r_cnt, c_idx, c_cnt,
+                               bufs["iou"], bufs["jsd"], bufs["topq"], nchunks)
+                for m in wanted:
+                    if per_sequence:
+                        results[m][:, p0:p1, b0:b1] = bufs[m]
+                    else:
+                        results[m][:, p0:p1] += bufs[m].sum(axis=2)
+                p0 = p1
+        if not per_sequence:
+            for m in wanted:
+                results[m] /= B
+        return results
 
 
 def score_many(
@@ -119,101 +267,18 @@ def score_many(
     ``per_sequence=True``. ``topq_q`` fixes q for every sequence instead of ``topq_frac``. Candidates
     are packed (visible non-zeros only) in blocks of at most ``max_nnz`` entries, so memory stays
     bounded by the block, never [H,P,B,N,N]. ``check`` rejects negative or non-finite visible entries.
+    To score several candidate blocks against the same heads, build one :class:`RealPatterns`.
     """
-    wanted = tuple(dict.fromkeys(metrics))
-    unknown = [m for m in wanted if m not in METRICS]
-    if unknown or not wanted:
-        raise ValueError(f"unknown metrics {unknown or list(metrics)}; choose from {list(METRICS)}")
+    wanted = _metric_names(metrics)
     real = np.asarray(real)
     cand = np.asarray(cand)
-    lens = _check_inputs(real, cand, lengths)
-    rx, rlut = _kernel_view(real, "real")
-    cx, clut = _kernel_view(cand, "cand")
-    causal = bool(causal)
-    H, B, P = real.shape[0], lens.shape[0], cand.shape[0]
-    out_shape = (H, P, B) if per_sequence else (H, P)
-    results = {m: np.zeros(out_shape, dtype=np.float64) for m in wanted}
-    if H == 0 or P == 0 or B == 0:
-        if not per_sequence:
-            for m in wanted:
-                results[m][:] = np.nan
-        return results
-    do_iou, do_jsd, do_topq = "iou" in wanted, "jsd" in wanted, "topq" in wanted
-    if topq_q is not None:
-        if int(topq_q) < 1:
-            raise ValueError(f"topq_q must be >= 1; got {topq_q}")
-        qs = np.array([min(int(topq_q), visible_cells(n, causal)) for n in lens], dtype=np.int64)
-    else:
-        if not 0.0 < topq_frac <= 1.0:
-            raise ValueError(f"topq_frac must be in (0, 1]; got {topq_frac}")
-        qs = np.array([topq_count(visible_cells(n, causal), topq_frac) for n in lens], dtype=np.int64)
-    N = int(lens.max())
-    empty_i = np.zeros((1, 1, 1), dtype=np.int32)
-    empty_c = np.zeros((1, 1), dtype=np.int32)
-
-    qmax_all = int(qs.max()) if do_topq else 1
-    # Bound the row counts [Bc, max(H, P), N], the real top-q sets [H, Bc, q] and the outputs per block.
-    b_step = max(1, min(B, _BLOCK_CELLS // (max(H, P) * N), _BLOCK_CELLS // (H * qmax_all),
-                        _BLOCK_CELLS // (H * P)))
-    for b0 in range(0, B, b_step):
-        b1 = min(B, b0 + b_step)
-        Bc = b1 - b0
-        if check:
-            _, bad = _k.scan_rows(rx, rlut, lens, causal, 0, H, b0, b1, N)
-            if bad.any():
-                _raise_bad(bad, "real", b0)
-        row_counts, bad = _k.scan_rows(cx, clut, lens, causal, 0, P, b0, b1, N)  # [Bc, P, N], [P, Bc]
-        if check and bad.any():
-            _raise_bad(bad, "cand", b0)
-        per_prog = row_counts.sum(axis=(0, 2))
-        if do_topq:
-            r_idx, r_cnt = _k.topq_sets(rx, rlut, lens, causal, 0, H, b0, b1, qs, int(qs[b0:b1].max()))
-        else:
-            r_idx, r_cnt = empty_i, empty_c
-        p0 = 0
-        while p0 < P:
-            p1, acc = p0 + 1, int(per_prog[p0])
-            while (p1 < P and acc + int(per_prog[p1]) <= max_nnz
-                   and (p1 - p0 + 1) * Bc * max(H, qmax_all) <= _BLOCK_CELLS):
-                acc += int(per_prog[p1])
-                p1 += 1
-            Pc = p1 - p0
-            if do_iou or do_jsd:
-                rowptr = np.zeros(Bc * Pc * N + 1, dtype=np.int64)
-                np.cumsum(row_counts[:, p0:p1, :].reshape(-1), out=rowptr[1:])
-                nnz = int(rowptr[-1])
-                cidx = np.empty(nnz, dtype=np.int32)
-                cval = np.empty(nnz, dtype=np.float32)
-                cwlog = np.empty(nnz, dtype=np.float64)
-                ctot = np.zeros((Bc, Pc), dtype=np.float64)
-                _k.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot)
-            else:
-                rowptr = np.zeros(1, dtype=np.int64)
-                cidx = np.zeros(0, dtype=np.int32)
-                cval = np.zeros(0, dtype=np.float32)
-                cwlog = np.zeros(0, dtype=np.float64)
-                ctot = np.zeros((Bc, Pc), dtype=np.float64)
-            if do_topq:
-                c_idx, c_cnt = _k.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
-            else:
-                c_idx, c_cnt = empty_i, empty_c
-            bufs = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted else np.zeros((1, 1, 1))
-                    for m in METRICS}
-            _k.score_block(rx, rlut, lens, causal, b0, b1, Pc, N,
-                           rowptr, cidx, cval, cwlog, ctot,
-                           do_iou, do_jsd, do_topq,
-                           r_idx, r_cnt, c_idx, c_cnt,
-                           bufs["iou"], bufs["jsd"], bufs["topq"], 8 * _k.kernel_threads())
-            for m in wanted:
-                if per_sequence:
-                    results[m][:, p0:p1, b0:b1] = bufs[m]
-                else:
-                    results[m][:, p0:p1] += bufs[m].sum(axis=2)
-            p0 = p1
-    if not per_sequence:
-        for m in wanted:
-            results[m] /= B
-    return results
+    if real.ndim != 4 or cand.ndim != 4:
+        raise ValueError(
+            f"score_many wants real [H,B,N,N] and cand [P,B,N,N]; got shapes {real.shape} and {cand.shape} "
+            "(for one pattern pair use soft_iou / jsd_distance / topq_iou)"
+        )
+    prepared = RealPatterns(real, lengths, causal, topq_frac=topq_frac, topq_q=topq_q, check=check)
+    return prepared.score(cand, wanted, per_sequence=per_sequence, max_nnz=max_nnz)
 
 
 def _pair(p: np.ndarray, q: np.ndarray, lengths, causal: bool, metric: str, **kw) -> np.ndarray:

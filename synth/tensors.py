@@ -16,6 +16,8 @@ import numpy as np
 from ..kernels.cache import TensorCache, cache_key
 from .sequence import Sequence
 
+__all__ = ["program_tensors", "mask_policy", "PatternProgram", "NORMALIZATION_VERSION"]
+
 #: bump when the normalization rule changes, so old cache entries stop matching.
 NORMALIZATION_VERSION = "norm1"
 

@@ -183,8 +183,17 @@ def hub():
 
 
 @pytest.fixture(scope="module")
-def gpt2(random_models):
-    return random_models["gpt2"]
+def tiny_gpt2_dir(tmp_path_factory) -> Path:
+    from test_checkpoint import make_tiny_gpt2
+
+    return make_tiny_gpt2(tmp_path_factory.mktemp("tiny") / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tiny_gpt2_dir):
+    from headsurgeon.surgery.loading import load_model
+
+    return load_model(tiny_gpt2_dir)
 
 
 def _ids(handle, text="Once upon a time there was a little dog who liked to run."):
@@ -245,10 +254,10 @@ def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tmp_path):
     assert pinned.replaced == PROGRAMS
 
 
-def test_push_again_replaces_stale_files_and_embeds_changed_weights(hub, random_model_dirs, tmp_path):
+def test_push_again_replaces_stale_files_and_embeds_changed_weights(hub, tiny_gpt2_dir, tmp_path):
     from headsurgeon.surgery.loading import load_model
 
-    handle = load_model(random_model_dirs["gpt2"])  # private copy: its weights change below
+    handle = load_model(tiny_gpt2_dir)  # private copy: its weights change below
     weight = hf_state_dict(handle.hf_model)["transformer.h.1.mlp.c_fc.weight"]  # shares the live storage
     saved = weight.detach().clone()
     hybrid = replace_heads(handle, {(0, 0): Program.parse("first()")})

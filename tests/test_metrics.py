@@ -330,3 +330,22 @@ def test_fast_log_matches_math_log():
     x = x[x > 0]
     np.testing.assert_allclose(logs(x), np.log(x), rtol=1e-15, atol=4e-15)
     assert 0.0 * logs(np.array([0.0]))[0] == 0.0
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 20])
+def test_real_patterns_reused_across_candidate_blocks(cache_bytes):
+    rng = np.random.default_rng(9)
+    lengths = np.array([7, 5, 2])
+    real = random_patterns(rng, (2, 3, 7, 7), lengths, True, sparsity=0.1, dtype=np.float16)
+    blocks = [random_patterns(rng, (P, 3, 7, 7), lengths, True, sparsity=0.6) for P in (3, 1, 2)]
+    prepared = M.RealPatterns(real, lengths, True, topq_cache_bytes=cache_bytes)
+    for cand in blocks:
+        got = prepared.score(cand, per_sequence=True)
+        ref = ref_many(real, cand, lengths, True)
+        for k, name in enumerate(M.METRICS):
+            np.testing.assert_allclose(got[name], ref[k], rtol=1e-9, atol=1e-7, err_msg=name)
+    assert (prepared._topq is not None) == (cache_bytes > 0)
+    bad = real.copy()
+    bad[1, 2, 1, 0] = -1
+    with pytest.raises(ValueError, match=r"real\[1\] sequence 2"):
+        M.RealPatterns(bad, lengths, True)
