@@ -515,16 +515,21 @@ def sample_stories(
     max_new_tokens: int = 200,
     batch_size: int = 25,
     min_chars: int = 40,
-    threads: int = 2,
+    threads: int | None = None,
     progress: bool = True,
 ) -> list[str]:
-    """Sample ``n`` stories from a zoo model, each from the BOS token until EOT, with a fixed seed."""
+    """Sample ``n`` stories from a zoo model, each from the BOS token until EOT, with a fixed seed.
+
+    Unfinished stories (no EOT within ``max_new_tokens``) are cut at their last sentence end; stories shorter
+    than ``min_chars`` or with undecodable bytes are dropped and re-drawn.
+    """
     import torch
     from tqdm import tqdm
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
     path = Path(model_path) if model_path else default_model_dir()
-    torch.set_num_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
     model = GPT2LMHeadModel.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     eot = tok.convert_tokens_to_ids(EOT)

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..synth.sequence import Sequence, sequences_key
+from ..synth.sequence import Sequence
 from .loading import ModelHandle, load_model
-from .store import AttentionStore, StoreError, sequences_from_manifest
+from .store import AttentionStore, StoreError
 
 
 def padded_batch(sequences: list[Sequence], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +37,7 @@ def forward_patterns(handle: ModelHandle, sequences: list[Sequence]) -> list[np.
 
     def make_hook(layer: int):
         def hook(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
-            captured[layer] = pattern.detach().float().cpu()
+            captured[layer] = pattern.detach().to("cpu", torch.float32)
             return pattern
         return hook
 
@@ -49,8 +49,9 @@ def forward_patterns(handle: ModelHandle, sequences: list[Sequence]) -> list[np.
     if len(captured) != handle.n_layers:
         raise RuntimeError(f"pattern hooks fired for layers {sorted(captured)} only; expected all "
                            f"{handle.n_layers}. Load the model with eager attention")
-    stacked = torch.stack([captured[layer] for layer in range(handle.n_layers)], dim=1)  # [B, L, H, N, N]
-    return [stacked[b, :, :, : s.n, : s.n].numpy() for b, s in enumerate(sequences)]
+    # stack only each sequence's real n×n block, never the whole padded batch
+    return [torch.stack([captured[layer][b, :, : s.n, : s.n] for layer in range(handle.n_layers)]).numpy()
+            for b, s in enumerate(sequences)]
 
 
 def capture(
@@ -90,12 +91,13 @@ def capture(
             old = json.loads(manifest_path.read_text())
             fresh = store.manifest([])
             same = all(old.get(k) == fresh[k] for k in ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size",
-                                                         "n_sequences"))
-            same = same and sequences_key(store.sequences) == sequences_key(sequences_from_manifest(old))
+                                                         "n_sequences", "sequences_key"))
             if not same:
                 raise StoreError(f"{store.directory} already holds a different capture (other model, corpus or "
                                  "settings); choose another output directory or delete it")
             done = store.done_shards()
+        else:
+            store.save_sequences()
         store.save_manifest(done)
     todo = [shard for shard in range(store.n_shards) if shard not in done]
     total = sum(min(store.shard_size, len(sequences) - shard * store.shard_size) for shard in todo)

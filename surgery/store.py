@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..synth.sequence import Sequence
+from ..synth.sequence import Sequence, sequences_key
 
 FORMAT_VERSION = 1
 
@@ -49,10 +49,23 @@ def atomic_write_json(path: Path, obj: dict) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
-def sequences_from_manifest(meta: dict) -> list[Sequence]:
-    """The sequences recorded in a store manifest."""
+SEQUENCES_FILE = "sequences.json"
+
+
+def sequences_to_json(sequences: list[Sequence]) -> bytes:
+    return json.dumps([{"ids": s.ids.tolist(), "tokens": s.tokens, "text": s.text, "offsets": s.offsets.tolist(),
+                        "doc": s.doc, "has_bos": s.has_bos} for s in sequences], separators=(",", ":")).encode()
+
+
+def read_sequences(directory: Path) -> list[Sequence]:
+    """The sequences of a store directory (``sequences.json``, written once when the capture starts)."""
+    path = Path(directory) / SEQUENCES_FILE
+    try:
+        items = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StoreError(f"{path} is missing or corrupted ({e}); delete the directory and capture again") from e
     return [Sequence(ids=np.array(s["ids"]), tokens=s["tokens"], text=s["text"], offsets=np.array(s["offsets"]),
-                     doc=s["doc"], has_bos=s["has_bos"]) for s in meta.get("sequences", [])]
+                     doc=s["doc"], has_bos=s["has_bos"]) for s in items]
 
 
 class AttentionStore:
@@ -98,45 +111,65 @@ class AttentionStore:
 
     # ----------------------------------------------------------------- writing
     def put(self, index: int, pattern: np.ndarray) -> dict[str, np.ndarray]:
-        """Record the float pattern [L, H, n, n] of sequence ``index`` (dense or reduced to top-q)."""
+        """Record the float pattern [L, H, n, n] of sequence ``index`` (dense or reduced to top-q).
+
+        torch does the float16 cast and the top-q selection: numpy's cast is ~100× slower on the many
+        subnormal attention weights, and torch.topk beats argpartition + argsort.
+        """
+        import torch
+
         n = self.sequences[index].n
         if pattern.shape != (self.n_layers, self.n_heads, n, n):
             raise ValueError(f"pattern for sequence {index} has shape {pattern.shape}, expected "
                              f"{(self.n_layers, self.n_heads, n, n)}")
+        t = torch.from_numpy(np.ascontiguousarray(pattern))
         if self.mode == "dense":
-            entry = {f"s{index}": pattern.astype(np.float16)}
+            entry = {f"s{index}": t.to(torch.float16).numpy()}
         else:
             q = topq_count(n, self.q_frac)
-            flat = pattern.reshape(self.n_layers, self.n_heads, n * n).astype(np.float32)
-            idx = np.argpartition(-flat, q - 1, axis=-1)[..., :q]
-            val = np.take_along_axis(flat, idx, axis=-1)
-            order = np.argsort(-val, axis=-1, kind="stable")
-            idx = np.take_along_axis(idx, order, axis=-1).astype(np.int32)
-            val = np.take_along_axis(val, order, axis=-1).astype(np.float16)
-            entry = {f"s{index}.index": idx, f"s{index}.value": val}
+            val, idx = torch.topk(t.reshape(self.n_layers, self.n_heads, n * n).float(), q, dim=-1, sorted=True)
+            entry = {f"s{index}.index": idx.to(torch.int32).numpy(), f"s{index}.value": val.to(torch.float16).numpy()}
         if self.directory is None:
             self._memory[index] = entry
         return entry
 
     def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> None:
-        from safetensors.numpy import save
+        """Stream the shard to a temp file (no in-memory copy of the whole file), fsync, rename into place."""
+        from safetensors.numpy import save_file
 
-        atomic_write_bytes(self.shard_path(shard), save({k: np.ascontiguousarray(v) for k, v in entries.items()}))
+        path = self.shard_path(shard)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({k: np.ascontiguousarray(v) for k, v in entries.items()}, tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def manifest(self, done_shards: Iterable[int]) -> dict:
         return {
             "format": "headsurgeon.attention_store", "version": FORMAT_VERSION, "model": self.model_name,
             "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "q_frac": self.q_frac,
             "causal": self.causal, "shard_size": self.shard_size, "n_sequences": len(self.sequences),
-            "sequences": [{"ids": s.ids.tolist(), "tokens": s.tokens, "text": s.text,
-                           "offsets": s.offsets.tolist(), "doc": s.doc, "has_bos": s.has_bos}
-                          for s in self.sequences],
+            "sequences_file": SEQUENCES_FILE, "sequences_key": sequences_key(self.sequences),
             "done_shards": sorted(set(done_shards)),
         }
 
     def save_manifest(self, done_shards: Iterable[int]) -> None:
+        """Write the small manifest (the sequences live in sequences.json, written once by save_sequences)."""
         assert self.directory is not None
         atomic_write_json(self.directory / "manifest.json", self.manifest(done_shards))
+
+    def save_sequences(self) -> None:
+        assert self.directory is not None
+        atomic_write_bytes(self.directory / SEQUENCES_FILE, sequences_to_json(self.sequences))
 
     def done_shards(self) -> set[int]:
         """Shards already on disk (as recorded by the manifest and present as files)."""
@@ -167,7 +200,9 @@ class AttentionStore:
             raise StoreError(f"{path} is not an attention-store manifest")
         if meta.get("version", 0) > FORMAT_VERSION:
             raise StoreError(f"{path} has format version {meta['version']}; upgrade headsurgeon to read it")
-        seqs = sequences_from_manifest(meta)
+        seqs = read_sequences(directory)
+        if sequences_key(seqs) != meta.get("sequences_key"):
+            raise StoreError(f"{directory / SEQUENCES_FILE} does not match its manifest; capture again")
         store = cls(seqs, meta["n_layers"], meta["n_heads"], meta["mode"], meta["q_frac"], meta["causal"],
                     meta["model"], directory, meta["shard_size"])
         missing = set(range(store.n_shards)) - store.done_shards()

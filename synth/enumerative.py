@@ -1,31 +1,33 @@
 """Enumerative program search: every head of a model at once, no LLM (DESIGN sections 2-3, issue 5.1).
 
-The search is deterministic for a seed and works in three stages, all heads together:
+Deterministic for a seed; three stages, all heads together:
 
-1. **Primitives.** A library of DSL primitives with parameter grids (``self``, ``first``, ``uniform``,
-   ``prev(1..k)``, ``window(a, b)``, ``decay(r)``, ``same_token(_recent)``, ``induction``,
-   ``recent(PRED)`` for flags and POS tags, ``sentence_start``, ``word_start``, ``same_word``,
-   ``dep_head``, ``dep_children``, ``key_in_set`` over the split's frequent tokens and token classes)
-   is evaluated on a seeded sample of the ``synth`` split (the *fit set*), chunk by chunk over sequences
-   so that memory is bounded by one chunk, and scored against every head in one
-   :func:`~headsurgeon.synth.metrics.score_many` call per chunk (heads x primitives x sequences).
-   The same pass accumulates the Gram matrix of the row-normalized primitive patterns and their inner
-   products with every head's real pattern, overall and within query groups (rows whose query token
-   satisfies a predicate such as ``punct`` or ``pos=NOUN``).
-2. **Compositions.** From those sufficient statistics, a beam search over supports fits non-negative
-   mixture weights by least squares (NNLS on the row-normalized components against the real rows) for
-   mixtures of up to ``max_terms`` primitives; per query predicate it fits one mixture for the rows
-   whose query satisfies it and one for the others (``gate(PRED, A, B)``); it also proposes
-   ``fallback(A, best)`` for sparse primitives A and ``sharpen(best, t)``. Weights are normalized to
-   sum 1 and rounded to 2 decimals, so program text stays readable (``0.62*prev(1) + 0.38*first()``).
-3. **Ranking and selection scores.** Every proposal is evaluated as a real DSL program (the kernels,
-   exactly what replaces the head later) on the fit set and ranked by JSD; the ``top_k`` best per
-   head get IoU and JSD on the whole ``synth`` split and on ``select``.
+1. **Primitives.** A library of DSL primitives with parameter grids (:func:`primitive_library`:
+   ``self``, ``first``, ``uniform``, ``prev(1..k)``, ``window(a, b)``, ``decay(r)``,
+   ``same_token(_recent)``, ``induction``, ``recent(PRED)`` for flags and POS tags, ``sentence_start``,
+   ``word_start``, ``same_word``, ``dep_head``, ``dep_children``, ``key_in_set`` over frequent tokens and
+   token classes) is evaluated by the kernels on a seeded sample of the ``synth`` split (the *fit set*),
+   chunk by chunk over sequences (memory bounded by one chunk), and scored against every head in one
+   :func:`~headsurgeon.synth.metrics.score_many` call per chunk. The visible cells of the row-normalized
+   primitive patterns and of the real patterns are kept in a compact [P, cells] form.
+2. **Compositions.** From the Gram matrix of those components and their inner products with each real
+   head (overall and within query groups, the rows whose query satisfies a predicate such as ``punct``
+   or ``pos=NOUN``), a beam search over supports fits non-negative mixture weights by least squares
+   (NNLS on the row-normalized components against the real rows) for mixtures of up to ``max_terms``
+   primitives; the best mixture's weights are then refined by coordinate search on IoU. It also builds
+   query gates ``gate(PRED, A, B)`` (a mixture per query group), ``fallback(A, best)`` for sparse
+   primitives and ``sharpen(best, t)``. Weights are normalized to sum 1 and rounded to 2 decimals so
+   that the program text stays readable (``0.62*prev(1) + 0.38*first()``).
+3. **Ranking.** Every proposal is evaluated on the fit set by an exact re-implementation of the DSL
+   semantics on the compact cells (tests check it against the kernels and ``score_many``), ranked by JSD
+   (the ``top_k`` best, plus the two best by IoU), and those are evaluated as real DSL programs by the
+   kernels on ``select``.
 
 The result maps ``(layer, head)`` to a list of :class:`~headsurgeon.synth.candidate.Candidate`
 (``source="enumerative"``) ordered by JSD on ``synth`` (best first), each with
-``scores = {"synth": {"iou", "jsd"}, "select": {"iou", "jsd"}}``. Choosing among candidates (by IoU on
-``select``) and reporting (on ``test``) is the caller's job; the searcher never sees ``test``.
+``scores = {"synth": {"iou", "jsd"}, "select": {"iou", "jsd"}}`` (``synth``: on the fit set, a seeded
+sample of the synth split). Choosing among candidates (by IoU on ``select``) and reporting (on
+``test``) is the caller's job; the searcher never sees ``test``.
 
 The store is duck-typed (synth must not import surgery): it needs ``.sequences`` (list of
 :class:`~headsurgeon.synth.sequence.Sequence`), ``.causal``, ``.heads`` and
@@ -385,6 +387,195 @@ def _mix_node(terms: list[tuple[float, dsl.Node]]) -> dsl.Node | None:
     return dsl.Mix(tuple(kept))
 
 
+# ============================================================================ the compact fit set
+
+class _FitSet:
+    """The fit sequences' visible cells: components [P, C], real patterns [H, C], row/sequence layout.
+
+    Cells are stored in (sequence, query, key) order, so each query row is a contiguous segment
+    starting at its key-0 (BOS) cell. Components are row-normalized raw scores with empty rows left
+    at zero (their meaning inside a mix); ``empty`` [P, R] marks those rows.
+    """
+
+    def __init__(self, split: _Split, library: list[Program], heads: list[tuple[int, int]],
+                 preds: list[dsl.Pred], causal: bool, progress: bool) -> None:
+        P, H = len(library), len(heads)
+        self.library, self.preds, self.causal = library, preds, causal
+        self.index = {p.node: k for k, p in enumerate(library)}
+        self.pred_index = {pr: g for g, pr in enumerate(preds)}
+        width = int(split.lengths.max())
+        comps, reals, empties, prows, row_len, seq_rows = [], [], [], [], [], []
+        iou_sum, jsd_sum = np.zeros((H, P)), np.zeros((H, P))
+        chunks = split.chunks(_chunk_size(P + H, width, 64))
+        bar = _progress(len(chunks), "enumerative: primitives", progress)
+        for pos in chunks:
+            cand = split.components(library, pos, causal)  # [P, Bc, Nc, Nc]; rows sum to 1 or are empty
+            real, lens = split.real(pos, heads)
+            ids_c, _, feats_c = split.arrays(pos)
+            n = cand.shape[2]
+            ar = np.arange(n)
+            inside = ar[None, :] < lens[:, None]  # [Bc, Nc] query rows
+            vis = inside[:, :, None] & inside[:, None, :]
+            if causal:
+                vis &= ar[None, None, :] <= ar[None, :, None]
+            comps.append(cand[:, vis])
+            reals.append(real[:, vis])
+            empty = cand.sum(axis=3) <= 0  # [P, Bc, Nc]
+            empties.append(empty[:, inside])
+            prows.append(np.stack([_pred_mask(pr, ids_c, feats_c)[inside] for pr in preds])
+                         if preds else np.zeros((0, int(inside.sum())), dtype=bool))
+            for ln in lens:
+                row_len.append(np.arange(1, ln + 1) if causal else np.full(ln, ln))
+                seq_rows.append(int(ln))
+            cand[..., 0] += empty & inside[None]  # standalone programs: empty rows attend to position 0
+            sc = score_many(real, cand, lens, causal, ("iou", "jsd"), per_sequence=True)
+            iou_sum += sc["iou"].sum(axis=2)
+            jsd_sum += sc["jsd"].sum(axis=2)
+            del cand, real
+            bar.update(1)
+        bar.close()
+        self.B = len(split)
+        self.X = np.ascontiguousarray(np.concatenate(comps, axis=1))
+        self.real = np.ascontiguousarray(np.concatenate(reals, axis=1))
+        self.empty = np.concatenate(empties, axis=1)
+        self.pred_rows = np.concatenate(prows, axis=1)
+        lengths = np.concatenate(row_len).astype(np.int64)
+        self.R = lengths.shape[0]
+        self.C = self.X.shape[1]
+        self.row_start = np.zeros(self.R + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.row_start[1:])
+        self.row_of_cell = np.repeat(np.arange(self.R), lengths)
+        self.seq_row_start = np.zeros(self.B + 1, dtype=np.int64)
+        np.cumsum(seq_rows, out=self.seq_row_start[1:])
+        self.seq_cell_start = self.row_start[self.seq_row_start]
+        self.rows_per_seq = np.asarray(seq_rows, dtype=np.float64)
+        self.prim_iou, self.prim_jsd = iou_sum / self.B, jsd_sum / self.B
+
+    # ------------------------------------------------------------ statistics for least squares
+    def stats(self) -> tuple["_Stats", list["_Stats"]]:
+        """Gram statistics overall and for the rows of each query predicate."""
+        X, Rl = self.X, self.real
+        tot = _Stats((X @ X.T).astype(np.float64), (Rl @ X.T).astype(np.float64),
+                     np.einsum("hc,hc->h", Rl, Rl, dtype=np.float64))
+        groups = []
+        for g in range(len(self.preds)):
+            cm = self.pred_rows[g][self.row_of_cell]
+            Xg, Rg = X[:, cm], Rl[:, cm]
+            groups.append(_Stats((Xg @ Xg.T).astype(np.float64), (Rg @ Xg.T).astype(np.float64),
+                                 np.einsum("hc,hc->h", Rg, Rg, dtype=np.float64)))
+        return tot, groups
+
+    # ------------------------------------------------------------ DSL semantics on compact cells
+    def rownorm(self, v: np.ndarray) -> np.ndarray:
+        """Divide each row segment of v ([C] or [K, C]) by its sum, in place; empty rows stay 0."""
+        s = np.add.reduceat(v, self.row_start[:-1], axis=-1)
+        inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
+        v *= inv[..., self.row_of_cell]
+        return v
+
+    def values(self, node: dsl.Node, memo: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(row-normalized scores [C] with empty rows 0, empty rows [R]) of a tree, as the kernels compute."""
+        hit = memo.get(node)
+        if hit is not None:
+            return hit
+        if isinstance(node, dsl.Prim):
+            k = self.index.get(node)
+            if k is None:
+                raise KeyError(f"{dsl.to_text(node)} is not in the search library")
+            out = (self.X[k], self.empty[k])
+        elif isinstance(node, dsl.Mix):
+            acc = np.zeros(self.C, dtype=np.float32)
+            emp = np.ones(self.R, dtype=bool)
+            for w, t in node.terms:
+                v, e = self.values(t, memo)
+                acc += np.float32(w) * v
+                emp &= e
+            out = (self.rownorm(acc), emp)
+        elif isinstance(node, dsl.Gate):
+            g = self.pred_index.get(node.pred)
+            if g is None:
+                raise KeyError(f"gate predicate {node.pred} is not among the search's query predicates")
+            va, ea = self.values(node.then, memo)
+            vb, eb = self.values(node.other, memo)
+            rows = self.pred_rows[g]
+            out = (np.where(rows[self.row_of_cell], va, vb), np.where(rows, ea, eb))
+        elif isinstance(node, dsl.Fallback):
+            v, e = self.values(node.args[0], memo)
+            for alt in node.args[1:]:
+                va, ea = self.values(alt, memo)
+                v = np.where(e[self.row_of_cell], va, v)
+                e = e & ea
+            out = (v, e)
+        elif isinstance(node, dsl.Sharpen):
+            v, e = self.values(node.arg, memo)
+            out = (self.rownorm(np.power(v, np.float32(node.t))), e)
+        elif isinstance(node, dsl.Mul):
+            v, _ = self.values(node.args[0], memo)
+            v = v.copy()
+            for other in node.args[1:]:
+                v *= self.values(other, memo)[0]
+            s = np.add.reduceat(v, self.row_start[:-1])
+            out = (self.rownorm(v), s <= 0)
+        else:
+            raise TypeError(f"not a DSL node: {node!r}")
+        memo[node] = out
+        return out
+
+    def pattern(self, node: dsl.Node, memo: dict) -> np.ndarray:
+        """The normalized pattern [C] of a tree (empty rows attend to position 0)."""
+        v, e = self.values(node, memo)
+        q = v.copy()
+        q[self.row_start[:-1][e]] = 1.0
+        return q
+
+    # ------------------------------------------------------------ metrics on compact cells
+    def iou(self, q: np.ndarray, h: int) -> np.ndarray:
+        """Soft IoU per candidate (q [K, C]), mean over the fit sequences."""
+        p = self.real[h]
+        mn = np.add.reduceat(np.minimum(q, p), self.seq_cell_start[:-1], axis=-1, dtype=np.float64)
+        mx = np.add.reduceat(np.maximum(q, p), self.seq_cell_start[:-1], axis=-1, dtype=np.float64)
+        return np.mean(np.divide(mn, mx, out=np.ones_like(mn), where=mx > 0), axis=-1)
+
+    def jsd(self, q: np.ndarray, h: int) -> np.ndarray:
+        """Mean per-row Jensen-Shannon distance per candidate (q [K, C]), mean over the fit sequences."""
+        p = self.real[h].astype(np.float64)
+        q = q.astype(np.float64)
+        m = 0.5 * (p + q)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0) / np.where(m > 0, m, 1.0)), 0.0)
+            t = t + np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0) / np.where(m > 0, m, 1.0)), 0.0)
+        rows = np.sqrt(np.maximum(0.5 * np.add.reduceat(t, self.row_start[:-1], axis=-1), 0.0))
+        per_seq = np.add.reduceat(rows, self.seq_row_start[:-1], axis=-1) / self.rows_per_seq
+        return per_seq.mean(axis=-1)
+
+    def refine(self, h: int, support: tuple[int, ...], w: np.ndarray, sweeps: int = 2,
+               factors: tuple[float, ...] = (0.5, 0.8, 1.25, 2.0)) -> np.ndarray:
+        """Coordinate search on IoU over a mixture's weights (multiplicative steps), from ``w``."""
+        XS = self.X[np.asarray(support, dtype=np.int64)]
+        ES = self.empty[np.asarray(support, dtype=np.int64)].all(axis=0)
+        bos = self.row_start[:-1][ES]
+
+        def score(wt: np.ndarray) -> float:
+            q = self.rownorm((wt.astype(np.float32) @ XS))
+            q[bos] = 1.0
+            return float(self.iou(q, h))
+
+        w = np.asarray(w, dtype=np.float64) / max(float(np.sum(w)), 1e-30)
+        best = score(w)
+        for _ in range(sweeps):
+            improved = False
+            for k in range(len(w)):
+                for f in factors:
+                    trial = w.copy()
+                    trial[k] *= f
+                    val = score(trial)
+                    if val > best + 1e-6:
+                        best, w, improved = val, trial / trial.sum(), True
+            if not improved:
+                break
+        return w
+
+
 # ============================================================================ the search
 
 def _default_splits(store: AttentionStoreLike, seed: int) -> tuple[list[int], list[int]]:
@@ -409,196 +600,6 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False)
 
 
-def enumerative_search(
-    store: AttentionStoreLike,
-    heads: list[tuple[int, int]] | None = None,
-    synth_idx: _Seq[int] | None = None,
-    select_idx: _Seq[int] | None = None,
-    beam: int = 6,
-    max_terms: int = 5,
-    seed: int = 0,
-    progress: bool = True,
-    cache: Any = None,
-    *,
-    top_k: int = 5,
-    fit_sequences: int = 96,
-    library: list[Program] | None = None,
-    gates: int = 3,
-    spacy: bool | None = None,
-    stats: SearchStats | None = None,
-) -> dict[tuple[int, int], list[Candidate]]:
-    """Search DSL programs for every head at once; ``{(layer, head): [Candidate, ...]}`` best JSD first.
-
-    ``synth_idx`` / ``select_idx``: store indices of the sequences to fit/rank on and to score for
-    selection (default: a seeded 75/25 split of the store's documents). ``beam``: supports kept per
-    mixture size; ``max_terms``: most terms in a mixture; ``fit_sequences``: size of the seeded synth
-    sample the search fits and ranks on; ``top_k``: candidates returned per head (scored on all of
-    ``synth`` and on ``select``); ``gates``: query-gated proposals per head; ``library``: primitives to
-    start from (default :func:`primitive_library`); ``spacy``: use spaCy features (POS, dependencies;
-    default: when the spaCy model loads); ``cache``: a ``TensorCache`` for program patterns.
-    """
-    import time
-
-    t_start = time.perf_counter()
-    stats = stats if stats is not None else SearchStats()
-    heads = [tuple(map(int, h)) for h in (heads if heads is not None else store.heads)]
-    if not heads:
-        raise ValueError("enumerative_search got no heads; pass heads=[(layer, head), ...] or None for all")
-    if synth_idx is None or select_idx is None:
-        d_synth, d_select = _default_splits(store, seed)
-        synth_idx = d_synth if synth_idx is None else synth_idx
-        select_idx = d_select if select_idx is None else select_idx
-    synth_idx, select_idx = [int(i) for i in synth_idx], [int(i) for i in select_idx]
-    if not synth_idx or not select_idx:
-        raise ValueError("enumerative_search needs non-empty synth_idx and select_idx")
-    overlap = set(synth_idx) & set(select_idx)
-    if overlap:
-        raise ValueError(f"synth and select share {len(overlap)} sequences; select must be held out from synth")
-    causal = bool(store.causal)
-    rng = np.random.default_rng(seed)
-
-    synth_seqs = [store.sequences[i] for i in synth_idx]
-    if spacy is None:
-        spacy = _spacy_available()
-    if library is None:
-        library = primitive_library(synth_seqs, causal, spacy=spacy)
-    library = list(dict.fromkeys(library))
-    preds = query_predicates(synth_seqs, spacy=spacy) if gates > 0 else []
-    need = _features_for(library, preds)
-
-    fit_pos = np.sort(rng.permutation(len(synth_idx))[: max(1, min(fit_sequences, len(synth_idx)))])
-    fit_split = _Split(store, [synth_idx[p] for p in fit_pos], need)
-    stats.primitives, stats.fit_sequences = len(library), len(fit_split)
-    H, P = len(heads), len(library)
-    width = int(fit_split.lengths.max())
-
-    # ---- stage 1: every primitive on every head; Gram statistics overall and per query group
-    t0 = time.perf_counter()
-    iou_sum = np.zeros((H, P))
-    jsd_sum = np.zeros((H, P))
-    tot = _Stats(np.zeros((P, P)), np.zeros((H, P)), np.zeros(H))
-    groups = [_Stats(np.zeros((P, P)), np.zeros((H, P)), np.zeros(H)) for _ in preds]
-    chunks = fit_split.chunks(_chunk_size(P + H, width, 64))
-    bar = _progress(len(chunks), "enumerative: primitives", progress)
-    for pos in chunks:
-        real, lens = fit_split.real(pos, heads)
-        cand = fit_split.components(library, pos, causal)  # rows sum to 1 or are empty
-        ids_c, _, feats_c = fit_split.arrays(pos)
-        inside = np.arange(cand.shape[2])[None, :] < lens[:, None]  # [Bc, Nc] real query rows
-        X = cand.reshape(P, -1)
-        Rl = real.reshape(H, -1)
-        tot.G += (X @ X.T).astype(np.float64)
-        tot.R += (Rl @ X.T).astype(np.float64)
-        tot.pp += np.einsum("hk,hk->h", Rl, Rl, dtype=np.float64)
-        for g, pred in enumerate(preds):
-            m = _pred_mask(pred, ids_c, feats_c) & inside
-            if not m.any():
-                continue
-            Xg = np.ascontiguousarray(cand[:, m, :]).reshape(P, -1)
-            Rg = np.ascontiguousarray(real[:, m, :]).reshape(H, -1)
-            groups[g].G += (Xg @ Xg.T).astype(np.float64)
-            groups[g].R += (Rg @ Xg.T).astype(np.float64)
-            groups[g].pp += np.einsum("hk,hk->h", Rg, Rg, dtype=np.float64)
-        # as standalone programs, empty rows attend to position 0 (the normalization rule)
-        empty = (cand.sum(axis=3) <= 0) & inside[None]
-        cand[..., 0] += empty
-        sc = score_many(real, cand, lens, causal, ("iou", "jsd"), per_sequence=True)
-        iou_sum += sc["iou"].sum(axis=2)
-        jsd_sum += sc["jsd"].sum(axis=2)
-        del cand, real, X, Rl
-        bar.update(1)
-    bar.close()
-    n_fit = len(fit_split)
-    prim_iou, prim_jsd = iou_sum / n_fit, jsd_sum / n_fit
-    stats.seconds["primitives"] = time.perf_counter() - t0
-
-    # ---- stage 2: compositions from the statistics
-    t0 = time.perf_counter()
-    nodes = [p.node for p in library]
-    allowed = np.ones(P, dtype=bool)
-    expand = max(2 * beam, 4)
-    proposals: dict[tuple[int, int], list[Program]] = {}
-    sparse = _sparse_primitives(library)
-    for hi, head in enumerate(heads):
-        props: list[Program] = []
-        for p in np.argsort(prim_jsd[hi], kind="stable")[:3]:
-            props.append(library[int(p)])
-        for p in np.argsort(-prim_iou[hi], kind="stable")[:2]:
-            props.append(library[int(p)])
-        mixes = _beam_mixtures(tot, hi, allowed, beam, max_terms, expand)
-        best_node = None
-        by_size: dict[int, int] = {}
-        for loss, sup, w in mixes:
-            if by_size.get(len(sup), 0) >= 2:
-                continue
-            node = _mix_node([(float(x), nodes[j]) for x, j in zip(w, sup)])
-            if node is None:
-                continue
-            by_size[len(sup)] = by_size.get(len(sup), 0) + 1
-            props.append(Program.from_node(node))
-            if best_node is None:
-                best_node = node
-        if gates > 0 and preds:
-            gated = []
-            for g, pred in enumerate(preds):
-                inn, out = groups[g], tot - groups[g]
-                if inn.pp[hi] <= 0 or out.pp[hi] <= 0:
-                    continue
-                a = _beam_mixtures(inn, hi, allowed, 2, max_terms, 4)
-                b = _beam_mixtures(out, hi, allowed, 2, max_terms, 4)
-                if not a or not b:
-                    continue
-                gated.append((a[0][0] + b[0][0], g, a[0], b[0]))
-            gated.sort(key=lambda x: (x[0], x[1]))
-            for _loss, g, a, b in gated[:gates]:
-                na = _mix_node([(float(x), nodes[j]) for x, j in zip(a[2], a[1])])
-                nb = _mix_node([(float(x), nodes[j]) for x, j in zip(b[2], b[1])])
-                if na is not None and nb is not None and na != nb:
-                    props.append(Program.from_node(dsl.Gate(preds[g], na, nb)))
-        if best_node is not None:
-            for p in sorted(sparse, key=lambda j: prim_jsd[hi, j])[:2]:
-                props.append(Program.from_node(dsl.Fallback((nodes[p], best_node))))
-            for t in (0.5, 2.0):
-                props.append(Program.from_node(dsl.Sharpen(best_node, t)))
-        proposals[head] = list(dict.fromkeys(props))
-    stats.proposals = sum(len(v) for v in proposals.values())
-    stats.seconds["compose"] = time.perf_counter() - t0
-
-    # ---- stage 3: rank every proposal by JSD on the fit set, then score the best on synth and select
-    t0 = time.perf_counter()
-    fit_scores = _score_per_head(fit_split, heads, proposals, causal, cache, progress, "enumerative: rank")
-    ranked: dict[tuple[int, int], list[Program]] = {}
-    for head in heads:
-        progs = proposals[head]
-        jsd = fit_scores[head]["jsd"]
-        order = sorted(range(len(progs)), key=lambda k: (jsd[k], progs[k].text))
-        ranked[head] = [progs[k] for k in order[:top_k]]
-    stats.seconds["rank"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    if len(fit_split) == len(synth_idx):
-        synth_split = fit_split
-    else:
-        synth_split = _Split(store, synth_idx, _features_for([p for v in ranked.values() for p in v], []))
-    select_split = _Split(store, select_idx, _features_for([p for v in ranked.values() for p in v], []))
-    synth_scores = _score_per_head(synth_split, heads, ranked, causal, cache, progress, "enumerative: synth")
-    select_scores = _score_per_head(select_split, heads, ranked, causal, cache, progress, "enumerative: select")
-    result: dict[tuple[int, int], list[Candidate]] = {}
-    for head in heads:
-        cands = []
-        for k, prog in enumerate(ranked[head]):
-            scores = {
-                "synth": {"iou": float(synth_scores[head]["iou"][k]), "jsd": float(synth_scores[head]["jsd"][k])},
-                "select": {"iou": float(select_scores[head]["iou"][k]), "jsd": float(select_scores[head]["jsd"][k])},
-            }
-            cands.append(Candidate(head, prog, SOURCE, _hypothesis(prog), scores))
-        cands.sort(key=lambda c: (c.scores["synth"]["jsd"], c.program.text))
-        result[head] = cands
-    stats.seconds["score"] = time.perf_counter() - t0
-    stats.seconds["total"] = time.perf_counter() - t_start
-    return result
-
-
 def _spacy_available() -> bool:
     """True when the spaCy English model loads (POS / dependency features are then usable)."""
     try:
@@ -615,12 +616,7 @@ def _spacy_available() -> bool:
 def _sparse_primitives(library: list[Program]) -> list[int]:
     """Library positions of primitives whose rows may be empty (candidates for ``fallback``)."""
     dense = {"self", "first", "uniform", "decay", "sentence_start", "word_start", "same_word"}
-    out = []
-    for k, p in enumerate(library):
-        node = p.node
-        if isinstance(node, dsl.Prim) and node.name not in dense:
-            out.append(k)
-    return out
+    return [k for k, p in enumerate(library) if isinstance(p.node, dsl.Prim) and p.node.name not in dense]
 
 
 def _hypothesis(program: Program) -> str:
@@ -639,9 +635,185 @@ def _hypothesis(program: Program) -> str:
     return "composed rule"
 
 
+def _mixture(nodes: list[dsl.Node], support: tuple[int, ...], w: np.ndarray) -> dsl.Node | None:
+    return _mix_node([(float(x), nodes[j]) for x, j in zip(w, support)])
+
+
+def _propose(fs: _FitSet, hi: int, tot: _Stats, groups: list[_Stats], nodes: list[dsl.Node],
+             sparse: list[int], beam: int, max_terms: int, gates: int) -> list[dsl.Node]:
+    """Every composition the search tries for one head (DSL trees, deduplicated, in a stable order)."""
+    P = len(nodes)
+    allowed = np.ones(P, dtype=bool)
+    props: list[dsl.Node] = []
+    props += [nodes[int(p)] for p in np.argsort(fs.prim_jsd[hi], kind="stable")[:3]]
+    props += [nodes[int(p)] for p in np.argsort(-fs.prim_iou[hi], kind="stable")[:2]]
+    mixes = _beam_mixtures(tot, hi, allowed, beam, max_terms, max(2 * beam, 4))
+    per_size: dict[int, int] = {}
+    best: list[tuple[tuple[int, ...], np.ndarray]] = []
+    for _loss, sup, w in mixes:
+        if per_size.get(len(sup), 0) >= 2:
+            continue
+        node = _mixture(nodes, sup, w)
+        if node is None:
+            continue
+        per_size[len(sup)] = per_size.get(len(sup), 0) + 1
+        props.append(node)
+        if len(best) < 2 and len(sup) > 1:
+            best.append((sup, w))
+    refined = []
+    for sup, w in best[:1] + sorted(best[1:], key=lambda b: -len(b[0]))[:1]:
+        node = _mixture(nodes, sup, fs.refine(hi, sup, w))
+        if node is not None:
+            props.append(node)
+            refined.append(node)
+    if gates > 0 and groups:
+        gated = []
+        for g, grp in enumerate(groups):
+            inn, out = grp, tot - grp
+            if inn.pp[hi] <= 0 or out.pp[hi] <= 0:
+                continue
+            a = _beam_mixtures(inn, hi, allowed, 2, max_terms, 4)
+            b = _beam_mixtures(out, hi, allowed, 2, max_terms, 4)
+            if a and b:
+                gated.append((a[0][0] + b[0][0], g, a[0], b[0]))
+        gated.sort(key=lambda x: (x[0], x[1]))
+        for _loss, g, a, b in gated[:gates]:
+            na, nb = _mixture(nodes, a[1], a[2]), _mixture(nodes, b[1], b[2])
+            if na is not None and nb is not None and na != nb:
+                props.append(dsl.Gate(fs.preds[g], na, nb))
+    anchors = refined[:1] or [p for p in props if isinstance(p, dsl.Mix)][:1]
+    for anchor in anchors:
+        for p in sorted(sparse, key=lambda j: fs.prim_jsd[hi, j])[:2]:
+            props.append(dsl.Fallback((nodes[p], anchor)))
+        for t in (0.5, 1.5, 2.0, 3.0):
+            props.append(dsl.Sharpen(anchor, t))
+    return list(dict.fromkeys(props))
+
+
+def enumerative_search(
+    store: AttentionStoreLike,
+    heads: list[tuple[int, int]] | None = None,
+    synth_idx: _Seq[int] | None = None,
+    select_idx: _Seq[int] | None = None,
+    beam: int = 6,
+    max_terms: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+    cache: Any = None,
+    *,
+    top_k: int = 5,
+    fit_sequences: int | None = 96,
+    library: list[Program] | None = None,
+    gates: int = 3,
+    spacy: bool | None = None,
+    stats: SearchStats | None = None,
+) -> dict[tuple[int, int], list[Candidate]]:
+    """Search DSL programs for every head at once; ``{(layer, head): [Candidate, ...]}``, best JSD first.
+
+    ``synth_idx`` / ``select_idx``: store indices of the sequences to fit/rank on and to score for
+    selection (default: a seeded 75/25 split of the store's documents). ``beam``: supports kept per
+    mixture size; ``max_terms``: most terms in a mixture; ``fit_sequences``: size of the seeded synth
+    sample the search fits and ranks on (None: all of synth); ``top_k``: candidates returned per head
+    (the best by JSD plus the two best by IoU on the fit set); ``gates``: query-gated proposals per
+    head; ``library``: primitives to start from (default :func:`primitive_library`); ``spacy``: use spaCy
+    features (POS, dependencies; default: when the spaCy model loads); ``cache``: a ``TensorCache`` the
+    final scoring on ``select`` reads and fills; ``stats``: a :class:`SearchStats` to fill.
+    """
+    import time
+
+    t_start = time.perf_counter()
+    stats = stats if stats is not None else SearchStats()
+    heads = [(int(h[0]), int(h[1])) for h in (heads if heads is not None else store.heads)]
+    if not heads:
+        raise ValueError("enumerative_search got no heads; pass heads=[(layer, head), ...] or None for all")
+    if synth_idx is None or select_idx is None:
+        d_synth, d_select = _default_splits(store, seed)
+        synth_idx = d_synth if synth_idx is None else synth_idx
+        select_idx = d_select if select_idx is None else select_idx
+    synth_idx, select_idx = [int(i) for i in synth_idx], [int(i) for i in select_idx]
+    if not synth_idx or not select_idx:
+        raise ValueError("enumerative_search needs non-empty synth_idx and select_idx")
+    overlap = set(synth_idx) & set(select_idx)
+    if overlap:
+        raise ValueError(f"synth and select share {len(overlap)} sequences; select must be held out from synth")
+    if beam < 1 or max_terms < 1 or top_k < 1:
+        raise ValueError(f"beam, max_terms and top_k must be >= 1; got {beam}, {max_terms}, {top_k}")
+    causal = bool(store.causal)
+    rng = np.random.default_rng(seed)
+
+    synth_seqs = [store.sequences[i] for i in synth_idx]
+    if spacy is None:
+        spacy = _spacy_available()
+    if library is None:
+        library = primitive_library(synth_seqs, causal, spacy=spacy)
+    library = list(dict.fromkeys(library))
+    bad = [p for p in library if p.kind != "dsl" or not isinstance(p.node, dsl.Prim)]
+    if bad:
+        raise ValueError(f"library entries must be single DSL primitives; got {bad[0]!r}")
+    preds = query_predicates(synth_seqs, spacy=spacy) if gates > 0 else []
+    n_fit = len(synth_idx) if fit_sequences is None else max(1, min(int(fit_sequences), len(synth_idx)))
+    fit_pos = np.sort(rng.permutation(len(synth_idx))[:n_fit])
+    fit_split = _Split(store, [synth_idx[p] for p in fit_pos], _features_for(library, preds))
+    stats.primitives, stats.fit_sequences = len(library), len(fit_split)
+
+    # ---- stage 1: every primitive on every head, compact components, Gram statistics
+    t0 = time.perf_counter()
+    fs = _FitSet(fit_split, library, heads, preds, causal, progress)
+    tot, groups = fs.stats()
+    stats.seconds["primitives"] = time.perf_counter() - t0
+
+    # ---- stages 2-3: compositions, ranked by JSD on the fit set (exact DSL semantics on compact cells)
+    t0 = time.perf_counter()
+    nodes = [p.node for p in library]
+    sparse = _sparse_primitives(library)
+    ranked: dict[tuple[int, int], list[tuple[Program, float, float]]] = {}
+    bar = _progress(len(heads), "enumerative: compose", progress)
+    for hi, head in enumerate(heads):
+        props = _propose(fs, hi, tot, groups, nodes, sparse, beam, max_terms, gates)
+        stats.proposals += len(props)
+        memo: dict = {}
+        pats = np.stack([fs.pattern(node, memo) for node in props])
+        del memo
+        iou, jsd = fs.iou(pats, hi), fs.jsd(pats, hi)
+        del pats
+        texts = [dsl.to_text(n) for n in props]
+        by_jsd = sorted(range(len(props)), key=lambda k: (jsd[k], texts[k]))
+        by_iou = sorted(range(len(props)), key=lambda k: (-iou[k], texts[k]))
+        n_iou = min(2, top_k - 1) if top_k > 1 else 0
+        keep = list(dict.fromkeys(by_jsd[: top_k - n_iou] + by_iou[:n_iou]))
+        for k in by_jsd:
+            if len(keep) >= min(top_k, len(props)):
+                break
+            if k not in keep:
+                keep.append(k)
+        ranked[head] = [(Program.from_node(props[k]), float(iou[k]), float(jsd[k])) for k in keep]
+        bar.update(1)
+    bar.close()
+    stats.seconds["compose"] = time.perf_counter() - t0
+    del fs
+
+    # ---- final: the kept candidates as real programs on select
+    t0 = time.perf_counter()
+    programs = {h: [p for p, _, _ in v] for h, v in ranked.items()}
+    select_split = _Split(store, select_idx, _features_for([p for v in programs.values() for p in v], []))
+    sel = _score_per_head(select_split, heads, programs, causal, cache, progress, "enumerative: select")
+    result: dict[tuple[int, int], list[Candidate]] = {}
+    for head in heads:
+        cands = []
+        for k, (prog, iou_fit, jsd_fit) in enumerate(ranked[head]):
+            scores = {"synth": {"iou": iou_fit, "jsd": jsd_fit},
+                      "select": {"iou": float(sel[head]["iou"][k]), "jsd": float(sel[head]["jsd"][k])}}
+            cands.append(Candidate(head, prog, SOURCE, _hypothesis(prog), scores))
+        cands.sort(key=lambda c: (c.scores["synth"]["jsd"], c.program.text))
+        result[head] = cands
+    stats.seconds["select"] = time.perf_counter() - t0
+    stats.seconds["total"] = time.perf_counter() - t_start
+    return result
+
+
 def _score_per_head(split: _Split, heads: list[tuple[int, int]], programs: dict[tuple[int, int], list[Program]],
                     causal: bool, cache: Any, progress: bool, desc: str) -> dict[tuple[int, int], dict[str, np.ndarray]]:
-    """IoU and JSD (means over the split's sequences) of each head's own programs."""
+    """IoU and JSD (means over the split's sequences) of each head's own programs, via the kernels."""
     width = int(split.lengths.max())
     most = max(len(v) for v in programs.values())
     chunks = split.chunks(_chunk_size(most + len(heads), width, 64))

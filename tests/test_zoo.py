@@ -27,6 +27,15 @@ def _need_corpus() -> str:
     return CORPUS.read_text(encoding="utf-8")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One torch thread: on a shared CPU, tiny ops with 2 spinning OpenMP threads were >10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def shipped():
     """The shipped model, tokenizer, directory and training record, loaded the plain transformers way."""
@@ -136,11 +145,18 @@ def test_heldout_loss_well_below_uniform_and_matches_record(shipped):
     logp = torch.log_softmax(logits, dim=-1)
     nll = -logp.gather(-1, x[:, 1:, None]).squeeze(-1)
     loss = float(nll.mean())
+    # independent baselines: uniform over the vocabulary, and a unigram model fitted on the training documents
     uniform = math.log(model.config.vocab_size)
-    assert loss < 0.45 * uniform, (loss, uniform)
+    counts = np.ones(model.config.vocab_size)  # add-one smoothing
+    docs = [d.strip() for d in re.split(r"\n\s*\n", _need_corpus()) if d.strip()]
+    for ids in tok(docs[: len(docs) - round(0.1 * len(docs))], add_special_tokens=False)["input_ids"]:
+        np.add.at(counts, ids, 1)
+    unigram = float(-np.log(counts / counts.sum())[x[:, 1:].numpy()].mean())
+    assert loss < 0.6 * uniform, (loss, uniform)
+    assert loss < unigram - 1.0, (loss, unigram)
     assert abs(loss - record["heldout_loss"]) < 0.25, (loss, record["heldout_loss"])
     # the record itself is consistent: held-out above train (unseen text), both far below uniform
-    assert record["train_loss"] < record["heldout_loss"] < 0.45 * record["uniform_loss"]
+    assert record["train_loss"] < record["heldout_loss"] < 0.6 * record["uniform_loss"]
     assert record["steps"] > 0 and record["train_wall_s"] > 0
     assert record["data"]["heldout_documents"] == round(0.1 * record["data"]["documents"])
 
@@ -163,9 +179,10 @@ def test_greedy_generation_is_english_like(shipped):
 
 def test_sampling_is_seeded_and_tidy(shipped):
     _, _, d, _ = shipped
-    a = zoo.sample_stories(3, model_path=d, seed=7, max_new_tokens=48, batch_size=3, min_chars=1, progress=False)
-    b = zoo.sample_stories(3, model_path=d, seed=7, max_new_tokens=48, batch_size=3, min_chars=1, progress=False)
-    assert a == b and len(a) == 3
+    kw = dict(model_path=d, max_new_tokens=32, batch_size=3, min_chars=1, progress=False)
+    a = zoo.sample_stories(3, seed=7, **kw)
+    assert a == zoo.sample_stories(3, seed=7, **kw) and len(a) == 3
+    assert a != zoo.sample_stories(3, seed=8, **kw)
     for s in a:
         assert s == s.strip() and "\n\n" not in s and EOT not in s
 
