@@ -27,11 +27,15 @@ class SequenceRegistry:
                 self.known.pop(next(iter(self.known)))
             self.known[s.key] = s
 
-    def get(self, ids: np.ndarray) -> Sequence:
+    def get(self, ids: np.ndarray, need_text: bool = True) -> Sequence:
+        """The Sequence behind ``ids``; with ``need_text=False`` an ids-only Sequence suffices (no decoding)."""
         ids = np.asarray(ids, dtype=np.int64)
         key = _key(ids)
         seq = self.known.get(key)
         if seq is None:
+            if not need_text:
+                return Sequence(ids=ids, tokens=[""] * len(ids), text="", offsets=np.zeros((len(ids), 2)),
+                                has_bos=self.bos_id is not None and len(ids) > 0 and int(ids[0]) == self.bos_id)
             seq = self.rebuild(ids)
             self.register([seq])
         return seq
@@ -51,9 +55,11 @@ class SequenceRegistry:
         except (NotImplementedError, TypeError, ValueError):
             offsets = None
         if offsets is None:  # tokenization does not round-trip: offsets from growing decoded prefixes
+            prefixes = tok.batch_decode([body[:i].tolist() for i in range(1, len(body) + 1)],
+                                        skip_special_tokens=False, clean_up_tokenization_spaces=False)
             offsets, prev = [], 0
-            for i in range(1, len(body) + 1):
-                cur = len(tok.decode(body[:i].tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+            for prefix in prefixes:
+                cur = len(prefix)
                 offsets.append((min(prev, cur), cur))
                 prev = cur
         if has_bos:

@@ -22,6 +22,8 @@ class PatternProvider(Protocol):
 
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray: ...
 
+    # Optional ``needs_text = False`` tells a hybrid it may skip decoding ids to text for this provider.
+
 
 def visible_mask(n: int, width: int, causal: bool) -> np.ndarray:
     """Boolean [width, width]: query i sees key j (i, j < n, and j <= i when causal)."""
@@ -47,6 +49,11 @@ class ProgramPatterns:
         self.program = program
         self.cache = cache
 
+    @property
+    def needs_text(self) -> bool:
+        """Python programs and feature-reading DSL programs need the decoded text; ids-only DSL programs do not."""
+        return self.program.kind != "dsl" or bool(self.program.features_needed)
+
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
         return program_tensors([self.program], sequences, causal=causal, cache=self.cache)[0]
 
@@ -56,6 +63,8 @@ class ProgramPatterns:
 
 class StoredPatterns:
     """The patterns one head had on known sequences (looked up by token ids); for identity swaps and tests."""
+
+    needs_text = False
 
     def __init__(self, by_key: dict[str, np.ndarray], label: str = "stored") -> None:
         self.by_key = by_key
@@ -80,6 +89,8 @@ class StoredPatterns:
 class ZeroPatterns:
     """All-zero attention: the head contributes nothing but its output bias (zero ablation)."""
 
+    needs_text = False
+
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
         width = max(s.n for s in sequences)
         return np.zeros((len(sequences), width, width), dtype=np.float32)
@@ -87,6 +98,8 @@ class ZeroPatterns:
 
 class UniformPatterns:
     """Uniform attention over every visible key (uniform-causal for decoders)."""
+
+    needs_text = False
 
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
         width = max(s.n for s in sequences)
@@ -98,6 +111,8 @@ class UniformPatterns:
 
 class MeanPatterns:
     """The mean pattern per (query position, key position) over a reference corpus, renormalized per row."""
+
+    needs_text = False
 
     def __init__(self, reference: list[np.ndarray]) -> None:
         if not reference:
@@ -125,6 +140,8 @@ class MeanPatterns:
 class ResamplePatterns:
     """The pattern the head had on another reference sequence (at least as long; cropped, renormalized)."""
 
+    needs_text = False
+
     def __init__(self, reference: list[np.ndarray], seed: int = 0) -> None:
         if not reference:
             raise ValueError("resample ablation needs at least one reference pattern")
@@ -146,6 +163,8 @@ class ResamplePatterns:
 
 class MeanOutputs:
     """Mean head output z per position over a reference corpus (output-level: replaces z, not the pattern)."""
+
+    needs_text = False
 
     output_level = True
 

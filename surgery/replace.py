@@ -129,6 +129,9 @@ class HybridModel(nn.Module):
         self._batch_cache: OrderedDict[str, dict[HeadKey, torch.Tensor]] = OrderedDict()
         self._batch_cache_items = batch_cache_items
         self._ids: torch.Tensor | None = None
+        self._batch: dict[int, tuple[list[ProgramHead], torch.Tensor]] | None = None
+        # decode ids to text only if some program reads text, offsets or linguistic features
+        self._need_text = any(getattr(ph.provider, "needs_text", True) for ph in heads.values())
         self._lengths: torch.Tensor | None = None
         self._v: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
@@ -225,7 +228,7 @@ class HybridModel(nn.Module):
             outputs = [ph for ph in heads if getattr(ph.provider, "output_level", False)]
             if attention and self.mode == "pattern":
                 hp = hooks[f"blocks.{layer}.attn.hook_pattern"]
-                self._handles.append(hp.register_forward_hook(self._pattern_hook(layer, attention)))
+                self._handles.append(hp.register_forward_hook(self._pattern_hook(layer)))
                 attention = []
             if attention:
                 hv = hooks[f"blocks.{layer}.attn.hook_v"]
@@ -236,8 +239,10 @@ class HybridModel(nn.Module):
 
     def _remember_ids(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         self._ids = output.detach()
+        self._batch = None  # this forward's program patterns, computed at the first hooked layer
 
-    def _batch_patterns(self, query_len: int, key_len: int) -> dict[HeadKey, torch.Tensor]:
+    def _batch_patterns(self, query_len: int, key_len: int) -> dict[int, tuple[list[ProgramHead], torch.Tensor]]:
+        """Per layer: the attention-level program heads and their patterns stacked [B, k, N, N] for this batch."""
         ids = self._ids
         if ids is None or ids.ndim != 2:
             raise SurgeryError("program heads need token ids (embed.hook_in did not fire with [batch, pos] ids)")
@@ -246,6 +251,8 @@ class HybridModel(nn.Module):
                 f"program heads saw {query_len} queries over {key_len} keys for {ids.shape[1]} input tokens: "
                 "KV-cache decoding is not supported; use hybrid.generate (full recompute per step)"
             )
+        if self._batch is not None:
+            return self._batch
         ids_np = ids.cpu().numpy()
         lengths = (self._lengths.numpy() if self._lengths is not None
                    else np.full(ids_np.shape[0], ids_np.shape[1], dtype=np.int64))
@@ -253,29 +260,40 @@ class HybridModel(nn.Module):
         found = self._batch_cache.get(key)
         if found is not None:
             self._batch_cache.move_to_end(key)
+            self._batch = found
             return found
-        seqs = [self.registry.get(ids_np[b, : int(lengths[b])]) for b in range(ids_np.shape[0])]
+        seqs = [self.registry.get(ids_np[b, : int(lengths[b])], self._need_text) for b in range(ids_np.shape[0])]
         width = ids_np.shape[1]
         found = {}
-        for ph in self.program_heads.values():
-            if getattr(ph.provider, "output_level", False):
+        for layer, heads in self._by_layer().items():
+            heads = [ph for ph in heads if not getattr(ph.provider, "output_level", False)]
+            if not heads:
                 continue
-            pats = ph.patterns(seqs, self.handle.causal)
-            if pats.shape[-1] < width:  # padded batch: programs saw only the real tokens
-                pats = np.pad(pats, ((0, 0), (0, width - pats.shape[1]), (0, width - pats.shape[2])))
-            found[(ph.layer, ph.head)] = torch.from_numpy(pats).to(self.handle.device)
+            stacked = []
+            for ph in heads:
+                pats = ph.patterns(seqs, self.handle.causal)
+                if pats.shape[-1] < width:  # padded batch: programs saw only the real tokens
+                    pats = np.pad(pats, ((0, 0), (0, width - pats.shape[1]), (0, width - pats.shape[2])))
+                stacked.append(pats)
+            found[layer] = (heads, torch.from_numpy(np.stack(stacked, axis=1)).to(self.handle.device))
         self._batch_cache[key] = found
         while len(self._batch_cache) > self._batch_cache_items:
             self._batch_cache.popitem(last=False)
+        self._batch = found
         return found
 
-    def _pattern_hook(self, layer: int, heads: list[ProgramHead]):
-        def hook(module: nn.Module, inputs: Any, pattern: torch.Tensor) -> torch.Tensor:
-            programs = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])
-            out = pattern.clone()
-            for ph in heads:
-                out[:, ph.head] = ph.blend(pattern[:, ph.head], programs[(layer, ph.head)].to(pattern.dtype))
-            return out
+    def _pattern_hook(self, layer: int):
+        def hook(module: nn.Module, inputs: Any, pattern: torch.Tensor) -> torch.Tensor | None:
+            order, stacked = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])[layer]
+            idx = torch.tensor([ph.head for ph in order], device=pattern.device)
+            new = stacked.to(pattern.dtype)
+            if any(ph.alpha < 1.0 for ph in order):
+                a = torch.tensor([ph.alpha for ph in order], dtype=pattern.dtype, device=pattern.device).view(1, -1, 1, 1)
+                new = a * new + (1 - a) * pattern.index_select(1, idx)
+            if not pattern.requires_grad and len(module._forward_hooks) == 1:
+                pattern.index_copy_(1, idx, new)  # inference, nobody else watching: no new [B, H, N, N] buffer
+                return None
+            return pattern.index_copy(1, idx, new)  # autograd keeps the softmax output; no grad into replaced heads
         return hook
 
     def _v_hook(self, layer: int):
@@ -295,9 +313,9 @@ class HybridModel(nn.Module):
                 if v is None:
                     raise SurgeryError(f"layer {layer}: hook_v did not fire before hook_z; cannot recompute z")
                 v4 = v if v.ndim == 4 else v.reshape(v.shape[0], v.shape[1], -1, d)
-                programs = self._batch_patterns(z4.shape[1], v4.shape[1])
-                for ph in heads:
-                    a = programs[(layer, ph.head)].to(v4.dtype)
+                order, stacked = self._batch_patterns(z4.shape[1], v4.shape[1])[layer]
+                for j, ph in enumerate(order):
+                    a = stacked[:, j].to(v4.dtype)
                     program_z = torch.einsum("bqk,bkd->bqd", a, v4[:, :, ph.head // group])
                     out[:, :, ph.head] = ph.blend(z4[:, :, ph.head], program_z)
             for ph in outputs:

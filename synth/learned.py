@@ -83,8 +83,9 @@ class LearnedConfig:
     max_pairs: int = 48  # readability cap on the pairs of one match term
     offsets: int = 8  # prev(1) .. prev(offsets) as positional terms (next(k) too when not causal)
     decays: tuple[float, ...] = (0.5, 0.8, 0.95)  # decay(rate) positional terms
-    loss: str = "iou"  # "iou" (1 - soft IoU on the sampled rows), "kl" (real vs predicted rows) or "jsd"
+    loss: str = "kl"  # "kl" (real vs predicted rows), "jsd" or "iou" (1 - soft IoU on the sampled rows)
     refit_steps: int = 60  # Adam steps refitting the mixture weights on the discretized components
+    refit_loss: str = "iou"  # the refit's loss (IoU selects, so the weights are tuned for it)
     min_weight: float = 0.01  # mixture terms lighter than this (after refit) are dropped
     init_scale: float = 0.1  # std of the initial predicate logits
     max_synth: int = 256  # at most this many synth sequences are used for fitting (evenly spaced)
@@ -100,8 +101,9 @@ class LearnedConfig:
         unknown = [f for f in self.features if f not in dsl.MATCH_FEATURES]
         if unknown or not self.features:
             raise ValueError(f"features must be a non-empty subset of {dsl.MATCH_FEATURES}; unknown: {unknown}")
-        if self.loss not in ("kl", "jsd", "iou"):
-            raise ValueError(f"loss must be 'kl', 'jsd' or 'iou'; got {self.loss!r}")
+        for name in ("loss", "refit_loss"):
+            if getattr(self, name) not in ("kl", "jsd", "iou"):
+                raise ValueError(f"{name} must be 'kl', 'jsd' or 'iou'; got {getattr(self, name)!r}")
         if any(not 0.0 < r < 1.0 for r in self.decays):
             raise ValueError(f"decay rates must lie in (0, 1); got {self.decays}")
 
@@ -606,7 +608,11 @@ def _hard_match(term: MatchTerm, data: _Data, space: FeatureSpace, rows: _Rows) 
 
 def _prune(term: MatchTerm, data: _Data, space: FeatureSpace, real: torch.Tensor, max_pairs: int,
            chunk: int = 32) -> MatchTerm:
-    """Drop pairs that select no key on synth; keep at most ``max_pairs`` by captured real attention mass."""
+    """Drop pairs that select no key on synth; keep at most ``max_pairs`` by captured real attention mass.
+
+    For ``closest``, a pair that only ever selects position 0 is dropped too: the no-match fallback goes
+    there already, and any other match is closer.
+    """
     if term.n_pairs == 0:
         return term
     size = term.table.size
@@ -618,6 +624,8 @@ def _prune(term: MatchTerm, data: _Data, space: FeatureSpace, real: torch.Tensor
         rows = _rows(data, idx, torch.arange(n).expand(idx.shape[0], n))
         m, flat = _hard_match(term, data, space, rows)
         chosen = (_select_rows(m.float(), term.select, rows.order, hard=True) > 0) & m
+        if term.select == "closest":  # choosing position 0 is what the fallback does anyway
+            chosen[:, :, 0] = False
         sel = flat[chosen]
         mass.index_add_(0, sel, real[idx][chosen].double())
         used.index_add_(0, sel, torch.ones_like(sel))
@@ -667,7 +675,7 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
     mix = torch.nn.Parameter(model.mix.detach().clone())
     opt2 = torch.optim.Adam([mix], lr=cfg.lr)
     for _ in range(cfg.refit_steps):
-        loss = _loss(_mix(mix, hard, rows), target, rows, cfg.loss)
+        loss = _loss(_mix(mix, hard, rows), target, rows, cfg.refit_loss)
         opt2.zero_grad()
         loss.backward()
         opt2.step()
@@ -688,7 +696,7 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
         keep_pos = [p for p in range(len(specs)) if weights[T + p] > 0]
         sub = rows.select_pos(keep_pos)
         pred = _mix(torch.log(ws), [hard[t] for t in range(T) if weights[t] > 0], sub)
-        head.loss = float(_loss(pred, target, rows, cfg.loss))
+        head.loss = float(_loss(pred, target, rows, cfg.refit_loss))
     return head
 
 

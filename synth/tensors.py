@@ -56,11 +56,13 @@ def program_tensors(
     cache: TensorCache | None = None,
     *,
     dtype: np.dtype | type = np.float32,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Patterns of every program on every sequence -> [P, B, N, N] (N = longest sequence, zero-padded).
 
     With a ``cache``, hits are read from it and only the misses are computed (then stored). ``dtype``
-    float16 halves the result's memory; the cache always holds float32.
+    float16 halves the result's memory; the cache always holds float32. ``out`` (shape [P, B, N, N])
+    is filled and returned instead of a new array, e.g. one buffer reused across candidate blocks.
     """
     seqs = list(sequences)
     progs = list(programs)
@@ -70,7 +72,13 @@ def program_tensors(
     if min(lengths) < 1:
         raise ValueError("program_tensors got an empty sequence (length 0); drop it before scoring")
     N = max(lengths)
-    out = np.zeros((len(progs), len(seqs), N, N), dtype=dtype)
+    shape = (len(progs), len(seqs), N, N)
+    if out is None:
+        out = np.zeros(shape, dtype=dtype)
+    else:
+        if out.shape != shape:
+            raise ValueError(f"out has shape {out.shape}; program_tensors needs {shape} here")
+        out[...] = 0
     if not progs:
         return out
     policy = mask_policy(causal)

@@ -266,3 +266,13 @@ def test_program_tensors_with_real_dsl_program(tmp_path):
     assert got[0, 0, 0, 0] == 1.0
     again = program_tensors(progs, seqs, causal=True, cache=TensorCache(directory=tmp_path))
     np.testing.assert_array_equal(again, got)
+
+
+def test_program_tensors_fills_a_given_buffer():
+    seqs = [mkseq(range(4)), mkseq(range(2))]
+    buf = np.full((1, 2, 4, 4), 7.0, np.float32)             # stale content must not survive
+    got = program_tensors([FakeProgram(1)], seqs, cache=TensorCache(), out=buf)
+    assert got is buf
+    np.testing.assert_array_equal(buf, direct([FakeProgram(1)], seqs))
+    with pytest.raises(ValueError, match="needs \\(1, 2, 4, 4\\)"):
+        program_tensors([FakeProgram(1)], seqs, out=np.zeros((1, 2, 5, 5), np.float32))

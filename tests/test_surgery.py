@@ -202,3 +202,21 @@ def test_hybrid_is_usable_like_the_model(stories, documents):
         assert out.shape == (1, 9)
         text = stories.tokenizer.decode(out[0], skip_special_tokens=True)
         assert len(text.split()) >= 2
+
+
+def test_inplace_fast_path_never_changes_what_earlier_hooks_hold(stories, documents):
+    """A hook registered before the hybrid keeps a reference to the neural pattern; it must stay neural."""
+    seqs, ids = batch_of(stories, documents, n=2)
+    layer, head = 2, 4
+    hp = stories.model.hook_dict[f"blocks.{layer}.attn.hook_pattern"]
+    held = {}
+    early = hp.register_forward_hook(lambda m, i, o: held.__setitem__("ref", o))  # no clone on purpose
+    try:
+        with torch.no_grad():
+            stories.forward(ids)
+            neural = held["ref"][:, head].clone()
+            with replace_heads(stories, {(layer, head): "first()"}) as hybrid:
+                hybrid(ids)
+        assert torch.equal(held["ref"][:, head], neural)
+    finally:
+        early.remove()
