@@ -89,6 +89,70 @@ class SearchStats:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+# ============================================================================ BLAS threads
+
+_BLAS_HOOKS: list | None = None
+
+
+def _blas_hooks() -> list:
+    """(get, set) thread-count functions of the OpenBLAS libraries numpy/scipy loaded (may be empty)."""
+    global _BLAS_HOOKS
+    if _BLAS_HOOKS is not None:
+        return _BLAS_HOOKS
+    import ctypes
+    import glob
+    import os
+
+    paths: set[str] = set()
+    try:
+        with open("/proc/self/maps") as f:
+            paths |= {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
+    except OSError:
+        pass
+    paths |= set(glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")))
+    hooks = []
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in ("scipy_openblas", "openblas"):
+            for suffix in ("64_", "_64_", ""):
+                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                if get is not None and put is not None:
+                    get.restype = ctypes.c_int
+                    put.argtypes = [ctypes.c_int]
+                    hooks.append((get, put))
+                    break
+            else:
+                continue
+            break
+    _BLAS_HOOKS = hooks
+    return hooks
+
+
+class _single_thread_blas:
+    """Run BLAS calls single-threaded: the Gram products here are small and OpenBLAS threads on busy
+    machines made them 30-80x slower (measured on 2 shared cores); a no-op where OpenBLAS is not found."""
+
+    def __enter__(self) -> None:
+        self.saved = []
+        for get, put in _blas_hooks():
+            try:
+                self.saved.append((put, int(get())))
+                put(1)
+            except Exception:  # noqa: BLE001 - best effort only
+                pass
+
+    def __exit__(self, *exc: Any) -> None:
+        for put, n in self.saved:
+            try:
+                put(n)
+            except Exception:  # noqa: BLE001
+                pass
+
+
 # ============================================================================ the library
 
 def _frequent_tokens(seqs: list[Sequence], count: int, skip_first: bool = True) -> list[int]:
@@ -209,27 +273,45 @@ class _Split:
         pats, lens = self.store.batch([self.indices[p] for p in pos], heads)
         return np.ascontiguousarray(pats, dtype=np.float32), np.asarray(lens, dtype=np.int64)
 
-    def patterns(self, programs: list[Program], pos: np.ndarray, causal: bool, cache: Any) -> np.ndarray:
-        """Program patterns [P, Bc, Nc, Nc] float32 of a chunk (through ``cache`` when given)."""
-        ids, lens, feats = self.arrays(pos)
-        if cache is not None:
-            from .tensors import program_tensors
+    def components(self, programs: list[Program], pos: np.ndarray, causal: bool, cache: Any = None) -> np.ndarray:
+        """Row-normalized raw scores [P, Bc, Nc, Nc] of a chunk: empty rows stay empty (as inside a mix).
 
-            return program_tensors(programs, [self.seqs[p] for p in pos], causal, cache)
-        width = ids.shape[1]
-        out = np.empty((len(programs), len(pos), width, width), dtype=np.float32)
-        for k, prog in enumerate(programs):
-            prog.evaluate_arrays(ids, lens, feats, causal, out=out[k])
-        return out
-
-    def components(self, programs: list[Program], pos: np.ndarray, causal: bool) -> np.ndarray:
-        """Row-normalized raw scores [P, Bc, Nc, Nc] of a chunk: empty rows stay empty (as inside a mix)."""
+        With a ``TensorCache``, each (program, sequence) matrix is looked up and stored under its own
+        key (mask policy ``rownorm/...``, distinct from normalized patterns).
+        """
         ids, lens, feats = self.arrays(pos)
         width = ids.shape[1]
-        out = np.empty((len(programs), len(pos), width, width), dtype=np.float32)
+        out = np.zeros((len(programs), len(pos), width, width), dtype=np.float32)
         for k, prog in enumerate(programs):
-            prog.evaluate_arrays(ids, lens, feats, causal, normalize=False, out=out[k])
-            K.row_normalize(out[k])
+            todo = np.arange(len(pos))
+            keys: list[str] = []
+            if cache is not None:
+                from ..kernels.cache import cache_key
+                from .tensors import mask_policy
+
+                policy = "rownorm/" + mask_policy(causal)
+                keys = [cache_key(prog.hash, self.seqs[p].key, policy) for p in pos]
+                missing = []
+                for b, key in enumerate(keys):
+                    hit = cache.get(key)
+                    n = int(lens[b])
+                    if hit is not None and hit.shape == (n, n):
+                        out[k, b, :n, :n] = hit
+                    else:
+                        missing.append(b)
+                todo = np.asarray(missing, dtype=np.int64)
+                if todo.size == 0:
+                    continue
+            if todo.size == len(pos):
+                prog.evaluate_arrays(ids, lens, feats, causal, normalize=False, out=out[k])
+                K.row_normalize(out[k])
+            else:
+                sub = prog.evaluate_arrays(ids[todo], lens[todo], {n: v[todo] for n, v in feats.items()},
+                                           causal, normalize=False)
+                K.row_normalize(sub)
+                out[k, todo] = sub
+            if cache is not None:
+                cache.put_many({keys[b]: out[k, b, : lens[b], : lens[b]] for b in todo})
         return out
 
 
@@ -398,7 +480,8 @@ class _FitSet:
     """
 
     def __init__(self, split: _Split, library: list[Program], heads: list[tuple[int, int]],
-                 preds: list[dsl.Pred], causal: bool, progress: bool) -> None:
+                 preds: list[dsl.Pred], causal: bool, progress: bool, score_singles: bool = True,
+                 desc: str = "enumerative: primitives", cache: Any = None) -> None:
         P, H = len(library), len(heads)
         self.library, self.preds, self.causal = library, preds, causal
         self.index = {p.node: k for k, p in enumerate(library)}
@@ -407,9 +490,9 @@ class _FitSet:
         comps, reals, empties, prows, row_len, seq_rows = [], [], [], [], [], []
         iou_sum, jsd_sum = np.zeros((H, P)), np.zeros((H, P))
         chunks = split.chunks(_chunk_size(P + H, width, 64))
-        bar = _progress(len(chunks), "enumerative: primitives", progress)
+        bar = _progress(len(chunks), desc, progress)
         for pos in chunks:
-            cand = split.components(library, pos, causal)  # [P, Bc, Nc, Nc]; rows sum to 1 or are empty
+            cand = split.components(library, pos, causal, cache)  # [P, Bc, Nc, Nc]; rows sum to 1 or are empty
             real, lens = split.real(pos, heads)
             ids_c, _, feats_c = split.arrays(pos)
             n = cand.shape[2]
@@ -427,10 +510,11 @@ class _FitSet:
             for ln in lens:
                 row_len.append(np.arange(1, ln + 1) if causal else np.full(ln, ln))
                 seq_rows.append(int(ln))
-            cand[..., 0] += empty & inside[None]  # standalone programs: empty rows attend to position 0
-            sc = score_many(real, cand, lens, causal, ("iou", "jsd"), per_sequence=True)
-            iou_sum += sc["iou"].sum(axis=2)
-            jsd_sum += sc["jsd"].sum(axis=2)
+            if score_singles:
+                cand[..., 0] += empty & inside[None]  # standalone programs: empty rows attend to position 0
+                sc = score_many(real, cand, lens, causal, ("iou", "jsd"), per_sequence=True)
+                iou_sum += sc["iou"].sum(axis=2)
+                jsd_sum += sc["jsd"].sum(axis=2)
             del cand, real
             bar.update(1)
         bar.close()
@@ -538,13 +622,13 @@ class _FitSet:
 
     def jsd(self, q: np.ndarray, h: int) -> np.ndarray:
         """Mean per-row Jensen-Shannon distance per candidate (q [K, C]), mean over the fit sequences."""
-        p = self.real[h].astype(np.float64)
-        q = q.astype(np.float64)
+        from scipy.special import rel_entr
+
+        p = self.real[h]
         m = 0.5 * (p + q)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0) / np.where(m > 0, m, 1.0)), 0.0)
-            t = t + np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0) / np.where(m > 0, m, 1.0)), 0.0)
-        rows = np.sqrt(np.maximum(0.5 * np.add.reduceat(t, self.row_start[:-1], axis=-1), 0.0))
+        t = rel_entr(p, m)
+        t += rel_entr(q, m)
+        rows = np.sqrt(np.maximum(0.5 * np.add.reduceat(t, self.row_start[:-1], axis=-1, dtype=np.float64), 0.0))
         per_seq = np.add.reduceat(rows, self.seq_row_start[:-1], axis=-1) / self.rows_per_seq
         return per_seq.mean(axis=-1)
 
@@ -635,6 +719,33 @@ def _hypothesis(program: Program) -> str:
     return "composed rule"
 
 
+def _walk(node: dsl.Node) -> Iterable[dsl.Node]:
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        stack.extend(dsl._children(cur))
+
+
+def _used_primitives(nodes: list[dsl.Node], library: list[Program]) -> list[Program]:
+    """The library primitives appearing in the trees, in library order."""
+    seen = {n for node in nodes for n in _walk(node) if isinstance(n, dsl.Prim)}
+    return [p for p in library if p.node in seen]
+
+
+def _used_preds(nodes: list[dsl.Node], preds: list[dsl.Pred]) -> list[dsl.Pred]:
+    """The query predicates gating the trees, in ``preds`` order."""
+    seen = {n.pred for node in nodes for n in _walk(node) if isinstance(n, dsl.Gate)}
+    return [p for p in preds if p in seen]
+
+
+def _best_single_loss(st: _Stats, h: int) -> float:
+    """Least-squares loss of the best one-primitive fit (``pp - r_k^2 / G_kk`` over r_k > 0)."""
+    diag = np.diag(st.G)
+    gain = np.where((st.R[h] > 0) & (diag > 0), st.R[h] ** 2 / np.where(diag > 0, diag, 1.0), 0.0)
+    return float(st.pp[h] - gain.max(initial=0.0))
+
+
 def _mixture(nodes: list[dsl.Node], support: tuple[int, ...], w: np.ndarray) -> dsl.Node | None:
     return _mix_node([(float(x), nodes[j]) for x, j in zip(w, support)])
 
@@ -661,17 +772,23 @@ def _propose(fs: _FitSet, hi: int, tot: _Stats, groups: list[_Stats], nodes: lis
         if len(best) < 2 and len(sup) > 1:
             best.append((sup, w))
     refined = []
-    for sup, w in best[:1] + sorted(best[1:], key=lambda b: -len(b[0]))[:1]:
+    for sup, w in best[:1]:
         node = _mixture(nodes, sup, fs.refine(hi, sup, w))
         if node is not None:
             props.append(node)
             refined.append(node)
     if gates > 0 and groups:
-        gated = []
+        # cheap screen: the best single-primitive fit inside and outside each query group
+        screen = []
         for g, grp in enumerate(groups):
             inn, out = grp, tot - grp
             if inn.pp[hi] <= 0 or out.pp[hi] <= 0:
                 continue
+            screen.append((_best_single_loss(inn, hi) + _best_single_loss(out, hi), g))
+        screen.sort()
+        gated = []
+        for _proxy, g in screen[: 2 * gates]:
+            inn, out = groups[g], tot - groups[g]
             a = _beam_mixtures(inn, hi, allowed, 2, max_terms, 4)
             b = _beam_mixtures(out, hi, allowed, 2, max_terms, 4)
             if a and b:
@@ -716,9 +833,19 @@ def enumerative_search(
     sample the search fits and ranks on (None: all of synth); ``top_k``: candidates returned per head
     (the best by JSD plus the two best by IoU on the fit set); ``gates``: query-gated proposals per
     head; ``library``: primitives to start from (default :func:`primitive_library`); ``spacy``: use spaCy
-    features (POS, dependencies; default: when the spaCy model loads); ``cache``: a ``TensorCache`` the
-    final scoring on ``select`` reads and fills; ``stats``: a :class:`SearchStats` to fill.
+    features (POS, dependencies; default: when the spaCy model loads); ``cache``: a ``TensorCache`` for the
+    primitives' (row-normalized, unmasked-to-BOS) score matrices, read and filled; ``stats``: a :class:`SearchStats` to fill.
     """
+    with _single_thread_blas():
+        return _search(store, heads, synth_idx, select_idx, beam, max_terms, seed, progress, cache, top_k,
+                       fit_sequences, library, gates, spacy, stats)
+
+
+def _search(store: AttentionStoreLike, heads: Any, synth_idx: Any, select_idx: Any, beam: int, max_terms: int,
+            seed: int, progress: bool, cache: Any, top_k: int, fit_sequences: int | None,
+            library: list[Program] | None, gates: int, spacy: bool | None,
+            stats: SearchStats | None) -> dict[tuple[int, int], list[Candidate]]:
+    """The body of :func:`enumerative_search` (arguments as there)."""
     import time
 
     t_start = time.perf_counter()
@@ -758,7 +885,7 @@ def enumerative_search(
 
     # ---- stage 1: every primitive on every head, compact components, Gram statistics
     t0 = time.perf_counter()
-    fs = _FitSet(fit_split, library, heads, preds, causal, progress)
+    fs = _FitSet(fit_split, library, heads, preds, causal, progress, cache=cache)
     tot, groups = fs.stats()
     stats.seconds["primitives"] = time.perf_counter() - t0
 
@@ -792,11 +919,19 @@ def enumerative_search(
     stats.seconds["compose"] = time.perf_counter() - t0
     del fs
 
-    # ---- final: the kept candidates as real programs on select
+    # ---- final: the kept candidates on select (the primitives they use, evaluated by the kernels there)
     t0 = time.perf_counter()
-    programs = {h: [p for p, _, _ in v] for h, v in ranked.items()}
-    select_split = _Split(store, select_idx, _features_for([p for v in programs.values() for p in v], []))
-    sel = _score_per_head(select_split, heads, programs, causal, cache, progress, "enumerative: select")
+    used = _used_primitives([p.node for v in ranked.values() for p, _, _ in v], library)
+    used_preds = _used_preds([p.node for v in ranked.values() for p, _, _ in v], preds)
+    select_split = _Split(store, select_idx, _features_for(used, used_preds))
+    fsel = _FitSet(select_split, used, heads, used_preds, causal, progress, score_singles=False,
+                   desc="enumerative: select", cache=cache)
+    sel: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+    for hi, head in enumerate(heads):
+        memo: dict = {}
+        pats = np.stack([fsel.pattern(p.node, memo) for p, _, _ in ranked[head]])
+        sel[head] = {"iou": fsel.iou(pats, hi), "jsd": fsel.jsd(pats, hi)}
+    del fsel
     result: dict[tuple[int, int], list[Candidate]] = {}
     for head in heads:
         cands = []
@@ -809,26 +944,3 @@ def enumerative_search(
     stats.seconds["select"] = time.perf_counter() - t0
     stats.seconds["total"] = time.perf_counter() - t_start
     return result
-
-
-def _score_per_head(split: _Split, heads: list[tuple[int, int]], programs: dict[tuple[int, int], list[Program]],
-                    causal: bool, cache: Any, progress: bool, desc: str) -> dict[tuple[int, int], dict[str, np.ndarray]]:
-    """IoU and JSD (means over the split's sequences) of each head's own programs, via the kernels."""
-    width = int(split.lengths.max())
-    most = max(len(v) for v in programs.values())
-    chunks = split.chunks(_chunk_size(most + len(heads), width, 64))
-    sums = {h: {"iou": np.zeros(len(programs[h])), "jsd": np.zeros(len(programs[h]))} for h in heads}
-    bar = _progress(len(chunks) * len(heads), desc, progress)
-    for pos in chunks:
-        real, lens = split.real(pos, heads)
-        for hi, head in enumerate(heads):
-            progs = programs[head]
-            if progs:
-                cand = split.patterns(progs, pos, causal, cache)
-                sc = score_many(real[hi: hi + 1], cand, lens, causal, ("iou", "jsd"), per_sequence=True)
-                sums[head]["iou"] += sc["iou"][0].sum(axis=1)
-                sums[head]["jsd"] += sc["jsd"][0].sum(axis=1)
-            bar.update(1)
-    bar.close()
-    n = len(split)
-    return {h: {k: v / n for k, v in d.items()} for h, d in sums.items()}

@@ -69,7 +69,7 @@ _EPS = 1e-9
 class LearnedConfig:
     """Hyper-parameters of the learned searcher (the defaults are the measured ones; see the module doc)."""
 
-    steps: int = 200  # Adam steps per head with Gumbel annealing
+    steps: int = 150  # Adam steps per head with Gumbel annealing
     batch_size: int = 32  # sequences per step
     rows: int = 32  # query rows sampled per sequence and step
     refit_rows: int = 32  # query rows per synth sequence for the mixture refit
@@ -88,6 +88,7 @@ class LearnedConfig:
     refit_loss: str = "iou"  # the refit's loss (IoU selects, so the weights are tuned for it)
     min_weight: float = 0.01  # mixture terms lighter than this (after refit) are dropped
     init_scale: float = 0.1  # std of the initial predicate logits
+    sparsity: float = 0.0  # penalty per expected active pair of the gated predicate block (prefers few pairs)
     max_synth: int = 256  # at most this many synth sequences are used for fitting (evenly spaced)
 
     def __post_init__(self) -> None:
@@ -533,20 +534,22 @@ class _Model(torch.nn.Module):
         self.register_buffer("slot_feature", torch.from_numpy(space.slot_feature()))
         self.register_buffer("keep", torch.from_numpy(~space.other_mask()).float())
 
-    def forward(self, data: _Data, rows: _Rows, tau: float, gen: torch.Generator) -> torch.Tensor:
-        """Soft predicted attention [B, R, N] of the sampled rows."""
+    def forward(self, data: _Data, rows: _Rows, tau: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Soft predicted attention [B, R, N] of the sampled rows, and the expected number of active pairs."""
         keep2 = self.keep[:, None] * self.keep[None, :]
         q_oh = _gather_rows(data.onehot, rows)
         k_oh = data.onehot[rows.idx]
         visf = rows.vis.float()
         out = []
+        pairs = torch.zeros(())
         for t, select in enumerate(self.selects):
             s = _relaxed_bernoulli(self.pred[t], tau, gen, False) * keep2
             gq = _gumbel_softmax(self.gate_q[t], tau, gen, False)[self.slot_feature]
             gk = _gumbel_softmax(self.gate_k[t], tau, gen, False)[self.slot_feature]
             m = torch.matmul(torch.matmul(q_oh * gq, s), (k_oh * gk).transpose(1, 2)) * visf
             out.append(_select_rows(m.clamp(0.0, 1.0), select, rows.order, hard=False))
-        return _mix(self.mix, out, rows)
+            pairs = pairs + (gq[:, None] * s * gk[None, :]).sum()
+        return _mix(self.mix, out, rows), pairs
 
 
 def _mix(mix_logits: torch.Tensor, match_rows: list[torch.Tensor], rows: _Rows) -> torch.Tensor:
@@ -657,8 +660,8 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
         frac = step / max(cfg.steps - 1, 1)
         tau = cfg.tau_start * (cfg.tau_end / cfg.tau_start) ** frac
         rows = _sample_rows(data, cfg.batch_size, cfg.rows, gen)
-        pred = model(data, rows, tau, gen)
-        loss = _loss(pred, _gather_rows(real_t, rows).float(), rows, cfg.loss)
+        pred, pairs = model(data, rows, tau, gen)
+        loss = _loss(pred, _gather_rows(real_t, rows).float(), rows, cfg.loss) + cfg.sparsity * pairs
         opt.zero_grad()
         loss.backward()
         opt.step()
