@@ -461,6 +461,13 @@ def _portable_tokenizer_config(path: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 
 
+def _make_readable(path: Path) -> None:
+    """mkdtemp and safetensors create owner-only modes; shipped package data must be world-readable."""
+    path.chmod(0o755)
+    for p in path.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
 def _save_atomic(model: Any, tokenizer: Any, out_dir: Path, record: dict, t_start: float) -> None:
     """Write model + tokenizer + training.json into a temp dir beside ``out_dir`` and swap it in."""
     import torch
@@ -476,6 +483,7 @@ def _save_atomic(model: Any, tokenizer: Any, out_dir: Path, record: dict, t_star
         record["size_bytes"] = _dir_size(tmp) + 4096  # + training.json, roughly
         (tmp / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         write_model_card(tmp, record)
+        _make_readable(tmp)
         record["size_bytes"] = _dir_size(tmp)
         (tmp / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         old = None
@@ -493,9 +501,13 @@ def _save_atomic(model: Any, tokenizer: Any, out_dir: Path, record: dict, t_star
 # --------------------------------------------------------------------------------------------- sampling
 
 
+# U+FFFD (bytes that do not decode) and the UTF-8-read-as-cp1252 mojibake that the source text contains
+_MOJIBAKE = re.compile("\ufffd|\u00e2\u20ac|\u00c3|\u00c2")
+
+
 def _finish_story(text: str, ended: bool) -> str:
-    """Tidy one sampled story: one paragraph, whitespace collapsed; cut an unfinished one at its last sentence end."""
-    text = re.sub(r"\s*\n\s*\n\s*", " ", text).strip()
+    """Tidy one sampled story: one line, whitespace collapsed; cut an unfinished one at its last sentence end."""
+    text = re.sub(r"\s+", " ", text).strip()
     if not ended:
         cut = max(text.rfind(c) for c in ".!?")
         if cut > 0:
@@ -521,7 +533,7 @@ def sample_stories(
     """Sample ``n`` stories from a zoo model, each from the BOS token until EOT, with a fixed seed.
 
     Unfinished stories (no EOT within ``max_new_tokens``) are cut at their last sentence end; stories shorter
-    than ``min_chars`` or with undecodable bytes are dropped and re-drawn.
+    than ``min_chars``, with undecodable bytes or with mojibake (learned from the source text) are dropped.
     """
     import torch
     from tqdm import tqdm
@@ -550,7 +562,7 @@ def sample_stories(
             ended = eot in row
             ids = row[: row.index(eot)] if ended else row
             story = _finish_story(tok.decode(ids, skip_special_tokens=True), ended)
-            if len(story) >= min_chars and "\ufffd" not in story and len(stories) < n:
+            if len(story) >= min_chars and not _MOJIBAKE.search(story) and len(stories) < n:
                 stories.append(story)
                 bar.update(1)
     bar.close()

@@ -29,7 +29,7 @@ __all__ = [
     "score_self", "score_prev", "score_next", "score_first", "score_window", "score_decay",
     "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
     "score_keys", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
-    "score_dep_children", "score_match", "value_index",
+    "score_dep_children", "score_match", "value_index", "score_profile", "score_key_values",
     "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "multiply", "row_normalize",
     "empty_rows", "threads_for", "SMALL_WORK",
 ]
@@ -322,6 +322,36 @@ def _score_match(qidx, kidx, table, lengths, closest, causal, out):  # pragma: n
                         break
 
 
+@njit(parallel=True, cache=True)
+def _score_profile(lengths, n, w, tail, bos, causal, out):  # pragma: no cover - compiled
+    """Key i-d scores w[d] (d < len(w)) or tail; key 0 scores bos when bos >= 0; keys ahead score 0."""
+    nb = lengths.shape[0]
+    nw = w.shape[0]
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            for j in range(i + 1):
+                d = i - j
+                v = w[d] if d < nw else tail
+                if j == 0 and bos >= 0.0:
+                    v = bos
+                out[b, i, j] = v
+
+
+@njit(parallel=True, cache=True)
+def _score_key_values(values, lengths, causal, out):  # pragma: no cover - compiled
+    """Every visible key j scores values[b, j] (a per-key weight)."""
+    nb, n = values.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                out[b, i, j] = values[b, j]
+
+
 # Allocating wrappers. ``out`` may pass a reusable float32 [B,N,N] buffer (every cell is
 # overwritten); otherwise numpy allocates it, not the kernel: numpy puts large arrays on transparent
 # huge pages, which made first-touch page faults of a [1000,128,128] float32 batch ~5x cheaper than
@@ -466,6 +496,24 @@ def score_match(qidx, kidx, table, lengths, closest, causal, out=None) -> np.nda
     """
     out = _buffer(out, (qidx.shape[0], qidx.shape[1], qidx.shape[1]))
     _score_match(qidx, kidx, table, lengths, closest, causal, out)
+    return out
+
+
+def score_profile(lengths, n, w, tail, bos, causal, out=None) -> np.ndarray:
+    """Positional profile: key i-d scores w[d] (d < len(w)) else ``tail``; key 0 scores ``bos`` if >= 0.
+
+    Only keys at or behind the query score (d >= 0), with or without a causal mask.
+    """
+    out = _buffer(out, (lengths.shape[0], n, n))
+    _score_profile(lengths, n, np.ascontiguousarray(w, dtype=np.float32), np.float32(tail), np.float32(bos),
+                   causal, out)
+    return out
+
+
+def score_key_values(values, lengths, causal, out=None) -> np.ndarray:
+    """Every visible key j scores ``values[b, j]`` (float32 [B, N], e.g. per-key-token weights)."""
+    out = _buffer(out, (values.shape[0], values.shape[1], values.shape[1]))
+    _score_key_values(np.ascontiguousarray(values, dtype=np.float32), lengths, causal, out)
     return out
 
 

@@ -31,6 +31,15 @@ Primitives (``causal`` is the mask policy of the model; every primitive scores o
 ``same_word()``             every visible token of the query's word (the query included)
 ``dep_head()``              the token holding the query's dependency head
 ``dep_children()``          the tokens whose dependency head is the query
+``profile(w=[w0, ..], tail=t, bos=b)``
+                            a positional profile: key j = i-d gets w[d] for 0 <= d < len(w) and ``tail``
+                            beyond (default 0); with ``bos`` given, key 0 gets ``bos`` instead. Keys ahead
+                            of the query (d < 0, non-causal only) score 0. Weights are finite and >= 0
+                            (a fitted "mean attention by offset plus a first-token weight").
+``key_weight(w=[[id, x], ..], default=d)``
+                            every visible key scores the weight of its token id (listed ids), else
+                            ``default`` (default 1); ``mul(profile(..), key_weight(..))`` multiplies a
+                            positional profile by per-key-token factors, like softmax logits adding.
 ``match(q=F, k=F, pairs=[[qv, kv], ...], select=closest|all)``
                             keys whose (query value, key value) pair is listed; ``closest`` keeps only
                             the nearest such key (largest j <= i when causal, else smallest |i-j|,
@@ -84,6 +93,8 @@ __all__ = [
 MAX_DEPTH = 64
 MAX_NODES = 20_000
 MAX_OFFSET = 1 << 30
+MAX_WEIGHTS = 100_000
+MAX_WEIGHT = 1e30
 
 FLAGS = ("punct", "sent_end", "newline", "cap", "word_start")
 MATCH_FEATURES = (
@@ -100,7 +111,8 @@ KNOWN_POS_TAGS = (
 SELECTS = ("closest", "all")
 
 # name -> tuple of (param name, kind, default); kinds: offset (int >= 1), int, rate, ids, pred,
-# feature, pairs, select. _REQ marks a required parameter.
+# feature, pairs, select, weights (list of floats >= 0), idweights (list of [id, weight >= 0]),
+# nonneg (float >= 0), optnonneg (float >= 0 or None). _REQ marks a required parameter.
 _REQ = object()
 PRIMITIVES: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "self": (),
@@ -121,6 +133,8 @@ PRIMITIVES: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "decay": (("rate", "rate", _REQ),),
     "key_in_set": (("ids", "ids", _REQ),),
     "recent": (("pred", "pred", _REQ),),
+    "profile": (("w", "weights", _REQ), ("tail", "nonneg", 0.0), ("bos", "optnonneg", None)),
+    "key_weight": (("w", "idweights", _REQ), ("default", "nonneg", 1.0)),
     "match": (("q", "feature", _REQ), ("k", "feature", _REQ), ("pairs", "pairs", _REQ),
               ("select", "select", "closest")),
 }
@@ -231,6 +245,16 @@ def _as_float(value: Any, what: str) -> float:
     return v
 
 
+def _as_weight(value: Any, what: str) -> float:
+    """A score weight: finite, >= 0 and at most MAX_WEIGHT (kernels compute in float32)."""
+    v = _as_float(value, what)
+    if v < 0.0:
+        raise _err(f"{what} must be >= 0; got {v}")
+    if v > MAX_WEIGHT:
+        raise _err(f"{what} must be at most {MAX_WEIGHT:g} (scores are float32); got {v}")
+    return v
+
+
 def _as_ids(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise _err(f"{what} must be a non-empty list of token ids, e.g. ids=[3, 17]; got {value!r}")
@@ -281,6 +305,34 @@ def _check_param(prim: str, name: str, kind: str, value: Any, others: Mapping[st
         if not isinstance(value, str) or value not in MATCH_FEATURES:
             raise _err(f"{what} must be a feature, one of {', '.join(MATCH_FEATURES)}; got {value!r}")
         return value
+    if kind == "nonneg" or (kind == "optnonneg" and value is not None):
+        return _as_weight(value, what)
+    if kind == "optnonneg":
+        return None
+    if kind == "weights":
+        if not isinstance(value, (list, tuple)) or not value:
+            raise _err(f"{what} must be a non-empty list of weights >= 0, e.g. w=[1, 0.5]; got {value!r:.200}")
+        if len(value) > MAX_WEIGHTS:
+            raise _err(f"{what} lists {len(value)} weights; at most {MAX_WEIGHTS} are allowed")
+        return tuple(_as_weight(x, f"{what} weight") for x in value)
+    if kind == "idweights":
+        if not isinstance(value, (list, tuple)) or not value:
+            raise _err(f"{what} must be a non-empty list of [token id, weight] pairs, e.g. w=[[13, 2.5]]; "
+                       f"got {value!r:.200}")
+        if len(value) > MAX_WEIGHTS:
+            raise _err(f"{what} lists {len(value)} token weights; at most {MAX_WEIGHTS} are allowed")
+        table: dict[int, float] = {}
+        for item in value:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise _err(f"{what}: each entry must be [token id, weight]; got {item!r}")
+            tid = _as_int(item[0], f"{what} token id")
+            if tid < 0:
+                raise _err(f"{what} token ids must be >= 0; got {tid}")
+            wt = _as_weight(item[1], f"{what} weight for token {tid}")
+            if tid in table:
+                raise _err(f"{what} lists token id {tid} twice")
+            table[tid] = wt
+        return tuple(sorted(table.items()))
     if kind == "select":
         if value not in SELECTS:
             raise _err(f"{what} must be one of {', '.join(SELECTS)}; got {value!r}")
@@ -657,8 +709,8 @@ def to_text(node: Node) -> str:
     if isinstance(node, Prim):
         if node.name == "recent":
             return f"recent({_fmt_pred(node.param('pred'))})"
-        if node.name in ("key_in_set", "match"):
-            inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in node.params)
+        if node.name in ("key_in_set", "match", "profile", "key_weight"):
+            inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in node.params if v is not None)
         else:
             inner = ", ".join(_fmt_value(v) for _, v in node.params)
         return f"{node.name}({inner})"
@@ -719,7 +771,7 @@ def to_json(node: Node) -> Any:
             return {node.name: node.params[0][1]}
         if node.name == "recent":
             return {"recent": _pred_to_json(node.param("pred"))}
-        return {node.name: {k: _json_value(v) for k, v in node.params}}
+        return {node.name: {k: _json_value(v) for k, v in node.params if v is not None}}
     if isinstance(node, Mix):
         return {"mix": [[w, to_json(t)] for w, t in node.terms]}
     if isinstance(node, Fallback):
@@ -947,6 +999,17 @@ def _eval_prim(node: Prim, ctx: _Context) -> np.ndarray:
         return K.score_dep_head(ctx.feature("dep_head"), L, c, out=ctx.buf())
     if name == "dep_children":
         return K.score_dep_children(ctx.feature("dep_head"), L, c, out=ctx.buf())
+    if name == "profile":
+        bos = node.param("bos")
+        return K.score_profile(L, n, np.asarray(node.param("w"), dtype=np.float32), node.param("tail"),
+                               -1.0 if bos is None else bos, c, out=ctx.buf())
+    if name == "key_weight":
+        table = node.param("w")
+        tids = np.array([t for t, _ in table], dtype=np.int64)
+        wts = np.array([w for _, w in table], dtype=np.float32)
+        idx = K.value_index(ctx.ids, tids)
+        values = np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default")))
+        return K.score_key_values(np.ascontiguousarray(values, dtype=np.float32), L, c, out=ctx.buf())
     if name == "match":
         return _eval_match(node, ctx)
     raise AssertionError(name)

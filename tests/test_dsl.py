@@ -41,6 +41,15 @@ def prims(draw) -> Prim:
         return make(name, [draw(st.lists(st.integers(0, 60000), min_size=1, max_size=5))], {})
     if name == "recent":
         return Prim("recent", (("pred", draw(preds)),))
+    if name == "profile":
+        w = draw(st.lists(st.floats(0.0, 1e6), min_size=1, max_size=8))
+        kw = {"w": w, "tail": draw(st.floats(0.0, 1e3))}
+        if draw(st.booleans()):
+            kw["bos"] = draw(st.floats(0.0, 1e3))
+        return make(name, [], kw)
+    if name == "key_weight":
+        table = draw(st.dictionaries(st.integers(0, 60000), st.floats(0.0, 1e6), min_size=1, max_size=5))
+        return make(name, [], {"w": [[k, v] for k, v in table.items()], "default": draw(st.floats(0.0, 10.0))})
     if name == "match":
         q = draw(st.sampled_from(dsl.MATCH_FEATURES))
         k = draw(st.sampled_from(dsl.MATCH_FEATURES))
@@ -119,6 +128,11 @@ def test_design_example_json_and_text() -> None:
     ("(prev(1))", "prev(1)"),
     ("mul(uniform(), key_in_set(ids=[1]))", "mul(uniform(), key_in_set(ids=[1]))"),
     ("fallback(induction(), same_word(), sentence_start())", "fallback(induction(), same_word(), sentence_start())"),
+    ("profile([1, 0.50], 0.1)", "profile(w=[1, 0.5], tail=0.1)"),
+    ("profile(w=[2], bos=0.3)", "profile(w=[2], tail=0, bos=0.3)"),
+    ("key_weight(w=[[9, 2], [3, 0.5]])", "key_weight(w=[[3, 0.5], [9, 2]], default=1)"),
+    ("mul(profile(w=[1, 0.5], tail=0.01), key_weight(w=[[4, 3]], default=0.5))",
+     "mul(profile(w=[1, 0.5], tail=0.01), key_weight(w=[[4, 3]], default=0.5))"),
 ])
 def test_text_forms(text: str, canonical: str) -> None:
     node = dsl.parse(text)
@@ -188,6 +202,16 @@ def test_features_needed() -> None:
     ("", "empty DSL program"),
     ("mix(prev(1))", "w1\\*A"),
     ("(" * 70 + "prev(1)" + ")" * 70, "deeper than"),
+    ("profile()", "missing parameter 'w'"),
+    ("profile(w=[])", "non-empty list of weights"),
+    ("profile(w=[1, -0.5])", "must be >= 0"),
+    ("profile(w=[1e40])", "at most"),
+    ("profile(w=[1], tail=-1)", "must be >= 0"),
+    ("key_weight(w=[3, 4])", r"\[token id, weight\]"),
+    ("key_weight(w=[[3, 1], [3, 2]])", "twice"),
+    ("key_weight(w=[[-3, 1]])", "token ids must be >= 0"),
+    ("key_weight(w=[[3, -1]])", "must be >= 0"),
+    ("key_weight(w=[[3, 1]], default=-2)", "must be >= 0"),
 ])
 def test_text_validation_errors(text: str, message: str) -> None:
     with pytest.raises(ProgramValidationError, match=message):
@@ -222,6 +246,8 @@ def _nest(depth: int):
     ({"window": {"a": 1}}, "missing parameter 'b'"),
     (_nest(80), "deeper than"),
     ("{not json", "does not parse"),
+    ({"profile": {"w": [1, "x"]}}, "must be a number"),
+    ({"key_weight": {"w": [[1.5, 2]]}}, "must be an integer"),
 ])
 def test_json_validation_errors(obj, message: str) -> None:
     with pytest.raises(ProgramValidationError, match=message):

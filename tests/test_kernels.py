@@ -109,6 +109,16 @@ def ref_prim(node: Prim, seq: dict, causal: bool) -> list[list[float]]:
                 v = float(j == seq["dep_head"][i])
             elif name == "dep_children":
                 v = float(seq["dep_head"][j] == i)
+            elif name == "profile":
+                d = i - j
+                if d < 0:
+                    v = 0.0
+                elif j == 0 and p["bos"] is not None:
+                    v = p["bos"]
+                else:
+                    v = p["w"][d] if d < len(p["w"]) else p["tail"]
+            elif name == "key_weight":
+                v = dict(p["w"]).get(int(ids[j]), p["default"])
             else:
                 raise AssertionError(f"no reference for {name}")
             out[i][j] = v
@@ -185,6 +195,8 @@ def ref_batch(node, batch: dict, causal: bool, normalize: bool) -> np.ndarray:
 # ------------------------------------------------------------------------------------------
 
 SMALL = st.integers(-1, 5)
+# float32 scores: weights are 0 or well inside float32's normal range (the reference computes in float64)
+WEIGHTS = st.one_of(st.just(0.0), st.floats(1e-3, 4.0))
 
 
 @st.composite
@@ -251,6 +263,13 @@ def prims(draw, name: str | None = None) -> Prim:
         return dsl._make_prim(name, [draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))], {})
     if name == "recent":
         return Prim("recent", (("pred", draw(preds)),))
+    if name == "profile":
+        w = draw(st.lists(WEIGHTS, min_size=1, max_size=6))
+        bos = draw(st.one_of(st.none(), WEIGHTS))
+        return dsl._make_prim(name, [], {"w": w, "tail": draw(WEIGHTS), "bos": bos})
+    if name == "key_weight":
+        table = draw(st.dictionaries(st.integers(0, 5), WEIGHTS, min_size=1, max_size=4))
+        return dsl._make_prim(name, [], {"w": [[k, v] for k, v in table.items()], "default": draw(WEIGHTS)})
     return dsl._make_prim(name, [], {})
 
 
