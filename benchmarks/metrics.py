@@ -7,8 +7,8 @@ head-specific structure (previous-token, BOS sink, local decay, content noise), 
 heads. Program patterns come from 10 families x 20 parameter settings: prev(k), self, first,
 prev+first mixes, windows, same-token, induction-like, a prev+decay mix, decay(rate) and
 uniform-causal; the last three are dense (30% of programs, a pessimistic mix). Candidates are
-generated and scored in blocks of programs (the full float32 [200,500,128,128] would be 6.5 GB). The numpy baseline scores
-random (head, program, sequence) triples one at a time (IoU, JSD, top-q like the reference
+generated and scored in blocks of programs (the full float32 [200,500,128,128] would be 6.5 GB).
+The numpy baseline scores random (head, program, sequence) triples one at a time (IoU, JSD, top-q like the reference
 implementation) on a subsample and is extrapolated to all triples; the output says so.
 
 Run: ``python benchmarks/metrics.py [--heads 40 --programs 200 --sequences 500 --sample 400]``.
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
         del reference
     kind = type(progs[0]).__name__
     fmt = {k: f"{w:.2f} s wall / {c:.2f} s CPU" for k, (w, c) in timings.items()}
-    print(f"program_tensors {len(progs)} {kind} programs x {B} sequences (result {len(progs) * B * 64 / 1024:.0f} MiB):")
+    mib = buf.nbytes / 2**20
+    print(f"program_tensors {len(progs)} {kind} programs x {B} sequences (result {mib:.0f} MiB):")
     print(f"  no cache {fmt['none']}; miss (compute + store in memory and on disk) {fmt['miss']}")
     print(f"  memory hit {fmt['hit']} ({timings['miss'][0] / timings['hit'][0]:.1f}x faster than a miss, wall); "
           f"disk hit in a fresh cache {fmt['disk']}")
@@ -322,7 +323,8 @@ def _programs(count: int, fams):
                 out.append(Program.parse(texts[i % len(texts)] if i < len(texts) else
                                          f"{0.1 + 0.8 * i / count:.3f}*prev(1) + {0.9 - 0.8 * i / count:.3f}*first()"))
             except Exception:  # noqa: BLE001 - a primitive the DSL lacks: fall back to a mix
-                out.append(Program.parse(f"{(i + 1) / (count + 2):.3f}*prev(1) + {1 - (i + 1) / (count + 2):.3f}*first()"))
+                w = (i + 1) / (count + 2)
+                out.append(Program.parse(f"{w:.3f}*prev(1) + {1 - w:.3f}*first()"))
         return out
     except ImportError:
         return [_NumpyProgram(f) for f in fams[:count]]

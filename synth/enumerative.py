@@ -488,6 +488,7 @@ class _FitSet:
         self.pred_index = {pr: g for g, pr in enumerate(preds)}
         width = int(split.lengths.max())
         comps, reals, empties, prows, row_len, seq_rows = [], [], [], [], [], []
+        cell_d, cell_key, row_tok = [], [], []
         iou_sum, jsd_sum = np.zeros((H, P)), np.zeros((H, P))
         chunks = split.chunks(_chunk_size(P + H, width, 64))
         bar = _progress(len(chunks), desc, progress)
@@ -503,6 +504,9 @@ class _FitSet:
                 vis &= ar[None, None, :] <= ar[None, :, None]
             comps.append(cand[:, vis])
             reals.append(real[:, vis])
+            cell_d.append(np.broadcast_to(ar[None, :, None] - ar[None, None, :], vis.shape)[vis].astype(np.int32))
+            cell_key.append(np.broadcast_to(ids_c[:, None, :], vis.shape)[vis])
+            row_tok.append(ids_c[inside])
             empty = cand.sum(axis=3) <= 0  # [P, Bc, Nc]
             empties.append(empty[:, inside])
             prows.append(np.stack([_pred_mask(pr, ids_c, feats_c)[inside] for pr in preds])
@@ -534,6 +538,11 @@ class _FitSet:
         self.seq_cell_start = self.row_start[self.seq_row_start]
         self.rows_per_seq = np.asarray(seq_rows, dtype=np.float64)
         self.prim_iou, self.prim_jsd = iou_sum / self.B, jsd_sum / self.B
+        self.cell_d = np.concatenate(cell_d)  # query position - key position
+        self.cell_key = np.concatenate(cell_key).astype(np.int64)  # key token id
+        self.row_tok = np.concatenate(row_tok).astype(np.int64)  # query token id
+        self.cell_first = np.zeros(self.C, dtype=bool)  # key 0 (BOS when the model uses one)
+        self.cell_first[self.row_start[:-1]] = True
 
     # ------------------------------------------------------------ statistics for least squares
     def stats(self) -> tuple["_Stats", list["_Stats"]]:
@@ -564,9 +573,13 @@ class _FitSet:
             return hit
         if isinstance(node, dsl.Prim):
             k = self.index.get(node)
-            if k is None:
+            if k is not None:
+                out = (self.X[k], self.empty[k])
+            elif node.name in ("profile", "key_weight"):
+                v = self.rownorm(self.cell_scores(node))
+                out = (v, np.add.reduceat(v, self.row_start[:-1]) <= 0)
+            else:
                 raise KeyError(f"{dsl.to_text(node)} is not in the search library")
-            out = (self.X[k], self.empty[k])
         elif isinstance(node, dsl.Mix):
             acc = np.zeros(self.C, dtype=np.float32)
             emp = np.ones(self.R, dtype=bool)
@@ -603,6 +616,91 @@ class _FitSet:
         else:
             raise TypeError(f"not a DSL node: {node!r}")
         memo[node] = out
+        return out
+
+    def cell_scores(self, node: dsl.Prim) -> np.ndarray:
+        """Raw scores [C] of the table primitives ``profile`` and ``key_weight`` (kernel semantics)."""
+        if node.name == "profile":
+            w = np.asarray(node.param("w"), dtype=np.float32)
+            d = self.cell_d
+            v = np.where(d < len(w), w[np.clip(d, 0, len(w) - 1)], np.float32(node.param("tail")))
+            v = np.where(d < 0, np.float32(0.0), v).astype(np.float32)
+            if node.param("bos") is not None:
+                v[self.cell_first] = np.float32(node.param("bos"))
+            return v
+        table = node.param("w")
+        tids = np.array([t for t, _ in table], dtype=np.int64)
+        wts = np.array([w for _, w in table], dtype=np.float32)
+        idx = K.value_index(self.cell_key, tids)
+        return np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default"))).astype(np.float32)
+
+    def row_softmax(self, logits: np.ndarray) -> np.ndarray:
+        """exp(logits) normalized within each row segment ([C] -> [C])."""
+        mx = np.maximum.reduceat(logits, self.row_start[:-1])
+        q = np.exp(logits - mx[self.row_of_cell])
+        return self.rownorm(q)
+
+    def loglinear(self, h: int, keys: np.ndarray, offsets: int = 32, sweeps: int = 20,
+                  temperatures: tuple[float, ...] = (0.5, 0.7, 1.0, 1.4, 2.0, 3.0),
+                  min_rows: int = 20) -> list[dsl.Node]:
+        """Fit ``mul(profile(..), key_weight(..))`` (a softmax over offset + key-token logits) to head h.
+
+        Iterative proportional fitting of the offset, first-key and key-token logits (maximum
+        likelihood against the real rows), then a temperature per query token class chosen by L1
+        distance (``gate(ids=[..], sharpen(M, t), ..)``). Returns the plain, the tempered and the
+        query-gated programs.
+        """
+        p = self.real[h].astype(np.float64)
+        d = self.cell_d
+        f_off = np.where(self.cell_first, offsets + 1, np.minimum(d, offsets)).astype(np.int64)
+        behind = (d >= 0) | self.cell_first
+        kidx = K.value_index(self.cell_key, keys)
+        f_key = np.where(kidx >= 0, kidx, len(keys)).astype(np.int64)
+        b = np.zeros(offsets + 2)
+        a = np.zeros(len(keys) + 1)
+        eps = 1e-9 * max(float(p.sum()), 1.0)
+        p_off = np.bincount(f_off, weights=p, minlength=offsets + 2)
+        p_key = np.bincount(f_key, weights=p, minlength=len(keys) + 1)
+        neg = np.float64(-60.0)
+
+        def probs() -> np.ndarray:
+            return self.row_softmax(np.where(behind, b[f_off] + a[f_key], neg))
+
+        for _ in range(sweeps):
+            q = probs()
+            b += np.log((p_off + eps) / (np.bincount(f_off, weights=q, minlength=offsets + 2) + eps))
+            b = np.clip(b - b.max(), -14.0, 0.0)
+            q = probs()
+            a += np.log((p_key + eps) / (np.bincount(f_key, weights=q, minlength=len(keys) + 1) + eps))
+            a = np.clip(a - a[-1], -14.0, 14.0)
+        w = [_sig(x) for x in np.exp(b[:offsets])]
+        prof = dsl._make_prim("profile", [], {"w": w, "tail": _sig(np.exp(b[offsets])),
+                                              "bos": _sig(np.exp(b[offsets + 1]))})
+        table = [[int(t), _sig(np.exp(x))] for t, x in zip(keys, a[:-1]) if abs(x) >= 0.05]
+        M: dsl.Node = prof
+        if table:
+            M = dsl.Mul((prof, dsl._make_prim("key_weight", [], {"w": table, "default": 1.0})))
+        out = [M]
+        # temperatures: per-row L1 distance of softmax(t * logits) for each t on the grid
+        logits = np.where(behind, b[f_off] + a[f_key], neg)
+        l1 = np.stack([np.add.reduceat(np.abs(self.row_softmax(t * logits) - p), self.row_start[:-1])
+                       for t in temperatures])  # [T, R]
+        t0 = int(np.argmin(l1.sum(axis=1)))
+        base = M if temperatures[t0] == 1.0 else dsl.Sharpen(M, float(temperatures[t0]))
+        out.append(base)
+        toks, inv = np.unique(self.row_tok, return_inverse=True)
+        per_tok = np.stack([np.bincount(inv, weights=l1[t], minlength=len(toks)) for t in range(len(temperatures))])
+        count = np.bincount(inv, minlength=len(toks))
+        best_t = np.argmin(per_tok, axis=0)
+        gain = per_tok[t0] - per_tok[best_t, np.arange(len(toks))]
+        ok = (count >= min_rows) & (best_t != t0) & (gain > 0.02 * count)
+        node: dsl.Node = base
+        for t in sorted({int(x) for x in best_t[ok]}, key=lambda t: -abs(t - t0), reverse=True):
+            ids = tuple(int(x) for x in toks[ok & (best_t == t)])
+            then = M if temperatures[t] == 1.0 else dsl.Sharpen(M, float(temperatures[t]))
+            node = dsl.Gate(dsl.Pred("ids", ids), then, node)
+        if node is not base:
+            out.append(node)
         return out
 
     def pattern(self, node: dsl.Node, memo: dict) -> np.ndarray:
@@ -737,6 +835,12 @@ def _used_preds(nodes: list[dsl.Node], preds: list[dsl.Pred]) -> list[dsl.Pred]:
     """The query predicates gating the trees, in ``preds`` order."""
     seen = {n.pred for node in nodes for n in _walk(node) if isinstance(n, dsl.Gate)}
     return [p for p in preds if p in seen]
+
+
+def _sig(x: float, digits: int = 3) -> float:
+    """``x`` rounded to ``digits`` significant digits (program text stays short)."""
+    x = float(x)
+    return float(f"{x:.{digits}g}") if x > 0 else 0.0
 
 
 def _best_single_loss(st: _Stats, h: int) -> float:

@@ -244,7 +244,7 @@ def pattern_pairs(draw):
     return p, q, np.array(lengths), causal
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pattern_pairs())
 def test_property_matches_reference_and_is_symmetric(case):
     p, q, lengths, causal = case
@@ -275,7 +275,7 @@ def normalize_rows(x, lengths, causal):
     return x
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(pattern_pairs())
 def test_property_jsd_bounded_for_distributions(case):
     p, q, lengths, causal = case
