@@ -46,11 +46,11 @@ def check_decompiled(result, n: int | None = None) -> int:
     return bad
 
 
-def run_task(task: str, epochs: int | None, seed: int, out: Path | None, progress: bool) -> dict:
+def run_task(task: str, epochs: int | None, seed: int, out: Path | None, progress: bool, count_only: bool) -> dict:
     """Train one task and return its row of the results table."""
     _, tc = default_configs(task, epochs=epochs, seed=seed)
     t0, c0 = time.perf_counter(), time.process_time()
-    result = train(task, tc, progress=progress)
+    result = train(task, tc, progress=progress, num_value_gate=not count_only)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out is not None:
         from headsurgeon.synth.tp.rundir import save_run
@@ -68,6 +68,7 @@ def run_task(task: str, epochs: int | None, seed: int, out: Path | None, progres
         "steps": m["steps"],
         "n_train": m["n_train"],
         "decompile_mismatches": check_decompiled(result),
+        "numerical_values": "count" if count_only else "gated",
     }
     row["delta"] = None if row["paper"] is None else row["test_acc"] - row["paper"]
     return row
@@ -81,7 +82,8 @@ def fmt(row: dict) -> str:
     return (
         f"{row['task']:<12} {row['test_acc']:7.2f} {paper:>7} {delta:>7} {ok:>4}   "
         f"{row['wall_s'] / 60:6.1f} min wall {t_ok:>4}  {row['cpu_s'] / 60:6.1f} min cpu   "
-        f"{row['steps']} steps  decompile mismatches {row['decompile_mismatches']}"
+        f"{row['steps']} steps  decompile mismatches {row['decompile_mismatches']}  "
+        f"numerical heads: {row.get('numerical_values', 'gated')}"
     )
 
 
@@ -94,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write run directories here")
     ap.add_argument("--json", type=Path, default=None, help="append result rows as JSON lines")
     ap.add_argument("--progress", action="store_true", help="show per-task progress bars")
+    ap.add_argument("--count-only", action="store_true", help="numerical heads count instead of summing a gated value")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     print(f"{'task':<12} {'ours':>7} {'paper':>7} {'delta':>7}")
     rows = []
     for task in args.tasks:
-        row = run_task(task, args.epochs, args.seed, args.out, args.progress)
+        row = run_task(task, args.epochs, args.seed, args.out, args.progress, args.count_only)
         rows.append(row)
         print(fmt(row), flush=True)
         if args.json is not None:

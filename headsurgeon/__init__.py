@@ -33,6 +33,8 @@ _EXPORTS = {
     "SandboxPool": "headsurgeon.synth.sandbox", "normalize_scores": "headsurgeon.kernels.normalize",
     "TensorCache": "headsurgeon.kernels.cache", "soft_iou": "headsurgeon.synth.metrics",
     "jsd_distance": "headsurgeon.synth.metrics", "score_many": "headsurgeon.synth.metrics",
+    "topq_iou": "headsurgeon.synth.metrics", "RealPatterns": "headsurgeon.synth.metrics",
+    "run_demo": "headsurgeon.demo",
     "explain": "headsurgeon.explain", "spearman_ci": "headsurgeon.surgery.evaluate",
     # hub: checkpoints
     "save_hybrid": "headsurgeon.hub.checkpoint", "load_hybrid": "headsurgeon.hub.checkpoint",

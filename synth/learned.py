@@ -88,7 +88,9 @@ class LearnedConfig:
     refit_loss: str = "iou"  # the refit's loss (IoU selects, so the weights are tuned for it)
     min_weight: float = 0.01  # mixture terms lighter than this (after refit) are dropped
     init_scale: float = 0.1  # std of the initial predicate logits
-    sparsity: float = 0.0  # penalty per expected active pair of the gated predicate block (prefers few pairs)
+    sparsity: float = 3e-3  # penalty per expected active pair of the gated block, ramped up linearly from 0
+    block_search: bool = True  # after training, try every feature pair's predicate block (see _block_search)
+    gate_prior: float = 0.0  # initial gate logit -gate_prior * log(values): a head start for small features
     max_synth: int = 256  # at most this many synth sequences are used for fitting (evenly spaced)
 
     def __post_init__(self) -> None:
@@ -528,8 +530,9 @@ class _Model(torch.nn.Module):
         T, D, F_ = len(cfg.terms), space.dim, len(space.names)
         self.selects = cfg.terms
         self.pred = torch.nn.Parameter(torch.randn(T, D, D, generator=gen) * cfg.init_scale)
-        self.gate_q = torch.nn.Parameter(torch.zeros(T, F_))
-        self.gate_k = torch.nn.Parameter(torch.zeros(T, F_))
+        prior = -cfg.gate_prior * torch.log(torch.tensor(space.sizes, dtype=torch.float32))
+        self.gate_q = torch.nn.Parameter(prior.repeat(T, 1))
+        self.gate_k = torch.nn.Parameter(prior.repeat(T, 1))
         self.mix = torch.nn.Parameter(torch.zeros(T + n_pos))
         self.register_buffer("slot_feature", torch.from_numpy(space.slot_feature()))
         self.register_buffer("keep", torch.from_numpy(~space.other_mask()).float())
@@ -548,7 +551,7 @@ class _Model(torch.nn.Module):
             gk = _gumbel_softmax(self.gate_k[t], tau, gen, False)[self.slot_feature]
             m = torch.matmul(torch.matmul(q_oh * gq, s), (k_oh * gk).transpose(1, 2)) * visf
             out.append(_select_rows(m.clamp(0.0, 1.0), select, rows.order, hard=False))
-            pairs = pairs + (gq[:, None] * s * gk[None, :]).sum()
+            pairs = pairs + (gq.detach()[:, None] * s * gk.detach()[None, :]).sum()  # entries only, not gates
         return _mix(self.mix, out, rows), pairs
 
 
@@ -589,9 +592,10 @@ def _loss(pred: torch.Tensor, real: torch.Tensor, rows: _Rows, kind: str) -> tor
     return (per_row * valid).sum() / valid.sum().clamp_min(1.0)
 
 
-def _hard_table(model: _Model, t: int, space: FeatureSpace) -> MatchTerm:
-    q = int(model.gate_q[t].argmax())
-    k = int(model.gate_k[t].argmax())
+def _hard_table(model: _Model, t: int, space: FeatureSpace, q: int | None = None, k: int | None = None) -> MatchTerm:
+    """Term ``t`` discretized: argmax gates (or the given features) and the thresholded predicate block."""
+    q = int(model.gate_q[t].argmax()) if q is None else q
+    k = int(model.gate_k[t].argmax()) if k is None else k
     offs, sizes = space.offsets, space.sizes
     block = model.pred[t, offs[q]: offs[q] + sizes[q], offs[k]: offs[k] + sizes[k]].detach() > 0
     table = block.numpy().copy()
@@ -643,6 +647,32 @@ def _prune(term: MatchTerm, data: _Data, space: FeatureSpace, real: torch.Tensor
     return replace(term, table=keep)
 
 
+def _block_search(model: _Model, space: FeatureSpace, data: _Data, rows: _Rows, target: torch.Tensor,
+                  terms: list[MatchTerm], hard: list[torch.Tensor], cfg: LearnedConfig) -> None:
+    """Per term, try every (query feature, key feature) block of the trained predicate in place of the gates'
+    argmax and keep the one whose discretized mixture has the lowest ``refit_loss`` (in place).
+
+    The gates settle early, while the temperature is high; a block the gates left behind (e.g. key=punct
+    instead of key=token listing the frequent punctuation ids) may discretize better.
+    """
+    F_ = len(space.names)
+    for t in range(len(terms)):
+        best = float(_loss(_mix(model.mix, hard, rows), target, rows, cfg.refit_loss))
+        for q in range(F_):
+            for k in range(F_):
+                if (q, k) == (terms[t].q, terms[t].k):
+                    continue
+                cand = _hard_table(model, t, space, q, k)
+                if cand.n_pairs == 0:
+                    continue
+                cand_rows = _select_rows(_hard_match(cand, data, space, rows)[0].float(), cand.select, rows.order,
+                                         hard=True)
+                trial = hard[:t] + [cand_rows] + hard[t + 1:]
+                loss = float(_loss(_mix(model.mix, trial, rows), target, rows, cfg.refit_loss))
+                if loss < best - 1e-6:
+                    best, terms[t], hard[t] = loss, cand, cand_rows
+
+
 def _round_weight(w: float) -> float:
     return float(f"{w:.4g}")
 
@@ -661,19 +691,23 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
         tau = cfg.tau_start * (cfg.tau_end / cfg.tau_start) ** frac
         rows = _sample_rows(data, cfg.batch_size, cfg.rows, gen)
         pred, pairs = model(data, rows, tau, gen)
-        loss = _loss(pred, _gather_rows(real_t, rows).float(), rows, cfg.loss) + cfg.sparsity * pairs
+        loss = _loss(pred, _gather_rows(real_t, rows).float(), rows, cfg.loss) + cfg.sparsity * frac * pairs
         opt.zero_grad()
         loss.backward()
         opt.step()
         history.append(float(loss.detach()))
 
     with torch.no_grad():  # discretize: argmax gates, threshold predicates, prune pairs
-        terms = [_prune(_hard_table(model, t, space), data, space, real_t, cfg.max_pairs)
-                 for t in range(len(cfg.terms))]
         rows = _sample_rows(data, 0, cfg.refit_rows, gen, all_seqs=True)
+        target = _gather_rows(real_t, rows).float()
+        terms = [_hard_table(model, t, space) for t in range(len(cfg.terms))]
         hard = [_select_rows(_hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
                 for t in terms]
-        target = _gather_rows(real_t, rows).float()
+        if cfg.block_search:
+            _block_search(model, space, data, rows, target, terms, hard, cfg)
+        terms = [_prune(t, data, space, real_t, cfg.max_pairs) for t in terms]
+        hard = [_select_rows(_hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
+                for t in terms]
     # refit the mixture weights on the discretized components
     mix = torch.nn.Parameter(model.mix.detach().clone())
     opt2 = torch.optim.Adam([mix], lr=cfg.lr)

@@ -56,6 +56,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "eval_every": args.eval_every,
     }
     shape = {field: getattr(args, flag) for flag, field in _SHAPE_FLAGS.items() if getattr(args, flag) is not None}
+    if args.count_only:
+        shape["num_value_gate"] = False
     _, tc = default_configs(args.task, **overrides)
     out = Path(args.out) if args.out else Path("runs") / "tp" / args.task / f"s{tc.seed}"
     result = train(args.task, tc, progress=not args.no_progress, **shape)
@@ -143,6 +145,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--cat-mlps", type=int, default=None, help="override categorical MLPs per layer")
     tr.add_argument("--num-mlps", type=int, default=None, help="override numerical MLPs per layer")
     tr.add_argument("--d-mlp", type=int, default=None, help="MLP hidden width (default 64)")
+    tr.add_argument("--count-only", action="store_true",
+                    help="numerical heads only count matching keys (default: they sum a gated numerical variable)")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     tr.set_defaults(func=cmd_train)

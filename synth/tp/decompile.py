@@ -1,9 +1,10 @@
 """Decompile a ``DiscreteProgram`` into a standalone, readable Python module (no imports at all).
 
 The module defines ``run(tokens) -> list[str]`` (one label per input token; ``tokens`` starts with BOS),
-``LABELS``, the RASP-style helpers ``select_closest`` / ``aggregate`` / ``select_count``, one
-``predicate_{l}_{h}`` per head written as an if-chain over query values, one function per MLP written as a
-lookup (if-chains grouped by output, the most common output as the fallback), and the classifier weights
+``LABELS``, the RASP-style helpers ``select_closest`` / ``aggregate`` / ``select`` / ``aggregate_sum``,
+one ``predicate_{l}_{h}`` per head written as an if-chain over query values, one function per MLP written
+as a lookup (if-chains grouped by output, the most common output as the fallback; a numerical MLP whose
+inputs range too widely for a table is written as its float64 ReLU network), and the classifier weights
 per variable value. It reproduces ``DiscreteProgram.predict`` exactly: the same tie-breaks, and the
 logits are summed in float64 in the same order.
 """
@@ -11,7 +12,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from .discrete import CatHead, DiscreteProgram, MLPTable, NumHead
+import numpy as np
+
+from .discrete import CatHead, DiscreteProgram, MLPTable, NumHead, numeric_mlp
+
+MAX_TABLE = 4096
+"""Numerical MLPs with more input combinations than this are written as their network, not a table."""
 
 _HELPERS = '''
 
@@ -37,13 +43,34 @@ def aggregate(selected, values):
     return [values[j] for j in selected]
 
 
-def select_count(keys, queries, predicate):
-    """For each query i: how many keys j (j <= i when CAUSAL) satisfy predicate(query, key)."""
-    counts = []
+def select(keys, queries, predicate):
+    """For each query i: every key j (j <= i when CAUSAL) with predicate(query, key)."""
+    selected = []
     for i, q in enumerate(queries):
         visible = range(i + 1) if CAUSAL else range(len(keys))
-        counts.append(sum(1 for j in visible if predicate(q, keys[j])))
-    return counts
+        selected.append([j for j in visible if predicate(q, keys[j])])
+    return selected
+
+
+def aggregate_sum(selected, values):
+    """The sum of the values at each query's selected keys (a count when every value is 1)."""
+    return [sum(values[j] for j in keys) for keys in selected]
+
+
+def relu_network(weights, a, b):
+    """A numerical MLP in float64, unit by unit: the index of the largest output (first on ties)."""
+    w_a, w_b, b_in, w_out, b_out = weights
+    out = list(b_out)
+    for j in range(len(w_a)):
+        h = w_a[j] * a + w_b[j] * b + b_in[j]
+        h = h if h > 0.0 else 0.0
+        for c in range(len(out)):
+            out[c] = out[c] + h * w_out[j][c]
+    best = 0
+    for c in range(1, len(out)):
+        if out[c] > out[best]:
+            best = c
+    return best
 
 
 def classify(categorical, numerical):
@@ -109,27 +136,55 @@ def _predicate(prog: DiscreteProgram, head: CatHead | NumHead, fname: str) -> li
 
 
 def _num_range(prog: DiscreteProgram, var: str) -> list[int]:
-    return [1] if var == "ones" else list(range(prog.n_ctx + 1))
+    return [1] if var == "ones" else list(range(prog.num_bounds[var] + 1))
+
+
+def _mlp_network(mt: MLPTable, args: list[str]) -> list[str]:
+    w = mt.weights
+    const = f"{mt.name.upper()}_WEIGHTS"
+    rows = ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in w["w_out"])
+    lines = [
+        f"{const} = (",
+        f"    {[float(x) for x in w['w_a']]!r},",
+        f"    {[float(x) for x in w['w_b']]!r},",
+        f"    {[float(x) for x in w['b_in']]!r},",
+        f"    [{rows}],",
+        f"    {[float(x) for x in w['b_out']]!r},",
+        ")",
+        "",
+        "",
+        f"def {mt.name}({', '.join(args)}):",
+        "    # inputs range too widely for a table: the trained ReLU network, exactly",
+        f"    return relu_network({const}, {args[0]}, {args[-1]})",
+    ]
+    return lines
 
 
 def _mlp(prog: DiscreteProgram, mt: MLPTable) -> list[str]:
+    same = mt.a == mt.b
+    if same:
+        args = [_arg(mt.a)]
+    else:
+        args = [f"{_arg(mt.a)}_a", f"{_arg(mt.b)}_b"] if _arg(mt.a) == _arg(mt.b) else [_arg(mt.a), _arg(mt.b)]
+    entries = []  # (key literal, output)
     if mt.numeric:
-        a_vals = [(v, v) for v in _num_range(prog, mt.a)]
-        b_vals = [(v, v) for v in _num_range(prog, mt.b)]
+        ra, rb = _num_range(prog, mt.a), _num_range(prog, mt.b)
+        if (len(ra) if same else len(ra) * len(rb)) > MAX_TABLE:
+            return _mlp_network(mt, args)
+        if same:
+            outs = numeric_mlp(mt.weights, np.array(ra), np.array(ra)).tolist()
+            entries = list(zip(ra, outs))
+        else:
+            ga, gb = np.meshgrid(ra, rb, indexing="ij")
+            outs = numeric_mlp(mt.weights, ga, gb).tolist()
+            entries = [((va, vb), outs[i][j]) for i, va in enumerate(ra) for j, vb in enumerate(rb)]
     else:
         a_vals = [(i, lab) for i, lab in enumerate(prog.value_labels[mt.a]) if lab is not None]
         b_vals = [(i, lab) for i, lab in enumerate(prog.value_labels[mt.b]) if lab is not None]
-    same = mt.a == mt.b
-    entries = []  # (key literal, output)
-    if same:
-        for i, lab in a_vals:
-            entries.append((lab, mt.table[i][i]))
-        args = [_arg(mt.a)]
-    else:
-        for i, la in a_vals:
-            for j, lb in b_vals:
-                entries.append(((la, lb), mt.table[i][j]))
-        args = [f"{_arg(mt.a)}_a", f"{_arg(mt.b)}_b"] if _arg(mt.a) == _arg(mt.b) else [_arg(mt.a), _arg(mt.b)]
+        if same:
+            entries = [(lab, mt.table[i][i]) for i, lab in a_vals]
+        else:
+            entries = [((la, lb), mt.table[i][j]) for i, la in a_vals for j, lb in b_vals]
     counts = Counter(out for _, out in entries)
     default = counts.most_common(1)[0][0] if counts else 0
     by_out: dict[int, list] = defaultdict(list)
@@ -192,7 +247,9 @@ def decompile(prog: DiscreteProgram) -> str:
             )
         for h in layer["num_heads"]:
             out += ["", ""] + _predicate(prog, h, f"num_predicate_{l}_{h.head}")
-            body.append(f"    {h.name}_outputs = select_count({h.k}, {h.q}, num_predicate_{l}_{h.head})")
+            body.append(
+                f"    {h.name}_outputs = aggregate_sum(select({h.k}, {h.q}, num_predicate_{l}_{h.head}), {h.v})"
+            )
         for mt in layer["cat_mlps"] + layer["num_mlps"]:
             out += ["", ""] + _mlp(prog, mt)
             if mt.a == mt.b:

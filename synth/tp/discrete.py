@@ -12,8 +12,13 @@ Semantics (identical in ``predict`` and the decompiled source):
   ``pred[query value]``, the one of smallest ``closeness(i, j)`` (nearest; left before right at equal
   distance; the query itself last); with no match it selects position 0 (BOS); the output is the value
   variable at the selected key;
-* a numerical head outputs the number of matching keys;
-* MLP outputs are table lookups; numerical MLP tables are indexed by the two counts (0..n_ctx);
+* a numerical head outputs the sum of its value variable over the matching keys (a count when the value
+  is ``ones``); ``num_bounds`` holds each numerical variable's largest possible value
+  (``ones``: 1; a head: ``n_ctx`` times its value's bound);
+* categorical MLP outputs are table lookups; a numerical MLP is its trained ReLU network evaluated in
+  float64 (hidden unit by hidden unit, in a fixed order) and the argmax taken, so any integer input
+  gives the same answer in numpy and in the decompiled Python (which prints it as a table when the
+  inputs' ranges are small);
 * logits = sum over categorical variables (stream order) of ``w_cat[var][value]``, then over numerical
   variables of ``value * w_num[var]``, accumulated in float64 in that order; the label is the first
   maximum among unmasked labels.
@@ -54,13 +59,14 @@ class CatHead:
 
 @dataclass
 class NumHead:
-    """A numerical (counting) head: Q/K variable names and its predicate map."""
+    """A numerical head: Q/K variable names, its predicate map and the numerical variable it sums."""
 
     layer: int
     head: int
     q: str
     k: str
     pred: list[int]
+    v: str = "ones"
 
     @property
     def name(self) -> str:
@@ -69,18 +75,36 @@ class NumHead:
 
 @dataclass
 class MLPTable:
-    """An MLP as a lookup table: ``table[a][b]`` is the output value for input values (a, b)."""
+    """An MLP: categorical ones as a lookup table ``table[a][b]`` (output value for input values a, b);
+    numerical ones as float64 weights (``w_a``, ``w_b``, ``b_in`` per hidden unit, ``w_out [hidden][k]``,
+    ``b_out [k]``) evaluated by ``numeric_mlp``."""
 
     layer: int
     index: int
     numeric: bool
     a: str
     b: str
-    table: list[list[int]]
+    table: list[list[int]] | None = None
+    weights: dict | None = None
 
     @property
     def name(self) -> str:
         return f"{'num_mlp' if self.numeric else 'mlp'}_{self.layer}_{self.index}"
+
+
+def numeric_mlp(weights: dict, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Output value of a numerical MLP for integer inputs ``a``, ``b`` (any shape), in float64 with the
+    exact operation order the decompiled Python uses: ``h_j = relu(w_a[j]*a + w_b[j]*b + b_in[j])``,
+    ``out_c = b_out[c] + h_0*w_out[0][c] + h_1*w_out[1][c] + ...``, then the first maximum."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    w_out = np.asarray(weights["w_out"], dtype=np.float64)
+    acc = np.broadcast_to(np.asarray(weights["b_out"], dtype=np.float64), (*a.shape, w_out.shape[1])).copy()
+    for j, (wa, wb, bi) in enumerate(zip(weights["w_a"], weights["w_b"], weights["b_in"])):
+        h = wa * a + wb * b + bi
+        h = np.where(h > 0.0, h, 0.0)
+        acc = acc + h[..., None] * w_out[j]
+    return acc.argmax(-1)
 
 
 @dataclass
@@ -97,6 +121,7 @@ class DiscreteProgram:
     cat_vars: list[str]
     num_vars: list[str]
     value_labels: dict[str, list]
+    num_bounds: dict[str, int]
     layers: list[dict]
     w_cat: dict[str, list[list[float]]]
     w_num: dict[str, list[float]]
@@ -147,12 +172,13 @@ class DiscreteProgram:
                     trace[f"{h.name}_selected"] = j
                 new_cat[f"{h.name}_outputs"] = np.take_along_axis(cat[h.v], j, axis=1)
             for h in layer["num_heads"]:
-                num[f"{h.name}_outputs"] = matches(h.q, h.k, h.pred).sum(-1).astype(np.int64)
+                m = matches(h.q, h.k, h.pred)
+                num[f"{h.name}_outputs"] = (m * num[h.v][:, None, :]).sum(-1).astype(np.int64)
             cat.update(new_cat)
             for mt in layer["cat_mlps"]:
                 cat[f"{mt.name}_outputs"] = np.asarray(mt.table, dtype=np.int64)[cat[mt.a], cat[mt.b]]
             for mt in layer["num_mlps"]:
-                cat[f"{mt.name}_outputs"] = np.asarray(mt.table, dtype=np.int64)[num[mt.a], num[mt.b]]
+                cat[f"{mt.name}_outputs"] = numeric_mlp(mt.weights, num[mt.a], num[mt.b]).astype(np.int64)
         logits = np.zeros((b, n, len(self.labels)), dtype=np.float64)
         for var in self.cat_vars:
             logits = logits + np.asarray(self.w_cat[var], dtype=np.float64)[cat[var]]
@@ -181,6 +207,7 @@ class DiscreteProgram:
             "cat_vars": self.cat_vars,
             "num_vars": self.num_vars,
             "value_labels": self.value_labels,
+            "num_bounds": self.num_bounds,
             "layers": layers,
             "w_cat": self.w_cat,
             "w_num": self.w_num,
@@ -214,20 +241,28 @@ def _value_labels(model: TransformerProgram, vocab: list[str]) -> dict[str, list
 
 
 @torch.no_grad()
-def _mlp_tables(mlps: MLPs, k: int, n_ctx: int) -> list[list[list[int]]]:
-    """Run every MLP on every input pair (one-hot values, or counts 0..n_ctx) and take the argmax."""
-    if mlps.numeric:
-        vals = torch.arange(n_ctx + 1, dtype=torch.float32)
-        a = vals.repeat_interleave(len(vals)).reshape(1, -1, 1)
-        b = vals.repeat(len(vals)).reshape(1, -1, 1)
-        size = n_ctx + 1
-    else:
-        eye = torch.eye(k)
-        a = eye.repeat_interleave(k, 0).unsqueeze(0)
-        b = eye.repeat(k, 1).unsqueeze(0)
-        size = k
-    out = mlps.logits(a.expand(mlps.n, -1, -1).contiguous(), b.expand(mlps.n, -1, -1).contiguous())
-    return [out[m].argmax(-1).reshape(size, size).tolist() for m in range(mlps.n)]
+def _mlp_tables(mlps: MLPs, k: int) -> list[list[list[int]]]:
+    """Run every categorical MLP on every pair of one-hot input values and take the argmax."""
+    eye = torch.eye(k)
+    a = eye.repeat_interleave(k, 0).unsqueeze(0).expand(mlps.n, -1, -1).contiguous()
+    b = eye.repeat(k, 1).unsqueeze(0).expand(mlps.n, -1, -1).contiguous()
+    out = mlps.logits(a, b)
+    return [out[m].argmax(-1).reshape(k, k).tolist() for m in range(mlps.n)]
+
+
+@torch.no_grad()
+def _mlp_weights(mlps: MLPs) -> list[dict]:
+    """float64 weights of every numerical MLP (see ``numeric_mlp``)."""
+    out = []
+    for m in range(mlps.n):
+        out.append({
+            "w_a": mlps.w_a[m, 0].double().tolist(),
+            "w_b": mlps.w_b[m, 0].double().tolist(),
+            "b_in": mlps.b_in[m, 0].double().tolist(),
+            "w_out": mlps.w_out[m].double().tolist(),
+            "b_out": mlps.b_out[m, 0].double().tolist(),
+        })
+    return out
 
 
 @torch.no_grad()
@@ -240,6 +275,7 @@ def discretize(model: TransformerProgram, vocab: list[str], labels: list[str], n
             "pass the vocabularies of the data the model was trained on"
         )
     layers = []
+    bounds: dict[str, int] = {"ones": 1}
     for l, layer in enumerate(model.layers):
         names_in = cfg.cat_var_names(l)
         nums_in = cfg.num_var_names(l)
@@ -252,16 +288,21 @@ def discretize(model: TransformerProgram, vocab: list[str], labels: list[str], n
         if layer.num_attn is not None:
             a = layer.num_attn
             pred = a.pred.choice().tolist()
+            values = [nums_in[i] for i in a.v.choice()] if a.v is not None else ["ones"] * cfg.n_heads_num
             for h, (q, kk) in enumerate(zip(a.q.choice(), a.key.choice())):
-                entry["num_heads"].append(NumHead(l, h, names_in[q], names_in[kk], pred[h]))
+                entry["num_heads"].append(NumHead(l, h, names_in[q], names_in[kk], pred[h], values[h]))
+                bounds[f"num_attn_{l}_{h}_outputs"] = cfg.n_ctx * bounds[values[h]]
         mid_names = names_in + [f"attn_{l}_{h}_outputs" for h in range(cfg.n_heads_cat)]
         mid_nums = nums_in + [f"num_attn_{l}_{h}_outputs" for h in range(cfg.n_heads_num)]
         for key, mlps, names in (("cat_mlps", layer.cat_mlp, mid_names), ("num_mlps", layer.num_mlp, mid_nums)):
             if mlps is None:
                 continue
-            tables = _mlp_tables(mlps, cfg.d_var, cfg.n_ctx)
+            params = _mlp_weights(mlps) if mlps.numeric else _mlp_tables(mlps, cfg.d_var)
             for m, (ia, ib) in enumerate(zip(mlps.gate_a.choice(), mlps.gate_b.choice())):
-                entry[key].append(MLPTable(l, m, mlps.numeric, names[ia], names[ib], tables[m]))
+                if mlps.numeric:
+                    entry[key].append(MLPTable(l, m, True, names[ia], names[ib], weights=params[m]))
+                else:
+                    entry[key].append(MLPTable(l, m, False, names[ia], names[ib], table=params[m]))
         layers.append(entry)
     cat_vars, num_vars = cfg.cat_var_names(), cfg.num_var_names()
     w_cat = model.w_cat.detach().double()
@@ -277,6 +318,7 @@ def discretize(model: TransformerProgram, vocab: list[str], labels: list[str], n
         cat_vars=cat_vars,
         num_vars=num_vars,
         value_labels=_value_labels(model, vocab),
+        num_bounds=bounds,
         layers=layers,
         w_cat={v: w_cat[i].tolist() for i, v in enumerate(cat_vars)},
         w_num={v: w_num[i].tolist() for i, v in enumerate(num_vars)},

@@ -19,9 +19,10 @@ Program's BOS default. The exported program's normalized pattern equals the head
 exactly (a test checks this on the task data).
 
 Heads reading a derived variable (another head's output, an MLP's output) have no DSL feature to match
-on; they are skipped and ``skipped_heads`` says why. Numerical (counting) heads attend uniformly to all
-matching keys, which ``match(..., select=all)`` expresses exactly; they are exported only with
-``include_numerical=True``.
+on; they are skipped and ``skipped_heads`` says why. A numerical head sums a value over *all* matching
+keys; its selection, as an attention pattern, is uniform over those keys, which
+``match(..., select=all)`` expresses exactly (the value weighting is not part of a pattern). They are
+exported only with ``include_numerical=True``.
 """
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ Q, one for K, one for V; two for an MLP), so after ``argmax`` every read names e
 * Categorical attention: the query value ``a`` selects key value ``pred[a]`` (a k x k predicate matrix,
   row-wise Gumbel-softmax); each query attends to the *closest* matching key (``closeness`` below) and to
   BOS (position 0) when no key matches; the output is the value variable at the chosen key.
-* Numerical attention: the same predicate, but the output is the number of matching keys (count-only:
-  the value is the constant 1, as the paper's RASP runs use ``--count_only``).
+* Numerical attention: the same predicate, but the output is the sum, over the matching keys, of a
+  numerical variable chosen by a V gate (``ones`` makes it a count; a previous head's output makes it a
+  sum of counts), as in the paper's code. ``num_value_gate=False`` fixes V to ``ones`` (count-only).
 * Categorical MLP: two categorical variables -> ReLU MLP -> a new categorical variable (argmax).
 * Numerical MLP: two numerical variables -> ReLU MLP -> a new categorical variable (argmax).
 * Classifier: a linear map over the concatenated stream (numerical variables as raw values).
@@ -51,6 +52,7 @@ class ModelConfig:
     d_mlp: int = 64
     causal: bool = False
     masked_labels: list[int] = field(default_factory=lambda: [0])
+    num_value_gate: bool = True
 
     def __post_init__(self) -> None:
         if self.n_tokens > self.d_var:
@@ -219,19 +221,25 @@ class CatAttention(nn.Module):
 
 
 class NumAttention(nn.Module):
-    """Numerical heads: the number of keys whose value matches the query's (a count, as a new number)."""
+    """Numerical heads: the sum of a numerical variable over the keys whose value matches the query's
+    (with V = ``ones``, the number of matching keys)."""
 
-    def __init__(self, n_heads: int, n_vars: int, k: int) -> None:
+    def __init__(self, n_heads: int, n_vars: int, k: int, n_num_vars: int = 0) -> None:
         super().__init__()
         self.q, self.key = Gate(n_heads, n_vars), Gate(n_heads, n_vars)
+        self.v = Gate(n_heads, n_num_vars) if n_num_vars else None
         self.pred = Predicate(n_heads, k)
 
     def gates(self, tau: float, hard: bool) -> list[torch.Tensor]:
         return [self.q(tau, hard), self.key(tau, hard)]
 
-    def forward(self, q, kk, mask, tau: float, hard: bool) -> torch.Tensor:
-        """``q, kk``: reads ``[H, B, N, k]``; returns counts ``[H, B, N]``."""
-        return (_match(q, self.pred(tau, hard), kk) * mask).sum(-1)
+    def forward(self, q, kk, x_num, mask, tau: float, hard: bool) -> torch.Tensor:
+        """``q, kk``: reads ``[H, B, N, k]``; ``x_num [Vn, B, N]``; returns the sums ``[H, B, N]``."""
+        scores = _match(q, self.pred(tau, hard), kk) * mask
+        if self.v is None:
+            return scores.sum(-1)
+        v = _read(x_num, self.v(tau, hard))  # [H, B, N]
+        return (scores * v.unsqueeze(-2)).sum(-1)  # elementwise: cheaper than a batch of N x 1 matmuls
 
 
 class MLPs(nn.Module):
@@ -277,37 +285,41 @@ class Layer(nn.Module):
         n_num = len(cfg.num_var_names(layer))
         self.hc, self.hn = cfg.n_heads_cat, cfg.n_heads_num
         self.cat_attn = CatAttention(cfg.n_heads_cat, n_cat, k) if cfg.n_heads_cat else None
-        self.num_attn = NumAttention(cfg.n_heads_num, n_cat, k) if cfg.n_heads_num else None
+        n_values = n_num if cfg.num_value_gate else 0
+        self.num_attn = NumAttention(cfg.n_heads_num, n_cat, k, n_values) if cfg.n_heads_num else None
         self.cat_mlp = MLPs(cfg.n_cat_mlps, n_cat + cfg.n_heads_cat, k, cfg.d_mlp, False) if cfg.n_cat_mlps else None
         self.num_mlp = MLPs(cfg.n_num_mlps, n_num + cfg.n_heads_num, k, cfg.d_mlp, True) if cfg.n_num_mlps else None
 
     def forward(self, x_cat: list[torch.Tensor], x_num, mask, bias, tau, hard):
-        """``x_cat``: blocks ``[V_i, B, N, k]`` holding the categorical variables in stream order (kept as a
-        list, never concatenated: saves copying the stream every layer); ``x_num [Vn, B, N]``.
-        Returns the blocks and numbers with this layer's variables appended."""
+        """``x_cat``: blocks ``[V_i, B, N, k]`` holding the categorical variables in stream order (the
+        stream is concatenated once per layer for the head reads; each layer's new variables form one
+        block); ``x_num [Vn, B, N]``. Returns the blocks and numbers with this layer's variables appended."""
         gates = []
         if self.cat_attn is not None:
             gates += self.cat_attn.gates(tau, hard)
         if self.num_attn is not None:
             gates += self.num_attn.gates(tau, hard)
         blocks = list(x_cat)
+        stream = None
         if gates:
             hc, hn = self.hc, self.hn
             sizes = [hc] * (3 if hc else 0) + [hn] * (2 if hn else 0)
-            reads = torch.split(_read(x_cat, torch.cat(gates, 0)), sizes, 0)  # every Q/K/V read at once
+            stream = torch.cat(x_cat, 0) if len(x_cat) > 1 else x_cat[0]  # one copy beats chained addmm
+            reads = torch.split(_read(stream, torch.cat(gates, 0)), sizes, 0)  # every Q/K/V read at once
             if self.cat_attn is not None:
                 blocks.append(self.cat_attn(*reads[:3], mask, bias, tau, hard))
                 reads = reads[3:]
             if self.num_attn is not None:
-                x_num = torch.cat([x_num, self.num_attn(*reads, mask, tau, hard)], 0)
+                x_num = torch.cat([x_num, self.num_attn(*reads, x_num, mask, tau, hard)], 0)
         new = blocks[len(x_cat) :]
         if self.cat_mlp is not None:
-            new.append(self.cat_mlp(blocks, tau, hard))
+            new.append(self.cat_mlp(([stream] if stream is not None else list(x_cat)) + new, tau, hard))
         if self.num_mlp is not None:
             new.append(self.num_mlp(x_num, tau, hard))
+        base = [stream] if stream is not None else list(x_cat)
         if not new:
-            return list(x_cat), x_num
-        return [*x_cat, torch.cat(new, 0) if len(new) > 1 else new[0]], x_num  # one block per layer
+            return base, x_num
+        return [*base, torch.cat(new, 0) if len(new) > 1 else new[0]], x_num  # one block per layer
 
 
 class TransformerProgram(nn.Module):

@@ -88,7 +88,9 @@ def load_run(path: str | Path) -> Run:
     cfg = json.loads(cfg_file.read_text())
     if cfg.get("format") != FORMAT_VERSION:
         raise ValueError(f"{cfg_file} has format {cfg.get('format')!r}; this version reads format {FORMAT_VERSION}")
-    mc = ModelConfig.from_dict(cfg["model"])
+    model_cfg = dict(cfg["model"])
+    model_cfg.setdefault("num_value_gate", False)  # runs written before the value gate existed counted only
+    mc = ModelConfig.from_dict(model_cfg)
     model = TransformerProgram(mc)
     state = load_file(str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -102,7 +104,9 @@ def load_program(path: str | Path) -> DiscreteProgram:
     """The discretized program of a run directory (``program.json``, or rebuilt from the weights)."""
     path = Path(path)
     if (path / "program.json").exists():
-        return DiscreteProgram.from_json(json.loads((path / "program.json").read_text()))
+        obj = json.loads((path / "program.json").read_text())
+        if "num_bounds" in obj:  # older program.json files are rebuilt from the weights
+            return DiscreteProgram.from_json(obj)
     return load_run(path).discretize()
 
 

@@ -220,11 +220,21 @@ def train(
         if callback is not None:
             callback(rec)
     train_seconds = time.perf_counter() - t0
+    from .discrete import discretize
+
+    program = discretize(model, data.vocab, data.labels, name)
+    preds = {split: program.predict(getattr(data, split).x) for split in ("train", "val", "test")}
+    torch_test = model.predict(torch.from_numpy(data.test.x)).numpy()
+    real = data.test.x != 0
     metrics = {
         "task": name,
-        "train_acc": evaluate(model, data.train),
-        "val_acc": evaluate(model, data.val),
-        "test_acc": evaluate(model, data.test),
+        # accuracies of the discretized program (what the decompiled Python computes)
+        "train_acc": accuracy(preds["train"], data.train.y),
+        "val_acc": accuracy(preds["val"], data.val.y),
+        "test_acc": accuracy(preds["test"], data.test.y),
+        # the hard torch model (float32) agrees with it except on float ties
+        "torch_hard_test_acc": accuracy(torch_test, data.test.y),
+        "torch_program_agreement": float((torch_test == preds["test"])[real].mean()),
         "train_seconds": train_seconds,
         "steps": total,
         "n_train": len(data.train),
