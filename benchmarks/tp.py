@@ -27,6 +27,7 @@ import torch
 
 from headsurgeon.synth.tp.decompile import decompile, load_module
 from headsurgeon.synth.tp.discrete import discretize
+from headsurgeon.synth.tp.rundir import save_run
 from headsurgeon.synth.tp.train import PAPER_ACCURACY, default_configs, train
 
 RASP_TASKS = ["reverse", "hist", "double_hist", "sort", "most_freq", "dyck1", "dyck2"]
@@ -53,8 +54,6 @@ def run_task(task: str, epochs: int | None, seed: int, out: Path | None, progres
     result = train(task, tc, progress=progress, num_value_gate=not count_only)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out is not None:
-        from headsurgeon.synth.tp.rundir import save_run
-
         save_run(result, out / task)
     m = result.metrics
     row = {

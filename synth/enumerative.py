@@ -607,13 +607,7 @@ class _FitSet:
                 emp &= e
             out = (self.rownorm(acc), emp)
         elif isinstance(node, dsl.Gate):
-            g = self.pred_index.get(node.pred)
-            if g is not None:
-                rows = self.pred_rows[g]
-            elif node.pred.kind == "ids":
-                rows = np.isin(self.row_tok, np.asarray(node.pred.value, dtype=np.int64))
-            else:
-                raise KeyError(f"gate predicate {node.pred} is not among the search's query predicates")
+            rows = self.query_rows(node.pred)
             va, ea = self.values(node.then, memo)
             vb, eb = self.values(node.other, memo)
             out = (np.where(rows[self.row_of_cell], va, vb), np.where(rows, ea, eb))
@@ -663,7 +657,7 @@ class _FitSet:
 
     def loglinear(self, h: int, keys: np.ndarray, offsets: int = 48, sweeps: int = 15, rounds: int = 1,
                   temperatures: tuple[float, ...] = (0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0),
-                  min_rows: int = 10) -> list[dsl.Node]:
+                  min_rows: int = 10, split: dsl.Pred | None = None) -> list[dsl.Node]:
         """Fit ``mul(profile(..), key_weight(..))`` (a softmax over offset + key-token logits) to head h.
 
         Iterative proportional fitting of the offset, first-key and key-token logits (maximum
@@ -672,12 +666,16 @@ class _FitSet:
         query tokens sharing a temperature become one ``gate(ids=[..], sharpen(M, t), ..)``. With
         ``rounds`` > 1 the logits are refitted under those temperatures and the temperatures chosen
         again (measured: no better on stories260K). Returns the plain, the globally tempered and the
-        query-gated programs.
+        query-gated programs. ``split``: a query predicate whose rows get a profile of their own
+        (``gate(PRED, mul(profile1, kw), mul(profile2, kw))``).
         """
         p = self.real[h].astype(np.float64)
         d = self.cell_d
-        n_off = offsets + 2  # offsets 0..offsets-1, the tail, the first key
+        n_prof = offsets + 2  # offsets 0..offsets-1, the tail, the first key
         f_off = np.where(self.cell_first, offsets + 1, np.minimum(d, offsets)).astype(np.int64)
+        if split is not None:
+            f_off += n_prof * self.query_rows(split)[self.row_of_cell]
+        n_off = n_prof * (2 if split is not None else 1)
         behind = (d >= 0) | self.cell_first
         kidx = K.value_index(self.cell_key, keys)
         f_key = np.where(kidx >= 0, kidx, len(keys)).astype(np.int64)
@@ -720,13 +718,21 @@ class _FitSet:
             # weight, the best guess for tokens never seen while fitting
             a[:-1] -= np.median(a[:-1])
         # the program: weights relative to the largest offset weight and to the default key weight
-        w = [_sig(x) for x in np.exp(b[:offsets])]
-        prof = dsl._make_prim("profile", [], {"w": w, "tail": _sig(np.exp(b[offsets])),
-                                              "bos": _sig(np.exp(b[offsets + 1]))})
+        def profile(bb: np.ndarray) -> dsl.Node:
+            bb = bb - bb.max()
+            return dsl._make_prim("profile", [], {"w": [_sig(x) for x in np.exp(bb[:offsets])],
+                                                  "tail": _sig(np.exp(bb[offsets])),
+                                                  "bos": _sig(np.exp(bb[offsets + 1]))})
+
         table = [[int(t), _sig(np.exp(x))] for t, x in zip(keys, a[:-1]) if abs(x) >= 0.05]
-        M: dsl.Node = prof
-        if table:
-            M = dsl.Mul((prof, dsl._make_prim("key_weight", [], {"w": table, "default": 1.0})))
+        kw = dsl._make_prim("key_weight", [], {"w": table, "default": 1.0}) if table else None
+
+        def times_keys(prof: dsl.Node) -> dsl.Node:
+            return dsl.Mul((prof, kw)) if kw is not None else prof
+
+        M: dsl.Node = times_keys(profile(b[:n_prof]))
+        if split is not None:  # each query row reads one branch, so each profile is scaled on its own
+            M = dsl.Gate(split, times_keys(profile(b[n_prof:])), M)
 
         def tempered(t: int) -> dsl.Node:
             return M if temps[t] == 1.0 else dsl.Sharpen(M, float(temps[t]))
@@ -740,6 +746,15 @@ class _FitSet:
         if node is not base:
             out.append(node)
         return out
+
+    def query_rows(self, pred: dsl.Pred) -> np.ndarray:
+        """Boolean [R]: query rows satisfying ``pred`` (search predicates, or any ``ids=`` set)."""
+        g = self.pred_index.get(pred)
+        if g is not None:
+            return self.pred_rows[g]
+        if pred.kind == "ids":
+            return np.isin(self.row_tok, np.asarray(pred.value, dtype=np.int64))
+        raise KeyError(f"gate predicate {pred} is not among the search's query predicates")
 
     def pattern(self, node: dsl.Node, memo: dict) -> np.ndarray:
         """The normalized pattern [C] of a tree (empty rows attend to position 0)."""
@@ -760,9 +775,10 @@ class _FitSet:
         """Mean per-row Jensen-Shannon distance per candidate (q [K, C]), mean over the fit sequences."""
         p = self.real[h]
         m = 0.5 * (p + q)  # > 0 wherever p or q is
-        ratio = np.divide(q, m, out=np.ones_like(m), where=q > 0)
+        pos_m = m > 0  # False also where q is so small (subnormal) that q/2 underflows: such cells add 0
+        ratio = np.divide(q, m, out=np.ones_like(m), where=(q > 0) & pos_m)
         t = q * np.log(ratio, out=ratio)  # q log(q/m): float32 ratios, no cancellation between big terms
-        ratio = np.divide(p, m, out=np.ones_like(m), where=p > 0)
+        ratio = np.divide(p, m, out=np.ones_like(m), where=(p > 0) & pos_m)
         t += p * np.log(ratio, out=ratio)
         rows = np.sqrt(np.maximum(0.5 * np.add.reduceat(t, self.row_start[:-1], axis=-1, dtype=np.float64), 0.0))
         per_seq = np.add.reduceat(rows, self.seq_row_start[:-1], axis=-1) / self.rows_per_seq

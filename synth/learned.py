@@ -234,17 +234,26 @@ def _visible(lengths: torch.Tensor, n: int, causal: bool) -> torch.Tensor:
     return vis
 
 
-def _positional(specs: list[str], lengths: torch.Tensor, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-normalized components [T, B, N, N] and non-empty flags [T, B, N] (float64) of positional DSL terms."""
-    vis = _visible(lengths, n, causal).double()
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
+def _positional(specs: list[str], lengths: torch.Tensor, n: int, causal: bool,
+                qi: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-normalized components [T, B, R, N] and non-empty flags [T, B, R] (float64) of positional DSL terms.
+
+    Rows are the query positions ``qi`` [B, R] (default: every position, R = N) of sequences of ``lengths``.
+    """
+    if qi is None:
+        qi = torch.arange(n).expand(lengths.shape[0], n)
+    i = qi[:, :, None]
+    j = torch.arange(n)[None, None, :]
+    vis = (j < lengths[:, None, None]) & (i < lengths[:, None, None])
+    if causal:
+        vis = vis & (j <= i)
+    vis = vis.double()
     comps = []
     for text in specs:
         node = dsl.parse(text)
         name = node.name
         if name == "first":
-            raw = (j == 0).double().expand(n, n)
+            raw = (j == 0).double()
         elif name == "self":
             raw = (i == j).double()
         elif name == "prev":
@@ -252,13 +261,13 @@ def _positional(specs: list[str], lengths: torch.Tensor, n: int, causal: bool) -
         elif name == "next":
             raw = (j == i + node.param("k")).double()
         elif name == "uniform":
-            raw = torch.ones(n, n, dtype=torch.float64)
+            raw = torch.ones((), dtype=torch.float64)
         elif name == "decay":
             raw = torch.tensor(node.param("rate"), dtype=torch.float64) ** (i - j).abs().double()
         else:  # pragma: no cover - specs come from positional_specs
             raise ValueError(f"not a positional term: {text}")
-        comps.append(raw[None] * vis)
-    stack = torch.stack(comps)  # [T, B, N, N]
+        comps.append(raw * vis)
+    stack = torch.stack(comps)  # [T, B, R, N]
     total = stack.sum(-1)
     nonempty = (total > 0).double()
     stack = stack / total.clamp_min(1e-300)[..., None]
@@ -498,10 +507,7 @@ def _rows(data: _Data, idx: torch.Tensor, qi: torch.Tensor) -> _Rows:
         vis = vis & (j[None, None, :] <= qi[..., None])
         pos, pos_ne = data.pos, data.pos_ne
     else:
-        p, ne = _positional(data.specs, lens, n, False)
-        T, B, R = p.shape[0], qi.shape[0], qi.shape[1]
-        pos = torch.gather(p.float(), 2, qi[None, :, :, None].expand(T, B, R, n))
-        pos_ne = torch.gather(ne.float(), 2, qi[None].expand(T, B, R))
+        pos, pos_ne = (x.float() for x in _positional(data.specs, lens, n, False, qi))
     return _Rows(idx, qi, valid, vis, data.order[qi], pos, pos_ne)
 
 
@@ -703,8 +709,11 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
         terms = [_hard_table(model, t, space) for t in range(len(cfg.terms))]
         hard = [_select_rows(_hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
                 for t in terms]
-        if cfg.block_search:
-            _block_search(model, space, data, rows, target, terms, hard, cfg)
+        if cfg.block_search:  # on a quarter of the refit rows: 2 x F^2 discretized mixtures to compare
+            few = replace(rows, qi=rows.qi[:, ::4], valid=rows.valid[:, ::4], vis=rows.vis[:, ::4],
+                          order=rows.order[:, ::4], pos=rows.pos if rows.shared else rows.pos[:, :, ::4],
+                          pos_ne=rows.pos_ne if rows.shared else rows.pos_ne[:, :, ::4])
+            _block_search(model, space, data, few, target[:, ::4], terms, [h[:, ::4] for h in hard], cfg)
         terms = [_prune(t, data, space, real_t, cfg.max_pairs) for t in terms]
         hard = [_select_rows(_hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
                 for t in terms]

@@ -174,6 +174,19 @@ def test_deterministic_for_a_seed(synthetic_store, seqs):
     assert [c.scores for c in a] == [c.scores for c in b]
 
 
+def test_non_causal_store(seqs):
+    """Encoder-style (bidirectional) heads: closest is the nearest key on either side, ties to the left."""
+    truth = Program.parse("fallback(match(q=cap, k=punct, pairs=[[0, 1], [1, 1]], select=closest), first())")
+    some = seqs[:40]
+    store = AttentionStore(some, 1, 1, causal=False)
+    for i, s in enumerate(some):
+        store.put(i, truth.evaluate([s], causal=False)[0][None, None])
+    found = L.learned_search(store, synth_idx=list(range(30)), select_idx=list(range(30, 40)), progress=False,
+                             config=L.LearnedConfig(steps=100, refit_steps=30, offsets=2))
+    best = max(found[(0, 0)], key=lambda c: c.scores["select"]["iou"])
+    assert best.scores["select"]["iou"] > 0.95, best.program.text
+
+
 def test_rejects_overlapping_splits_and_bad_config(synthetic_store):
     with pytest.raises(ValueError, match="disjoint"):
         L.learned_search(synthetic_store, synth_idx=[0, 1], select_idx=[1, 2], progress=False)
