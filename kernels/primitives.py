@@ -11,7 +11,8 @@ turns them into attention.
 
 Combinators work in place on whole batches (no Python loop over tokens): ``mix_scale`` /
 ``mix_accumulate`` add row-normalized components with weights, ``fallback_rows`` / ``gate_rows``
-replace rows, ``sharpen_rows`` powers and renormalizes, ``multiply`` takes elementwise products.
+replace rows, ``sharpen_rows`` / ``sharpen_rows_by`` (an exponent per query row) power and
+renormalize, ``multiply`` takes elementwise products.
 
 All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences; batches below
 ``SMALL_WORK`` cells run single-threaded (``threads_for``).
@@ -30,7 +31,8 @@ __all__ = [
     "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
     "score_keys", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
     "score_dep_children", "score_match", "value_index", "score_profile", "score_key_values",
-    "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "multiply", "row_normalize",
+    "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "sharpen_rows_by", "multiply",
+    "row_normalize",
     "empty_rows", "threads_for", "SMALL_WORK",
 ]
 
@@ -628,6 +630,28 @@ def sharpen_rows(a: np.ndarray, t: float) -> None:
     """a <- rownorm(a ** t) for rows with mass (in place); empty rows stay empty."""
     ti = int(t) if float(t).is_integer() and 1 <= t <= 64 else 0
     _sharpen_rows(a, float(t), ti)
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def sharpen_rows_by(a, texp):  # pragma: no cover - compiled
+    """a <- rownorm(a ** texp[b, i]) per query row (in place); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            t = texp[b, i]
+            total = 0.0
+            for j in range(n):
+                v = row[j]
+                if v > 0.0:
+                    row[j] = np.float32(np.float64(v) ** t)
+                else:
+                    row[j] = 0.0
+                total += row[j]
+            if total > 0.0:
+                inv = np.float32(1.0 / total)
+                for j in range(n):
+                    row[j] *= inv
 
 
 @njit(parallel=True, cache=True)

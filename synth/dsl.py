@@ -60,7 +60,9 @@ Combinators:
 * ``fallback(A, B, ...)``: per row, the first argument whose row is non-empty.
 * ``gate(PRED, A, B)``: rows whose *query* satisfies PRED take A, the others B
   (``gate(ids=[..], A, B)`` is the query-in-set gate).
-* ``sharpen(A, t)``: A**t, renormalized per row (t > 0).
+* ``sharpen(A, t)``: A**t, renormalized per row (t > 0). ``sharpen(A, t, by=[[t1, [ids..]], ..])``
+  gives rows whose *query* token is in a listed (disjoint) id set the exponent of that set instead: a
+  temperature per query-token class, written once instead of one ``gate`` per class.
 * ``mul(A, B, ...)``: elementwise product (intersection of supports).
 
 Evaluation composes the kernels; ``evaluate`` finally applies ``normalize_scores`` (mask, clip, row
@@ -204,10 +206,11 @@ class Gate:
 
 @dataclass(frozen=True)
 class Sharpen:
-    """``arg ** t``, renormalized per row."""
+    """``arg ** t``, renormalized per row; ``by = ((t1, ids1), ..)``: query tokens in ids_k use t_k."""
 
     arg: Any
     t: float
+    by: tuple[tuple[float, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -416,11 +419,29 @@ def _make_mix(terms: list[tuple[Any, Any]]) -> Mix:
     return Mix(tuple(out))
 
 
-def _make_sharpen(arg: Any, t: Any) -> Sharpen:
+def _make_sharpen(arg: Any, t: Any, by: Any = None) -> Sharpen:
     tf = _as_float(t, "sharpen(A, t) exponent t")
     if tf <= 0.0:
         raise _err(f"sharpen(A, t) needs t > 0; got {tf}")
-    return Sharpen(arg, tf)
+    if by is None or (isinstance(by, (list, tuple)) and not by):
+        return Sharpen(arg, tf)
+    if not isinstance(by, (list, tuple)):
+        raise _err(f"sharpen(A, t, by=...) expects a list of [t, [token ids]] classes; got {by!r:.200}")
+    classes = []
+    seen: set[int] = set()
+    for item in by:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise _err(f"sharpen(A, t, by=...): each class is [t, [token ids]]; got {item!r:.200}")
+        tk = _as_float(item[0], "sharpen(A, t, by=...) class exponent")
+        if tk <= 0.0:
+            raise _err(f"sharpen(A, t, by=...) class exponents must be > 0; got {tk}")
+        ids = _as_ids(item[1], "sharpen(A, t, by=...) class ids")
+        clash = seen.intersection(ids)
+        if clash:
+            raise _err(f"sharpen(A, t, by=...) lists token id {min(clash)} in two classes; the classes must be disjoint")
+        seen.update(ids)
+        classes.append((tk, ids))
+    return Sharpen(arg, tf, tuple(sorted(classes)))
 
 
 def _check_size(node: Node) -> None:
@@ -639,12 +660,13 @@ class _Parser:
         if name == "sharpen":
             pos = [v for k, v in args if k is None]
             kw = {k: v for k, v in args if k is not None}
-            if set(kw) - {"t"} or len(args) != 2 or not pos or not _is_node(pos[0]):
-                raise _err(f"{where} must be written sharpen(A, t) with A an expression and t > 0")
+            if set(kw) - {"t", "by"} or len(args) - ("by" in kw) != 2 or not pos or not _is_node(pos[0]):
+                raise _err(f"{where} must be written sharpen(A, t) with A an expression and t > 0 "
+                           "(optionally sharpen(A, t, by=[[t1, [ids..]], ..]))")
             t = kw.get("t", pos[1] if len(pos) > 1 else None)
             if _is_node(t):
                 raise _err(f"{where}: the exponent t must be a number")
-            return _make_sharpen(pos[0], t)
+            return _make_sharpen(pos[0], t, kw.get("by"))
         if name == "mix":
             raise _err(f"{where}: write a mix as w1*A + w2*B")
         if nodes:
@@ -729,6 +751,9 @@ def to_text(node: Node) -> str:
     if isinstance(node, Gate):
         return f"gate({_fmt_pred(node.pred)}, {to_text(node.then)}, {to_text(node.other)})"
     if isinstance(node, Sharpen):
+        if node.by:
+            classes = ", ".join(f"[{_fmt_num(t)}, {_fmt_value(ids)}]" for t, ids in node.by)
+            return f"sharpen({to_text(node.arg)}, {_fmt_num(node.t)}, by=[{classes}])"
         return f"sharpen({to_text(node.arg)}, {_fmt_num(node.t)})"
     raise TypeError(f"not a DSL node: {node!r}")
 
@@ -781,6 +806,8 @@ def to_json(node: Node) -> Any:
     if isinstance(node, Gate):
         return {"gate": [_pred_to_json(node.pred), to_json(node.then), to_json(node.other)]}
     if isinstance(node, Sharpen):
+        if node.by:
+            return {"sharpen": [to_json(node.arg), node.t, [[t, list(ids)] for t, ids in node.by]]}
         return {"sharpen": [to_json(node.arg), node.t]}
     raise TypeError(f"not a DSL node: {node!r}")
 
@@ -813,9 +840,9 @@ def _from_json(obj: Any, depth: int) -> Node:
             raise _err(f"gate expects [predicate, node, node]; got {body!r:.200}")
         return Gate(_pred_from_json(body[0], "gate"), _from_json(body[1], depth + 1), _from_json(body[2], depth + 1))
     if name == "sharpen":
-        if not isinstance(body, list) or len(body) != 2:
-            raise _err(f"sharpen expects [node, t]; got {body!r:.200}")
-        return _make_sharpen(_from_json(body[0], depth + 1), body[1])
+        if not isinstance(body, list) or len(body) not in (2, 3):
+            raise _err(f"sharpen expects [node, t] or [node, t, [[t1, [ids..]], ..]]; got {body!r:.200}")
+        return _make_sharpen(_from_json(body[0], depth + 1), body[1], body[2] if len(body) == 3 else None)
     if name not in PRIMITIVES:
         raise _err(
             f"unknown primitive {name!r}; primitives: {', '.join(sorted(PRIMITIVES))}; "
@@ -1067,7 +1094,13 @@ def _eval(node: Node, ctx: _Context) -> np.ndarray:
         return out
     if isinstance(node, Sharpen):
         out = _eval(node.arg, ctx)
-        K.sharpen_rows(out, float(node.t))
+        if node.by:
+            texp = np.full(ctx.ids.shape, node.t, dtype=np.float64)
+            for tk, ids in node.by:
+                texp[np.isin(ctx.ids, np.asarray(ids, dtype=np.int64))] = tk
+            K.sharpen_rows_by(out, texp)
+        else:
+            K.sharpen_rows(out, float(node.t))
         return out
     if isinstance(node, Mul):
         out = _eval(node.args[0], ctx)

@@ -22,7 +22,8 @@ Deterministic for a seed; three stages, all heads together:
    * *tables* (``tables=True``): ``mul(profile(w=[..], tail, bos), key_weight(w=[[id, x], ..]))``, a
      softmax over offset, first-key and key-token logits fitted by iterative proportional fitting
      (maximum likelihood), with a temperature per query-token class
-     (``gate(ids=[..], sharpen(M, t), ..)``, chosen by L1 distance); the best table also enters the
+     (``sharpen(M, t, by=[[t1, [ids..]], ..])``, chosen by L1 distance); a query predicate splitting the
+     rows best gets a profile per side (``gate(PRED, M1, M2)``); the best table also enters the
      mixtures as one more component (``0.9*table + 0.1*same_token_recent()``).
 
    Mixture weights are normalized to sum 1 and rounded to 2 decimals, table weights to 3 significant
@@ -49,7 +50,6 @@ The store is duck-typed (synth must not import surgery): it needs ``.sequences``
 """
 from __future__ import annotations
 
-import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence as _Seq
@@ -323,7 +323,7 @@ class _Split:
                 prog.evaluate_arrays(ids, lens, feats, causal, normalize=False, out=out[k])
                 K.row_normalize(out[k])
             else:
-                sub = prog.evaluate_arrays(ids[todo], lens[todo], {n: v[todo] for n, v in feats.items()},
+                sub = prog.evaluate_arrays(ids[todo], lens[todo], {name: v[todo] for name, v in feats.items()},
                                            causal, normalize=False)
                 K.row_normalize(sub)
                 out[k, todo] = sub
@@ -620,7 +620,13 @@ class _FitSet:
             out = (v, e)
         elif isinstance(node, dsl.Sharpen):
             v, e = self.values(node.arg, memo)
-            out = (self.rownorm(np.power(v, np.float32(node.t))), e)
+            if node.by:
+                texp = np.full(self.R, node.t, dtype=np.float32)
+                for tk, ids in node.by:
+                    texp[np.isin(self.row_tok, np.asarray(ids, dtype=np.int64))] = tk
+                out = (self.rownorm(np.power(v, texp[self.row_of_cell])), e)
+            else:
+                out = (self.rownorm(np.power(v, np.float32(node.t))), e)
         elif isinstance(node, dsl.Mul):
             v, _ = self.values(node.args[0], memo)
             v = v.copy()
@@ -662,8 +668,8 @@ class _FitSet:
 
         Iterative proportional fitting of the offset, first-key and key-token logits (maximum
         likelihood against the real rows), then a temperature per query token chosen on the grid by
-        L1 distance on its rows (tokens seen in fewer than ``min_rows`` rows keep the global one); the
-        query tokens sharing a temperature become one ``gate(ids=[..], sharpen(M, t), ..)``. With
+        L1 distance on its rows (tokens seen in fewer than ``min_rows`` rows keep the global one): the
+        query tokens sharing a temperature form one class of ``sharpen(M, t, by=[[t1, [ids..]], ..])``. With
         ``rounds`` > 1 the logits are refitted under those temperatures and the temperatures chosen
         again (measured: no better on stories260K). Returns the plain, the globally tempered and the
         query-gated programs. ``split``: a query predicate whose rows get a profile of their own
@@ -734,17 +740,12 @@ class _FitSet:
         if split is not None:  # each query row reads one branch, so each profile is scaled on its own
             M = dsl.Gate(split, times_keys(profile(b[n_prof:])), M)
 
-        def tempered(t: int) -> dsl.Node:
-            return M if temps[t] == 1.0 else dsl.Sharpen(M, float(temps[t]))
-
-        base = tempered(t0)
+        base = M if temps[t0] == 1.0 else dsl.Sharpen(M, float(temps[t0]))
         out = [M, base] if base is not M else [M]
-        node = base
-        # classes furthest from the global temperature innermost: the text reads from the common cases
-        for t in sorted({int(x) for x in tok_t if x != t0}, key=lambda t: (abs(t - t0), t), reverse=True):
-            node = dsl.Gate(dsl.Pred("ids", tuple(int(x) for x in toks[tok_t == t])), tempered(t), node)
-        if node is not base:
-            out.append(node)
+        classes = [[float(temps[t]), [int(x) for x in toks[tok_t == t]]] for t in sorted({int(x) for x in tok_t})
+                   if t != t0]
+        if classes:
+            out.append(dsl._make_sharpen(M, float(temps[t0]), classes))
         return out
 
     def query_rows(self, pred: dsl.Pred) -> np.ndarray:
@@ -927,16 +928,39 @@ def _propose(fs: _FitSet, hi: int, tot: _Stats, groups: list[_Stats], nodes: lis
     P = len(nodes)
     allowed = np.ones(P, dtype=bool)
     props: list[dsl.Node] = []
+    gated: list = []
+    if gates > 0 and groups:
+        # cheap screen: the best single-primitive fit inside and outside each query group
+        screen = []
+        for g, grp in enumerate(groups):
+            inn, out = grp, tot - grp
+            if inn.pp[hi] <= 0 or out.pp[hi] <= 0:
+                continue
+            screen.append((_best_single_loss(inn, hi) + _best_single_loss(out, hi), g))
+        screen.sort()
+        for _proxy, g in screen[: 2 * gates]:
+            inn, out = groups[g], tot - groups[g]
+            a = _beam_mixtures(inn, hi, allowed, 2, max_terms, 4)
+            b = _beam_mixtures(out, hi, allowed, 2, max_terms, 4)
+            if a and b:
+                gated.append((a[0][0] + b[0][0], g, a[0], b[0]))
+        gated.sort(key=lambda x: (x[0], x[1]))
+        for _loss, g, a, b in gated[:gates]:
+            na, nb = _mixture(nodes, a[1], a[2]), _mixture(nodes, b[1], b[2])
+            if na is not None and nb is not None and na != nb:
+                props.append(dsl.Gate(fs.preds[g], na, nb))
     if keys is not None:
         # softmax-like tables (positional profile x key-token weights, tempered per query class) ...
         loglin = fs.loglinear(hi, keys)
+        if gated:  # the query split that best separates two behaviours gets a profile per side
+            loglin += fs.loglinear(hi, keys, split=fs.preds[gated[0][1]])[-1:]
         memo: dict = {}
         pats = np.stack([fs.pattern(n, memo) for n in loglin])
-        best = int(np.argmax(fs.iou(pats, hi)))
+        top = int(np.argmax(fs.iou(pats, hi)))
         props += loglin
         # ... and the best of them as one more component of the mixtures below
-        ext = _extend(tot, fs, hi, fs.values(loglin[best], memo)[0])
-        ext_nodes = nodes + [loglin[best]]
+        ext = _extend(tot, fs, hi, fs.values(loglin[top], memo)[0])
+        ext_nodes = nodes + [loglin[top]]
         for _loss, sup, w in _beam_mixtures(ext, 0, np.ones(P + 1, dtype=bool), 2, min(max_terms, 4), 6)[:6]:
             if P in sup and len(sup) > 1:
                 node = _mixture(ext_nodes, sup, w)
@@ -964,27 +988,6 @@ def _propose(fs: _FitSet, hi: int, tot: _Stats, groups: list[_Stats], nodes: lis
         if node is not None:
             props.append(node)
             refined.append(node)
-    if gates > 0 and groups:
-        # cheap screen: the best single-primitive fit inside and outside each query group
-        screen = []
-        for g, grp in enumerate(groups):
-            inn, out = grp, tot - grp
-            if inn.pp[hi] <= 0 or out.pp[hi] <= 0:
-                continue
-            screen.append((_best_single_loss(inn, hi) + _best_single_loss(out, hi), g))
-        screen.sort()
-        gated = []
-        for _proxy, g in screen[: 2 * gates]:
-            inn, out = groups[g], tot - groups[g]
-            a = _beam_mixtures(inn, hi, allowed, 2, max_terms, 4)
-            b = _beam_mixtures(out, hi, allowed, 2, max_terms, 4)
-            if a and b:
-                gated.append((a[0][0] + b[0][0], g, a[0], b[0]))
-        gated.sort(key=lambda x: (x[0], x[1]))
-        for _loss, g, a, b in gated[:gates]:
-            na, nb = _mixture(nodes, a[1], a[2]), _mixture(nodes, b[1], b[2])
-            if na is not None and nb is not None and na != nb:
-                props.append(dsl.Gate(fs.preds[g], na, nb))
     anchors = refined[:1] or [p for p in props if isinstance(p, dsl.Mix)][:1]
     for anchor in anchors:
         for p in sorted(sparse, key=lambda j: fs.prim_jsd[hi, j])[:2]:

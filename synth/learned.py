@@ -4,7 +4,7 @@ Gumbel-softmax annealing, discretize, and decompile into a DSL program (DESIGN s
 This is the bridge to Learning Transformer Programs (Friedman, Wettig & Chen 2023): as in a categorical
 attention head there, each *match term* reads one query-side and one key-side feature through Gumbel
 gates over the candidate features (token id buckets, word-start / punctuation / capital / newline /
-sentence-end flags, optionally spaCy POS ...), and a predicate matrix over their values says which
+sentence-end flags; optionally spaCy ``pos`` ...), and a predicate matrix over their values says which
 (query value, key value) pairs match. The term attends to the *closest* matching key (``select=closest``,
 the paper's closest-match bias) or spreads over every matching key (``select=all``), and a query with no
 match attends to position 0 (BOS, the paper's default). The head's pattern is modelled as a mixture of
@@ -14,27 +14,33 @@ the match terms and fixed relative-position terms (``first``, ``self``, ``prev(k
     P(i, .) = sum_t w_t C_t(i, .) / sum_t w_t [row i of C_t is non-empty]
 
 which is exactly the DSL's ``w1*A + w2*B + ...`` semantics (row-normalized components, empty rows
-contribute nothing, then one final normalization).
+contribute nothing, then one final normalization). Optionally (``LearnedConfig.query_gate``, on by
+default) a Gumbel gate over query flags splits the queries between two mixtures of the same components:
+``gate(FLAG, A, B)``.
 
-Training (per head, on the ``synth`` split): every predicate entry is a binary Gumbel-softmax (relaxed
-Bernoulli) sample, every feature gate a Gumbel-softmax over the candidate features, the temperature
-falls geometrically from ``tau_start`` (3.0) to ``tau_end`` (0.01) as in the paper, Adam minimizes the
-cross-entropy (or JSD / soft IoU, see ``LearnedConfig.loss``) of the real rows against the predicted
-rows over visible keys. The soft "closest" is exact at 0/1: key j gets ``m_ij * prod_{j' closer} (1 -
-m_ij')`` and BOS the leftover ``prod_j (1 - m_ij)``.
+Training (per head, on sampled query rows of the ``synth`` split): every predicate entry is a binary
+Gumbel-softmax (relaxed Bernoulli) sample, every feature gate a Gumbel-softmax over the candidate
+features, the temperature falls geometrically from ``tau_start`` (3.0) to ``tau_end`` (0.01) as in the
+paper, and Adam minimizes the KL divergence of the real rows from the predicted rows over visible keys
+(plus a small, ramped penalty on the number of active pairs). The soft "closest" is exact at 0/1: key j
+gets ``m_ij * prod_{j' closer} (1 - m_ij')`` and BOS the leftover ``prod_j (1 - m_ij)``.
 
-Discretization: gates -> argmax, predicate entries -> ``logit > 0``; the token feature is bucketed (the
-``top_tokens`` most frequent ids on ``synth``, the rest in an "other" bucket that never matches, so the
-predicate stays small and decompiles exactly); pairs that never select a key on ``synth`` are dropped
-and at most ``max_pairs`` are kept (by the real attention mass they capture); the mixture weights are
-refitted on the hard components, small ones dropped. The result decompiles to e.g.
+Discretization: gates -> argmax, predicate entries -> ``logit > 0``; every other (query feature, key
+feature) block of the trained predicate is tried in place of the gates' choice and kept if the discrete
+mixture fits better; the token feature is bucketed (the ``top_tokens`` most frequent ids on ``synth``, the
+rest in an "other" bucket that never matches, so the predicate stays small and decompiles exactly);
+pairs that never select a key on ``synth`` are dropped and at most ``max_pairs`` kept (by the real
+attention mass they capture); the mixture weights are refitted on the discretized components for soft
+IoU (the selection metric), light ones dropped, the rest rounded. The result decompiles to e.g.
 ``0.61*fallback(match(q=token, k=punct, pairs=[[13, 1], ...], select=closest), first()) + 0.3*prev(1) +
 0.09*first()``, and :meth:`LearnedHead.torch_patterns` computes the same discretized model with torch
 (an independent implementation the tests compare with the kernels).
+
+Candidates per head: the single mixture, the query-gated mixture and each match term alone, all scored
+with the kernels on ``synth`` and ``select``.
 """
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence as _Seq
 from dataclasses import dataclass, field, replace
@@ -70,9 +76,9 @@ class LearnedConfig:
     """Hyper-parameters of the learned searcher (the defaults are the measured ones; see the module doc)."""
 
     steps: int = 150  # Adam steps per head with Gumbel annealing
-    batch_size: int = 32  # sequences per step
+    batch_size: int = 16  # sequences per step
     rows: int = 32  # query rows sampled per sequence and step
-    refit_rows: int = 32  # query rows per synth sequence for the mixture refit
+    refit_rows: int = 16  # query rows per synth sequence for the mixture refit
     lr: float = 0.05  # Adam learning rate (the paper's)
     tau_start: float = 3.0  # Gumbel temperature, geometric from tau_start to tau_end
     tau_end: float = 0.01
@@ -90,6 +96,8 @@ class LearnedConfig:
     init_scale: float = 0.1  # std of the initial predicate logits
     sparsity: float = 3e-3  # penalty per expected active pair of the gated block, ramped up linearly from 0
     block_search: bool = True  # after training, try every feature pair's predicate block (see _block_search)
+    query_gate: tuple[str, ...] = ("word_start", "punct", "cap", "newline", "sent_end")  # flags a second,
+    # gated mixture may split the queries on: gate(FLAG, mixture A, mixture B); () disables it
     gate_prior: float = 0.0  # initial gate logit -gate_prior * log(values): a head start for small features
     max_synth: int = 256  # at most this many synth sequences are used for fitting (evenly spaced)
 
@@ -104,6 +112,8 @@ class LearnedConfig:
         unknown = [f for f in self.features if f not in dsl.MATCH_FEATURES]
         if unknown or not self.features:
             raise ValueError(f"features must be a non-empty subset of {dsl.MATCH_FEATURES}; unknown: {unknown}")
+        if any(f not in dsl.FLAGS for f in self.query_gate):
+            raise ValueError(f"query_gate flags must come from {dsl.FLAGS}; got {self.query_gate}")
         for name in ("loss", "refit_loss"):
             if getattr(self, name) not in ("kl", "jsd", "iou"):
                 raise ValueError(f"{name} must be 'kl', 'jsd' or 'iou'; got {getattr(self, name)!r}")
@@ -351,34 +361,51 @@ class MatchTerm:
         if qs.size == 0:
             return None
         pairs = [[space.dsl_value(self.q, int(a)), space.dsl_value(self.k, int(b))] for a, b in zip(qs, ks)]
-        match = dsl._make_prim("match", [], {"q": space.names[self.q], "k": space.names[self.k],
-                                             "pairs": pairs, "select": self.select})
+        match = dsl.from_json({"match": {"q": space.names[self.q], "k": space.names[self.k], "pairs": pairs,
+                                         "select": self.select}})
         return dsl.Fallback((match, dsl.Prim("first")))
+
+
+def _mixture_node(matches: list[tuple[float, MatchTerm]], positional: list[tuple[float, str]],
+                  space: FeatureSpace) -> dsl.Node:
+    """A weighted mixture as a DSL tree (a single term is not wrapped in a mix)."""
+    terms: list[tuple[float, dsl.Node]] = []
+    for w, term in matches:
+        node = term.node(space)
+        terms.append((w, node if node is not None else dsl.Prim("first")))
+    terms += [(w, dsl.parse(text)) for w, text in positional]
+    if not terms:
+        return dsl.Prim("first")
+    if len(terms) == 1:
+        return terms[0][1]
+    return dsl.Mix(tuple((float(w), node) for w, node in terms))
 
 
 @dataclass
 class LearnedHead:
-    """One head's discretized learned model: weighted match terms and positional terms, and its DSL program."""
+    """One head's discretized learned model: weighted match terms and positional terms, and its DSL program.
+
+    With ``gate`` (a flag name) the program is ``gate(FLAG, A, B)``: queries with the flag use the mixture
+    (``matches``, ``positional``), the others (``other_matches``, ``other_positional``).
+    """
 
     space: FeatureSpace
     causal: bool
     matches: list[tuple[float, MatchTerm]]
     positional: list[tuple[float, str]]
-    loss: float = float("nan")  # training loss of the discretized model on synth
+    gate: str | None = None
+    other_matches: list[tuple[float, MatchTerm]] = field(default_factory=list)
+    other_positional: list[tuple[float, str]] = field(default_factory=list)
+    loss: float = float("nan")  # refit loss of the discretized model on the synth rows
     history: list[float] = field(default_factory=list, repr=False)
 
     def node(self) -> dsl.Node:
-        """The mixture as a DSL tree (a single term is not wrapped in a mix)."""
-        terms: list[tuple[float, dsl.Node]] = []
-        for w, term in self.matches:
-            node = term.node(self.space)
-            terms.append((w, node if node is not None else dsl.Prim("first")))
-        terms += [(w, dsl.parse(text)) for w, text in self.positional]
-        if not terms:
-            return dsl.Prim("first")
-        if len(terms) == 1:
-            return terms[0][1]
-        return dsl.Mix(tuple((float(w), node) for w, node in terms))
+        """The program as a DSL tree."""
+        a = _mixture_node(self.matches, self.positional, self.space)
+        if self.gate is None:
+            return a
+        return dsl.Gate(dsl.Pred("flag", self.gate), a, _mixture_node(self.other_matches, self.other_positional,
+                                                                       self.space))
 
     @property
     def program(self) -> Program:
@@ -386,60 +413,78 @@ class LearnedHead:
 
     def match_programs(self) -> list[Program]:
         """Each non-empty match term on its own (``fallback(match(...), first())``)."""
-        out = []
-        for _, term in self.matches:
+        out: dict[str, Program] = {}
+        for _, term in self.matches + self.other_matches:
             node = term.node(self.space)
             if node is not None:
-                out.append(Program.from_node(node))
-        return out
+                prog = Program.from_node(node)
+                out.setdefault(prog.hash, prog)
+        return list(out.values())
 
-    def hypothesis(self, tokens: dict[int, str] | None = None, max_pairs: int = 4) -> str:
-        """A short text describing the predicate(s) and the positional mix."""
+    def _describe_mixture(self, matches: list[tuple[float, MatchTerm]], positional: list[tuple[float, str]],
+                          tokens: dict[int, str] | None, max_pairs: int) -> str:
         parts = []
-        for w, term in self.matches:
+        for w, term in matches:
             qn, kn = self.space.names[term.q], self.space.names[term.k]
             qs, ks = np.nonzero(term.table)
             if qs.size == 0:
                 continue
-            shown = ", ".join(f"{self.space.describe(term.q, int(a), tokens)}->{self.space.describe(term.k, int(b), tokens)}"
+            describe = self.space.describe
+            shown = ", ".join(f"{describe(term.q, int(a), tokens)}->{describe(term.k, int(b), tokens)}"
                               for a, b in list(zip(qs, ks))[:max_pairs])
             more = f" +{qs.size - max_pairs} more" if qs.size > max_pairs else ""
-            what = "the closest earlier key" if term.select == "closest" else "every key"
+            what = "the closest key" if term.select == "closest" else "every key"
             parts.append(f"{w:.2f}: {what} with query {qn} x key {kn} in {{{shown}{more}}} (else BOS)")
-        pos = sorted(self.positional, key=lambda t: -t[0])[:4]
+        pos = sorted(positional, key=lambda t: -t[0])[:4]
         if pos:
             parts.append("positional " + ", ".join(f"{text} {w:.2f}" for w, text in pos))
-        return "learned predicate: " + "; ".join(parts) if parts else "learned: BOS only"
+        return "; ".join(parts) if parts else "BOS only"
+
+    def hypothesis(self, tokens: dict[int, str] | None = None, max_pairs: int = 4) -> str:
+        """A short text describing the predicate(s) and the positional mix."""
+        a = self._describe_mixture(self.matches, self.positional, tokens, max_pairs)
+        if self.gate is None:
+            return "learned predicate: " + a
+        b = self._describe_mixture(self.other_matches, self.other_positional, tokens, max_pairs)
+        return f"learned predicate: queries with {self.gate}: {a} | other queries: {b}"
 
     def torch_patterns(self, sequences: list[Sequence], arrays: dict[str, np.ndarray] | None = None) -> torch.Tensor:
         """The discretized model evaluated with torch (float64 [B, N, N]), independently of the DSL kernels."""
         ids, lengths = pad_ids(sequences)
-        if arrays is None:
-            arrays = feature_arrays(sequences, self.space.names)
+        names = list(self.space.names) + ([self.gate] if self.gate else [])
+        if arrays is None or any(n not in arrays for n in names):
+            arrays = {**(arrays or {}), **feature_arrays(sequences, names)}
         slots = torch.from_numpy(self.space.encode(arrays))
         lens = torch.from_numpy(lengths)
-        n = ids.shape[1]
+        out = self._mixture_torch(self.matches, self.positional, slots, lens, ids.shape[1])
+        if self.gate is not None:
+            other = self._mixture_torch(self.other_matches, self.other_positional, slots, lens, ids.shape[1])
+            flag = torch.from_numpy(arrays[self.gate] == 1)
+            out = torch.where(flag[..., None], out, other)
+        return out
+
+    def _mixture_torch(self, matches: list[tuple[float, MatchTerm]], positional: list[tuple[float, str]],
+                       slots: torch.Tensor, lens: torch.Tensor, n: int) -> torch.Tensor:
         vis = _visible(lens, n, self.causal)
         perm = _order(n)
         offs = self.space.offsets
-        num = torch.zeros(len(sequences), n, n, dtype=torch.float64)
-        den = torch.zeros(len(sequences), n, dtype=torch.float64)
-        for w, term in self.matches:
+        num = torch.zeros(lens.shape[0], n, n, dtype=torch.float64)
+        den = torch.zeros(lens.shape[0], n, dtype=torch.float64)
+        for w, term in matches:
             table = torch.from_numpy(term.table)
             qv = slots[term.q] - offs[term.q]
             kv = slots[term.k] - offs[term.k]
             m = table[qv[:, :, None], kv[:, None, :]] & vis
             num += w * _select_rows(m.double(), term.select, perm, hard=True) * vis
             den += w * vis.any(-1).double()
-        if self.positional:
-            comps, nonempty = _positional([t for _, t in self.positional], lens, n, self.causal)
-            ws = torch.tensor([w for w, _ in self.positional], dtype=torch.float64)
+        if positional:
+            comps, nonempty = _positional([t for _, t in positional], lens, n, self.causal)
+            ws = torch.tensor([w for w, _ in positional], dtype=torch.float64)
             num += torch.einsum("t,tbij->bij", ws, comps)
             den += torch.einsum("t,tbi->bi", ws, nonempty)
         out = num / den.clamp_min(1e-300)[..., None]
         inside = torch.arange(n)[None, :] < lens[:, None]
-        empty = (den <= 0) & inside
-        out[..., 0] += empty.double()
+        out[..., 0] += ((den <= 0) & inside).double()
         return out * inside[..., None]
 
 
@@ -460,10 +505,12 @@ class _Data:
     order: torch.Tensor  # int64 [N, N] keys by closeness per query row
     pos: torch.Tensor | None  # causal: float32 [T, N, N] row-normalized positional components
     pos_ne: torch.Tensor | None  # causal: float32 [T, N] non-empty flags
+    gate_flags: tuple[str, ...] = ()  # flags the queries may be gated on
+    flags: torch.Tensor | None = None  # float32 [G, B, N]: 1 where the position has the flag
 
 
 def _make_data(space: FeatureSpace, arrays: dict[str, np.ndarray], lengths: np.ndarray, specs: list[str],
-               causal: bool) -> _Data:
+               causal: bool, gate_flags: tuple[str, ...] = ()) -> _Data:
     slots = torch.from_numpy(space.encode(arrays))
     F_, B, n = slots.shape
     onehot = torch.zeros(B, n, space.dim, dtype=torch.float32)
@@ -473,8 +520,9 @@ def _make_data(space: FeatureSpace, arrays: dict[str, np.ndarray], lengths: np.n
     if causal:  # under a causal mask, row i of a positional term does not depend on the sequence length
         p, ne = _positional(specs, torch.tensor([n]), n, True)
         pos, pos_ne = p[:, 0].float(), ne[:, 0].float()
+    flags = torch.stack([torch.from_numpy(arrays[f] == 1).float() for f in gate_flags]) if gate_flags else None
     return _Data(slots, onehot, torch.from_numpy(np.asarray(lengths, dtype=np.int64)), n, causal, specs,
-                 _order(n), pos, pos_ne)
+                 _order(n), pos, pos_ne, tuple(gate_flags), flags)
 
 
 @dataclass
@@ -540,6 +588,9 @@ class _Model(torch.nn.Module):
         self.gate_q = torch.nn.Parameter(prior.repeat(T, 1))
         self.gate_k = torch.nn.Parameter(prior.repeat(T, 1))
         self.mix = torch.nn.Parameter(torch.zeros(T + n_pos))
+        G = len(cfg.query_gate)
+        self.qgate = torch.nn.Parameter(torch.zeros(G)) if G else None  # which flag gates the queries
+        self.mix_other = torch.nn.Parameter(torch.zeros(T + n_pos)) if G else None  # unflagged queries' mixture
         self.register_buffer("slot_feature", torch.from_numpy(space.slot_feature()))
         self.register_buffer("keep", torch.from_numpy(~space.other_mask()).float())
 
@@ -558,7 +609,23 @@ class _Model(torch.nn.Module):
             m = torch.matmul(torch.matmul(q_oh * gq, s), (k_oh * gk).transpose(1, 2)) * visf
             out.append(_select_rows(m.clamp(0.0, 1.0), select, rows.order, hard=False))
             pairs = pairs + (gq.detach()[:, None] * s * gk.detach()[None, :]).sum()  # entries only, not gates
-        return _mix(self.mix, out, rows), pairs
+        if self.qgate is None:
+            return _mix(self.mix, out, rows), pairs
+        g = _gumbel_softmax(self.qgate, tau, gen, False)
+        flag = torch.einsum("g,gbr->br", g, _query_flags(data, rows))
+        return _gated(self.mix, self.mix_other, flag, out, rows), pairs
+
+
+def _query_flags(data: _Data, rows: _Rows) -> torch.Tensor:
+    """The gate flags of the sampled queries: float32 [G, B, R]."""
+    sub = data.flags[:, rows.idx]
+    return torch.gather(sub, 2, rows.qi[None].expand(sub.shape[0], -1, -1))
+
+
+def _gated(mix_a: torch.Tensor, mix_b: torch.Tensor, flag: torch.Tensor, match_rows: list[torch.Tensor],
+           rows: _Rows) -> torch.Tensor:
+    """Rows whose query has the flag (``flag`` [B, R] in [0, 1]) take mixture A, the others mixture B."""
+    return flag[..., None] * _mix(mix_a, match_rows, rows) + (1.0 - flag[..., None]) * _mix(mix_b, match_rows, rows)
 
 
 def _mix(mix_logits: torch.Tensor, match_rows: list[torch.Tensor], rows: _Rows) -> torch.Tensor:
@@ -662,8 +729,16 @@ def _block_search(model: _Model, space: FeatureSpace, data: _Data, rows: _Rows, 
     instead of key=token listing the frequent punctuation ids) may discretize better.
     """
     F_ = len(space.names)
+    if model.qgate is None:
+        def predict(comps: list[torch.Tensor]) -> torch.Tensor:
+            return _mix(model.mix, comps, rows)
+    else:
+        flag = _query_flags(data, rows)[int(model.qgate.argmax())]
+
+        def predict(comps: list[torch.Tensor]) -> torch.Tensor:
+            return _gated(model.mix, model.mix_other, flag, comps, rows)
     for t in range(len(terms)):
-        best = float(_loss(_mix(model.mix, hard, rows), target, rows, cfg.refit_loss))
+        best = float(_loss(predict(hard), target, rows, cfg.refit_loss))
         for q in range(F_):
             for k in range(F_):
                 if (q, k) == (terms[t].q, terms[t].k):
@@ -674,7 +749,7 @@ def _block_search(model: _Model, space: FeatureSpace, data: _Data, rows: _Rows, 
                 cand_rows = _select_rows(_hard_match(cand, data, space, rows)[0].float(), cand.select, rows.order,
                                          hard=True)
                 trial = hard[:t] + [cand_rows] + hard[t + 1:]
-                loss = float(_loss(_mix(model.mix, trial, rows), target, rows, cfg.refit_loss))
+                loss = float(_loss(predict(trial), target, rows, cfg.refit_loss))
                 if loss < best - 1e-6:
                     best, terms[t], hard[t] = loss, cand, cand_rows
 
@@ -683,8 +758,13 @@ def _round_weight(w: float) -> float:
     return float(f"{w:.4g}")
 
 
-def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedConfig, seed: int = 0) -> LearnedHead:
-    """Fit, discretize and decompile one head from its synth patterns ``real`` [B, N, N] (float16/32)."""
+def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedConfig,
+             seed: int = 0) -> list[LearnedHead]:
+    """Fit, discretize and decompile one head from its synth patterns ``real`` [B, N, N] (float16/32).
+
+    Returns the single-mixture model, then (with ``cfg.query_gate``) the query-gated one; both share the
+    discretized match terms.
+    """
     gen = torch.Generator().manual_seed(int(seed))
     n = data.n
     real_t = torch.from_numpy(np.ascontiguousarray(real[:, :n, :n]))
@@ -717,16 +797,56 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
         terms = [_prune(t, data, space, real_t, cfg.max_pairs) for t in terms]
         hard = [_select_rows(_hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
                 for t in terms]
-    # refit the mixture weights on the discretized components
-    mix = torch.nn.Parameter(model.mix.detach().clone())
-    opt2 = torch.optim.Adam([mix], lr=cfg.lr)
-    for _ in range(cfg.refit_steps):
-        loss = _loss(_mix(mix, hard, rows), target, rows, cfg.refit_loss)
-        opt2.zero_grad()
-        loss.backward()
-        opt2.step()
-    weights = torch.softmax(mix.detach(), 0).double().numpy()
     T = len(terms)
+    heads = []
+    # refit the mixture weights on the discretized components: one mixture, then (optionally) two gated ones
+    refits: list[tuple[str | None, list[torch.Tensor]]] = [(None, [model.mix.detach().clone()])]
+    if model.qgate is not None:
+        flag_idx = int(model.qgate.argmax())
+        refits.append((data.gate_flags[flag_idx], [model.mix.detach().clone(), model.mix_other.detach().clone()]))
+        flag_rows = _query_flags(data, rows)[flag_idx]
+    for gate, init in refits:
+        params = [torch.nn.Parameter(x) for x in init]
+        opt2 = torch.optim.Adam(params, lr=cfg.lr)
+
+        def predict(ws: list[torch.Tensor], comps: list[torch.Tensor], r: _Rows) -> torch.Tensor:
+            return _mix(ws[0], comps, r) if gate is None else _gated(ws[0], ws[1], flag_rows, comps, r)
+
+        for _ in range(cfg.refit_steps):
+            loss = _loss(predict(params, hard, rows), target, rows, cfg.refit_loss)
+            opt2.zero_grad()
+            loss.backward()
+            opt2.step()
+        mixtures, logits, keeps = [], [], []
+        for p in params:
+            m, pos, w, keep_pos = _finalize(torch.softmax(p.detach(), 0).double().numpy(), terms, specs, cfg)
+            mixtures.append((m, pos))
+            logits.append(w)
+            keeps.append(keep_pos)
+        head = LearnedHead(space, data.causal, *mixtures[0], history=history)
+        if gate is not None:
+            head.gate = gate
+            head.other_matches, head.other_positional = mixtures[1]
+        with torch.no_grad():  # the loss of exactly the rounded, pruned discretized model
+            if gate is None:
+                pred = _mix(logits[0], hard, rows.select_pos(keeps[0]))
+            else:
+                pred = (flag_rows[..., None] * _mix(logits[0], hard, rows.select_pos(keeps[0]))
+                        + (1 - flag_rows[..., None]) * _mix(logits[1], hard, rows.select_pos(keeps[1])))
+            head.loss = float(_loss(pred, target, rows, cfg.refit_loss))
+        heads.append(head)
+    return heads
+
+
+def _finalize(weights: np.ndarray, terms: list[MatchTerm], specs: list[str], cfg: LearnedConfig
+              ) -> tuple[list[tuple[float, MatchTerm]], list[tuple[float, str]], torch.Tensor, list[int]]:
+    """Fold empty match terms into first(), drop light terms, round; -> (matches, positional, logits, kept specs).
+
+    The logits cover every match term (-inf where dropped) and the kept positional terms, so that
+    ``_mix(logits, match_rows, rows.select_pos(kept))`` is exactly the rounded mixture.
+    """
+    T = len(terms)
+    weights = weights.copy()
     first_at = specs.index("first()")
     for t, term in enumerate(terms):  # a match term with no pair left is first(): fold its weight there
         if term.n_pairs == 0:
@@ -734,16 +854,12 @@ def fit_head(real: np.ndarray, data: _Data, space: FeatureSpace, cfg: LearnedCon
             weights[t] = 0.0
     weights = np.where(weights >= cfg.min_weight * weights.max(), weights, 0.0)
     weights = weights / weights.sum()
-    matches = [(_round_weight(weights[t]), terms[t]) for t in range(T) if weights[t] > 0]
-    positional = [(_round_weight(weights[T + p]), specs[p]) for p in range(len(specs)) if weights[T + p] > 0]
-    head = LearnedHead(space, data.causal, matches, positional, history=history)
-    with torch.no_grad():
-        ws = torch.tensor([w for w, _ in matches] + [w for w, _ in positional], dtype=torch.float32)
-        keep_pos = [p for p in range(len(specs)) if weights[T + p] > 0]
-        sub = rows.select_pos(keep_pos)
-        pred = _mix(torch.log(ws), [hard[t] for t in range(T) if weights[t] > 0], sub)
-        head.loss = float(_loss(pred, target, rows, cfg.refit_loss))
-    return head
+    rounded = np.array([_round_weight(w) for w in weights])
+    matches = [(float(rounded[t]), terms[t]) for t in range(T) if rounded[t] > 0]
+    keep_pos = [p for p in range(len(specs)) if rounded[T + p] > 0]
+    positional = [(float(rounded[T + p]), specs[p]) for p in keep_pos]
+    logits = torch.log(torch.tensor(np.concatenate([rounded[:T], rounded[T:][keep_pos]]), dtype=torch.float32))
+    return matches, positional, logits, keep_pos
 
 
 # ------------------------------------------------------------------------------------------------
@@ -806,7 +922,8 @@ def learned_search(store: Any, heads: _Seq[tuple[int, int]] | None = None, synth
     (kernel evaluation, :func:`headsurgeon.synth.metrics.score_many`) under ``scores["synth"]`` and
     ``scores["select"]``. Deterministic for a ``seed`` (each head's fit depends only on the seed, the
     head and the synth data); torch runs on ``threads`` threads (restored afterwards); patterns are read
-    ``head_chunk`` heads at a time. With ``return_models`` each head maps to ``(candidates, LearnedHead)``.
+    ``head_chunk`` heads at a time. With ``return_models`` each head maps to ``(candidates, [LearnedHead,
+    ...])`` (the single mixture, then the query-gated one).
     """
     cfg = config or LearnedConfig()
     if steps is not None:
@@ -820,6 +937,19 @@ def learned_search(store: Any, heads: _Seq[tuple[int, int]] | None = None, synth
         raise ValueError("learned_search needs synth sequences to fit on; pass synth_idx=[...]")
     if set(synth_idx) & set(select_idx):
         raise ValueError("synth_idx and select_idx share sequences; fit and select on disjoint splits")
+    old_threads = torch.get_num_threads()
+    try:
+        return _search(store, heads, synth_idx, select_idx, seed, progress, cfg, threads, head_chunk, return_models)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _search(store: Any, heads: list[tuple[int, int]], synth_idx: list[int], select_idx: list[int], seed: int,
+            progress: bool, cfg: LearnedConfig, threads: int | None, head_chunk: int,
+            return_models: bool) -> dict[tuple[int, int], Any]:
+    """The body of :func:`learned_search` (which restores torch's thread count afterwards)."""
+    if threads:
+        torch.set_num_threads(int(threads))
     causal = bool(store.causal)
     fit_idx = _spread(synth_idx, cfg.max_synth)
     names = tuple(dict.fromkeys(cfg.features))
@@ -827,14 +957,11 @@ def learned_search(store: Any, heads: _Seq[tuple[int, int]] | None = None, synth
     if any(n in SPACY_FEATURES for n in names):  # one spaCy pass over every sequence that will be read
         feature_arrays([store.sequences[i] for i in synth_idx + select_idx], [n for n in names if n in SPACY_FEATURES])
     _, fit_lengths = pad_ids(fit_seqs)
-    fit_arrays = feature_arrays(fit_seqs, names)
+    fit_arrays = feature_arrays(fit_seqs, tuple(dict.fromkeys(names + cfg.query_gate)))
     space = FeatureSpace.fit(fit_arrays, fit_lengths, names, cfg.top_tokens, cfg.max_values)
-    data = _make_data(space, fit_arrays, fit_lengths, positional_specs(cfg, causal), causal)
+    data = _make_data(space, fit_arrays, fit_lengths, positional_specs(cfg, causal), causal, cfg.query_gate)
     tokens = _token_names(fit_seqs)
 
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(int(threads))
     out: dict[tuple[int, int], Any] = {}
     bar = tqdm(total=len(heads), desc="learned", unit="head", disable=not progress)
     try:
@@ -843,28 +970,35 @@ def learned_search(store: Any, heads: _Seq[tuple[int, int]] | None = None, synth
             real, _ = _batch(store, fit_idx, chunk)
             models = []
             for h, head in enumerate(chunk):
+                if threads:  # again each time: numba's OpenMP kernels (scoring) reset the shared thread count
+                    torch.set_num_threads(int(threads))
                 head_seed = (int(seed) * 1_000_003 + head[0] * 10_007 + head[1]) % (1 << 62)
                 models.append(fit_head(real[h], data, space, cfg, seed=head_seed))
                 bar.update(1)
             del real
-            programs = [list({p.hash: p for p in [m.program] + m.match_programs()}.values()) for m in models]
+            programs, hypotheses = [], []
+            for fits in models:  # per head: each fitted model's program, then each match term alone
+                progs: dict[str, tuple[Program, str]] = {}
+                for m in fits:
+                    progs.setdefault(m.program.hash, (m.program, m.hypothesis(tokens)))
+                for m in fits:
+                    for p in m.match_programs():
+                        progs.setdefault(p.hash, (p, "match term alone: " + _first_line(p.text)))
+                programs.append([p for p, _ in progs.values()])
+                hypotheses.append([h for _, h in progs.values()])
             scores = {"synth": _score_chunk(store, chunk, programs, synth_idx, names)}
             if select_idx:
                 scores["select"] = _score_chunk(store, chunk, programs, select_idx, names)
-            for h, (head, model) in enumerate(zip(chunk, models)):
-                hypo = model.hypothesis(tokens)
-                cands = []
-                for p_i, prog in enumerate(programs[h]):
-                    label = hypo if p_i == 0 else "match term alone: " + _first_line(prog.text)
-                    cands.append(Candidate(head, prog, "learned", hypothesis=label,
-                                           scores={s: v[h][p_i] for s, v in scores.items()}))
-                out[head] = (cands, model) if return_models else cands
+            for h, (head, fits) in enumerate(zip(chunk, models)):
+                cands = [Candidate(head, prog, "learned", hypothesis=hypotheses[h][p_i],
+                                   scores={s: v[h][p_i] for s, v in scores.items()})
+                         for p_i, prog in enumerate(programs[h])]
+                out[head] = (cands, fits) if return_models else cands
             if progress and select_idx:
                 best = [max(c.scores["select"]["iou"] for c in (v[0] if return_models else v)) for v in out.values()]
                 bar.set_postfix(mean_select_iou=f"{np.mean(best):.3f}")
     finally:
         bar.close()
-        torch.set_num_threads(old_threads)
     return out
 
 

@@ -156,7 +156,8 @@ def ref_eval(node, seq: dict, causal: bool) -> list[list[float]]:
         return [list(a[i] if ref_pred(seq, node.pred, i) else b[i]) for i in range(n)]
     if isinstance(node, Sharpen):
         sub = ref_eval(node.arg, seq, causal)
-        return [ref_rownorm([v ** node.t if v > 0 else 0.0 for v in row]) for row in sub]
+        texp = [next((t for t, ids in node.by if seq["ids"][i] in ids), node.t) for i in range(n)]
+        return [ref_rownorm([v ** texp[i] if v > 0 else 0.0 for v in row]) for i, row in enumerate(sub)]
     if isinstance(node, Mul):
         subs = [ref_eval(a, seq, causal) for a in node.args]
         return [[math.prod(s[i][j] for s in subs) for j in range(n)] for i in range(n)]
@@ -273,6 +274,15 @@ def prims(draw, name: str | None = None) -> Prim:
     return dsl._make_prim(name, [], {})
 
 
+# sharpen(A, t, by=[[t1, ids1], ..]): disjoint query-token classes with their own exponents
+@st.composite
+def sharpen_classes(draw) -> list:
+    """Disjoint query-token classes [[t, [ids..]], ..] for sharpen(A, t, by=...) (possibly none)."""
+    cls = draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2), max_size=5))  # token -> class
+    exps = draw(st.lists(st.floats(0.25, 3.0), min_size=3, max_size=3))
+    return [[exps[c], sorted(t for t, k in cls.items() if k == c)] for c in sorted(set(cls.values()))]
+
+
 def trees(max_leaves: int = 6):
     weights = st.floats(0.05, 3.0, allow_nan=False)
 
@@ -282,6 +292,7 @@ def trees(max_leaves: int = 6):
             st.lists(children, min_size=2, max_size=3).map(lambda a: Fallback(tuple(a))),
             st.tuples(preds, children, children).map(lambda t: Gate(*t)),
             st.tuples(children, st.floats(0.25, 3.0)).map(lambda t: Sharpen(*t)),
+            st.tuples(children, st.floats(0.25, 3.0), sharpen_classes()).map(lambda t: dsl._make_sharpen(*t)),
             st.lists(children, min_size=2, max_size=2).map(lambda a: Mul(tuple(a))),
         )
 
@@ -330,7 +341,7 @@ def test_each_combinator_over_primitives(combinator: str, data, causal: bool) ->
         "mix": lambda: Mix(((data.draw(st.floats(0.1, 2.0)), a), (data.draw(st.floats(0.1, 2.0)), b))),
         "fallback": lambda: Fallback((a, b)),
         "gate": lambda: Gate(data.draw(preds), a, b),
-        "sharpen": lambda: Sharpen(a, data.draw(st.floats(0.25, 3.0))),
+        "sharpen": lambda: dsl._make_sharpen(a, data.draw(st.floats(0.25, 3.0)), data.draw(sharpen_classes())),
         "mul": lambda: Mul((a, b)),
     }[combinator]()
     batch = data.draw(batches())

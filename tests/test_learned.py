@@ -14,7 +14,7 @@ from headsurgeon.synth import learned as L
 from headsurgeon.synth.metrics import score_many
 from headsurgeon.synth.program import Program
 
-FAST = L.LearnedConfig(steps=150, refit_steps=40)
+FAST = L.LearnedConfig(steps=100, refit_steps=40)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def truth(seqs):
     """Known categorical programs over frequent real tokens."""
     t = _frequent_tokens(seqs, 4)
     return {
-        (0, 0): f"fallback(match(q=token, k=token, pairs=[[{t[0]}, {t[1]}], [{t[2]}, {t[3]}]], select=closest), first())",
+        (0, 0): f"fallback(match(q=token, k=token, pairs=[[{t[0]}, {t[1]}], [{t[2]}, {t[3]}]], select=closest), "
+                "first())",
         (0, 1): "0.5*fallback(match(q=cap, k=punct, pairs=[[0, 1], [1, 1]], select=closest), first()) + 0.5*prev(1)",
     }
 
@@ -71,7 +72,7 @@ def _uniform_iou(store, head, idx):
 def test_recovers_known_categorical_programs(learned, synthetic_store, seqs):
     _, select = _splits(seqs)
     for head in [(0, 0), (0, 1)]:
-        cands, model = learned[head]
+        cands, fits = learned[head]
         assert all(c.source == "learned" and c.head == head for c in cands)
         assert all(set(c.scores) == {"synth", "select"} and set(c.scores["select"]) == {"iou", "jsd"} for c in cands)
         best = max(cands, key=lambda c: c.scores["select"]["iou"])
@@ -79,7 +80,7 @@ def test_recovers_known_categorical_programs(learned, synthetic_store, seqs):
         assert best.scores["select"]["iou"] > _uniform_iou(synthetic_store, head, select) + 0.3
         assert "learned predicate" in cands[0].hypothesis
     # the pure match head: its closest-match term reads token x token and holds exactly the true pairs
-    model = learned[(0, 0)][1]
+    model = learned[(0, 0)][1][0]
     main = next(term for _, term in model.matches if term.select == "closest")
     assert (model.space.names[main.q], model.space.names[main.k]) == ("token", "token")
     t = _frequent_tokens(seqs, 4)
@@ -103,14 +104,16 @@ def test_decompiled_program_round_trips_and_matches_the_torch_model(learned, seq
     _, select = _splits(seqs)
     held_out = [seqs[i] for i in select]
     for head in [(0, 0), (0, 1)]:
-        cands, model = learned[head]
+        cands, fits = learned[head]
+        assert [f.gate is None for f in fits] == [True, False]  # the single mixture, then the query-gated one
         for cand in cands:
             again = Program.parse(cand.program.text)
             assert again == cand.program and again.hash == cand.program.hash
-        kernels = Program.parse(model.program.text).evaluate(held_out)
-        torch_side = model.torch_patterns(held_out).numpy()
-        assert kernels.shape == torch_side.shape
-        np.testing.assert_allclose(kernels, torch_side, atol=2e-6)
+        for model in fits:
+            kernels = Program.parse(model.program.text).evaluate(held_out)
+            torch_side = model.torch_patterns(held_out).numpy()
+            assert kernels.shape == torch_side.shape
+            np.testing.assert_allclose(kernels, torch_side, atol=2e-6)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -132,9 +135,35 @@ def test_random_discrete_models_decompile_exactly(seqs, causal):
             matches.append((float(rng.uniform(0.1, 1)), L.MatchTerm(q, k, table, select)))
         positional = [(float(rng.uniform(0.05, 1)), s) for s in rng.choice(specs, 3, replace=False)]
         head = L.LearnedHead(space, causal, matches, positional)
+        if trial % 2:  # query-gated: flagged queries take the mixture above, the others another one
+            head.gate = str(rng.choice(["punct", "cap", "word_start"]))
+            head.other_matches = matches[1:]
+            head.other_positional = [(1.0, str(rng.choice(specs)))]
+            assert head.program.text.startswith(f"gate({head.gate}, ")
         prog = Program.parse(head.program.text)
         assert prog == head.program
         np.testing.assert_allclose(prog.evaluate(some, causal=causal), head.torch_patterns(some).numpy(), atol=2e-6)
+
+
+def test_pos_feature_decompiles_to_tag_names(seqs):
+    """spaCy POS values become tag names in the DSL and evaluate to the same pattern as the torch model."""
+    from headsurgeon.synth.features import FeatureDependencyError
+
+    some = seqs[:8]
+    try:
+        arrays = L.feature_arrays(some, ("pos", "punct"))
+    except FeatureDependencyError as e:
+        pytest.skip(f"spaCy model unavailable: {e}")
+    _, lengths = L.pad_ids(some)
+    space = L.FeatureSpace.fit(arrays, lengths, ("pos", "punct"), top_tokens=8, max_values=20)
+    table = np.zeros((space.sizes[0], space.sizes[0]), dtype=bool)
+    tags = list(space.vocabs[0])
+    noun, verb = tags.index(7), tags.index(15)  # POS_TAGS index of NOUN and VERB
+    table[verb, noun] = table[noun, noun] = True
+    head = L.LearnedHead(space, True, [(1.0, L.MatchTerm(0, 0, table, "closest"))], [(0.5, "prev(1)")])
+    text = head.program.text
+    assert "[NOUN, NOUN]" in text and "[VERB, NOUN]" in text, text
+    np.testing.assert_allclose(Program.parse(text).evaluate(some), head.torch_patterns(some).numpy(), atol=2e-6)
 
 
 def test_soft_select_is_exact_at_hard_inputs():

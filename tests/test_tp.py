@@ -183,7 +183,7 @@ def test_default_configs_follow_table1():
     assert shape == TASK_CONFIGS["sort"] and (tc.lr, tc.batch_size, tc.epochs) == (5e-2, 512, 250)
     assert (tc.tau_init, tc.tau_end) == (3.0, 0.01)
     # Table 1 heads / MLPs columns are categorical + numerical
-    table1 = {"reverse": (3, 8, 2), "hist": (1, 4, 2), "double_hist": (3, 4, 2), "sort": (3, 8, 4),
+    table1 = {"reverse": (3, 8, 2), "hist": (1, 4, 2), "double_hist": (3, 8, 2), "sort": (3, 8, 4),
               "most_freq": (3, 8, 4), "dyck1": (3, 8, 2), "dyck2": (3, 4, 4)}
     for task, (layers, heads, mlps) in table1.items():
         c = TASK_CONFIGS[task]
