@@ -29,7 +29,7 @@ from numba import njit, prange
 __all__ = [
     "score_self", "score_prev", "score_next", "score_first", "score_window", "score_decay",
     "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
-    "score_keys", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
+    "score_keys", "score_class_table", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
     "score_dep_children", "score_match", "value_index", "score_profile", "score_key_values",
     "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "sharpen_rows_by", "multiply",
     "row_normalize",
@@ -354,6 +354,20 @@ def _score_key_values(values, lengths, causal, out):  # pragma: no cover - compi
                 out[b, i, j] = values[b, j]
 
 
+@njit(parallel=True, cache=True)
+def _score_class_table(qc, kc, table, lengths, causal, out):  # pragma: no cover - compiled
+    """Every visible key j scores table[qc[b, i], kc[b, j]] (query class x key class)."""
+    nb, n = qc.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            row = table[qc[b, i]]
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                out[b, i, j] = row[kc[b, j]]
+
+
 # Allocating wrappers. ``out`` may pass a reusable float32 [B,N,N] buffer (every cell is
 # overwritten); otherwise numpy allocates it, not the kernel: numpy puts large arrays on transparent
 # huge pages, which made first-touch page faults of a [1000,128,128] float32 batch ~5x cheaper than
@@ -516,6 +530,15 @@ def score_key_values(values, lengths, causal, out=None) -> np.ndarray:
     """Every visible key j scores ``values[b, j]`` (float32 [B, N], e.g. per-key-token weights)."""
     out = _buffer(out, (values.shape[0], values.shape[1], values.shape[1]))
     _score_key_values(np.ascontiguousarray(values, dtype=np.float32), lengths, causal, out)
+    return out
+
+
+def score_class_table(qclass, kclass, table, lengths, causal, out=None) -> np.ndarray:
+    """Every visible key j of query i scores ``table[qclass[b, i], kclass[b, j]]`` (int64 [B, N] class
+    indices into a float32 [Cq, Ck] table: a categorical query-class x key-class attention)."""
+    out = _buffer(out, (qclass.shape[0], qclass.shape[1], qclass.shape[1]))
+    _score_class_table(np.ascontiguousarray(qclass, dtype=np.int64), np.ascontiguousarray(kclass, dtype=np.int64),
+                       np.ascontiguousarray(table, dtype=np.float32), lengths, causal, out)
     return out
 
 

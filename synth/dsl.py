@@ -40,6 +40,13 @@ Primitives (``causal`` is the mask policy of the model; every primitive scores o
                             every visible key scores the weight of its token id (listed ids), else
                             ``default`` (default 1); ``mul(profile(..), key_weight(..))`` multiplies a
                             positional profile by per-key-token factors, like softmax logits adding.
+``class_weight(q=[[ids..], ..], k=[[ids..], ..], w=[[x, ..], ..], default=d)``
+                            token classes (disjoint id lists): every visible key scores ``w[c][e]`` where
+                            the query token is in class ``q[c]`` and the key token in class ``k[e]``
+                            (``len(q)`` rows of ``len(k)`` weights), ``default`` (default 1) when either
+                            token is in no class: categorical query-class x key-class attention, as in
+                            Transformer Programs; ``mul(profile, key_weight, class_weight)`` adds the three
+                            as logits.
 ``match(q=F, k=F, pairs=[[qv, kv], ...], select=closest|all)``
                             keys whose (query value, key value) pair is listed; ``closest`` keeps only
                             the nearest such key (largest j <= i when causal, else smallest |i-j|,
@@ -137,6 +144,8 @@ PRIMITIVES: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "recent": (("pred", "pred", _REQ),),
     "profile": (("w", "weights", _REQ), ("tail", "nonneg", 0.0), ("bos", "optnonneg", None)),
     "key_weight": (("w", "idweights", _REQ), ("default", "nonneg", 1.0)),
+    "class_weight": (("q", "idclasses", _REQ), ("k", "idclasses", _REQ), ("w", "matrix", _REQ),
+                     ("default", "nonneg", 1.0)),
     "match": (("q", "feature", _REQ), ("k", "feature", _REQ), ("pairs", "pairs", _REQ),
               ("select", "select", "closest")),
 }
@@ -336,6 +345,28 @@ def _check_param(prim: str, name: str, kind: str, value: Any, others: Mapping[st
                 raise _err(f"{what} lists token id {tid} twice")
             table[tid] = wt
         return tuple(sorted(table.items()))
+    if kind == "idclasses":
+        if not isinstance(value, (list, tuple)) or not value:
+            raise _err(f"{what} must be a non-empty list of token classes (lists of ids), e.g. [[3, 17], [5]]; "
+                       f"got {value!r:.200}")
+        classes, seen = [], set()
+        for c, item in enumerate(value):
+            ids = _as_ids(item, f"{what} class {c}")
+            clash = seen.intersection(ids)
+            if clash:
+                raise _err(f"{what} lists token id {min(clash)} in two classes; the classes must be disjoint")
+            seen.update(ids)
+            classes.append(ids)
+        if len(seen) > MAX_WEIGHTS:
+            raise _err(f"{what} lists {len(seen)} token ids; at most {MAX_WEIGHTS} are allowed")
+        return tuple(classes)
+    if kind == "matrix":
+        nq, nk = len(others.get("q", ())), len(others.get("k", ()))
+        if (not isinstance(value, (list, tuple)) or len(value) != nq
+                or any(not isinstance(r, (list, tuple)) or len(r) != nk for r in value)):
+            raise _err(f"{what} must be a table of {nq} rows (query classes) of {nk} weights (key classes) "
+                       f"each; got {value!r:.200}")
+        return tuple(tuple(_as_weight(x, f"{what} weight") for x in r) for r in value)
     if kind == "select":
         if value not in SELECTS:
             raise _err(f"{what} must be one of {', '.join(SELECTS)}; got {value!r}")
@@ -731,7 +762,7 @@ def to_text(node: Node) -> str:
     if isinstance(node, Prim):
         if node.name == "recent":
             return f"recent({_fmt_pred(node.param('pred'))})"
-        if node.name in ("key_in_set", "match", "profile", "key_weight"):
+        if node.name in ("key_in_set", "match", "profile", "key_weight", "class_weight"):
             inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in node.params if v is not None)
         else:
             inner = ", ".join(_fmt_value(v) for _, v in node.params)
@@ -1037,9 +1068,28 @@ def _eval_prim(node: Prim, ctx: _Context) -> np.ndarray:
         idx = K.value_index(ctx.ids, tids)
         values = np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default")))
         return K.score_key_values(np.ascontiguousarray(values, dtype=np.float32), L, c, out=ctx.buf())
+    if name == "class_weight":
+        qc, kc, table = class_tables(node, ctx.ids)
+        return K.score_class_table(qc, kc, table, L, c, out=ctx.buf())
     if name == "match":
         return _eval_match(node, ctx)
     raise AssertionError(name)
+
+
+def class_tables(node: Prim, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query class, key class) of every token in ``ids`` and the padded table of ``class_weight``:
+    the extra last row / column (tokens in no class) holds ``default``."""
+    def classes_of(classes: tuple[tuple[int, ...], ...]) -> np.ndarray:
+        vocab = np.array([t for cls in classes for t in cls], dtype=np.int64)
+        label = np.array([c for c, cls in enumerate(classes) for _ in cls], dtype=np.int64)
+        order = np.argsort(vocab)
+        idx = K.value_index(ids, vocab[order])
+        return np.where(idx >= 0, label[order][np.maximum(idx, 0)], len(classes))
+
+    q, k = node.param("q"), node.param("k")
+    table = np.full((len(q) + 1, len(k) + 1), node.param("default"), dtype=np.float32)
+    table[:-1, :-1] = np.asarray(node.param("w"), dtype=np.float32).reshape(len(q), len(k))
+    return classes_of(q), classes_of(k), table
 
 
 def _eval_match(node: Prim, ctx: _Context) -> np.ndarray:

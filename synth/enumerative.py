@@ -22,8 +22,11 @@ Deterministic for a seed; three stages, all heads together:
    * *tables* (``tables=True``): ``mul(profile(w=[..], tail, bos), key_weight(w=[[id, x], ..]))``, a
      softmax over offset, first-key and key-token logits fitted by iterative proportional fitting
      (maximum likelihood), with a temperature per query-token class
-     (``sharpen(M, t, by=[[t1, [ids..]], ..])``, chosen by L1 distance); a query predicate splitting the
-     rows best gets a profile per side (``gate(PRED, M1, M2)``); the best table also enters the
+     (``sharpen(M, t, by=[[t1, [ids..]], ..])``, chosen by L1 distance); then the same with a
+     query-class x key-class logit table (``class_weight``, ``TABLE_CLASSES`` token classes per side
+     clustered from the per-token-pair residual), once with a profile per query-token group
+     (``QUERY_PROFILES`` groups, nested ``gate(ids=[..], ..)``) and once with a profile per side of the
+     query predicate that splits the rows best (``gate(PRED, M1, M2)``); the best table also enters the
      mixtures as one more component (``0.9*table + 0.1*same_token_recent()``).
 
    Mixture weights are normalized to sum 1 and rounded to 2 decimals, table weights to 3 significant
@@ -488,6 +491,31 @@ def _mix_node(terms: list[tuple[float, dsl.Node]]) -> dsl.Node | None:
 
 # ============================================================================ the compact fit set
 
+# token classes of the class tables and query groups with profiles of their own (measured on stories260K,
+# benchmarks/synthesis.py: mean test IoU 0.489 without either, 0.516 / 0.528 with 16 / 32 classes, 0.545 with
+# the gated split sharing them, 0.556 / 0.563 adding 4 / 8 profile groups)
+TABLE_CLASSES = 32
+QUERY_PROFILES = 8
+
+
+def _kmeans(x: np.ndarray, weight: np.ndarray, k: int, iters: int = 25) -> np.ndarray:
+    """Weighted k-means labels of the rows of x (deterministic: farthest-point start from the heaviest row)."""
+    k = min(k, len(x))
+    centers = [x[int(np.argmax(weight))]]
+    for _ in range(1, k):
+        d = np.min(((x[:, None, :] - np.asarray(centers)[None]) ** 2).sum(-1), axis=1)
+        centers.append(x[int(np.argmax(d * weight))])
+    cen = np.asarray(centers)
+    lab = np.zeros(len(x), dtype=np.int64)
+    for _ in range(iters):
+        lab = np.argmin(((x[:, None, :] - cen[None]) ** 2).sum(-1), axis=1)
+        for g in range(k):
+            m = lab == g
+            if m.any():
+                cen[g] = (x[m] * weight[m, None]).sum(0) / weight[m].sum()
+    return lab
+
+
 class _FitSet:
     """The fit sequences' visible cells: components [P, C], real patterns [H, C], row/sequence layout.
 
@@ -593,7 +621,7 @@ class _FitSet:
             k = self.index.get(node)
             if k is not None:
                 out = (self.X[k], self.empty[k])
-            elif node.name in ("profile", "key_weight"):
+            elif node.name in ("profile", "key_weight", "class_weight"):
                 v = self.rownorm(self.cell_scores(node))
                 out = (v, np.add.reduceat(v, self.row_start[:-1]) <= 0)
             else:
@@ -649,6 +677,10 @@ class _FitSet:
             if node.param("bos") is not None:
                 v[self.cell_first] = np.float32(node.param("bos"))
             return v
+        if node.name == "class_weight":
+            qc, _, table = dsl.class_tables(node, self.row_tok)
+            _, kc, _ = dsl.class_tables(node, self.cell_key)
+            return table[qc[self.row_of_cell], kc]
         table = node.param("w")
         tids = np.array([t for t, _ in table], dtype=np.int64)
         wts = np.array([w for _, w in table], dtype=np.float32)
@@ -663,7 +695,8 @@ class _FitSet:
 
     def loglinear(self, h: int, keys: np.ndarray, offsets: int = 48, sweeps: int = 15, rounds: int = 1,
                   temperatures: tuple[float, ...] = (0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0),
-                  min_rows: int = 10, split: dsl.Pred | None = None) -> list[dsl.Node]:
+                  min_rows: int = 10, split: dsl.Pred | None = None, classes: int = 0,
+                  profiles: int = 0) -> list[dsl.Node]:
         """Fit ``mul(profile(..), key_weight(..))`` (a softmax over offset + key-token logits) to head h.
 
         Iterative proportional fitting of the offset, first-key and key-token logits (maximum
@@ -673,7 +706,13 @@ class _FitSet:
         ``rounds`` > 1 the logits are refitted under those temperatures and the temperatures chosen
         again (measured: no better on stories260K). Returns the plain, the globally tempered and the
         query-gated programs. ``split``: a query predicate whose rows get a profile of their own
-        (``gate(PRED, mul(profile1, kw), mul(profile2, kw))``).
+        (``gate(PRED, mul(profile1, kw), mul(profile2, kw))``). ``classes`` > 0: the query and key tokens
+        (of ``keys``) are also grouped into that many classes each, from a rank-4 SVD of the per-token-pair
+        residual log-ratios (k-means), and a class x class logit table is fitted with the others
+        (``mul(profile, key_weight, class_weight(..))``): the token-pair interaction that offset and key
+        weights miss. ``profiles`` > 1 (without ``split``): query tokens are grouped the same way by how
+        their offset preference departs from the fit, and each group gets its own profile (nested
+        ``gate(ids=[..], ..)``, the heaviest group last).
         """
         p = self.real[h].astype(np.float64)
         d = self.cell_d
@@ -697,12 +736,18 @@ class _FitSet:
         tok_t = np.full(len(toks), int(np.argmin(np.abs(temps - 1.0))))
         t0 = int(tok_t[0])
 
-        def logits() -> np.ndarray:
-            return np.where(behind, b[f_off] + a[f_key], -60.0)
+        n_cls = classes + 1  # the last class: tokens outside ``keys`` (table weight fixed at 1)
+        f_cls = np.zeros_like(f_key)
+        c = np.zeros(n_cls * n_cls)
+        listed = np.zeros(n_cls * n_cls, dtype=bool)
+        if classes:
+            listed.reshape(n_cls, n_cls)[:-1, :-1] = True
 
-        for _ in range(max(1, rounds)):
-            cell_t = row_t[self.row_of_cell]
-            step = 1.0 / float(np.mean(row_t))
+        def logits() -> np.ndarray:
+            return np.where(behind, b[f_off] + a[f_key] + c[f_cls], -60.0)
+
+        def ipf(cell_t: np.ndarray, step: float, with_classes: bool) -> None:
+            nonlocal a, b, c
             for _ in range(sweeps):
                 q = self.row_softmax(cell_t * logits())
                 b += step * np.log((p_off + eps) / (np.bincount(f_off, weights=q, minlength=n_off) + eps))
@@ -710,6 +755,39 @@ class _FitSet:
                 q = self.row_softmax(cell_t * logits())
                 a += step * np.log((p_key + eps) / (np.bincount(f_key, weights=q, minlength=len(keys) + 1) + eps))
                 a = np.clip(a - a[-1], -14.0, 14.0)
+                if with_classes:
+                    q = self.row_softmax(cell_t * logits())
+                    c += step * np.log((p_cls + eps) / (np.bincount(f_cls, weights=q, minlength=n_cls * n_cls) + eps))
+                    c = np.where(listed, np.clip(c, -14.0, 14.0), 0.0)
+
+        nk = len(keys)
+        kq = K.value_index(self.row_tok, keys)
+        f_qtok = np.where(kq >= 0, kq, nk)[self.row_of_cell]  # query token index of each cell (nk: outside)
+        q_cls = k_cls = q_grp = None
+        for rnd in range(max(1, rounds)):
+            cell_t = row_t[self.row_of_cell]
+            step = 1.0 / float(np.mean(row_t))
+            ipf(cell_t, step, q_cls is not None)
+            if classes and rnd == 0:
+                q = self.row_softmax(logits())
+                q_cls = np.append(self._cluster(p, q, f_qtok, f_key, nk + 1, nk + 1, classes, "rows")[:nk], classes)
+                k_cls = np.append(self._cluster(p, q, f_qtok, f_key, nk + 1, nk + 1, classes, "cols")[:nk], classes)
+                f_cls = q_cls[f_qtok] * n_cls + k_cls[f_key]
+                p_cls = np.bincount(f_cls, weights=p, minlength=n_cls * n_cls)
+                ipf(cell_t, step, True)
+            if profiles and split is None and rnd == 0:
+                # query-token groups that each get an offset profile of their own
+                q = self.row_softmax(logits())
+                lab = self._cluster(p, q, f_qtok, f_off, nk + 1, n_prof, profiles, "rows")
+                mass = np.bincount(lab, weights=np.bincount(f_qtok, weights=p, minlength=nk + 1), minlength=profiles)
+                heavy = int(np.argmax(mass))
+                lab[nk] = heavy  # tokens outside ``keys`` read the last (else) branch: the heaviest group
+                q_grp = lab
+                f_off = f_off + n_prof * q_grp[f_qtok]
+                n_off = n_prof * profiles
+                b = np.tile(b, profiles)
+                p_off = np.bincount(f_off, weights=p, minlength=n_off)
+                ipf(cell_t, step, q_cls is not None)
             lg = logits()
             l1 = np.stack([np.add.reduceat(np.abs(self.row_softmax(t * lg) - p), self.row_start[:-1])
                            for t in temps])  # [T, R]
@@ -733,10 +811,28 @@ class _FitSet:
         table = [[int(t), _sig(np.exp(x))] for t, x in zip(keys, a[:-1]) if abs(x) >= 0.05]
         kw = dsl._make_prim("key_weight", [], {"w": table, "default": 1.0}) if table else None
 
+        factors: list[dsl.Node] = [kw] if kw is not None else []
+        if q_cls is not None:
+            groups = [[int(t) for t in keys[lab == g]] for lab in (q_cls[:-1], k_cls[:-1]) for g in range(classes)]
+            qg, kg = groups[:classes], groups[classes:]
+            qkeep = [g for g in range(classes) if qg[g]]
+            kkeep = [g for g in range(classes) if kg[g]]
+            tab = np.exp(c.reshape(n_cls, n_cls))
+            if qkeep and kkeep:
+                factors.append(dsl._make_prim("class_weight", [], {
+                    "q": [qg[g] for g in qkeep], "k": [kg[g] for g in kkeep],
+                    "w": [[_sig(tab[i, j]) for j in kkeep] for i in qkeep], "default": 1.0}))
+
         def times_keys(prof: dsl.Node) -> dsl.Node:
-            return dsl.Mul((prof, kw)) if kw is not None else prof
+            return dsl.Mul((prof, *factors)) if factors else prof
 
         M: dsl.Node = times_keys(profile(b[:n_prof]))
+        if q_grp is not None:  # one branch per query group, the heaviest last (tokens in no group read it)
+            M = times_keys(profile(b[heavy * n_prof:(heavy + 1) * n_prof]))
+            for g in sorted(set(range(profiles)) - {heavy}, reverse=True):
+                toks_g = [int(t) for t in keys[q_grp[:nk] == g]]
+                if toks_g:
+                    M = dsl.Gate(dsl.Pred("ids", tuple(toks_g)), times_keys(profile(b[g * n_prof:(g + 1) * n_prof])), M)
         if split is not None:  # each query row reads one branch, so each profile is scaled on its own
             M = dsl.Gate(split, times_keys(profile(b[n_prof:])), M)
 
@@ -747,6 +843,20 @@ class _FitSet:
         if classes:
             out.append(dsl._make_sharpen(M, float(temps[t0]), classes))
         return out
+
+    def _cluster(self, p: np.ndarray, q: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows: int,
+                 n_cols: int, k: int, side: str) -> np.ndarray:
+        """k-means labels of the rows (``side="rows"``) or columns of the shrunk log-ratio of real to fitted
+        attention mass per (row, column) cell group, over a rank-4 SVD: groups of tokens whose
+        attention the fitted model misses in the same way. ``rows`` / ``cols`` [C]: cell indices."""
+        real = np.bincount(rows * n_cols + cols, weights=p, minlength=n_rows * n_cols).reshape(n_rows, n_cols)
+        fit = np.bincount(rows * n_cols + cols, weights=q, minlength=n_rows * n_cols).reshape(n_rows, n_cols)
+        ratio = np.log((real + 1.0) / (fit + 1.0))  # one row's worth of mass as the prior: rare pairs ~0
+        u, sv, vt = np.linalg.svd(ratio, full_matrices=False)
+        r = min(4, len(sv))
+        if side == "rows":
+            return _kmeans(u[:, :r] * sv[:r], real.sum(axis=1) + 1e-9, k)
+        return _kmeans(vt[:r].T * sv[:r], real.sum(axis=0) + fit.sum(axis=0) + 1e-9, k)
 
     def query_rows(self, pred: dsl.Pred) -> np.ndarray:
         """Boolean [R]: query rows satisfying ``pred`` (search predicates, or any ``ids=`` set)."""
@@ -952,8 +1062,10 @@ def _propose(fs: _FitSet, hi: int, tot: _Stats, groups: list[_Stats], nodes: lis
     if keys is not None:
         # softmax-like tables (positional profile x key-token weights, tempered per query class) ...
         loglin = fs.loglinear(hi, keys)
+        loglin += fs.loglinear(hi, keys, classes=TABLE_CLASSES)
+        loglin += fs.loglinear(hi, keys, classes=TABLE_CLASSES, profiles=QUERY_PROFILES)
         if gated:  # the query split that best separates two behaviours gets a profile per side
-            loglin += fs.loglinear(hi, keys, split=fs.preds[gated[0][1]])[-1:]
+            loglin += fs.loglinear(hi, keys, split=fs.preds[gated[0][1]], classes=TABLE_CLASSES)[-1:]
         memo: dict = {}
         pats = np.stack([fs.pattern(n, memo) for n in loglin])
         top = int(np.argmax(fs.iou(pats, hi)))

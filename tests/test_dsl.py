@@ -50,6 +50,13 @@ def prims(draw) -> Prim:
     if name == "key_weight":
         table = draw(st.dictionaries(st.integers(0, 60000), st.floats(0.0, 1e6), min_size=1, max_size=5))
         return make(name, [], {"w": [[k, v] for k, v in table.items()], "default": draw(st.floats(0.0, 10.0))})
+    if name == "class_weight":
+        def classes(label: dict) -> list:
+            return [sorted(t for t, c in label.items() if c == k) for k in sorted(set(label.values()))]
+        q = classes(draw(st.dictionaries(st.integers(0, 60000), st.integers(0, 3), min_size=1, max_size=6)))
+        k = classes(draw(st.dictionaries(st.integers(0, 60000), st.integers(0, 3), min_size=1, max_size=6)))
+        w = [[draw(st.floats(0.0, 1e6)) for _ in k] for _ in q]
+        return make(name, [], {"q": q, "k": k, "w": w, "default": draw(st.floats(0.0, 10.0))})
     if name == "match":
         q = draw(st.sampled_from(dsl.MATCH_FEATURES))
         k = draw(st.sampled_from(dsl.MATCH_FEATURES))
@@ -223,6 +230,10 @@ def test_features_needed() -> None:
     ("key_weight(w=[[-3, 1]])", "token ids must be >= 0"),
     ("key_weight(w=[[3, -1]])", "must be >= 0"),
     ("key_weight(w=[[3, 1]], default=-2)", "must be >= 0"),
+    ("class_weight(q=[[1], [1, 2]], k=[[3]], w=[[1], [1]])", "two classes"),
+    ("class_weight(q=[[1]], k=[[3], [4]], w=[[1]])", "1 rows .* of 2 weights"),
+    ("class_weight(q=[[1]], k=[[3]], w=[[-1]])", "must be >= 0"),
+    ("class_weight(q=[], k=[[3]], w=[])", "non-empty list of token classes"),
 ])
 def test_text_validation_errors(text: str, message: str) -> None:
     with pytest.raises(ProgramValidationError, match=message):

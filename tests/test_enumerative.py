@@ -77,6 +77,9 @@ TRUTH = {
     # key weights on frequent tokens ("the" and ".", filled in below)
     (1, 0): "mul(profile(w=[0.2, 1, 0.5, 0.25], tail=0.05, bos=0.6), key_weight(w=[[THE, 4], [DOT, 0.2]], default=1))",
     (1, 1): "gate(punct, first(), 0.5*prev(1) + 0.5*self())",
+    # a query-class x key-class interaction: "the" and "a" look back at Lily and the dog, nothing else does
+    (1, 2): "mul(profile(w=[1, 0.8, 0.6, 0.5, 0.4, 0.3], tail=0.2, bos=0.5), "
+            "class_weight(q=[[THE, A]], k=[[LILY, DOG]], w=[[30]], default=1))",
 }
 
 
@@ -84,7 +87,12 @@ TRUTH = {
 def synthetic():
     seqs = story_sequences()
     ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}
-    texts = {h: t.replace("THE", str(ids["the"])).replace("DOT", str(ids["."])) for h, t in TRUTH.items()}
+    names = {"THE": "the", "DOT": ".", "A": "a", "LILY": "lily", "DOG": "dog"}
+    texts = {}
+    for h, t in TRUTH.items():
+        for key in sorted(names, key=len, reverse=True):  # longest first: "A" is inside other names
+            t = re.sub(rf"\b{key}\b", str(ids[names[key]]), t)
+        texts[h] = t
     store = ProgramStore(seqs, {h: Program.parse(t) for h, t in texts.items()})
     docs = sorted({s.doc for s in seqs})
     select_docs = set(docs[::3])
@@ -114,6 +122,25 @@ def test_recovers_known_programs(synthetic) -> None:
         best = max(cands, key=lambda c: c.scores["select"]["iou"])
         assert best.scores["select"]["iou"] > 0.97, (head, best.program.text, best.scores)
         assert best.scores["select"]["jsd"] < 0.15, (head, best.program.text, best.scores)
+
+
+def test_class_tables_capture_a_query_key_interaction(synthetic) -> None:
+    """Head (1, 2) needs a query-token x key-token term: only class_weight tables can express it."""
+    _, _, _, result, _ = synthetic
+    cands = result[(1, 2)]
+    with_classes = [c for c in cands if "class_weight(" in c.program.text]
+    without = [c for c in cands if "class_weight(" not in c.program.text]
+    assert with_classes and without
+    best = max(with_classes, key=lambda c: c.scores["select"]["iou"])
+    assert best.scores["select"]["iou"] > max(c.scores["select"]["iou"] for c in without) + 0.04
+    # the fitted table singles out "the" (query) x "lily" (key), the pair the data shows most often
+    table = next(n for n in _walk(best.program.node) if isinstance(n, dsl.Prim) and n.name == "class_weight")
+    seqs = story_sequences()
+    ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}
+    qc = next(c for c, cls in enumerate(table.param("q")) if ids["the"] in cls)
+    kc = next(c for c, cls in enumerate(table.param("k")) if ids["lily"] in cls)
+    w = np.asarray(table.param("w"))
+    assert w[qc, kc] == w.max() and w[qc, kc] > 10
 
 
 def test_scores_equal_the_kernels_and_score_many(synthetic) -> None:
@@ -168,6 +195,8 @@ def test_compact_evaluator_matches_kernels_on_every_combinator() -> None:
         "mul(profile(w=[0.5, 1, 0.25], tail=0.1, bos=2), key_weight(w=[[1, 3], [4, 0]], default=0.5))",
         "gate(cap, sharpen(profile(w=[1, 0.5]), 0.7), same_token_recent())",
         "sharpen(0.5*decay(0.5) + 0.5*uniform(), 1.5, by=[[3, [1, 2]], [0.5, [5]]])",
+        "mul(profile(w=[1, 0.5], tail=0.2), class_weight(q=[[1, 2], [4]], k=[[1], [3, 5]], w=[[4, 0.5], [0, 2]], "
+        "default=0.3))",
     ]
     lengths = np.array([s.n for s in seqs])
     for text in texts:

@@ -119,6 +119,10 @@ def ref_prim(node: Prim, seq: dict, causal: bool) -> list[list[float]]:
                     v = p["w"][d] if d < len(p["w"]) else p["tail"]
             elif name == "key_weight":
                 v = dict(p["w"]).get(int(ids[j]), p["default"])
+            elif name == "class_weight":
+                qc = [c for c, cls in enumerate(p["q"]) if int(ids[i]) in cls]
+                kc = [c for c, cls in enumerate(p["k"]) if int(ids[j]) in cls]
+                v = p["w"][qc[0]][kc[0]] if qc and kc else p["default"]
             else:
                 raise AssertionError(f"no reference for {name}")
             out[i][j] = v
@@ -271,6 +275,13 @@ def prims(draw, name: str | None = None) -> Prim:
     if name == "key_weight":
         table = draw(st.dictionaries(st.integers(0, 5), WEIGHTS, min_size=1, max_size=4))
         return dsl._make_prim(name, [], {"w": [[k, v] for k, v in table.items()], "default": draw(WEIGHTS)})
+    if name == "class_weight":
+        def classes(label: dict) -> list:
+            return [sorted(t for t, c in label.items() if c == k) for k in sorted(set(label.values()))]
+        q = classes(draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2), min_size=1, max_size=5)))
+        k = classes(draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2), min_size=1, max_size=5)))
+        w = [[draw(WEIGHTS) for _ in k] for _ in q]
+        return dsl._make_prim(name, [], {"q": q, "k": k, "w": w, "default": draw(WEIGHTS)})
     return dsl._make_prim(name, [], {})
 
 
