@@ -21,22 +21,24 @@ Run: ``python benchmarks/synthesis.py [--synth 360 --select 120 --test 120 --fit
 
 Measured (2026-11-30, 2 idle CPU cores; defaults: 360 / 120 / 120 windows, fit set 96 windows):
   test IoU          mean   median  >=0.9  >=0.7   min    max    JSD mean
-  enumerative       0.488  0.468   0%     0%      0.373  0.681  0.315
+  enumerative       0.563  0.530   0%     5%      0.406  0.746  0.265
   learned           0.425  0.410   0%     0%      0.323  0.596  0.361
-  combined          0.489  0.468   0%     0%      0.373  0.681  0.315   (enumerative wins 39 heads)
+  combined          0.563  0.530   0%     5%      0.406  0.746  0.265   (enumerative wins all 40 heads)
   single template   0.265  0.245   0%     0%      0.164  0.500  0.503
-  ΔPPL (base 5.766 on 400 test windows): 25% of heads +3.2% by select IoU (random order +2.7%, random
-  programs +29%); 50% +10.4% (random order +8.4%, random programs +89%). Per-head ΔPPL median +0.30%,
-  max +1.34%; Spearman(test IoU, ΔPPL) = -0.12 (95% CI -0.46 .. +0.21).
-  Wall: enumerative 34 s, learned 129 s, capture 1 s, scoring 21 s, perplexity 39 s (~4 min in all).
-  Goals: ΔPPL <= +5% at 25% met (+3.2%); mean test IoU >= 0.65 MISSED by 0.16 (0.489). What limits it:
-  stories260K's heads are diffuse (no head is a clean template: the best template reaches 0.265) and
-  their logits depend on the query token jointly with the key token, which an offset profile x key-token
-  table x per-query-class temperature cannot express. A scratch fit of the same softmax model (offset +
-  key token + query temperature) by gradient descent on 8 heads gave 0.479, the same as the searcher;
-  adding a rank-4 query-token x key-token bilinear term raised those heads to 0.590 (layers 0-1 +0.13-0.20,
-  layers 2-4 +0.03-0.14), so even a free-form token-pair model on these features stays below 0.65
-  on the later layers, whose attention depends on context the token features do not see.
+  By layer (combined): L0 0.67, L1 0.63, L2 0.52, L3 0.52, L4 0.46.
+  ΔPPL (base 5.766 on 400 test windows): 25% of heads +1.4% by select IoU (random order +1.0%, random
+  programs +24%); 50% +5.0% (random order +5.5%, random programs +127%). Per-head ΔPPL median +0.26%,
+  max +1.21%; Spearman(test IoU, ΔPPL) = -0.34 (95% CI -0.62 .. -0.06).
+  Wall: enumerative 107 s, learned 130 s, capture 1 s, test scoring 23 s, perplexity 44 s (~5.5 min).
+  Before the class tables (class_weight) and per-query-group profiles, the same run gave enumerative
+  0.488 and ΔPPL +3.2% / +10.4%.
+  Goals: ΔPPL <= +5% at 25% met (+1.4%); mean test IoU >= 0.65 MISSED by 0.087 (0.563). What limits it:
+  stories260K's heads are diffuse (the best single template reaches 0.265) and, past layer 1, depend
+  on context the token features do not carry. A scratch gradient fit of a free-form softmax model
+  (offset + key token + per-query-token temperature + a rank-4 query-token x key-token bilinear term)
+  on 8 heads (2 per layer 0-3) reached a mean of 0.590 there; the searcher's programs reach 0.586 on the
+  same heads, so what is left on these features is small, and layers 2-4 (0.46-0.52) would need
+  context-dependent primitives.
 """
 from __future__ import annotations
 

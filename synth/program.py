@@ -203,7 +203,9 @@ class Program:
         for b, (seq, res) in enumerate(zip(sequences, results)):
             if isinstance(res, BaseException):
                 if isinstance(res, ProgramExecutionError):
-                    res.args = (f"sequence {b}: {res.args[0] if res.args else res}",) + tuple(res.args[1:])
+                    msg = str(res.args[0]) if res.args else str(res)
+                    if not msg.startswith("sequence "):  # sandbox errors already name the sequence
+                        res.args = (f"sequence {b}: {msg}",) + tuple(res.args[1:])
                     raise res
                 raise ProgramExecutionError(f"sequence {b}: {res!r}", reason="crash") from res
             arr = np.asarray(res)
