@@ -37,8 +37,10 @@ Measured (2026-11-30, 2 idle CPU cores; defaults: 360 / 120 / 120 windows, fit s
   on context the token features do not carry. A scratch gradient fit of a free-form softmax model
   (offset + key token + per-query-token temperature + a rank-4 query-token x key-token bilinear term)
   on 8 heads (2 per layer 0-3) reached a mean of 0.590 there; the searcher's programs reach 0.586 on the
-  same heads, so what is left on these features is small, and layers 2-4 (0.46-0.52) would need
-  context-dependent primitives.
+  same heads, so what is left on these features is small. Context helps little: adding the previous
+  token of query and key (rank-4 terms each, the information layer-0 previous-token heads pass on) to
+  that free-form model raised 7 heads of layers 1-4 from 0.515 to 0.546 (+0.03). Layers 2-4 (0.46-0.52)
+  depend on context beyond a token's neighbour, which per-token programs cannot see.
 """
 from __future__ import annotations
 
