@@ -33,14 +33,14 @@ Measured (2026-11-30, 2 idle CPU cores; defaults: 360 / 120 / 120 windows, fit s
   Before the class tables (class_weight) and per-query-group profiles, the same run gave enumerative
   0.488 and ΔPPL +3.2% / +10.4%.
   Goals: ΔPPL <= +5% at 25% met (+1.4%); mean test IoU >= 0.65 MISSED by 0.087 (0.563). What limits it:
-  stories260K's heads are diffuse (the best single template reaches 0.265) and, past layer 1, depend
-  on context the token features do not carry. A scratch gradient fit of a free-form softmax model
-  (offset + key token + per-query-token temperature + a rank-4 query-token x key-token bilinear term)
-  on 8 heads (2 per layer 0-3) reached a mean of 0.590 there; the searcher's programs reach 0.586 on the
-  same heads, so what is left on these features is small. Context helps little: adding the previous
-  token of query and key (rank-4 terms each, the information layer-0 previous-token heads pass on) to
-  that free-form model raised 7 heads of layers 1-4 from 0.515 to 0.546 (+0.03). Layers 2-4 (0.46-0.52)
-  depend on context beyond a token's neighbour, which per-token programs cannot see.
+  stories260K's heads are diffuse (the best single template reaches 0.265) and their attention is not a
+  function of the tokens alone. benchmarks/synthesis_ceiling.py bounds what token-level programs can do
+  by fitting free-form softmax models to every head by gradient descent (120 synth / 60 test windows):
+  offset + key token + per-query-token temperature 0.469 (what profile x key_weight under sharpen(by=)
+  expresses; the searcher's tables alone gave 0.488 before class tables), + a rank-4 query-token x
+  key-token term 0.571 (the searcher's class tables reach 0.563: within 0.01 of it), + the previous token
+  of query and key (what layer-0 previous-token heads pass on) 0.598. Even that free-form model stays
+  below 0.65: layers 2-4 (0.48-0.56 with context) depend on more than a token and its neighbour.
 """
 from __future__ import annotations
 
