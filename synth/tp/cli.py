@@ -146,8 +146,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--num-mlps", type=int, default=None, help="override numerical MLPs per layer")
     tr.add_argument("--d-mlp", type=int, default=None, help="MLP hidden width (default 64)")
     tr.add_argument("--count-only", action="store_true",
-                    help="numerical heads only count matching keys (default: per task; most sum a gated "
-                         "numerical variable, double_hist counts)")
+                    help="numerical heads only count matching keys (default: per task, the variant "
+                         "benchmarks/tp.py measured; most_freq and dyck2 sum a gated numerical variable)")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     tr.set_defaults(func=cmd_train)
