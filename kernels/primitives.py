@@ -30,7 +30,7 @@ __all__ = [
     "score_self", "score_prev", "score_next", "score_first", "score_window", "score_decay",
     "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
     "score_keys", "score_class_table", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
-    "score_dep_children", "score_match", "value_index", "score_profile", "score_key_values",
+    "score_dep_children", "score_match", "value_index", "score_profile",
     "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "sharpen_rows_by", "multiply",
     "row_normalize",
     "empty_rows", "threads_for", "SMALL_WORK",
@@ -342,19 +342,6 @@ def _score_profile(lengths, n, w, tail, bos, causal, out):  # pragma: no cover -
 
 
 @njit(parallel=True, cache=True)
-def _score_key_values(values, lengths, causal, out):  # pragma: no cover - compiled
-    """Every visible key j scores values[b, j] (a per-key weight)."""
-    nb, n = values.shape
-    for b in prange(nb):
-        out[b] = 0.0
-        length = lengths[b]
-        for i in range(length):
-            jmax = i + 1 if causal else length
-            for j in range(jmax):
-                out[b, i, j] = values[b, j]
-
-
-@njit(parallel=True, cache=True)
 def _score_class_table(qc, kc, table, lengths, causal, out):  # pragma: no cover - compiled
     """Every visible key j scores table[qc[b, i], kc[b, j]] (query class x key class)."""
     nb, n = qc.shape
@@ -523,13 +510,6 @@ def score_profile(lengths, n, w, tail, bos, causal, out=None) -> np.ndarray:
     out = _buffer(out, (lengths.shape[0], n, n))
     _score_profile(lengths, n, np.ascontiguousarray(w, dtype=np.float32), np.float32(tail), np.float32(bos),
                    causal, out)
-    return out
-
-
-def score_key_values(values, lengths, causal, out=None) -> np.ndarray:
-    """Every visible key j scores ``values[b, j]`` (float32 [B, N], e.g. per-key-token weights)."""
-    out = _buffer(out, (values.shape[0], values.shape[1], values.shape[1]))
-    _score_key_values(np.ascontiguousarray(values, dtype=np.float32), lengths, causal, out)
     return out
 
 

@@ -1061,13 +1061,13 @@ def _eval_prim(node: Prim, ctx: _Context) -> np.ndarray:
         bos = node.param("bos")
         return K.score_profile(L, n, np.asarray(node.param("w"), dtype=np.float32), node.param("tail"),
                                -1.0 if bos is None else bos, c, out=ctx.buf())
-    if name == "key_weight":
+    if name == "key_weight":  # a class table with one query class and one key class per listed token
         table = node.param("w")
         tids = np.array([t for t, _ in table], dtype=np.int64)
-        wts = np.array([w for _, w in table], dtype=np.float32)
+        row = np.append(np.array([w for _, w in table], dtype=np.float32), np.float32(node.param("default")))
         idx = K.value_index(ctx.ids, tids)
-        values = np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default")))
-        return K.score_key_values(np.ascontiguousarray(values, dtype=np.float32), L, c, out=ctx.buf())
+        kc = np.where(idx >= 0, idx, len(tids))
+        return K.score_class_table(np.zeros_like(kc), kc, row[None, :], L, c, out=ctx.buf())
     if name == "class_weight":
         qc, kc, table = class_tables(node, ctx.ids)
         return K.score_class_table(qc, kc, table, L, c, out=ctx.buf())
