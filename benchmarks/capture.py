@@ -10,22 +10,22 @@ forward without hooks over the same padded batches (capture's own order: shards 
 Methods are interleaved within each repeat; ratio = median over repeats of t(plain)/t(method). The
 capture runs are instrumented (time in ``forward_patterns`` / ``put`` / ``write_shard`` /
 ``save_manifest``) and a diagnostic section times the conversions inside ``put`` on real patterns.
-``--try-fix`` also times capture with the change proposed below patched in (and checks its store is
-identical).
 
 Memory: one fresh subprocess per (model, method, corpus size); peak RSS (VmHWM, reset through
 /proc/self/clear_refs after loading, warm-up and gc) minus the RSS at that point. Methods: streaming
 capture to disk (dense, top-q) vs ``run_with_cache(names_filter=hook_pattern)`` keeping every batch's
 cache in a list (as a naive user would; run under no_grad, which favours it). Corpus sizes N and 4N.
 
-Run: ``python benchmarks/capture.py [--quick] [--threads 1] [--models stories,gpt2] [--try-fix]``.
+Run: ``python benchmarks/capture.py [--quick] [--threads 1] [--models stories,gpt2]``.
 
 After the fix was applied to surgery/ (torch float16 cast and topk in ``put``, per-sequence stacking,
 ``save_file`` shards, sequences.json written once), ``--quick --models stories --skip-memory`` under load
 average ~12 measured: plain forward 5582 tok/s; capture dense -> disk 4483 tok/s = 0.80x (goal met);
 capture top-q -> disk 3684 tok/s = 0.66x (goal 0.8 missed: torch.topk itself costs ~40% of this tiny
-model's forward, d_head 8; on GPT-2-small both modes are ~1.0x). ``--try-fix`` now patches the same
-code paths and is kept only for comparison.
+model's forward, d_head 8; on GPT-2-small both modes are ~1.0x). The ``--try-fix`` prototype that
+measured the fix below (the "proposed fix" rows) was deleted once surgery/ held the same code.
+Re-run after that deletion (same command, idle machine, load 0.7, 3 repeats): plain 23177 tok/s; dense
+0.76x, top-q 0.59x (topk is 28% of capture time): dense sits at the 0.8 line within repeat noise.
 
 Before the fix (the original figures), measured 2026-11 with ``--try-fix`` (torch 2.13 CPU, 1 torch thread, 2 vCPUs SHARED with other jobs:
 load average 10-17 during the runs, so absolute tokens/s are low and noisy; ratios are within-repeat).
@@ -73,7 +73,7 @@ Bottleneck (stories260K misses 0.8x; GPT-2-small meets it because its forward dw
   5. ``save_manifest`` re-encodes every sequence (ids, tokens, text, offsets) as indented JSON after
      every shard: O(corpus) per shard. Whole tinystories-valid at 256 tokens = 4330 windows, 68 shards:
      one save ~9 s (20 MB) -> ~650 s per capture vs <= ~220 s of forward: quadratic in corpus size.
-  Fix (surgery/store.py, surgery/capture.py; ``proposed_*`` below prototype exactly this):
+  Fix (now in surgery/store.py, surgery/capture.py):
   cast with torch (``pattern.to(torch.float16)`` in the hook in dense mode, ``torch.from_numpy(p).half()``
   in put), select with ``torch.topk(flat, q, sorted=True)``, stack per sequence only the real
   [L, H, n, n] slices, write shards with ``save_file`` to the temp path + fsync + ``os.replace``, and
@@ -96,7 +96,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -236,122 +236,22 @@ def instrument(acc: Counter) -> Iterator[None]:
             setattr(obj, name, fn)
 
 
-# --------------------------------------------------------------------------- proposed fix (prototype)
-def proposed_forward_patterns(handle: Any, sequences: list, dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
-    """forward_patterns, but converting in the hook and stacking only each sequence's real n x n slices."""
-    import warnings
-
-    from headsurgeon.surgery.capture import padded_batch
-
-    ids, mask = padded_batch(sequences)
-    captured: dict[int, torch.Tensor] = {}
-
-    def make_hook(layer: int) -> Callable:
-        def hook(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
-            captured[layer] = pattern.detach().to("cpu", dtype)
-            return pattern
-        return hook
-
-    hooks = [(handle.pattern_hook(layer), make_hook(layer)) for layer in range(handle.n_layers)]
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        handle.model.run_with_hooks(ids.to(handle.device), fwd_hooks=hooks, **forward_kwargs(handle, mask))
-    return [torch.stack([captured[layer][b, :, : s.n, : s.n] for layer in range(handle.n_layers)]).numpy()
-            for b, s in enumerate(sequences)]
-
-
-def proposed_put(self: Any, index: int, pattern: np.ndarray) -> dict[str, np.ndarray]:
-    """AttentionStore.put with torch's float16 cast and torch.topk (same entries, same format)."""
-    from headsurgeon.surgery.store import topq_count
-
-    n = self.sequences[index].n
-    if pattern.shape != (self.n_layers, self.n_heads, n, n):
-        raise ValueError(f"pattern for sequence {index} has shape {pattern.shape}")
-    t = torch.from_numpy(np.ascontiguousarray(pattern))
-    if self.mode == "dense":
-        entry = {f"s{index}": t.to(torch.float16).numpy()}
-    else:
-        q = topq_count(n, self.q_frac)
-        val, idx = torch.topk(t.reshape(self.n_layers, self.n_heads, n * n).float(), q, dim=-1, sorted=True)
-        entry = {f"s{index}.index": idx.to(torch.int32).numpy(), f"s{index}.value": val.to(torch.float16).numpy()}
-    if self.directory is None:
-        self._memory[index] = entry
-    return entry
-
-
-def proposed_save_manifest(self: Any, done_shards: Any) -> None:
-    """save_manifest that encodes the (unchanging) sequence list once per store instead of once per shard."""
-    from headsurgeon.surgery.store import atomic_write_bytes
-
-    if getattr(self, "_sequences_json", None) is None:
-        self._sequences_json = json.dumps(self.manifest([])["sequences"], separators=(",", ":"))
-    sequences, self.sequences = self.sequences, []
-    try:
-        head = self.manifest(done_shards)
-    finally:
-        self.sequences = sequences
-    head["n_sequences"] = len(sequences)
-    del head["sequences"]
-    text = json.dumps(head, sort_keys=True)[:-1] + ', "sequences": ' + self._sequences_json + "}"
-    atomic_write_bytes(self.directory / "manifest.json", text.encode())
-
-
-def proposed_write_shard(self: Any, shard: int, entries: dict[str, np.ndarray]) -> None:
-    """write_shard streaming the tensors to the temp file with save_file (no in-memory serialised copies)."""
-    from safetensors.numpy import save_file
-
-    path = self.shard_path(shard)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({k: np.ascontiguousarray(v) for k, v in entries.items()}, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-@contextmanager
-def proposed_fix(mode: str) -> Iterator[None]:
-    """Patch the prototype fix into headsurgeon.surgery for the duration of one capture."""
-    import headsurgeon.surgery.capture as cap
-    from headsurgeon.surgery.store import AttentionStore
-
-    dtype = torch.float16 if mode == "dense" else torch.float32
-    saved = (cap.forward_patterns, AttentionStore.put, AttentionStore.save_manifest, AttentionStore.write_shard)
-    cap.forward_patterns = lambda handle, seqs: proposed_forward_patterns(handle, seqs, dtype)
-    AttentionStore.put, AttentionStore.save_manifest = proposed_put, proposed_save_manifest
-    AttentionStore.write_shard = proposed_write_shard
-    try:
-        yield
-    finally:
-        cap.forward_patterns, AttentionStore.put, AttentionStore.save_manifest, AttentionStore.write_shard = saved
-
-
 # --------------------------------------------------------------------------- throughput
-def run_capture(handle: Any, seqs: list, cfg: Config, mode: str, out: Path, fixed: bool = False,
-                acc: Counter | None = None) -> float:
-    """Seconds for one streaming capture to a fresh directory (optionally instrumented or with the fix)."""
+def run_capture(handle: Any, seqs: list, cfg: Config, mode: str, out: Path, acc: Counter | None = None) -> float:
+    """Seconds for one instrumented streaming capture to a fresh directory."""
     from headsurgeon.surgery.capture import capture
 
     shutil.rmtree(out, ignore_errors=True)
-    with (proposed_fix(mode) if fixed else instrument(acc if acc is not None else Counter())):
+    with instrument(acc if acc is not None else Counter()):
         t0 = time.perf_counter()
         capture(handle, seqs, out=out, mode=mode, batch_size=cfg.batch_size, shard_size=cfg.shard_size,
                 progress=False)
         return time.perf_counter() - t0
 
 
-def throughput(handle: Any, cfg: Config, repeats: int, try_fix: bool, tmp: Path) -> dict:
+def throughput(handle: Any, cfg: Config, repeats: int, tmp: Path) -> dict:
     """Interleaved repeats of plain forward, no-op hooks and capture (dense, top-q); medians and ratios."""
     from headsurgeon.surgery.capture import padded_batch
-    from headsurgeon.surgery.store import AttentionStore
 
     seqs = corpus_sequences(handle, cfg.max_len, cfg.n_throughput)
     tokens = sum(s.n for s in seqs)
@@ -365,9 +265,6 @@ def throughput(handle: Any, cfg: Config, repeats: int, try_fix: bool, tmp: Path)
                                                      acc=breakdown["dense"]),
         "capture topq -> disk": lambda: run_capture(handle, seqs, cfg, "topq", tmp / "topq", acc=breakdown["topq"]),
     }
-    if try_fix:
-        methods["dense + proposed fix"] = lambda: run_capture(handle, seqs, cfg, "dense", tmp / "dense_fix", True)
-        methods["topq + proposed fix"] = lambda: run_capture(handle, seqs, cfg, "topq", tmp / "topq_fix", True)
     plain_forward(handle, batches[:1])  # warm-up
     times: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
@@ -381,9 +278,6 @@ def throughput(handle: Any, cfg: Config, repeats: int, try_fix: bool, tmp: Path)
         total = sum(times[f"capture {mode} -> disk"])
         rows[f"capture {mode} -> disk"]["breakdown"] = {k: v / total for k, v in acc.items()}
     result = {"tokens": tokens, "padded_tokens": padded, "sequences": len(seqs), "repeats": repeats, "rows": rows}
-    if try_fix:
-        result["fix_identical"] = {mode: same_store(AttentionStore.load(tmp / mode), AttentionStore.load(tmp / f"{mode}_fix"))
-                                   for mode in ("dense", "topq")}
     return result
 
 
@@ -392,16 +286,6 @@ def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def same_store(a: Any, b: Any) -> bool:
-    """Dense: bit-identical patterns; top-q: identical sorted values per head (ties may pick other cells)."""
-    for i in range(len(a)):
-        if a.mode == "dense" and not np.array_equal(a.patterns(i), b.patterns(i)):
-            return False
-        if a.mode == "topq" and not np.array_equal(np.sort(a.topq(i)[1], -1), np.sort(b.topq(i)[1], -1)):
-            return False
-    return len(a) == len(b)
 
 
 # --------------------------------------------------------------------------- diagnostics
@@ -423,9 +307,7 @@ def diagnose(handle: Any, cfg: Config, tmp: Path, manifest: bool = True) -> dict
     out["zero_frac"] = float((flat == 0).mean())
     out["f16_subnormal_frac"] = float(((flat > 0) & (flat < 6.104e-5)).mean())
     store = AttentionStore(batch, handle.n_layers, handle.n_heads, "topq")
-    t_np = best_of(lambda: [store.put(i, p) for i, p in enumerate(pats)])
-    t_torch = best_of(lambda: [proposed_put(store, i, p) for i, p in enumerate(pats)])
-    out["topq_numpy_Mel_s"], out["topq_torch_Mel_s"] = elements / t_np / 1e6, elements / t_torch / 1e6
+    out["topq_put_Mel_s"] = elements / best_of(lambda: [store.put(i, p) for i, p in enumerate(pats)]) / 1e6
     out["q_example"] = (batch[-1].n, topq_count(batch[-1].n, store.q_frac))
     if not manifest:
         return out
@@ -476,7 +358,7 @@ def child(spec: dict) -> dict:
     handle = load(cfg.model, spec.get("gpt2_dir"))
     seqs = corpus_sequences(handle, cfg.mem_len, spec["n"], full_only=True)
     method = spec["method"]
-    mode, fixed = method.split("-")[-1].split("+")[0], method.endswith("+fix")
+    mode = method.split("-")[-1]
     is_pattern = lambda name: name.endswith("hook_pattern")  # noqa: E731
     out_dir = Path(spec["tmp"]) / "store"
     with torch.no_grad():  # warm-up on one batch of the same method, so one-time allocations are not counted
@@ -485,8 +367,7 @@ def child(spec: dict) -> dict:
             _, cache = handle.model.run_with_cache(ids, names_filter=is_pattern)
             del cache, _
         else:
-            with proposed_fix(mode) if fixed else nullcontext():
-                capture(handle, seqs[: cfg.batch_size], out=None, mode=mode, progress=False)
+            capture(handle, seqs[: cfg.batch_size], out=None, mode=mode, progress=False)
     gc.collect()
     exact = reset_peak()
     base = rss_bytes("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -501,9 +382,8 @@ def child(spec: dict) -> dict:
                 caches.append(cache)
         held = sum(t.numel() * t.element_size() for c in caches for t in c.values())
     else:
-        with proposed_fix(mode) if fixed else nullcontext():
-            capture(handle, seqs, out=out_dir, mode=mode, batch_size=cfg.batch_size, shard_size=cfg.shard_size,
-                    progress=False)
+        capture(handle, seqs, out=out_dir, mode=mode, batch_size=cfg.batch_size, shard_size=cfg.shard_size,
+                progress=False)
         held = sum(p.stat().st_size for p in out_dir.iterdir())
     elapsed = time.perf_counter() - t0
     peak = rss_bytes("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -512,10 +392,10 @@ def child(spec: dict) -> dict:
             "exact_peak": exact, "f32_patterns_MB": sum(4 * handle.n_layers * handle.n_heads * s.n ** 2 for s in seqs) / MB}
 
 
-def memory(cfg: Config, gpt2_dir: str | None, threads: int, tmp: Path, try_fix: bool = False) -> list[dict]:
+def memory(cfg: Config, gpt2_dir: str | None, threads: int, tmp: Path) -> list[dict]:
     """Run every (method, corpus size) configuration in its own subprocess."""
     rows = []
-    methods = ["stream-dense", "stream-topq", "run_with_cache"] + (["stream-dense+fix", "stream-topq+fix"] if try_fix else [])
+    methods = ["stream-dense", "stream-topq", "run_with_cache"]
     for n in (cfg.n_memory, 4 * cfg.n_memory):
         for method in methods:
             work = tmp / f"mem_{cfg.model}_{method}_{n}"
@@ -554,8 +434,6 @@ def report_throughput(name: str, res: dict, threads: int) -> None:
         flag = "" if method in ("plain forward", "pattern hooks (no-op)") else (
             "  OK" if row["ratio"] >= 0.8 else "  < 0.8 goal")
         print(f"  {method:<24} {row['tok_s']:>9.0f} {row['ratio']:>7.2f}{flag}   {detail}")
-    if "fix_identical" in res:
-        print(f"  proposed fix gives the same store: {res['fix_identical']}")
 
 
 def report_diagnose(name: str, d: dict) -> None:
@@ -564,8 +442,8 @@ def report_diagnose(name: str, d: dict) -> None:
           f"{100 * d['zero_frac']:.0f}% exact zeros, {100 * d['f16_subnormal_frac']:.0f}% below float16's normal range)")
     print(f"  float32->float16: numpy astype {d['f16_numpy_Mel_s']:.0f} M el/s, torch .half() "
           f"{d['f16_torch_Mel_s']:.0f} M el/s (bit-identical: {d['f16_identical']})")
-    print(f"  top-q select (n={d['q_example'][0]}, q={d['q_example'][1]}): store.put (numpy argpartition) "
-          f"{d['topq_numpy_Mel_s']:.0f} M el/s, torch.topk put {d['topq_torch_Mel_s']:.0f} M el/s")
+    print(f"  top-q select (n={d['q_example'][0]}, q={d['q_example'][1]}): store.put (torch.topk) "
+          f"{d['topq_put_Mel_s']:.0f} M el/s")
     if "manifest_s" not in d:
         return
     print(f"  manifest: whole corpus = {d['corpus_windows']} windows, {d['n_shards']} shards; one save "
@@ -580,7 +458,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every measurement")
     p.add_argument("--models", default="stories,gpt2", help="comma list of: stories, gpt2")
     p.add_argument("--repeats", type=int, default=None, help="override the repeat count")
-    p.add_argument("--try-fix", action="store_true", help="also measure capture with the proposed surgery/ fix patched in (prototype)")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -610,7 +487,7 @@ def main() -> None:
                 gpt2_dir = str(build_gpt2_dir(tmp / "gpt2_small_random"))
             if not args.skip_throughput:
                 handle = load(model, gpt2_dir)
-                res = throughput(handle, cfg, args.repeats or cfg.repeats, args.try_fix, tmp / f"tp_{model}")
+                res = throughput(handle, cfg, args.repeats or cfg.repeats, tmp / f"tp_{model}")
                 report_throughput(name, res, args.threads)
                 report_diagnose(name, diagnose(handle, cfg, tmp / f"diag_{model}", manifest=model == "stories"))
                 del handle
@@ -620,7 +497,7 @@ def main() -> None:
                       f"(batch {cfg.batch_size}, shard {cfg.shard_size}, only full windows of {cfg.mem_len} tokens)")
                 print(f"  {'method':<17} {'seqs':>5} {'tokens':>7} {'peak MB':>9} {'held MB':>9} {'f32 pats MB':>10} "
                       f"{'time s':>7}   (held: cache tensors kept / store bytes on disk)")
-                memory(cfg, gpt2_dir, args.threads, tmp, args.try_fix)
+                memory(cfg, gpt2_dir, args.threads, tmp)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
