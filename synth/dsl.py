@@ -1069,17 +1069,17 @@ def _eval_prim(node: Prim, ctx: _Context) -> np.ndarray:
         kc = np.where(idx >= 0, idx, len(tids))
         return K.score_class_table(np.zeros_like(kc), kc, row[None, :], L, c, out=ctx.buf())
     if name == "class_weight":
-        qc, kc, table = class_tables(node, ctx.ids)
+        qc, kc, table = class_tables(node, ctx.ids, ctx.ids)
         return K.score_class_table(qc, kc, table, L, c, out=ctx.buf())
     if name == "match":
         return _eval_match(node, ctx)
     raise AssertionError(name)
 
 
-def class_tables(node: Prim, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(query class, key class) of every token in ``ids`` and the padded table of ``class_weight``:
+def class_tables(node: Prim, query_ids: np.ndarray, key_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Query classes of ``query_ids``, key classes of ``key_ids`` and the padded table of ``class_weight``:
     the extra last row / column (tokens in no class) holds ``default``."""
-    def classes_of(classes: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    def classes_of(classes: tuple[tuple[int, ...], ...], ids: np.ndarray) -> np.ndarray:
         vocab = np.array([t for cls in classes for t in cls], dtype=np.int64)
         label = np.array([c for c, cls in enumerate(classes) for _ in cls], dtype=np.int64)
         order = np.argsort(vocab)
@@ -1089,7 +1089,7 @@ def class_tables(node: Prim, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     q, k = node.param("q"), node.param("k")
     table = np.full((len(q) + 1, len(k) + 1), node.param("default"), dtype=np.float32)
     table[:-1, :-1] = np.asarray(node.param("w"), dtype=np.float32).reshape(len(q), len(k))
-    return classes_of(q), classes_of(k), table
+    return classes_of(q, query_ids), classes_of(k, key_ids), table
 
 
 def _eval_match(node: Prim, ctx: _Context) -> np.ndarray:

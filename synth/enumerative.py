@@ -678,8 +678,7 @@ class _FitSet:
                 v[self.cell_first] = np.float32(node.param("bos"))
             return v
         if node.name == "class_weight":
-            qc, _, table = dsl.class_tables(node, self.row_tok)
-            _, kc, _ = dsl.class_tables(node, self.cell_key)
+            qc, kc, table = dsl.class_tables(node, self.row_tok, self.cell_key)
             return table[qc[self.row_of_cell], kc]
         table = node.param("w")
         tids = np.array([t for t, _ in table], dtype=np.int64)
@@ -693,7 +692,7 @@ class _FitSet:
         q = np.exp(logits - mx[self.row_of_cell])
         return self.rownorm(q)
 
-    def loglinear(self, h: int, keys: np.ndarray, offsets: int = 48, sweeps: int = 15, rounds: int = 1,
+    def loglinear(self, h: int, keys: np.ndarray, offsets: int = 48, sweeps: int = 15,
                   temperatures: tuple[float, ...] = (0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0),
                   min_rows: int = 10, split: dsl.Pred | None = None, classes: int = 0,
                   profiles: int = 0) -> list[dsl.Node]:
@@ -702,10 +701,9 @@ class _FitSet:
         Iterative proportional fitting of the offset, first-key and key-token logits (maximum
         likelihood against the real rows), then a temperature per query token chosen on the grid by
         L1 distance on its rows (tokens seen in fewer than ``min_rows`` rows keep the global one): the
-        query tokens sharing a temperature form one class of ``sharpen(M, t, by=[[t1, [ids..]], ..])``. With
-        ``rounds`` > 1 the logits are refitted under those temperatures and the temperatures chosen
-        again (measured: no better on stories260K). Returns the plain, the globally tempered and the
-        query-gated programs. ``split``: a query predicate whose rows get a profile of their own
+        query tokens sharing a temperature form one class of ``sharpen(M, t, by=[[t1, [ids..]], ..])``
+        (refitting the logits under those temperatures measured no better on stories260K). Returns the
+        plain, the globally tempered and the query-gated programs. ``split``: a query predicate whose rows get a profile of their own
         (``gate(PRED, mul(profile1, kw), mul(profile2, kw))``). ``classes`` > 0: the query and key tokens
         (of ``keys``) are also grouped into that many classes each, from a rank-4 SVD of the per-token-pair
         residual log-ratios (k-means), and a class x class logit table is fitted with the others
@@ -732,9 +730,6 @@ class _FitSet:
         temps = np.asarray(temperatures, dtype=np.float64)
         toks, inv = np.unique(self.row_tok, return_inverse=True)
         count = np.bincount(inv, minlength=len(toks))
-        row_t = np.ones(self.R)  # temperature of each query row
-        tok_t = np.full(len(toks), int(np.argmin(np.abs(temps - 1.0))))
-        t0 = int(tok_t[0])
 
         n_cls = classes + 1  # the last class: tokens outside ``keys`` (table weight fixed at 1)
         f_cls = np.zeros_like(f_key)
@@ -746,57 +741,53 @@ class _FitSet:
         def logits() -> np.ndarray:
             return np.where(behind, b[f_off] + a[f_key] + c[f_cls], -60.0)
 
-        def ipf(cell_t: np.ndarray, step: float, with_classes: bool) -> None:
+        def ipf(with_classes: bool) -> None:
             nonlocal a, b, c
             for _ in range(sweeps):
-                q = self.row_softmax(cell_t * logits())
-                b += step * np.log((p_off + eps) / (np.bincount(f_off, weights=q, minlength=n_off) + eps))
+                q = self.row_softmax(logits())
+                b += np.log((p_off + eps) / (np.bincount(f_off, weights=q, minlength=n_off) + eps))
                 b = np.clip(b - b.max(), -14.0, 0.0)
-                q = self.row_softmax(cell_t * logits())
-                a += step * np.log((p_key + eps) / (np.bincount(f_key, weights=q, minlength=len(keys) + 1) + eps))
+                q = self.row_softmax(logits())
+                a += np.log((p_key + eps) / (np.bincount(f_key, weights=q, minlength=len(keys) + 1) + eps))
                 a = np.clip(a - a[-1], -14.0, 14.0)
                 if with_classes:
-                    q = self.row_softmax(cell_t * logits())
-                    c += step * np.log((p_cls + eps) / (np.bincount(f_cls, weights=q, minlength=n_cls * n_cls) + eps))
+                    q = self.row_softmax(logits())
+                    c += np.log((p_cls + eps) / (np.bincount(f_cls, weights=q, minlength=n_cls * n_cls) + eps))
                     c = np.where(listed, np.clip(c, -14.0, 14.0), 0.0)
 
         nk = len(keys)
         kq = K.value_index(self.row_tok, keys)
         f_qtok = np.where(kq >= 0, kq, nk)[self.row_of_cell]  # query token index of each cell (nk: outside)
         q_cls = k_cls = q_grp = None
-        for rnd in range(max(1, rounds)):
-            cell_t = row_t[self.row_of_cell]
-            step = 1.0 / float(np.mean(row_t))
-            ipf(cell_t, step, q_cls is not None)
-            if classes and rnd == 0:
-                q = self.row_softmax(logits())
-                q_cls = np.append(self._cluster(p, q, f_qtok, f_key, nk + 1, nk + 1, classes, "rows")[:nk], classes)
-                k_cls = np.append(self._cluster(p, q, f_qtok, f_key, nk + 1, nk + 1, classes, "cols")[:nk], classes)
-                f_cls = q_cls[f_qtok] * n_cls + k_cls[f_key]
-                p_cls = np.bincount(f_cls, weights=p, minlength=n_cls * n_cls)
-                ipf(cell_t, step, True)
-            if profiles and split is None and rnd == 0:
-                # query-token groups that each get an offset profile of their own
-                q = self.row_softmax(logits())
-                lab = self._cluster(p, q, f_qtok, f_off, nk + 1, n_prof, profiles, "rows")
-                mass = np.bincount(lab, weights=np.bincount(f_qtok, weights=p, minlength=nk + 1), minlength=profiles)
-                heavy = int(np.argmax(mass))
-                lab[nk] = heavy  # tokens outside ``keys`` read the last (else) branch: the heaviest group
-                q_grp = lab
-                f_off = f_off + n_prof * q_grp[f_qtok]
-                n_off = n_prof * profiles
-                b = np.tile(b, profiles)
-                p_off = np.bincount(f_off, weights=p, minlength=n_off)
-                ipf(cell_t, step, q_cls is not None)
-            lg = logits()
-            l1 = np.stack([np.add.reduceat(np.abs(self.row_softmax(t * lg) - p), self.row_start[:-1])
-                           for t in temps])  # [T, R]
-            t0 = int(np.argmin(l1.sum(axis=1)))
-            per_tok = np.stack([np.bincount(inv, weights=l1[t], minlength=len(toks)) for t in range(len(temps))])
-            tok_t = np.argmin(per_tok, axis=0)
-            gain = per_tok[t0] - per_tok[tok_t, np.arange(len(toks))]
-            tok_t = np.where((count >= min_rows) & (gain > 0.02 * count), tok_t, t0)
-            row_t = temps[tok_t[inv]]
+        ipf(False)
+        if classes:
+            q = self.row_softmax(logits())
+            q_cls = np.append(self._cluster(p, q, f_qtok, f_key, nk + 1, nk + 1, classes, "rows")[:nk], classes)
+            k_cls = np.append(self._cluster(p, q, f_qtok, f_key, nk + 1, nk + 1, classes, "cols")[:nk], classes)
+            f_cls = q_cls[f_qtok] * n_cls + k_cls[f_key]
+            p_cls = np.bincount(f_cls, weights=p, minlength=n_cls * n_cls)
+            ipf(True)
+        if profiles and split is None:
+            # query-token groups that each get an offset profile of their own
+            q = self.row_softmax(logits())
+            lab = self._cluster(p, q, f_qtok, f_off, nk + 1, n_prof, profiles, "rows")
+            mass = np.bincount(lab, weights=np.bincount(f_qtok, weights=p, minlength=nk + 1), minlength=profiles)
+            heavy = int(np.argmax(mass))
+            lab[nk] = heavy  # tokens outside ``keys`` read the last (else) branch: the heaviest group
+            q_grp = lab
+            f_off = f_off + n_prof * q_grp[f_qtok]
+            n_off = n_prof * profiles
+            b = np.tile(b, profiles)
+            p_off = np.bincount(f_off, weights=p, minlength=n_off)
+            ipf(q_cls is not None)
+        lg = logits()
+        l1 = np.stack([np.add.reduceat(np.abs(self.row_softmax(t * lg) - p), self.row_start[:-1])
+                       for t in temps])  # [T, R]
+        t0 = int(np.argmin(l1.sum(axis=1)))
+        per_tok = np.stack([np.bincount(inv, weights=l1[t], minlength=len(toks)) for t in range(len(temps))])
+        tok_t = np.argmin(per_tok, axis=0)
+        gain = per_tok[t0] - per_tok[tok_t, np.arange(len(toks))]
+        tok_t = np.where((count >= min_rows) & (gain > 0.02 * count), tok_t, t0)
         if not (f_key == len(keys)).any():
             # every key token has its own weight, so the default is unconstrained: give it the median
             # weight, the best guess for tokens never seen while fitting
