@@ -928,22 +928,6 @@ def features_needed(node: Node) -> frozenset[str]:
     return frozenset(need)
 
 
-def uses_pos_names(node: Node) -> bool:
-    """True if the program names POS tags (so evaluation needs the tag list)."""
-    stack = [node]
-    while stack:
-        cur = stack.pop()
-        stack.extend(_children(cur))
-        if isinstance(cur, Gate) and cur.pred.kind == "pos":
-            return True
-        if isinstance(cur, Prim):
-            if cur.name == "recent" and cur.param("pred").kind == "pos":
-                return True
-            if cur.name == "match" and any(isinstance(v, str) for p in cur.param("pairs") for v in p):
-                return True
-    return False
-
-
 # --------------------------------------------------------------------------------------------
 # evaluation
 # --------------------------------------------------------------------------------------------
