@@ -13,17 +13,21 @@ layer (restricted builtins and import hook) and the third (OS limits in the work
 Policy summary (every rejection names the line, the construct and the reason):
 
 * syntax: an allowlist of AST node types; no ``class``, ``async``/``await``, ``with``, ``match``,
-  ``global``/``nonlocal``, decorators, bare ``except:``;
+  ``global``/``nonlocal``, decorators, bare ``except:``, and no ``return``/``break``/``continue`` inside
+  ``finally`` (it would turn the sandbox's timeout into an accepted result);
 * names: a name that is read must be bound by the program itself or be one of :data:`AVAILABLE_NAMES`
   (numpy as ``np``/``numpy``, ``math``, ``re``, safe builtins, common exception classes); reading an
   unbound :data:`FORBIDDEN_NAMES` entry (``eval``, ``open``, ``getattr``, ``os`` ...) gets its own reason;
 * identifiers: nothing starting with ``__`` anywhere; no attribute starting with ``_``; no string
   literal containing a ``__dunder__`` (``str.format``-style attribute lookups);
-* attributes: no assignment/deletion of attributes (programs must not patch shared modules);
-  :data:`FORBIDDEN_ATTRIBUTES` (file I/O such as ``np.load``/``tofile``, raw memory such as ``ctypes``,
-  frame/code objects such as ``gi_frame``/``f_globals``, ``str.format``, ``mro``) plus every
-  module-valued attribute of numpy/re other than the allowed numpy submodules (``np.lib``,
-  ``np.ctypeslib``, ``np.testing``, ``re.functools`` ...);
+* attributes: an **allowlist** (:func:`allowed_attributes`): the Sequence API and its feature views,
+  the public names of numpy (and its allowed submodules), ``math`` and ``re``, the methods and
+  attributes of ndarrays, numpy scalars, dtypes, ufuncs, random Generators, regex patterns/matches and
+  plain Python containers and numbers. Anything else (``func_globals`` of a compiled numpy function,
+  ``gi_frame``, ``obj`` of a memoryview ...) is refused, because a blocklist cannot be complete.
+  Within the allowlist :data:`FORBIDDEN_ATTRIBUTES` still removes file I/O (``np.load``/``tofile``),
+  raw memory (``ctypes``), ``str.format``, ``mro`` and module-valued attributes other than the
+  allowed numpy submodules. No assignment/deletion of attributes (shared modules must stay intact);
 * imports: only ``numpy`` (and its ``linalg``/``fft``/``random`` subpackages), ``math`` and ``re``;
 * size: at most :data:`MAX_SOURCE_CHARS` characters and :data:`MAX_AST_NODES` syntax nodes.
 """
@@ -52,6 +56,7 @@ __all__ = [
     "validate_source",
     "analyze_source",
     "forbidden_attribute_reason",
+    "allowed_attributes",
     "check_import",
 ]
 
@@ -195,8 +200,38 @@ def _module_attribute_bans() -> dict[str, str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def allowed_attributes() -> frozenset[str]:
+    """Every attribute name a program may read: the public API of the objects programs are given or can make."""
+    import math
+    import re
+
+    import numpy as np
+
+    from .features import BASIC_VIEWS, SPACY_VIEWS, WORDNET_VIEWS
+
+    roots: list[object] = [np, math, re, np.ndarray, np.generic, np.dtype, np.ufunc, np.random.Generator,
+                           np.flatiter, np.finfo, np.iinfo, np.errstate, re.Pattern, re.Match]
+    roots += [getattr(np, s) for s in sorted(ALLOWED_NUMPY_SUBMODULES) if hasattr(np, s)]
+    roots += [str, bytes, list, dict, set, frozenset, tuple, int, float, complex, bool, range, slice,
+              type({}.keys()), type({}.values()), type({}.items())]
+    names = {n for obj in roots for n in dir(obj) if not n.startswith("_")}
+    names |= {"ids", "tokens", "text", "offsets", "n", "features", "keys", "to_dict"}  # the Sequence API
+    names |= set(BASIC_VIEWS) | set(SPACY_VIEWS) | set(WORDNET_VIEWS)
+    return frozenset(n for n in names if _blocked_reason(n) is None)
+
+
 def forbidden_attribute_reason(attr: str) -> str | None:
     """Why a program may not read attribute ``attr`` (None when it may); shared with the worker's import hook."""
+    why = _blocked_reason(attr)
+    if why is None and attr not in allowed_attributes():
+        why = ("it is not on the allowlist of attributes programs may read (the Sequence API, numpy, math, "
+               "re and plain container methods); compute the value another way")
+    return why
+
+
+def _blocked_reason(attr: str) -> str | None:
+    """The explicit refusals, checked before (and inside) the allowlist."""
     if attr.startswith("__"):
         return "dunder attributes reach interpreter internals (the classic sandbox escape)"
     if attr.startswith("_"):
@@ -292,6 +327,20 @@ def _is_name_target(t: ast.expr) -> bool:
     return False
 
 
+def _finally_escape(body: list[ast.stmt]) -> ast.stmt | None:
+    """The first return/break/continue that would leave a finally block (loops and functions inside it excepted)."""
+    todo: list[tuple[ast.AST, bool]] = [(stmt, False) for stmt in body]
+    while todo:
+        node, in_loop = todo.pop()
+        if isinstance(node, ast.Return) or (isinstance(node, (ast.Break, ast.Continue)) and not in_loop):
+            return node  # type: ignore[return-value]
+        if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+            continue
+        loop = in_loop or isinstance(node, (ast.For, ast.While))
+        todo += [(child, loop) for child in ast.iter_child_nodes(node)]
+    return None
+
+
 def analyze_source(source: str) -> ProgramInfo:
     """Validate ``source`` and return what the sandbox needs to know about it; raises ProgramValidationError."""
     tree = _parse(source)
@@ -302,6 +351,7 @@ def analyze_source(source: str) -> ProgramInfo:
     attributes: set[str] = set()
     strings: set[str] = set()
     nodes: list[ast.AST] = []
+    unlisted: ast.Attribute | None = None
     for node in ast.walk(tree):
         nodes.append(node)
         if len(nodes) > MAX_AST_NODES:
@@ -322,9 +372,11 @@ def analyze_source(source: str) -> ProgramInfo:
             else:
                 bound.add(node.id)
         elif isinstance(node, ast.Attribute):
-            why = forbidden_attribute_reason(node.attr)
+            why = _blocked_reason(node.attr)
             if why is not None:
                 raise _fail(node, f"attribute access '.{node.attr}'", why)
+            if unlisted is None and node.attr not in allowed_attributes():
+                unlisted = node  # reported after the names: `open(...).write` is about `open`
             if not isinstance(node.ctx, ast.Load):
                 raise _fail(
                     node, f"assigning or deleting attribute '.{node.attr}'",
@@ -342,6 +394,14 @@ def analyze_source(source: str) -> ProgramInfo:
             bound.add(node.arg)
         elif isinstance(node, ast.keyword):
             _check_identifier(node, "keyword argument", node.arg)
+        elif isinstance(node, ast.Try) and node.finalbody:
+            escape = _finally_escape(node.finalbody)
+            if escape is not None:
+                raise _fail(
+                    escape, f"'{type(escape).__name__.lower()}' inside 'finally'",
+                    "leaving a finally block discards the exception in flight, including the sandbox's timeout; "
+                    "move the statement after the try statement",
+                )
         elif isinstance(node, ast.ExceptHandler):
             if node.type is None:
                 raise _fail(
@@ -388,6 +448,9 @@ def analyze_source(source: str) -> ProgramInfo:
                 f"it is neither defined by the program nor available; available: np, numpy, math, re, "
                 f"{', '.join(SAFE_BUILTINS)}, and exceptions {', '.join(SAFE_EXCEPTIONS)}",
             )
+
+    if unlisted is not None:
+        raise _fail(unlisted, f"attribute access '.{unlisted.attr}'", forbidden_attribute_reason(unlisted.attr) or "")
 
     try:  # surface compile-time errors ('return' outside function, ...) now; bounded constant folding only
         compile(tree, "<program>", "exec", dont_inherit=True)

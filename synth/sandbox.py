@@ -227,7 +227,9 @@ class _BadOutput(Exception):
 _W: dict[str, Any] = {"in_user": False, "cpu_hard": resource.RLIM_INFINITY, "timer": "wall", "memory_mb": 0}
 
 # Syscall numbers for the seccomp filters. "zygote": denied in the zygote and so in every job child;
-# "child": additionally denied in job children; "self_only": signals allowed only to the caller itself.
+# "child" and "files": additionally denied in job children (no new processes, no signals to others, no
+# file-system call at all: a job child has every descriptor it needs before the program runs);
+# "self_only": allowed only with the caller's own pid as first argument (prlimit64 also with 0, meaning itself).
 _SECCOMP_TABLES: dict[str, dict[str, Any]] = {
     "x86_64": {
         "arch": 0xC000003E, "x32": True, "seccomp_nr": 317,
@@ -235,9 +237,21 @@ _SECCOMP_TABLES: dict[str, dict[str, Any]] = {
                    "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272, "setns": 308,
                    "mount": 165, "umount2": 166, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
                    "add_key": 248, "request_key": 249, "keyctl": 250, "io_uring_setup": 425},
-        "child": {"fork": 57, "vfork": 58, "clone": 56, "setsid": 112, "setpgid": 109},
+        "child": {"fork": 57, "vfork": 58, "clone": 56, "setsid": 112, "setpgid": 109,
+                  "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434, "pidfd_send_signal": 424,
+                  "pidfd_getfd": 438, "kcmp": 312, "process_madvise": 440},
+        "files": {"open": 2, "openat": 257, "openat2": 437, "creat": 85, "open_by_handle_at": 304,
+                  "name_to_handle_at": 303, "memfd_create": 319, "unlink": 87, "unlinkat": 263, "rmdir": 84,
+                  "rename": 82, "renameat": 264, "renameat2": 316, "mkdir": 83, "mkdirat": 258, "mknod": 133,
+                  "mknodat": 259, "truncate": 76, "ftruncate": 77, "fallocate": 285, "getdents": 78,
+                  "getdents64": 217, "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92,
+                  "fchown": 93, "lchown": 94, "fchownat": 260, "link": 86, "linkat": 265, "symlink": 88,
+                  "symlinkat": 266, "utime": 132, "utimes": 235, "utimensat": 280, "futimesat": 261,
+                  "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
+                  "fremovexattr": 199, "chdir": 80, "fchdir": 81, "chroot": 161, "inotify_init": 253,
+                  "inotify_init1": 294, "fanotify_init": 300},
         "enosys": {"clone3": 435},
-        "self_only": {"kill": 62, "tkill": 200, "tgkill": 234},
+        "self_only": {"kill": 62, "tkill": 200, "tgkill": 234, "prlimit64": 302},
     },
     "aarch64": {
         "arch": 0xC00000B7, "x32": False, "seccomp_nr": 277,
@@ -245,9 +259,18 @@ _SECCOMP_TABLES: dict[str, dict[str, Any]] = {
                    "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97, "setns": 268,
                    "mount": 40, "umount2": 39, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
                    "add_key": 217, "request_key": 218, "keyctl": 219, "io_uring_setup": 425},
-        "child": {"clone": 220, "setsid": 157, "setpgid": 154},
+        "child": {"clone": 220, "setsid": 157, "setpgid": 154, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+                  "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "kcmp": 272,
+                  "process_madvise": 440},
+        "files": {"openat": 56, "openat2": 437, "open_by_handle_at": 265, "name_to_handle_at": 264,
+                  "memfd_create": 279, "unlinkat": 35, "renameat": 38, "renameat2": 276, "mkdirat": 34,
+                  "mknodat": 33, "truncate": 45, "ftruncate": 46, "fallocate": 47, "getdents64": 61, "fchmod": 52,
+                  "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54, "linkat": 37, "symlinkat": 36,
+                  "utimensat": 88, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14,
+                  "lremovexattr": 15, "fremovexattr": 16, "chdir": 49, "fchdir": 50, "chroot": 51,
+                  "inotify_init1": 26, "fanotify_init": 262},
         "enosys": {"clone3": 435},
-        "self_only": {"kill": 129, "tkill": 130, "tgkill": 131},
+        "self_only": {"kill": 129, "tkill": 130, "tgkill": 131, "prlimit64": 261},
     },
 }
 
@@ -273,10 +296,13 @@ def _seccomp_program(table: dict[str, Any], deny: list[int], enosys: list[int], 
     for nr in enosys:
         emit(jeq, nr, "enosys", 0)
     for nr in self_only:
-        emit(jeq, nr, "self", 0)
+        emit(jeq, nr, "self0" if nr == table["self_only"].get("prlimit64") else "self", 0)
     emit(ret, allow)
-    labels = {"self": len(prog)}
+    labels = {"self0": len(prog)}
     emit(ld, 16)  # args[0], low 32 bits (little endian)
+    emit(jeq, 0, "allow", 0)  # prlimit64(0, ...) is the caller itself (kill(0, ...) would be its process group)
+    labels["self"] = len(prog)
+    emit(ld, 16)
     emit(jeq, pid & 0xFFFFFFFF, "allow", "eperm")
     labels["allow"] = len(prog)
     emit(ret, allow)
@@ -306,8 +332,9 @@ def _install_seccomp(libc: Any, stage: str) -> str | None:
     if stage == "zygote":
         code = _seccomp_program(table, list(table["zygote"].values()), list(table["enosys"].values()), [], 0)
     else:
-        code = _seccomp_program(table, list(table["child"].values()), list(table["enosys"].values()),
-                                list(table["self_only"].values()), os.getpid())
+        deny = list(table["child"].values()) + list(table["files"].values())
+        code = _seccomp_program(table, deny, list(table["enosys"].values()), list(table["self_only"].values()),
+                                os.getpid())
     buf = ctypes.create_string_buffer(code, len(code))
 
     class _Fprog(ctypes.Structure):
@@ -321,6 +348,40 @@ def _install_seccomp(libc: Any, stage: str) -> str | None:
         rc = libc.prctl(L(22), L(2), ctypes.byref(fprog), L(0), L(0))
     if rc != 0:
         return f"seccomp ({stage}) refused (errno {ctypes.get_errno()})"
+    return None
+
+
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_RESTRICT_SELF = 444, 446  # the same numbers on x86_64 and aarch64
+
+
+def _install_landlock(libc: Any) -> str | None:
+    """Deny every file-system access the kernel's Landlock knows (no rules: nothing is allowed); None on success.
+
+    Applied in each job child on top of seccomp: it also covers paths reached through descriptors opened
+    before hardening, and (ABI 6+) signals to processes outside the job's own domain.
+    """
+    L = ctypes.c_long
+    abi = libc.syscall(L(_LANDLOCK_CREATE_RULESET), None, L(0), L(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        return f"Landlock unavailable (errno {ctypes.get_errno()})"
+    fs = (1 << 13) - 1  # ABI 1: execute, read/write files, read dirs, remove and make every kind of node
+    fs |= (1 << 13) if abi >= 2 else 0  # refer (links and renames across directories)
+    fs |= (1 << 14) if abi >= 3 else 0  # truncate
+    fs |= (1 << 15) if abi >= 5 else 0  # ioctl on devices
+    net = 0b11 if abi >= 4 else 0  # bind and connect TCP
+    scoped = 0b11 if abi >= 6 else 0  # abstract unix sockets and signals outside the domain
+    attr = struct.pack("QQQ", fs, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    fd = libc.syscall(L(_LANDLOCK_CREATE_RULESET), buf, L(size), L(0))
+    if fd < 0:
+        return f"Landlock ruleset refused (errno {ctypes.get_errno()})"
+    try:
+        if libc.syscall(L(_LANDLOCK_RESTRICT_SELF), L(fd), L(0)) != 0:
+            return f"Landlock restriction refused (errno {ctypes.get_errno()})"
+    finally:
+        os.close(fd)
+    _W["landlock_abi"] = abi
     return None
 
 
@@ -406,6 +467,10 @@ def _harden_zygote(cfg: dict[str, Any], ctl_in: int, ctl_out: int, res_out: int)
         resource.setrlimit(resource.RLIMIT_NOFILE, (_FD_WAKE_W + 1, _FD_WAKE_W + 1))
     except (ValueError, OSError) as e:
         notes.append(f"RLIMIT_NOFILE not locked in the zygote: {e}")
+    abi = libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_long(0), ctypes.c_long(1))
+    report["landlock_abi"] = max(0, abi)  # job children apply it; 0: the kernel has none (seccomp still denies)
+    if abi < 1:
+        notes.append("Landlock unavailable; file-system calls are still denied by seccomp in job children")
     report["rlimits"] = {n: list(resource.getrlimit(getattr(resource, n)))
                          for n in ("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NOFILE")}
     return report
@@ -422,6 +487,7 @@ def _harden_child(cfg: dict[str, Any], cpu_hard: int, zygote: int) -> None:
     os.dup2(_FD_RES_OUT, _CHILD_FD_RES)  # result pipe on 3, /dev/null on 4, nothing above
     os.dup2(0, 4)
     os.closerange(5, _FD_WAKE_W + 1)
+    _install_landlock(libc)  # needs one free descriptor: before NOFILE is locked; seccomp covers its absence
     resource.setrlimit(resource.RLIMIT_NOFILE, (5, 5))
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
@@ -531,6 +597,7 @@ def _program_globals(unrestricted: bool) -> dict[str, Any]:
 def _on_timer(signum: int, _frame: Any) -> None:
     if _W["in_user"]:
         _W["timer"] = "CPU" if signum == signal.SIGXCPU else "wall"
+        _W["fired"] = True  # remembered: a program that swallows the exception still timed out
         raise _SandboxTimeout()
 
 
@@ -548,7 +615,7 @@ def _arm(timeout: float) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
     except (ValueError, OSError):
         pass
-    _W["in_user"] = True
+    _W["in_user"], _W["fired"] = True, False
     signal.setitimer(signal.ITIMER_REAL, max(timeout, 1e-3))
 
 
@@ -639,6 +706,8 @@ def _run_guarded(fn: Any, arg: Any, timeout: float, post: Any = None) -> tuple[s
         _arm(timeout)
         try:
             value = fn(arg)
+            if _W.get("fired"):
+                raise _SandboxTimeout()
             if post is not None:
                 value = post(value)
         finally:
@@ -665,6 +734,10 @@ def _run_guarded(fn: Any, arg: Any, timeout: float, post: Any = None) -> tuple[s
 def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
     """In the job child: load the program, run it on each sequence, stream one frame per sequence."""
     source, name, timeout = job["source"], job["name"], float(job["timeout"])
+
+    def send(header: dict[str, Any], payload: Any = None) -> None:
+        _send(out, {**header, "job": job["job"]}, payload)  # the parent accepts frames only for this job
+
     budget = int(job.get("max_failures", 2))
     failures: list[str] = []
     linecache.cache[_PROGRAM_FILE] = (len(source), None, source.splitlines(True), _PROGRAM_FILE)
@@ -679,13 +752,13 @@ def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
 
     status, fn, detail = _run_guarded(load, None, timeout)
     if status != "ok":
-        _send(out, {"t": "loaded", "ok": False, "reason": status, "detail": detail,
+        send({"t": "loaded", "ok": False, "reason": status, "detail": detail,
                     "message": f"{fn} while loading the program (top-level code)"[:_MAX_MESSAGE]})
         return
-    _send(out, {"t": "loaded", "ok": True})
+    send({"t": "loaded", "ok": True})
     for i, v in enumerate(job["views"]):
         if len(failures) >= budget:
-            _send(out, {**_error_header(
+            send({**_error_header(
                 i, failures[-1], f"not run: the program already failed {len(failures)} time(s) in this call "
                 f"({failures[-1]}); remaining sequences skipped"), "skipped": True})
             continue
@@ -693,16 +766,16 @@ def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
         try:
             view = SequenceView(v)
         except Exception as e:  # noqa: BLE001
-            _send(out, _error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
+            send(_error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
             continue
         np.random.seed(0)  # programs using the global RNG are reproducible per sequence
         status, value, detail = _run_guarded(fn, view, timeout, lambda o, n=n: _check_output(o, n, max_cells))
         if status == "ok":
-            _send(out, {"t": "result", "i": i, "ok": True, "nbytes": int(value.nbytes)}, value)
+            send({"t": "result", "i": i, "ok": True, "nbytes": int(value.nbytes)}, value)
         else:
             if status in _COSTLY:
                 failures.append(status)
-            _send(out, _error_header(i, status, value, detail))
+            send(_error_header(i, status, value, detail))
         del value, view
 
 
@@ -1156,8 +1229,11 @@ class SandboxPool:
         w.report = dict(hdr["report"])
         w.report["job_limits"] = {
             "RLIMIT_NPROC": [0, 0], "RLIMIT_NOFILE": [5, 5], "RLIMIT_CPU": "per job: timeout * (chunk + 1) + 2 s",
-            "seccomp": ("fork/vfork/clone/clone3/setsid/setpgid, signals to others"
+            "seccomp": ("fork/vfork/clone/clone3/setsid/setpgid, signals to others, every file-system call "
+                        "(open, unlink, rename, mkdir, truncate, getdents, chmod, chown, link ...)"
                         if w.report.get("seccomp") else "off"),
+            "landlock": (f"ABI {w.report['landlock_abi']}: no file-system access" if w.report.get("landlock_abi")
+                         else "unavailable"),
         }
         self.hardening = dict(w.report)
         return w
@@ -1340,8 +1416,9 @@ class SandboxPool:
 
         try:
             budget = max(1, state.remaining_budget())  # the job child stops early on its own too
-            w.send({**job, "views": [views[i] for i in chunk], "max_failures": budget, "cpu_hard": cpu_hard},
-                   time.monotonic() + 30.0)
+            job_id = os.urandom(8).hex()
+            w.send({**job, "job": job_id, "views": [views[i] for i in chunk], "max_failures": budget,
+                    "cpu_hard": cpu_hard}, time.monotonic() + 30.0)
             w.jobs += 1
             while True:
                 finished = loaded and pos >= len(chunk)
@@ -1358,6 +1435,8 @@ class SandboxPool:
                 t = hdr["t"]
                 if t == "fatal":
                     raise _ProtocolError(f"internal error in the job process: {str(hdr.get('error'))[-1500:]}")
+                if hdr.get("job") != job_id:
+                    raise _ProtocolError(f"a frame for another request ({str(hdr.get('job'))[:40]!r})")
                 if not loaded:
                     if t != "loaded":
                         raise _ProtocolError(f"expected 'loaded', got {t!r}")
