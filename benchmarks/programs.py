@@ -57,6 +57,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -559,6 +560,72 @@ def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndar
         print(f"  L{h // 8}H{h % 8}: {iou[h, best]:.3f}  {names[best]}")
 
 
+# ============================================================================ section 3: sandbox overhead
+# Python programs run only in the sandbox (synth/sandbox.py). Its containment (attribute allowlist,
+# seccomp + Landlock file-system denial in every job process, request-tagged frames) is measured
+# against the sandbox as it was at an earlier revision, both pools running side by side in one process.
+
+SANDBOX_PROGRAMS = {
+    "trivial (zeros)": "def f(seq):\n    return np.zeros((seq.n, seq.n))\n",
+    "same token (numpy)": ("def f(seq):\n    ids = seq.ids\n"
+                           "    return np.tril((ids[:, None] == ids[None, :]).astype(np.float64))\n"),
+}
+
+
+def sandbox_module_at(rev: str) -> Any:
+    """synth/sandbox.py (with the pysafety and errors it imports) as of git revision ``rev``, beside today's."""
+    import importlib
+    import subprocess
+    import tempfile
+    import types
+
+    root = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix="hs-sandbox-before-"))
+    for name in ("sandbox", "pysafety", "errors"):
+        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:synth/{name}.py"], check=True,
+                              capture_output=True, text=True).stdout
+        (folder / f"{name}.py").write_text(text)
+    package = types.ModuleType("hs_sandbox_before")
+    package.__path__ = [str(folder)]
+    sys.modules["hs_sandbox_before"] = package
+    return importlib.import_module("hs_sandbox_before.sandbox")
+
+
+def bench_sandbox(sequences: list[Sequence], repeats: int, before_rev: str) -> None:
+    """Per-sequence cost of a Python program in today's sandbox vs the sandbox at ``before_rev``."""
+    from headsurgeon.synth import sandbox as after_module
+
+    before_module = sandbox_module_at(before_rev)
+    pools = {"before": before_module.SandboxPool(workers=1, chunk_size=32),
+             "after": after_module.SandboxPool(workers=1, chunk_size=32)}
+    singles = sequences[:50]
+    print(f"\n== sandbox: Python programs, 1 worker, {len(sequences)} sequences per call and {len(singles)} "
+          f"one-sequence calls; before = {before_rev}, after = working tree; {repeats} repeats, medians ==")
+    print(f"{'program':<22} {'case':<22} {'before ms/seq':>14} {'after ms/seq':>13} {'after/before':>13}")
+    try:
+        for pool in pools.values():
+            pool.start()
+            pool.run(SANDBOX_PROGRAMS["trivial (zeros)"], sequences[:4], timeout=10.0)
+        for name, source in SANDBOX_PROGRAMS.items():
+            cases = {"batch call": lambda pool: pool.run(source, sequences, timeout=10.0),
+                     "one sequence per call": lambda pool: [pool.run(source, [s], timeout=10.0) for s in singles]}
+            for case, call in cases.items():
+                count = len(sequences) if case == "batch call" else len(singles)
+                times: dict[str, list[float]] = {k: [] for k in pools}
+                for _ in range(repeats):
+                    for key, pool in pools.items():  # interleaved: both see the same machine load
+                        times[key].append(_timed(lambda: call(pool))[0] / count)
+                ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+                print(f"{name:<22} {case:<22} {ms['before']:14.3f} {ms['after']:13.3f} "
+                      f"{ms['after'] / ms['before']:12.2f}x")
+        for key, pool in pools.items():
+            print(f"{key}: job limits {pool.hardening.get('job_limits')}")
+    finally:
+        for pool in pools.values():
+            pool.close()
+    print("goal: containment costs at most 1.5x per sequence (after/before <= 1.5)")
+
+
 # ============================================================================ main
 
 def main(argv: list[str] | None = None) -> None:
@@ -567,11 +634,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sequences", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--metric-sequences", type=int, default=200, help="0 skips the metrics section")
+    ap.add_argument("--sandbox-before", default="367a794", help="git revision the sandbox is compared with")
+    ap.add_argument("--sandbox-only", action="store_true", help="run only the sandbox section")
     args = ap.parse_args(argv)
     import numba
 
     t0 = time.perf_counter()
     sequences, sp = load_sequences(args.sequences)
+    if args.sandbox_only:
+        bench_sandbox(sequences[:400], args.repeats, args.sandbox_before)
+        return
     feats, spacy = load_features(sequences)
     print(f"{len(sequences)} sequences, features {sorted(feats)} in {time.perf_counter() - t0:.1f} s; "
           f"numba {numba.__version__}, {numba.get_num_threads()} threads")
@@ -579,6 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.metric_sequences:
         k = min(args.metric_sequences, len(sequences))
         bench_metrics_scoring(sequences[:k], {t: p[:k] for t, p in patterns.items()}, args.repeats)
+    bench_sandbox(sequences[:400], args.repeats, args.sandbox_before)
 
 
 if __name__ == "__main__":
