@@ -3,10 +3,72 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Callable
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+MESSAGE_LIMIT = 1000
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    """A command-line value quoted for an error message, cut so a huge argument is never echoed whole."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum``, refused with a message that says what is allowed."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {_quote(text)}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def _finite_float(text: str) -> float:
+    """A finite float from the command line, or an ArgumentTypeError naming the bad value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {_quote(text)}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {_quote(text)}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a fraction in (0, 1], e.g. 0.025 for the top 2.5% of a pattern."""
+    value = _finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], e.g. 0.025 for the top 2.5%; got {value:g}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value:g}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
+    return value
 
 
 def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
@@ -20,8 +82,8 @@ def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
 
 
 def _corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-len", type=int, default=128, help="tokens per window, BOS included (default 128)")
-    p.add_argument("--max-sequences", type=int, default=None, help="stop after this many windows")
+    p.add_argument("--max-len", type=int_at_least(2), default=128, help="tokens per window, BOS included (default 128)")
+    p.add_argument("--max-sequences", type=positive_int, default=None, help="stop after this many windows")
     p.add_argument("--separator", default=None, help="document separator (default: blank lines)")
 
 
@@ -51,9 +113,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from headsurgeon.surgery.corpus import make_sequences, read_documents
     from headsurgeon.surgery.loading import load_model
 
+    documents = read_documents(args.corpus, args.separator)  # a missing corpus fails before the model loads
     handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
-    seqs = make_sequences(handle, read_documents(args.corpus, args.separator), max_len=args.max_len,
-                          max_sequences=args.max_sequences)
+    seqs = make_sequences(handle, documents, max_len=args.max_len, max_sequences=args.max_sequences)
     store = capture(handle, seqs, out=args.out, mode=args.mode, q_frac=args.q, batch_size=args.batch_size,
                     shard_size=args.shard_size)
     print(f"captured {len(store)} sequences × {handle.n_layers * handle.n_heads} heads ({args.mode}) -> {args.out}")
@@ -107,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="output directory (re-run the same command to resume)")
     _corpus_args(p)
     p.add_argument("--mode", choices=["dense", "topq"], default="dense")
-    p.add_argument("--q", type=float, default=0.025, help="top-q fraction of the n×n grid kept in topq mode")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--shard-size", type=int, default=64)
+    p.add_argument("--q", type=fraction, default=0.025, help="top-q fraction of the n×n grid kept in topq mode")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="windows per forward pass (default 16)")
+    p.add_argument("--shard-size", type=positive_int, default=64, help="windows per shard file (default 64)")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("explain", help="capture → program search → selection → replacement sweep → HTML report")
@@ -117,20 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corpus", nargs="?", default=None, help="text file (default: the embedded demo corpus)")
     p.add_argument("out", nargs="?", default="headsurgeon-out", help="output directory (default headsurgeon-out)")
     p.add_argument("--tokenizer", default=None)
-    p.add_argument("--max-len", type=int, default=64)
-    p.add_argument("--max-sequences", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-len", type=int_at_least(2), default=64)
+    p.add_argument("--max-sequences", type=positive_int, default=300)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--searchers", nargs="+", default=["enumerative", "learned", "llm"],
                    help="which searchers run (llm only when an endpoint is configured)")
     p.add_argument("--llm-model", default=None, help="chat model for the LLM agent (or HEADSURGEON_LLM_MODEL)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint (or HEADSURGEON_LLM_BASE_URL)")
-    p.add_argument("--llm-cost-cap", type=float, default=None, help="stop LLM requests past this many USD")
+    p.add_argument("--llm-cost-cap", type=non_negative_float, default=None, help="stop LLM requests past this many USD")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")
     p.add_argument("--out", default="headsurgeon-demo", help="output directory (default headsurgeon-demo)")
-    p.add_argument("--max-len", type=int, default=64)
-    p.add_argument("--max-sequences", type=int, default=240)
+    p.add_argument("--max-len", type=int_at_least(2), default=64)
+    p.add_argument("--max-sequences", type=positive_int, default=240)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
@@ -154,6 +216,42 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
     return out
 
 
+LIBRARY_ERRORS = (
+    ("headsurgeon.synth.errors", "ProgramError"),
+    ("headsurgeon.surgery.store", "StoreError"),
+    ("headsurgeon.surgery.capture", "CaptureError"),
+    ("headsurgeon.surgery.corpus", "CorpusError"),
+    ("headsurgeon.surgery.loading", "ModelLoadError"),
+    ("headsurgeon.surgery.llama2c", "CheckpointError"),
+    ("headsurgeon.surgery.replace", "SurgeryError"),
+    ("headsurgeon.surgery.evaluate", "EvaluationError"),
+    ("headsurgeon.hub.checkpoint", "CheckpointError"),
+    ("headsurgeon.hub.zoo", "ZooFilesMissingError"),
+    ("headsurgeon.synth.agent", "AgentConfigError"),
+    ("headsurgeon.synth.agent", "JournalMismatchError"),
+)
+# user-facing failures without a library type yet (bad paths, and checks that raise plain ValueError/LookupError)
+USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                                                PermissionError, ValueError, LookupError)
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """Error types the CLI reports as one line: the library's own (from modules already loaded) and user errors."""
+    found = []
+    for module, name in LIBRARY_ERRORS:
+        error = getattr(sys.modules.get(module), name, None)
+        if isinstance(error, type) and issubclass(error, BaseException):
+            found.append(error)
+    return (*found, *USER_ERRORS)
+
+
+def error_message(error: BaseException, limit: int = MESSAGE_LIMIT) -> str:
+    """The error's message on one line, cut to ``limit`` characters so a huge input is never echoed whole."""
+    text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else error
+    text = " ".join(str(text).split("\n")).replace("\r", " ").strip() or type(error).__name__
+    return text if len(text) <= limit else f"{text[:limit]}... (message cut at {limit} of {len(text)} characters)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -162,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, IndexError, KeyError) as e:
-        print(f"headsurgeon {args.command}: error: {e}", file=sys.stderr)
+    except expected_errors() as e:
+        print(f"headsurgeon {args.command}: error: {error_message(e)}", file=sys.stderr)
         return 1
 
 

@@ -12,6 +12,7 @@ import torch
 
 from ..synth.sequence import Sequence
 from .capture import forward_patterns, padded_batch
+from .evaluate import check_batch_size
 from .loading import ModelHandle, load_model
 from .providers import MeanOutputs, MeanPatterns, ResamplePatterns, UniformPatterns, ZeroPatterns
 from .replace import HybridModel, SurgeryError, parse_head, replace_heads
@@ -22,6 +23,7 @@ KINDS = ("zero", "mean", "mean_output", "uniform", "resample", "program")
 def reference_patterns(handle: ModelHandle, sequences: list[Sequence], heads: list[tuple[int, int]],
                        batch_size: int = 16) -> dict[tuple[int, int], list[np.ndarray]]:
     """Each head's float32 pattern on every reference sequence."""
+    check_batch_size(batch_size)
     out: dict[tuple[int, int], list[np.ndarray]] = {h: [] for h in heads}
     for start in range(0, len(sequences), batch_size):
         for pats in forward_patterns(handle, sequences[start: start + batch_size]):
@@ -33,6 +35,9 @@ def reference_patterns(handle: ModelHandle, sequences: list[Sequence], heads: li
 def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: list[tuple[int, int]],
                       batch_size: int = 16) -> dict[tuple[int, int], np.ndarray]:
     """Each head's mean output z per position [positions, d_head] over the reference sequences."""
+    check_batch_size(batch_size)
+    if not sequences:
+        raise SurgeryError("mean_output ablation needs at least one reference sequence")
     width = max(s.n for s in sequences)
     total = {h: np.zeros((width, handle.d_head), np.float64) for h in heads}
     count = np.zeros((width, 1), np.float64)

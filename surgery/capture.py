@@ -1,11 +1,12 @@
 """capture: batched forward passes with pattern hooks only, streamed into an :class:`AttentionStore`.
 
 Memory is bounded by one shard (``shard_size`` sequences), not by the corpus. A capture into a
-directory that was interrupted resumes at the first unfinished shard.
+directory that was interrupted resumes at the first unfinished shard; finished shards that are missing or
+damaged (size or sha256 differs from the manifest's record) are recomputed.
 """
 from __future__ import annotations
 
-import json
+import numbers
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,64 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from .loading import ModelHandle, load_model
-from .store import AttentionStore, StoreError
+from .store import AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
+
+RESUME_KEYS = ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size", "n_sequences", "sequences_key")
+
+
+class CaptureError(ValueError):
+    """capture() was given inputs or settings it cannot use; the message says what to change."""
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    """Refuse a batch size that is not a whole number >= 1 (it would loop forever or fail deep inside)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise CaptureError(f"batch_size must be a whole number of sequences >= 1 (e.g. 16), got {excerpt(batch_size)}")
+
+
+def _check_sequences(handle: ModelHandle, sequences: list[Sequence]) -> None:
+    """Refuse sequences the model cannot take: none, longer than its context, or ids outside its vocabulary."""
+    if not sequences:
+        raise CaptureError("capture needs at least one sequence; build them with make_sequences / load_corpus")
+    too_long = [s.n for s in sequences if s.n > handle.n_ctx]
+    if too_long:
+        raise CaptureError(f"{len(too_long)} sequences exceed the model's context ({max(too_long)} > {handle.n_ctx}); "
+                           "make windows with max_len <= n_ctx")
+    over = [int(s.ids.max()) for s in sequences if s.n and int(s.ids.max()) >= handle.vocab_size]
+    if over:
+        raise CaptureError(f"token id {max(over)} is outside the model's vocabulary ({handle.vocab_size}); "
+                           "the sequences were tokenized with another tokenizer")
+
+
+def _resume(store: AttentionStore) -> set[int]:
+    """Open an existing store directory for resuming: same settings, sound sequences file; returns the sound shards.
+
+    Shards the manifest lists whose file is missing or damaged are dropped (with a warning) so they are recomputed.
+    """
+    old = read_manifest(store.directory / "manifest.json")
+    fresh = store.manifest([])
+    if not all(old.get(k) == fresh[k] for k in RESUME_KEYS):
+        raise StoreError(f"{store.directory} already holds a different capture (other model, corpus or "
+                         "settings); choose another output directory or delete it")
+    store.adopt_records(old)
+    damaged = store.damaged_shards()
+    for shard, problem in damaged.items():
+        warnings.warn(f"{store.shard_path(shard)} is damaged or missing ({problem}); recomputing it", stacklevel=3)
+        store.shard_records.pop(shard, None)
+    if not _sequences_file_ok(store):
+        store.save_sequences()
+    return store.done_shards() - set(damaged)
+
+
+def _sequences_file_ok(store: AttentionStore) -> bool:
+    """Whether the store's sequences.json reads back as exactly the sequences being captured."""
+    try:
+        return sequences_key(read_sequences(store.directory)) == sequences_key(store.sequences)
+    except (StoreError, KeyError, TypeError, ValueError):
+        return False
 
 
 def padded_batch(sequences: list[Sequence], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,32 +126,16 @@ def capture(
     grid per head and sequence. With ``out`` the store streams to safetensors shards in that
     directory (resumable); without it the store lives in memory.
     """
+    _check_batch_size(batch_size)
     handle = load_model(model)
-    if not sequences:
-        raise ValueError("capture needs at least one sequence; build them with make_sequences / load_corpus")
-    too_long = [s.n for s in sequences if s.n > handle.n_ctx]
-    if too_long:
-        raise ValueError(f"{len(too_long)} sequences exceed the model's context ({max(too_long)} > {handle.n_ctx}); "
-                         "make windows with max_len <= n_ctx")
-    over = [int(s.ids.max()) for s in sequences if s.n and int(s.ids.max()) >= handle.vocab_size]
-    if over:
-        raise ValueError(f"token id {max(over)} is outside the model's vocabulary ({handle.vocab_size}); "
-                         "the sequences were tokenized with another tokenizer")
+    _check_sequences(handle, sequences)
     store = AttentionStore(sequences, handle.n_layers, handle.n_heads, mode, q_frac, handle.causal, handle.name,
                            Path(out) if out is not None else None, shard_size)
     done: set[int] = set()
     if store.directory is not None:
         store.directory.mkdir(parents=True, exist_ok=True)
-        manifest_path = store.directory / "manifest.json"
-        if manifest_path.is_file():
-            old = json.loads(manifest_path.read_text())
-            fresh = store.manifest([])
-            same = all(old.get(k) == fresh[k] for k in ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size",
-                                                         "n_sequences", "sequences_key"))
-            if not same:
-                raise StoreError(f"{store.directory} already holds a different capture (other model, corpus or "
-                                 "settings); choose another output directory or delete it")
-            done = store.done_shards()
+        if (store.directory / "manifest.json").is_file():
+            done = _resume(store)
         else:
             store.save_sequences()
         store.save_manifest(done)

@@ -3,7 +3,22 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..cli import int_at_least, non_negative_int, positive_int
+from ..synth.errors import ProgramError, excerpt
+
+if TYPE_CHECKING:
+    from ..synth.programset import ProgramSet
+
+MAX_PROGRAMS_BYTES = 64 << 20
+_HEAD = re.compile(r"\s*L\d{1,6}H\d{1,6}\s*", re.IGNORECASE)
+
+
+class UntrustedProgramsError(ProgramError):
+    """programs.json holds Python programs and the user did not pass --trust-programs."""
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -21,10 +36,92 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", help="text file; documents separated by blank lines")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--max-len", type=int, default=128)
-    p.add_argument("--max-sequences", type=int, default=200, help="windows read from the corpus (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the document-level split")
+    p.add_argument("--max-len", type=int_at_least(2), default=128)
+    p.add_argument("--max-sequences", type=positive_int, default=200, help="windows read from the corpus (default 200)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the document-level split")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _clip(text: str, limit: int = 500) -> str:
+    """``text`` cut to ``limit`` characters: messages from parsing hostile files may quote huge values."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _read_programs_json(path: Path) -> Any:
+    """The parsed JSON of a programs file, or a ProgramError naming the file and what is wrong with it."""
+    if not path.is_file():
+        raise ProgramError(f"programs file not found: {path}; check the --programs path")
+    size = path.stat().st_size
+    if size > MAX_PROGRAMS_BYTES:
+        raise ProgramError(f"{path} is {size} bytes; a programs file may hold at most {MAX_PROGRAMS_BYTES} bytes")
+    try:
+        return json.loads(path.read_bytes())
+    except RecursionError:
+        raise ProgramError(f"{path} is nested too deeply to be a programs file; pass a file written by "
+                           "ProgramSet.save or `headsurgeon explain`") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProgramError(f"{path} is not valid JSON ({_clip(str(e), 200)}); pass a file written by ProgramSet.save "
+                           "or `headsurgeon explain`") from None
+
+
+def _check_programs_layout(path: Path, obj: Any) -> None:
+    """Refuse a document whose structure is not a program set before ProgramSet parses it."""
+    fix = "pass a programs.json written by ProgramSet.save or `headsurgeon explain`"
+    if not isinstance(obj, dict) or obj.get("format") != "headsurgeon.programset":
+        raise ProgramError(f"{path} is not a headsurgeon program set (no \"format\": \"headsurgeon.programset\"); "
+                           f"{fix}")
+    version = obj.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ProgramError(f"{path}: \"version\" must be a whole number, got {excerpt(version)}; {fix}")
+    items = obj.get("programs", [])
+    if not isinstance(items, list):
+        raise ProgramError(f"{path}: \"programs\" must be a list of entries, got {excerpt(items)}; {fix}")
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProgramError(f"{path}: entry {n} of \"programs\" must be an object, got {excerpt(item)}; {fix}")
+        head = item.get("head")
+        if not isinstance(head, str) or not _HEAD.fullmatch(head):
+            raise ProgramError(f"{path}: entry {n} needs a \"head\" like \"L3H5\", got {excerpt(head)}; {fix}")
+        if "program" not in item:
+            raise ProgramError(f"{path}: entry {n} ({head.strip()}) has no \"program\"; {fix}")
+        scores = item.get("scores", {})
+        if not isinstance(scores, dict) or not all(isinstance(v, dict) for v in scores.values()):
+            raise ProgramError(f"{path}: entry {n} ({head.strip()}): \"scores\" must map each split to an object "
+                               f"of numbers, got {excerpt(scores)}; {fix}")
+        for key in ("source", "hypothesis"):
+            if not isinstance(item.get(key, ""), str):
+                raise ProgramError(f"{path}: entry {n} ({head.strip()}): \"{key}\" must be text; {fix}")
+    if not isinstance(obj.get("meta", {}), dict) or not isinstance(obj.get("model", ""), str):
+        raise ProgramError(f"{path}: \"meta\" must be an object and \"model\" text; {fix}")
+
+
+def load_programs(path: str | Path) -> "ProgramSet":
+    """A ProgramSet from a programs.json given on the command line; every failure is a one-line ProgramError.
+
+    Python programs are only parsed and AST-validated here, never run.
+    """
+    from ..synth.programset import ProgramSet
+
+    path = Path(path)
+    obj = _read_programs_json(path)
+    _check_programs_layout(path, obj)
+    try:
+        return ProgramSet.from_json(obj)
+    except ProgramError as e:
+        raise ProgramError(f"{path}: {_clip(str(e))}") from None
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        raise ProgramError(f"{path} is not a usable program set ({type(e).__name__}: {_clip(str(e), 200)})") from None
+
+
+def require_trust(programs: Any, trust: bool) -> None:
+    """Refuse Python programs unless the user passed --trust-programs: they are untrusted code even in the sandbox."""
+    from .replace import head_name
+
+    python = [head_name(h) for h, program in programs.items() if program.kind == "python"]
+    if python and not trust:
+        raise UntrustedProgramsError(
+            f"the programs for {', '.join(python[:20])}{' ...' if len(python) > 20 else ''} are Python code; "
+            "Python programs run only with --trust-programs (pass it if you trust who wrote this file)")
 
 
 def _load(args: argparse.Namespace):
@@ -39,20 +136,23 @@ def _load(args: argparse.Namespace):
 def cmd_ablate(args: argparse.Namespace) -> int:
     from .ablate import ablate
     from .evaluate import perplexity
-    from .replace import head_name, parse_head
+    from .replace import SurgeryError, head_name, parse_head
 
-    handle, splits = _load(args)
     heads = [parse_head(h) for chunk in args.heads for h in chunk.split(",") if h.strip()]
     groups = [[h] for h in heads] if args.each else [heads]
-    base = perplexity(handle, splits.test, progress=False)
-    rows = [{"heads": "(none)", "kind": "-", "ppl": base, "delta_pct": 0.0}]
     programs = None
     if args.kind == "program":
-        from ..synth.programset import ProgramSet
-
         if not args.programs:
-            raise ValueError("--kind program needs --programs programs.json")
-        programs = ProgramSet.load(args.programs)
+            raise SurgeryError("--kind program needs --programs programs.json")
+        programs = load_programs(args.programs)
+        missing = [head_name(h) for h in heads if h not in programs]
+        if missing:
+            raise SurgeryError(f"{args.programs} has no program for {', '.join(missing[:20])}; ablate only heads "
+                               "it covers")
+        require_trust(programs.subset(heads), args.trust_programs)
+    handle, splits = _load(args)
+    base = perplexity(handle, splits.test, progress=False)
+    rows = [{"heads": "(none)", "kind": "-", "ppl": base, "delta_pct": 0.0}]
     for group in groups:
         with ablate(handle, group, args.kind, reference=splits.synth, programs=programs, seed=args.seed) as hybrid:
             ppl = perplexity(hybrid, splits.test, progress=False)
@@ -68,16 +168,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..synth.programset import ProgramSet
     from .evaluate import per_head_delta_ppl, perplexity, replacement_sweep
     from .replace import head_name, replace_heads
 
+    programs = load_programs(args.programs) if args.programs else None
+    if programs is not None:
+        require_trust(programs, args.trust_programs)
     handle, splits = _load(args)
     base = perplexity(handle, splits.test, progress=False)
     report: dict[str, Any] = {"model": handle.name, "test_sequences": len(splits.test), "ppl": base}
     lines = [f"{handle.name}: perplexity {base:.4f} on {len(splits.test)} test windows"]
-    if args.programs:
-        programs = ProgramSet.load(args.programs)
+    if programs is not None:
         with replace_heads(handle, programs) as hybrid:
             ppl = perplexity(hybrid, splits.test, progress=False)
         report["hybrid_ppl"] = ppl
@@ -112,11 +213,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", default="zero", choices=["zero", "mean", "mean_output", "uniform", "resample", "program"])
     p.add_argument("--each", action="store_true", help="ablate each head on its own instead of all together")
     p.add_argument("--programs", default=None, help="programs.json for --kind program")
+    p.add_argument("--trust-programs", action="store_true",
+                   help="run Python programs from --programs (untrusted code, even in the sandbox; DSL needs no trust)")
     p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("eval", help="perplexity of the model and of the hybrid with programs.json swapped in")
     _common(p)
     p.add_argument("--programs", default=None, help="programs.json (a ProgramSet) to swap in")
+    p.add_argument("--trust-programs", action="store_true",
+                   help="run Python programs from --programs (untrusted code, even in the sandbox; DSL needs no trust)")
     p.add_argument("--per-head", action="store_true", help="also ΔPPL with one head replaced at a time")
     p.add_argument("--sweep", default=None, metavar="PNG", help="run the replacement sweep and plot it here")
     p.set_defaults(func=cmd_eval)

@@ -4,6 +4,7 @@ Splits are made by document, never by window, so that ``synth`` / ``select`` / `
 """
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 
 SPLITS = ("synth", "select", "test")
@@ -19,6 +21,14 @@ _BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
 
 class CorpusError(ValueError):
     """The corpus is empty or unusable; the message says what to change."""
+
+
+def _check_count(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    """Refuse a window setting that is not a whole number >= ``minimum`` with a CorpusError naming it."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise CorpusError(f"{name} must be a whole number >= {minimum}, got {excerpt(value)}")
 
 
 def read_documents(source: str | Path | Iterable[str], separator: str | None = None) -> list[str]:
@@ -76,10 +86,11 @@ def make_sequences(
     """
     handle = model_or_tokenizer if hasattr(model_or_tokenizer, "tokenizer") and hasattr(model_or_tokenizer, "n_ctx") else None
     tokenizer = handle.tokenizer if handle is not None else model_or_tokenizer
+    _check_count("max_len", max_len, 2)
+    _check_count("max_sequences", max_sequences, 1, optional=True)
+    _check_count("min_len", min_len, 1)
     if handle is not None and max_len > handle.n_ctx:
         raise CorpusError(f"max_len={max_len} exceeds the model's context of {handle.n_ctx} tokens; lower max_len")
-    if max_len < 2:
-        raise CorpusError(f"max_len must be at least 2, got {max_len}")
     if prepend_bos is None:
         prepend_bos = handle.prepend_bos if handle is not None else getattr(tokenizer, "bos_token_id", None) is not None
     bos_id = None
@@ -141,7 +152,7 @@ def split_sequences(
 ) -> Splits:
     """Deterministic document-level split; every split gets at least one document when there are three."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or not np.isclose(sum(fractions), 1.0):
-        raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")
+        raise CorpusError(f"fractions must be three non-negative numbers summing to 1, got {excerpt(fractions)}")
     docs = sorted({s.doc for s in sequences})
     if not docs:
         raise CorpusError("cannot split an empty list of sequences")

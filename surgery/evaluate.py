@@ -3,6 +3,7 @@ replacement sweeps with random baselines, and Spearman(IoU, ΔPPL) with a bootst
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence as Seq
@@ -11,10 +12,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from .capture import padded_batch
 from .loading import ModelHandle, load_model
 from .replace import HybridModel, head_name, parse_head, replace_heads
+
+
+class EvaluationError(ValueError):
+    """An evaluation was asked for something it cannot compute (no sequences, bad batch size, no masked-LM head)."""
+
+
+def check_batch_size(batch_size: Any) -> None:
+    """Refuse a batch size that is not a whole number >= 1 (range() would fail or loop on it)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise EvaluationError(f"batch_size must be a whole number of sequences >= 1 (e.g. 16), got "
+                              f"{excerpt(batch_size)}")
 
 
 def _handle_and_call(model: Any) -> tuple[ModelHandle, Any]:
@@ -35,9 +48,11 @@ def perplexity(model: Any, sequences: list[Sequence], batch_size: int = 16, prog
 
     Encoders with a masked-LM head get pseudo-perplexity: each token masked in turn and predicted.
     """
+    check_batch_size(batch_size)
     handle, call = _handle_and_call(model)
     if not sequences:
-        raise ValueError("perplexity needs at least one sequence")
+        raise EvaluationError("perplexity needs at least one sequence; give a corpus with more documents or raise "
+                              "max_sequences")
     _register(model, sequences)
     if not handle.causal:
         return _pseudo_perplexity(handle, call, sequences, batch_size, progress)
@@ -59,7 +74,7 @@ def perplexity(model: Any, sequences: list[Sequence], batch_size: int = 16, prog
             bar.update(len(batch))
     bar.close()
     if count == 0:
-        raise ValueError("no predicted tokens: every sequence has a single token")
+        raise EvaluationError("no predicted tokens: every sequence has a single token; use longer windows")
     return math.exp(total / count)
 
 
@@ -67,8 +82,8 @@ def _pseudo_perplexity(handle: ModelHandle, call: Any, sequences: list[Sequence]
                        progress: bool) -> float:
     mask_id = getattr(handle.tokenizer, "mask_token_id", None)
     if mask_id is None or not handle.is_masked_lm:
-        raise ValueError(f"{handle.name} is bidirectional without a masked-LM head and mask token: "
-                         "perplexity is undefined for it")
+        raise EvaluationError(f"{handle.name} is bidirectional without a masked-LM head and mask token: "
+                              "perplexity is undefined for it")
     total, count = 0.0, 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -115,7 +130,7 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
     heads = [parse_head(h) for h in order] if order is not None else list(items)
     missing = [h for h in heads if h not in items]
     if missing:
-        raise KeyError(f"sweep order names heads without programs: {[head_name(h) for h in missing]}")
+        raise EvaluationError(f"sweep order names heads without programs: {[head_name(h) for h in missing][:20]}")
     rng = np.random.default_rng(seed)
     random_order = [heads[i] for i in rng.permutation(len(heads))]
     cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
@@ -173,7 +188,7 @@ def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     if x.shape != y.shape or x.size < 3:
-        raise ValueError("spearman_ci needs two equally long series of at least 3 values")
+        raise EvaluationError("spearman_ci needs two equally long series of at least 3 values")
     rho = float(spearmanr(x, y).statistic)
     rng = np.random.default_rng(seed)
     boots = []

@@ -202,7 +202,18 @@ def _resolve_tokenizer(tokenizer: Any, default_dir: str | None):
     return tokenizer
 
 
+def _require_model_file(path: str) -> None:
+    """Name a missing or non-file llama2.c checkpoint before anything else (the tokenizer is looked up beside it)."""
+    if not path:
+        raise ModelLoadError("llama2c: names no file; write llama2c:/path/to/model.bin")
+    if not Path(path).expanduser().is_file():
+        what = "is a directory, not a file" if Path(path).expanduser().is_dir() else "does not exist"
+        raise ModelLoadError(f"llama2.c checkpoint not found: {path} {what}; check the path in llama2c:PATH.bin")
+
+
 def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
+    _require_model_file(path)
+    path = str(Path(path).expanduser())
     if tokenizer is None:
         guesses = [p for p in Path(path).parent.glob("*") if p.suffix == ".model" or p.name == "tokenizer.bin"]
         if len(guesses) != 1:

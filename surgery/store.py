@@ -2,19 +2,24 @@
 
 On disk: ``manifest.json`` + ``shard_00000.safetensors`` ...; a shard holds, per sequence ``s`` of the
 shard, ``s{idx}`` = float16 [L, H, n, n] (dense) or ``s{idx}.index`` int32 [L, H, q] (flat i*n+j) and
-``s{idx}.value`` float16 [L, H, q] (top-q). Shards and the manifest are written atomically.
+``s{idx}.value`` float16 [L, H, q] (top-q). Shards and the manifest are written atomically, and the
+manifest records each finished shard's size and sha256 so that a damaged shard is noticed on resume and on read.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import numbers
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 
 FORMAT_VERSION = 1
@@ -22,6 +27,17 @@ FORMAT_VERSION = 1
 
 class StoreError(ValueError):
     """The store directory is missing, incomplete, corrupted or built for other inputs."""
+
+
+def check_settings(mode: str, q_frac: float, shard_size: int) -> None:
+    """Refuse store settings that would fail later (division by zero, top-k past the grid) with a clear StoreError."""
+    if mode not in ("dense", "topq"):
+        raise StoreError(f"mode must be 'dense' or 'topq', got {excerpt(mode)}")
+    if isinstance(shard_size, bool) or not isinstance(shard_size, numbers.Integral) or shard_size < 1:
+        raise StoreError(f"shard_size must be a whole number of sequences >= 1 (e.g. 64), got {excerpt(shard_size)}")
+    if (isinstance(q_frac, bool) or not isinstance(q_frac, numbers.Real) or not math.isfinite(q_frac)
+            or not 0 < q_frac <= 1):
+        raise StoreError(f"q_frac must be a fraction in (0, 1] (e.g. 0.025 keeps the top 2.5%), got {excerpt(q_frac)}")
 
 
 def topq_count(n: int, q_frac: float) -> int:
@@ -47,6 +63,43 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: dict) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def sha256_path(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(path: Path) -> dict:
+    """The parsed manifest.json of a store, or a StoreError naming the file and the fix."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise StoreError(f"{path} is unreadable or corrupted ({excerpt(str(e))}); delete the directory and capture "
+                         "again") from None
+    if not isinstance(meta, dict):
+        raise StoreError(f"{path} is not an attention-store manifest; delete the directory and capture again")
+    return meta
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _shard_records(meta: dict) -> dict[int, dict]:
+    """Well-formed {shard: {"bytes", "sha256"}} records of a manifest; malformed ones are left out."""
+    raw = meta.get("shards")
+    out: dict[int, dict] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, rec in raw.items():
+        if (isinstance(key, str) and key.isdigit() and isinstance(rec, dict) and isinstance(rec.get("bytes"), int)
+                and isinstance(rec.get("sha256"), str) and _SHA256.fullmatch(rec["sha256"])):
+            out[int(key)] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
+    return out
 
 
 SEQUENCES_FILE = "sequences.json"
@@ -79,8 +132,7 @@ class AttentionStore:
     def __init__(self, sequences: list[Sequence], n_layers: int, n_heads: int, mode: str = "dense",
                  q_frac: float = 0.025, causal: bool = True, model_name: str = "", directory: Path | None = None,
                  shard_size: int = 64) -> None:
-        if mode not in ("dense", "topq"):
-            raise ValueError(f"mode must be 'dense' or 'topq', got {mode!r}")
+        check_settings(mode, q_frac, shard_size)
         self.sequences = list(sequences)
         self.n_layers, self.n_heads = int(n_layers), int(n_heads)
         self.mode, self.q_frac, self.causal = mode, float(q_frac), bool(causal)
@@ -88,6 +140,8 @@ class AttentionStore:
         self.directory = Path(directory) if directory is not None else None
         self.shard_size = int(shard_size)
         self._memory: dict[int, dict[str, np.ndarray]] = {}
+        self.shard_records: dict[int, dict] = {}
+        self._hashed: set[int] = set()
         self._shard_cache: tuple[int, dict[str, np.ndarray]] | None = None
 
     # ----------------------------------------------------------------- facts
@@ -120,7 +174,7 @@ class AttentionStore:
 
         n = self.sequences[index].n
         if pattern.shape != (self.n_layers, self.n_heads, n, n):
-            raise ValueError(f"pattern for sequence {index} has shape {pattern.shape}, expected "
+            raise StoreError(f"pattern for sequence {index} has shape {pattern.shape}, expected "
                              f"{(self.n_layers, self.n_heads, n, n)}")
         t = torch.from_numpy(np.ascontiguousarray(pattern))
         if self.mode == "dense":
@@ -133,8 +187,8 @@ class AttentionStore:
             self._memory[index] = entry
         return entry
 
-    def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> None:
-        """Stream the shard to a temp file (no in-memory copy of the whole file), fsync, rename into place."""
+    def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> dict:
+        """Stream the shard to a temp file, fsync, record its size and sha256, rename into place; returns the record."""
         from safetensors.numpy import save_file
 
         path = self.shard_path(shard)
@@ -147,7 +201,11 @@ class AttentionStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            record = {"bytes": os.path.getsize(tmp), "sha256": sha256_path(tmp)}
             os.replace(tmp, path)
+            self.shard_records[shard] = record
+            self._hashed.add(shard)
+            return record
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -160,6 +218,7 @@ class AttentionStore:
             "causal": self.causal, "shard_size": self.shard_size, "n_sequences": len(self.sequences),
             "sequences_file": SEQUENCES_FILE, "sequences_key": sequences_key(self.sequences),
             "done_shards": sorted(set(done_shards)),
+            "shards": {f"{s:05d}": self.shard_records[s] for s in sorted(set(done_shards)) if s in self.shard_records},
         }
 
     def save_manifest(self, done_shards: Iterable[int]) -> None:
@@ -175,8 +234,102 @@ class AttentionStore:
         """Shards already on disk (as recorded by the manifest and present as files)."""
         if self.directory is None or not (self.directory / "manifest.json").is_file():
             return set()
-        done = json.loads((self.directory / "manifest.json").read_text()).get("done_shards", [])
-        return {s for s in done if self.shard_path(s).is_file()}
+        return {s for s in self._listed_shards(read_manifest(self.directory / "manifest.json"))
+                if self.shard_path(s).is_file()}
+
+    def _listed_shards(self, meta: dict) -> set[int]:
+        """The valid shard numbers a manifest lists as done."""
+        done = meta.get("done_shards", [])
+        if not isinstance(done, list):
+            return set()
+        return {s for s in done if isinstance(s, int) and not isinstance(s, bool) and 0 <= s < self.n_shards}
+
+    def adopt_records(self, meta: dict) -> None:
+        """Take the shard sizes and hashes a manifest recorded (when resuming or opening a store)."""
+        self.shard_records.update(_shard_records(meta))
+        self._hashed.clear()
+
+    def damaged_shards(self) -> dict[int, str]:
+        """Shards the manifest lists as done that are missing or damaged, each with what is wrong."""
+        if self.directory is None or not (self.directory / "manifest.json").is_file():
+            return {}
+        out = {}
+        for shard in sorted(self._listed_shards(read_manifest(self.directory / "manifest.json"))):
+            problem = self.shard_problem(shard)
+            if problem:
+                out[shard] = problem
+        return out
+
+    def shard_problem(self, shard: int) -> str | None:
+        """What is wrong with a finished shard (missing, wrong size or hash, unreadable, wrong tensors), or None."""
+        path = self.shard_path(shard)
+        if not path.is_file():
+            return "the file is missing"
+        record = self.shard_records.get(shard)
+        if record is not None:
+            size = path.stat().st_size
+            if size != record["bytes"]:
+                return f"it has {size} bytes, the manifest recorded {record['bytes']}"
+            if sha256_path(path) != record["sha256"]:
+                return "its sha256 differs from the one the manifest recorded"
+            self._hashed.add(shard)
+            return None
+        try:
+            self._parse_shard(shard, path.read_bytes())
+        except StoreError as e:
+            return str(e.args[0])
+        return None
+
+    def _expected_tensors(self, shard: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name → (shape, dtype) of every tensor a shard must hold."""
+        lo, hi = shard * self.shard_size, min((shard + 1) * self.shard_size, len(self.sequences))
+        out: dict[str, tuple[tuple[int, ...], str]] = {}
+        for i in range(lo, hi):
+            n, lh = self.sequences[i].n, (self.n_layers, self.n_heads)
+            if self.mode == "dense":
+                out[f"s{i}"] = ((*lh, n, n), "float16")
+            else:
+                q = topq_count(n, self.q_frac)
+                out[f"s{i}.index"], out[f"s{i}.value"] = ((*lh, q), "int32"), ((*lh, q), "float16")
+        return out
+
+    def _parse_shard(self, shard: int, data: bytes) -> dict[str, np.ndarray]:
+        """Deserialize a shard's bytes and require exactly the expected tensors; problems raise StoreError(reason)."""
+        from safetensors.numpy import load
+
+        try:
+            entries = load(data)
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on damaged files
+            raise StoreError(f"it is not a readable safetensors file ({excerpt(str(e))})") from None
+        want = self._expected_tensors(shard)
+        if set(entries) != set(want):
+            raise StoreError(f"it holds tensors {excerpt(sorted(entries))}, expected {excerpt(sorted(want))}")
+        for name, (shape, dtype) in want.items():
+            if entries[name].shape != shape or entries[name].dtype != np.dtype(dtype):
+                raise StoreError(f"tensor {name} is {entries[name].dtype}{list(entries[name].shape)}, expected "
+                                 f"{dtype}{list(shape)}")
+        return entries
+
+    def read_shard(self, shard: int) -> dict[str, np.ndarray]:
+        """A shard's tensors, checked against the manifest (size; sha256 on this store's first read) and the shapes."""
+        path = self.shard_path(shard)
+        fix = "re-run the same capture command to recompute it"
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise StoreError(f"{path} is unreadable ({e.strerror or e}); {fix}") from None
+        record = self.shard_records.get(shard)
+        if record is not None and len(data) != record["bytes"]:
+            raise StoreError(f"{path} is damaged: it has {len(data)} bytes, the manifest recorded {record['bytes']}; "
+                             f"{fix}")
+        if record is not None and shard not in self._hashed:
+            if hashlib.sha256(data).hexdigest() != record["sha256"]:
+                raise StoreError(f"{path} is damaged: its sha256 differs from the one the manifest recorded; {fix}")
+            self._hashed.add(shard)
+        try:
+            return self._parse_shard(shard, data)
+        except StoreError as e:
+            raise StoreError(f"{path} is damaged: {e.args[0]}; {fix}") from None
 
     @property
     def complete(self) -> bool:
@@ -192,24 +345,39 @@ class AttentionStore:
         path = directory / "manifest.json"
         if not path.is_file():
             raise StoreError(f"{directory} is not an attention store (no manifest.json); run capture first")
-        try:
-            meta = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{path} is corrupted ({e}); delete the directory and capture again") from e
+        meta = read_manifest(path)
         if meta.get("format") != "headsurgeon.attention_store":
             raise StoreError(f"{path} is not an attention-store manifest")
+        if not isinstance(meta.get("version", 0), int):
+            raise StoreError(f"{path} has a malformed version; delete the directory and capture again")
         if meta.get("version", 0) > FORMAT_VERSION:
             raise StoreError(f"{path} has format version {meta['version']}; upgrade headsurgeon to read it")
         seqs = read_sequences(directory)
         if sequences_key(seqs) != meta.get("sequences_key"):
             raise StoreError(f"{directory / SEQUENCES_FILE} does not match its manifest; capture again")
-        store = cls(seqs, meta["n_layers"], meta["n_heads"], meta["mode"], meta["q_frac"], meta["causal"],
-                    meta["model"], directory, meta["shard_size"])
+        try:
+            store = cls(seqs, meta["n_layers"], meta["n_heads"], meta["mode"], meta["q_frac"], meta["causal"],
+                        meta["model"], directory, meta["shard_size"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise StoreError(f"{path} is missing or has malformed settings ({excerpt(str(e))}); delete the directory "
+                             "and capture again") from None
+        store.adopt_records(meta)
         missing = set(range(store.n_shards)) - store.done_shards()
         if missing:
-            raise StoreError(f"{directory} is incomplete: shards {sorted(missing)[:5]} missing; re-run the same "
-                             "capture command to resume")
+            names = ", ".join(store.shard_path(m).name for m in sorted(missing)[:5])
+            raise StoreError(f"{directory} is incomplete: {names}{' ...' if len(missing) > 5 else ''} missing; re-run "
+                             "the same capture command to resume")
+        store._check_sizes()
         return store
+
+    def _check_sizes(self) -> None:
+        """Compare every shard's size with the manifest's record (cheap); hashes are checked when a shard is read."""
+        for shard, record in sorted(self.shard_records.items()):
+            path = self.shard_path(shard)
+            size = path.stat().st_size if path.is_file() else 0
+            if shard < self.n_shards and size != record["bytes"]:
+                raise StoreError(f"{path} is damaged: it has {size} bytes, the manifest recorded {record['bytes']}; "
+                                 "re-run the same capture command to recompute it")
 
     def _entries(self, index: int) -> dict[str, np.ndarray]:
         if not 0 <= index < len(self.sequences):
@@ -220,13 +388,7 @@ class AttentionStore:
             return self._memory[index]
         shard = self.shard_of(index)
         if self._shard_cache is None or self._shard_cache[0] != shard:
-            from safetensors.numpy import load_file
-
-            try:
-                self._shard_cache = (shard, load_file(str(self.shard_path(shard))))
-            except Exception as e:
-                raise StoreError(f"{self.shard_path(shard)} is unreadable ({e}); delete it and re-run capture "
-                                 "to recompute that shard") from e
+            self._shard_cache = (shard, self.read_shard(shard))
         return self._shard_cache[1]
 
     def patterns(self, index: int) -> np.ndarray:

@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from ...cli import non_negative_int, positive_float, positive_int
 from .tasks import TASKS
 
 _SHAPE_FLAGS = {
@@ -130,25 +131,28 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     tr.add_argument("task", choices=TASKS, help="task to train")
     tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/tp/TASK/sSEED)")
-    tr.add_argument("--seed", type=int, default=None, help="seed for initialization, Gumbel noise and data (default 0)")
-    tr.add_argument("--data-seed", type=int, default=None, help="seed for the data only (default: --seed)")
-    tr.add_argument("--epochs", type=int, default=None, help="epochs (default 250; induction 500)")
-    tr.add_argument("--batch-size", type=int, default=None, help="batch size (default 512)")
-    tr.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 5e-2)")
-    tr.add_argument("--tau-init", type=float, default=None, help="initial Gumbel temperature (default 3.0)")
-    tr.add_argument("--tau-end", type=float, default=None, help="final Gumbel temperature (default 0.01)")
-    tr.add_argument("--dataset-size", type=int, default=None, help="unique samples before the split (default 20000)")
-    tr.add_argument("--eval-every", type=int, default=None, help="validate every N epochs, 0 = only at the end")
-    tr.add_argument("--layers", type=int, default=None, help="override the number of layers")
-    tr.add_argument("--heads-cat", type=int, default=None, help="override categorical heads per layer")
-    tr.add_argument("--heads-num", type=int, default=None, help="override numerical heads per layer")
-    tr.add_argument("--cat-mlps", type=int, default=None, help="override categorical MLPs per layer")
-    tr.add_argument("--num-mlps", type=int, default=None, help="override numerical MLPs per layer")
-    tr.add_argument("--d-mlp", type=int, default=None, help="MLP hidden width (default 64)")
+    tr.add_argument("--seed", type=non_negative_int, default=None,
+                    help="seed for initialization, Gumbel noise and data (default 0)")
+    tr.add_argument("--data-seed", type=non_negative_int, default=None, help="seed for the data only (default: --seed)")
+    tr.add_argument("--epochs", type=positive_int, default=None, help="epochs (default 250; induction 500)")
+    tr.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default 512)")
+    tr.add_argument("--lr", type=positive_float, default=None, help="Adam learning rate (default 5e-2)")
+    tr.add_argument("--tau-init", type=positive_float, default=None, help="initial Gumbel temperature (default 3.0)")
+    tr.add_argument("--tau-end", type=positive_float, default=None, help="final Gumbel temperature (default 0.01)")
+    tr.add_argument("--dataset-size", type=positive_int, default=None,
+                    help="unique samples before the split (default 20000)")
+    tr.add_argument("--eval-every", type=non_negative_int, default=None,
+                    help="validate every N epochs, 0 = only at the end")
+    tr.add_argument("--layers", type=positive_int, default=None, help="override the number of layers")
+    tr.add_argument("--heads-cat", type=non_negative_int, default=None, help="override categorical heads per layer")
+    tr.add_argument("--heads-num", type=non_negative_int, default=None, help="override numerical heads per layer")
+    tr.add_argument("--cat-mlps", type=non_negative_int, default=None, help="override categorical MLPs per layer")
+    tr.add_argument("--num-mlps", type=non_negative_int, default=None, help="override numerical MLPs per layer")
+    tr.add_argument("--d-mlp", type=positive_int, default=None, help="MLP hidden width (default 64)")
     tr.add_argument("--count-only", action="store_true",
                     help="numerical heads only count matching keys (default: per task, the variant "
                          "benchmarks/tp.py measured; most_freq and dyck2 sum a gated numerical variable)")
-    tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    tr.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     tr.set_defaults(func=cmd_train)
 
