@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["push_hybrid", "download_hybrid", "parse_hf_url", "HF_SCHEME"]
+__all__ = ["push_hybrid", "download_hybrid", "parse_hf_url", "snapshot_blobs", "HF_SCHEME"]
 
 HF_SCHEME = "hf://"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
@@ -38,6 +38,19 @@ def download_hybrid(url: str, revision: str | None = None, endpoint: str | None 
     path = snapshot_download(repo_id, revision=revision or url_revision, endpoint=endpoint, token=token,
                              cache_dir=str(cache_dir) if cache_dir is not None else None)
     return Path(path)
+
+
+def snapshot_blobs(snapshot: Path) -> Path | None:
+    """The Hub cache's blobs folder that the files of a downloaded snapshot link into, or None for a plain folder.
+
+    A snapshot lives at ``<repo cache>/snapshots/<commit>`` and its files are symlinks to ``<repo cache>/blobs/``;
+    these links (and only these) are what ``load_hybrid`` follows in a checkpoint from the Hub.
+    """
+    snapshot = Path(snapshot)
+    blobs = snapshot.parent.parent / "blobs"
+    if snapshot.parent.name != "snapshots" or blobs.is_symlink() or not blobs.is_dir():
+        return None
+    return blobs
 
 
 def push_hybrid(hybrid: Any, repo_id: str, token: str | None = None, private: bool = False,

@@ -186,8 +186,8 @@ def as_provider(source: Any, cache: TensorCache | None = None) -> Any:
         return ProgramPatterns(source, cache)
     if isinstance(source, str):
         return ProgramPatterns(Program.parse(source), cache)
-    if isinstance(source, dict):
-        return ProgramPatterns(Program.from_json(source), cache)
+    if isinstance(source, dict):  # program JSON is DSL only: Python programs come as Program.python(source)
+        return ProgramPatterns(Program.from_dsl_json(source), cache)
     if isinstance(source, PatternProvider) or getattr(source, "output_level", False):
         return source
     raise TypeError(f"cannot replace a head with a {type(source).__name__}: give a Program, DSL text, program "

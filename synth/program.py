@@ -23,7 +23,7 @@ import numpy as np
 from headsurgeon.kernels.normalize import normalize_scores
 
 from . import dsl
-from .errors import ProgramExecutionError, ProgramValidationError
+from .errors import ProgramExecutionError, ProgramValidationError, excerpt
 from .sequence import Sequence, pad_ids
 
 __all__ = ["Program"]
@@ -43,6 +43,25 @@ def _sandbox() -> Any:
     return sandbox
 
 
+def _json_document(obj: Any) -> Any:
+    """Parse a JSON string or bytes (objects pass through), with a ProgramValidationError for bad JSON."""
+    if not isinstance(obj, (str, bytes, bytearray)):
+        return obj
+    try:
+        return json.loads(obj)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ProgramValidationError(f"program JSON does not parse: {excerpt(str(e))}") from None
+
+
+def _python_field(obj: Any) -> str | None:
+    """The source of a ``{"python": source}`` record, or None when ``obj`` is not one."""
+    if not (isinstance(obj, dict) and len(obj) == 1 and "python" in obj):
+        return None
+    if not isinstance(obj["python"], str):
+        raise ProgramValidationError('{"python": ...} must hold the source as a string')
+    return obj["python"]
+
+
 def _normalize_source(source: str) -> str:
     """Canonical Python source: LF line endings, no trailing whitespace, one final newline."""
     lines = source.replace("\r\n", "\n").replace("\r", "\n").split("\n")
@@ -56,7 +75,7 @@ class Program:
     __slots__ = ("kind", "text", "hash", "_node", "_canonical")
 
     def __init__(self, kind: str, text: str, node: dsl.Node | None, canonical: str) -> None:
-        """Internal: use ``Program.parse``, ``Program.from_json``, ``Program.python`` or ``Program.from_node``."""
+        """Internal: use ``Program.parse``, ``from_dsl_json``, ``from_json``, ``python`` or ``from_node``."""
         self.kind = kind
         self.text = text
         self._node = node
@@ -85,23 +104,38 @@ class Program:
         return cls("python", source, None, "python:" + source)
 
     @classmethod
-    def from_json(cls, obj: Any) -> "Program":
-        """From ``to_json()`` output (object or JSON string): DSL JSON, ``{"dsl": text}`` or ``{"python": src}``."""
-        if isinstance(obj, (str, bytes)):
-            try:
-                obj = json.loads(obj)
-            except json.JSONDecodeError as e:
-                raise ProgramValidationError(f"program JSON does not parse: {e}") from None
-        if isinstance(obj, dict) and len(obj) == 1:
-            (key, value), = obj.items()
-            if key == "python":
-                if not isinstance(value, str):
-                    raise ProgramValidationError('{"python": ...} must hold the source as a string')
-                return cls.python(value)
-            if key == "dsl":
-                if isinstance(value, str):
-                    return cls.parse(value)
-                return cls.from_node(dsl.from_json(value))
+    def from_json(cls, obj: Any, *, kind: str | None = None) -> "Program":
+        """From ``to_json()`` output, the record form (DSL JSON, ``{"dsl": text}`` or ``{"python": src}``).
+
+        ``kind="dsl"`` or ``kind="python"`` pins what the document must hold (a mismatch is a
+        ProgramValidationError); ``kind=None`` accepts either, for programs.json and agent journals.
+        A Python program is only AST-validated here, never executed.
+        """
+        if kind is None:
+            obj = _json_document(obj)
+            source = _python_field(obj)
+            return cls.from_dsl_json(obj) if source is None else cls.python(source)
+        if kind == "dsl":
+            return cls.from_dsl_json(obj)
+        if kind == "python":
+            source = _python_field(_json_document(obj))
+            if source is None:
+                raise ProgramValidationError('expected a Python program {"python": source}, got a DSL document')
+            return cls.python(source)
+        raise ProgramValidationError(f"unknown program kind {excerpt(kind)}: expected 'dsl' or 'python'")
+
+    @classmethod
+    def from_dsl_json(cls, obj: Any) -> "Program":
+        """A DSL program from DSL JSON (tree or ``{"dsl": text}``); never returns Python, whatever the input holds."""
+        obj = _json_document(obj)
+        if isinstance(obj, dict) and "python" in obj:
+            raise ProgramValidationError(
+                'a DSL program document holds {"python": ...}: DSL JSON can never carry Python source; '
+                "load Python programs with Program.python (or as a trusted Python program file)"
+            )
+        if isinstance(obj, dict) and len(obj) == 1 and "dsl" in obj:
+            value = obj["dsl"]
+            return cls.parse(value) if isinstance(value, str) else cls.from_node(dsl.from_json(value))
         return cls.from_node(dsl.from_json(obj))
 
     # ---------------------------------------------------------------- properties

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ProgramError
+from .errors import ProgramError, excerpt
 from .program import Program
 
 FORMAT = "headsurgeon.programset"
@@ -34,6 +34,14 @@ def head_key(head: Any) -> tuple[int, int]:
 
 def head_label(head: tuple[int, int]) -> str:
     return f"L{head[0]}H{head[1]}"
+
+
+def _declared_kind(item: dict) -> str | None:
+    """The entry's declared program kind ("dsl" / "python"), which its program must match; None if absent."""
+    kind = item.get("kind")
+    if kind is None or kind in ("dsl", "python"):
+        return kind
+    raise ProgramError(f"unknown program kind {excerpt(kind)}: expected 'dsl' or 'python'")
 
 
 @dataclass
@@ -82,6 +90,20 @@ class ProgramSet:
         self.entries[head_key(head)] = Entry(program, source, dict(scores or {}), hypothesis)
         self.entries = dict(sorted(self.entries.items()))
 
+    def require_trusted(self, trust_programs: Any = False) -> None:
+        """Refuse Python programs unless trusted (True, or their hashes): programs.json files from others hold them."""
+        if trust_programs is True:
+            return
+        allowed = {trust_programs} if isinstance(trust_programs, str) else set(trust_programs or ())
+        untrusted = [(h, e.program.hash) for h, e in self.entries.items()
+                     if e.program.kind == "python" and e.program.hash not in allowed]
+        if untrusted:
+            heads = ", ".join(f"{head_label(h)} ({digest})" for h, digest in untrusted[:5])
+            more = f" and {len(untrusted) - 5} more" if len(untrusted) > 5 else ""
+            raise ProgramError(f"this program set holds Python programs for {heads}{more}; Python programs run only "
+                               "when trusted: read them, then trust them (--trust-programs, or trust_programs=True "
+                               "or a set of their hashes)")
+
     def ranked(self, split: str = "test", metric: str = "iou") -> list[tuple[int, int]]:
         """Heads from best to worst on ``split`` (IoU descending; JSD ascending)."""
         sign = -1 if metric in ("iou", "topq") else 1
@@ -124,9 +146,10 @@ class ProgramSet:
         for item in obj.get("programs", []):
             head = head_key(item["head"])
             try:
-                program = Program.from_json(item["program"])
+                kind = _declared_kind(item)
+                program = Program.from_json(item["program"], kind=kind)
             except ProgramError as e:
-                raise ProgramError(f"program for {item['head']} is invalid: {e}") from e
+                raise ProgramError(f"program for {head_label(head)} is invalid: {e}") from e
             entries[head] = Entry(program, item.get("source", "unknown"), item.get("scores", {}),
                                   item.get("hypothesis", ""))
         return cls(entries, obj.get("model", ""), obj.get("meta", {}))
