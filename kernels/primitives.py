@@ -105,16 +105,22 @@ def _score_first(lengths, n, causal, out):  # pragma: no cover - compiled
 
 @njit(parallel=True, cache=True)
 def _score_window(lengths, n, lo, hi, causal, out):  # pragma: no cover - compiled
-    """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead)."""
+    """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead).
+
+    The offsets are clipped to the keys that exist (0 <= j < length, j <= i when causal), so a row
+    costs at most ``length`` steps whatever ``lo`` and ``hi`` are.
+    """
     nb = lengths.shape[0]
     for b in prange(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
-            for d in range(lo, hi + 1):
-                j = i - d
-                if 0 <= j < length and (not causal or j <= i):
-                    out[b, i, j] = 1.0
+            dlo = max(lo, i - length + 1)
+            if causal:
+                dlo = max(dlo, 0)
+            dhi = min(hi, i)
+            for d in range(dlo, dhi + 1):
+                out[b, i, i - d] = 1.0
 
 
 @njit(parallel=True, cache=True)
@@ -371,6 +377,12 @@ def _buffer(out, shape) -> np.ndarray:
     return out
 
 
+def _clip_offset(offset: int, n: int) -> int:
+    """``offset`` clipped to [-(n+1), n+1]: offsets past the sequence select nothing either way, and the
+    kernels then never see a value outside int64."""
+    return max(-(n + 1), min(int(offset), n + 1))
+
+
 def score_self(lengths, n, causal, out=None) -> np.ndarray:
     """Each query attends to itself."""
     out = _buffer(out, (lengths.shape[0], n, n))
@@ -381,14 +393,14 @@ def score_self(lengths, n, causal, out=None) -> np.ndarray:
 def score_prev(lengths, n, k, causal, out=None) -> np.ndarray:
     """Query i attends to key i-k (k >= 1)."""
     out = _buffer(out, (lengths.shape[0], n, n))
-    _score_prev(lengths, n, k, causal, out)
+    _score_prev(lengths, n, _clip_offset(k, n), causal, out)
     return out
 
 
 def score_next(lengths, n, k, causal, out=None) -> np.ndarray:
     """Query i attends to key i+k (encoders; empty under a causal mask)."""
     out = _buffer(out, (lengths.shape[0], n, n))
-    _score_next(lengths, n, k, causal, out)
+    _score_next(lengths, n, _clip_offset(k, n), causal, out)
     return out
 
 
@@ -400,9 +412,12 @@ def score_first(lengths, n, causal, out=None) -> np.ndarray:
 
 
 def score_window(lengths, n, lo, hi, causal, out=None) -> np.ndarray:
-    """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead)."""
+    """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead).
+
+    Work per row is at most the sequence length, whatever the offsets.
+    """
     out = _buffer(out, (lengths.shape[0], n, n))
-    _score_window(lengths, n, lo, hi, causal, out)
+    _score_window(lengths, n, _clip_offset(lo, n), _clip_offset(hi, n), causal, out)
     return out
 
 

@@ -74,6 +74,47 @@ Combinators:
 
 Evaluation composes the kernels; ``evaluate`` finally applies ``normalize_scores`` (mask, clip, row
 normalization, empty rows to position 0).
+
+Bounds. Every parameter is bounded and every program has a cost bound, so that a program from anyone (a
+checkpoint, programs.json, an LLM reply) does at most O(B x N x N x MAX_COST) work. The checks run while
+text or JSON is read (before large structures are built) and in ``validate``, which ``to_text``,
+``to_json``, ``canonical_json`` (so ``Program.from_node``) and evaluation call on trees built in code.
+A violation is a ``ProgramValidationError`` naming the parameter, the bound and the fix:
+
+=====================================  ==========================================================================
+parameter (kind)                       bound
+=====================================  ==========================================================================
+``prev(k)``, ``next(k)`` (offset)      1 <= k <= MAX_OFFSET (4096)
+``window(a, b)`` (int)                 -MAX_OFFSET (-4096) <= a <= b <= MAX_OFFSET (4096)
+``decay(rate)`` (rate)                 0 < rate <= 1
+``ids=[..]`` (ids)                     1 to MAX_IDS (65536) token ids, each 0..MAX_VALUE (2**30)
+``recent(PRED)`` (pred)                a flag, a POS tag, or ids=[..] of 1 to MAX_IDS (65536) token ids
+``match(q=, k=)`` (feature)            one of MATCH_FEATURES
+``match(select=)`` (select)            closest or all
+``tail``, ``default`` (nonneg)         0 <= x <= MAX_WEIGHT (1e30)
+``profile(bos=)`` (optnonneg)          absent, or 0 <= x <= MAX_WEIGHT (1e30)
+``profile(w=)`` (weights)              1 to MAX_PROFILE (4096) weights, each 0..MAX_WEIGHT (1e30)
+``key_weight(w=)`` (idweights)         1 to MAX_IDS (65536) [token id, weight] entries
+``class_weight(q=, k=)`` (idclasses)   1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) token ids in all
+``class_weight(w=)`` (matrix)          len(q) rows of len(k) weights (at most 256 x 256), each 0..MAX_WEIGHT (1e30)
+``match(pairs=)`` (pairs)              1 to MAX_PAIRS (4096) pairs of values within +-MAX_VALUE (2**30)
+``w1*A + w2*B`` (mix)                  1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)
+``fallback(A, B, ..)``                 2 to MAX_NODES arguments
+``gate(PRED, A, B)``                   PRED as for recent; ids=[..]: 1 to MAX_IDS (65536) token ids
+``sharpen(A, t, by=..)``               0 < t <= MAX_EXPONENT (1e6); by: 1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) ids in all
+``mul(A, B, ..)``                      2 to MAX_NODES arguments
+program text or JSON document          at most MAX_TEXT_CHARS (4,000,000) characters
+one number, name or string literal     at most MAX_LITERAL_CHARS (64) characters
+nesting                                MAX_DEPTH (64) expressions, MAX_LIST_DEPTH (4) levels of [lists]
+size                                   at most MAX_NODES (256) nodes
+cost                                   at most MAX_COST (512) (``cost``: estimated passes over the score cells)
+=====================================  ==========================================================================
+
+The cost of a program (``cost``) is the sum of ``PRIMITIVE_COST`` over its primitives and
+``COMBINATOR_COST`` over its combinators (per term or argument for mix, fallback and mul): each unit is
+about one pass over the B x N x N score cells. Every kernel does O(N) work per query row whatever its
+parameters (windows and offsets are clipped to the sequence), so an accepted program costs
+O(cells x MAX_COST) per batch.
 """
 from __future__ import annotations
 
@@ -81,7 +122,8 @@ import json
 import math
 import re
 import threading
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -90,20 +132,33 @@ import numpy as np
 from headsurgeon.kernels import primitives as K
 from headsurgeon.kernels.normalize import normalize_scores
 
-from .errors import ProgramValidationError
+from .errors import ProgramValidationError, excerpt
 
 __all__ = [
     "Prim", "Mix", "Fallback", "Gate", "Sharpen", "Mul", "Pred", "Node",
-    "parse", "to_text", "from_json", "to_json", "canonical_json", "features_needed",
-    "evaluate_scores", "evaluate", "PRIMITIVES", "COMBINATORS", "FLAGS", "MATCH_FEATURES",
-    "KNOWN_POS_TAGS", "clear_scratch",
+    "parse", "to_text", "from_json", "to_json", "canonical_json", "json_loads", "validate", "cost",
+    "features_needed", "evaluate_scores", "evaluate", "PRIMITIVES", "COMBINATORS", "FLAGS", "MATCH_FEATURES",
+    "KNOWN_POS_TAGS", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "PRIMITIVE_COST", "COMBINATOR_COST", "clear_scratch",
+    "MAX_OFFSET", "MAX_VALUE", "MAX_IDS", "MAX_CLASSES", "MAX_PAIRS", "MAX_PROFILE", "MAX_WEIGHT",
+    "MAX_EXPONENT", "MAX_TEXT_CHARS", "MAX_LITERAL_CHARS", "MAX_DEPTH", "MAX_LIST_DEPTH", "MAX_NODES",
+    "MAX_COST",
 ]
 
-MAX_DEPTH = 64
-MAX_NODES = 20_000
-MAX_OFFSET = 1 << 30
-MAX_WEIGHTS = 100_000
-MAX_WEIGHT = 1e30
+# The bounds of the table in the module docstring (a test checks that the two agree).
+MAX_OFFSET = 4096  # prev/next/window offsets: the longest context a dense [N, N] score matrix is built for
+MAX_VALUE = 1 << 30  # token ids and match values
+MAX_IDS = 65_536  # token ids in one id list or table (a whole vocabulary of most models)
+MAX_CLASSES = 256  # token classes of class_weight (each side) and sharpen(by=...)
+MAX_PAIRS = 4096  # match pairs (the match table has at most MAX_PAIRS**2 cells: 16 MiB)
+MAX_PROFILE = MAX_OFFSET  # profile weights
+MAX_WEIGHT = 1e30  # score and mix weights (kernels compute in float32)
+MAX_EXPONENT = 1e6  # sharpen exponents
+MAX_TEXT_CHARS = 4_000_000  # program text or JSON document
+MAX_LITERAL_CHARS = 64  # one number, name or string in the text form
+MAX_DEPTH = 64  # nested expressions
+MAX_LIST_DEPTH = 4  # nested [lists] in a parameter value
+MAX_NODES = 256  # nodes (primitives and combinators) of one program
+MAX_COST = 512  # the sum of PRIMITIVE_COST / COMBINATOR_COST over the tree
 
 FLAGS = ("punct", "sent_end", "newline", "cap", "word_start")
 MATCH_FEATURES = (
@@ -150,6 +205,41 @@ PRIMITIVES: dict[str, tuple[tuple[str, str, Any], ...]] = {
               ("select", "select", "closest")),
 }
 COMBINATORS = ("mix", "fallback", "gate", "sharpen", "mul")
+
+# parameter kind -> its bound, as written in the module docstring's table
+KIND_BOUNDS: dict[str, str] = {
+    "offset": "1 <= k <= MAX_OFFSET (4096)",
+    "int": "-MAX_OFFSET (-4096) <= a <= b <= MAX_OFFSET (4096)",
+    "rate": "0 < rate <= 1",
+    "ids": "1 to MAX_IDS (65536) token ids, each 0..MAX_VALUE (2**30)",
+    "pred": "a flag, a POS tag, or ids=[..] of 1 to MAX_IDS (65536) token ids",
+    "feature": "one of MATCH_FEATURES",
+    "select": "closest or all",
+    "nonneg": "0 <= x <= MAX_WEIGHT (1e30)",
+    "optnonneg": "absent, or 0 <= x <= MAX_WEIGHT (1e30)",
+    "weights": "1 to MAX_PROFILE (4096) weights, each 0..MAX_WEIGHT (1e30)",
+    "idweights": "1 to MAX_IDS (65536) [token id, weight] entries",
+    "idclasses": "1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) token ids in all",
+    "matrix": "len(q) rows of len(k) weights (at most 256 x 256), each 0..MAX_WEIGHT (1e30)",
+    "pairs": "1 to MAX_PAIRS (4096) pairs of values within +-MAX_VALUE (2**30)",
+}
+COMBINATOR_BOUNDS: dict[str, str] = {
+    "mix": "1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)",
+    "fallback": "2 to MAX_NODES arguments",
+    "gate": "PRED as for recent; ids=[..]: 1 to MAX_IDS (65536) token ids",
+    "sharpen": "0 < t <= MAX_EXPONENT (1e6); by: 1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) ids in all",
+    "mul": "2 to MAX_NODES arguments",
+}
+
+# Estimated passes over the B x N x N score cells: a primitive's kernel (plus its lookups) ...
+PRIMITIVE_COST: dict[str, int] = {
+    "self": 1, "first": 1, "uniform": 1, "none": 1, "same_token": 1, "same_token_recent": 1, "induction": 1,
+    "sentence_start": 1, "word_start": 1, "same_word": 1, "dep_head": 1, "dep_children": 1, "prev": 1,
+    "next": 1, "window": 1, "decay": 1, "key_in_set": 1, "recent": 1, "profile": 1, "key_weight": 2,
+    "class_weight": 2, "match": 2,
+}
+# ... and a combinator's own work (mix: per term, fallback: per argument, mul: per argument).
+COMBINATOR_COST: dict[str, int] = {"mix": 1, "fallback": 2, "gate": 2, "sharpen": 4, "mul": 1}
 
 _PRIM_FEATURES = {
     "sentence_start": ("sent",),
@@ -233,25 +323,85 @@ Node = Union[Prim, Mix, Fallback, Gate, Sharpen, Mul]
 
 
 # --------------------------------------------------------------------------------------------
-# parameter checking (shared by the text parser and the JSON reader)
+# quoting hostile input in error messages
 # --------------------------------------------------------------------------------------------
 
-def _as_int(value: Any, what: str) -> int:
+class _Raw(str):
+    """A string that ``repr`` shows as is (placeholders inside clipped values)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+_CLIP_ITEMS = 6
+
+
+def _clip(value: Any, depth: int = 0) -> Any:
+    """A small stand-in for ``value`` (few items, shallow, short strings) that is cheap and safe to ``repr``."""
+    if value is None or isinstance(value, (bool, float, np.floating)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+        return v if v.bit_length() <= 64 else _Raw(f"<an integer of {v.bit_length()} bits>")
+    if isinstance(value, str):
+        return value if len(value) <= 60 else _Raw(repr(value[:60]) + f"... ({len(value)} characters)")
+    if isinstance(value, (list, tuple)):
+        if depth >= 2:
+            return _Raw("[...]")
+        items = [_clip(v, depth + 1) for v in value[:_CLIP_ITEMS]]
+        return items + [_Raw(f"... ({len(value)} items)")] if len(value) > _CLIP_ITEMS else items
+    if isinstance(value, dict):
+        if depth >= 2:
+            return _Raw("{...}")
+        out = {_Raw(repr(_clip(k, 2))): _clip(v, depth + 1) for k, v in list(value.items())[:_CLIP_ITEMS]}
+        if len(value) > _CLIP_ITEMS:
+            out[_Raw("...")] = _Raw(f"({len(value)} keys)")
+        return out
+    return _Raw(f"<{type(value).__name__}>")
+
+
+def _show(value: Any) -> str:
+    """Quote an input value in an error message: at most about 200 characters, whatever its size or depth."""
+    clipped = _clip(value)
+    return str(clipped) if isinstance(clipped, _Raw) else excerpt(clipped)
+
+
+# --------------------------------------------------------------------------------------------
+# parameter checking (shared by the text parser, the JSON reader and ``validate``)
+# --------------------------------------------------------------------------------------------
+
+def _as_int(value: Any, what: str, limit: int | None = MAX_VALUE, bound: str = "MAX_VALUE") -> int:
+    """An integer (integral floats accepted) with |value| <= ``limit`` (None: the caller checks the range)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise _err(f"{what} must be an integer; got {value!r}")
+        raise _err(f"{what} must be an integer; got {_show(value)}")
     if isinstance(value, (float, np.floating)):
         if not math.isfinite(value) or value != int(value):
-            raise _err(f"{what} must be an integer; got {value!r}")
+            raise _err(f"{what} must be an integer; got {_show(value)}")
     v = int(value)
-    if abs(v) > MAX_OFFSET:
-        raise _err(f"{what} must lie within +-{MAX_OFFSET}; got {v}")
+    if limit is not None and abs(v) > limit:
+        raise _err(f"{what} must lie within -{limit}..{limit} ({bound}); got {_show(v)}")
+    return v
+
+
+def _as_offset(value: Any, what: str, low: int) -> int:
+    """A position offset in low..MAX_OFFSET (kernels clip offsets to the sequence, so larger ones add nothing)."""
+    v = _as_int(value, what, None)
+    if low >= 1 and v < low:
+        raise _err(f"{what} needs an offset >= 1 (use self() for offset 0); got {_show(v)}")
+    if not low <= v <= MAX_OFFSET:
+        raise _err(f"{what} must lie in {low}..{MAX_OFFSET} (MAX_OFFSET, the longest context the DSL addresses); "
+                   f"got {_show(v)}: use a smaller offset, or uniform() / profile(w=[..], tail=t) for distant keys")
     return v
 
 
 def _as_float(value: Any, what: str) -> float:
+    """A finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise _err(f"{what} must be a number; got {value!r}")
-    v = float(value)
+        raise _err(f"{what} must be a number; got {_show(value)}")
+    try:
+        v = float(value)
+    except OverflowError:
+        raise _err(f"{what} must be finite; got {_show(value)}") from None
     if not math.isfinite(v):
         raise _err(f"{what} must be finite; got {v!r}")
     return v
@@ -263,13 +413,23 @@ def _as_weight(value: Any, what: str) -> float:
     if v < 0.0:
         raise _err(f"{what} must be >= 0; got {v}")
     if v > MAX_WEIGHT:
-        raise _err(f"{what} must be at most {MAX_WEIGHT:g} (scores are float32); got {v}")
+        raise _err(f"{what} must be at most {MAX_WEIGHT:g} (MAX_WEIGHT; scores are float32); got {v}")
     return v
 
 
-def _as_ids(value: Any, what: str) -> tuple[int, ...]:
+def _as_list(value: Any, what: str, limit: int, bound: str, example: str, noun: str) -> Sequence:
+    """A non-empty list or tuple of at most ``limit`` items, checked before any item is read."""
     if not isinstance(value, (list, tuple)) or not value:
-        raise _err(f"{what} must be a non-empty list of token ids, e.g. ids=[3, 17]; got {value!r}")
+        raise _err(f"{what} must be a non-empty list of {noun}, e.g. {example}; got {_show(value)}")
+    if len(value) > limit:
+        raise _err(f"{what} lists {len(value)} {noun}; at most {limit} are allowed ({bound}): keep the ones "
+                   "that matter, or split the program")
+    return value
+
+
+def _as_ids(value: Any, what: str, limit: int = MAX_IDS) -> tuple[int, ...]:
+    """A sorted, deduplicated tuple of 1..``limit`` token ids, each 0..MAX_VALUE."""
+    _as_list(value, what, limit, "MAX_IDS", "ids=[3, 17]", "token ids")
     ids = sorted({_as_int(v, f"{what} entry") for v in value})
     if ids[0] < 0:
         raise _err(f"{what} must hold token ids >= 0; got {ids[0]}")
@@ -277,8 +437,9 @@ def _as_ids(value: Any, what: str) -> tuple[int, ...]:
 
 
 def _as_pos_tag(value: Any, what: str) -> str:
-    if not isinstance(value, str) or value.upper() not in KNOWN_POS_TAGS:
-        raise _err(f"{what} must be a POS tag, one of {', '.join(KNOWN_POS_TAGS)}; got {value!r}")
+    """A known POS tag name, upper-cased."""
+    if not isinstance(value, str) or len(value) > MAX_LITERAL_CHARS or value.upper() not in KNOWN_POS_TAGS:
+        raise _err(f"{what} must be a POS tag, one of {', '.join(KNOWN_POS_TAGS)}; got {_show(value)}")
     return value.upper()
 
 
@@ -292,16 +453,90 @@ def _sort_key(value: Any) -> tuple:
     return (0, value, "") if isinstance(value, int) else (1, 0, value)
 
 
+def _check_weights(value: Any, what: str) -> tuple[float, ...]:
+    """profile(w=...): 1..MAX_PROFILE weights."""
+    _as_list(value, what, MAX_PROFILE, "MAX_PROFILE", "w=[1, 0.5]", "weights")
+    return tuple(_as_weight(x, f"{what} weight") for x in value)
+
+
+def _check_idweights(value: Any, what: str) -> tuple[tuple[int, float], ...]:
+    """key_weight(w=...): 1..MAX_IDS [token id, weight] entries, each id once."""
+    _as_list(value, what, MAX_IDS, "MAX_IDS", "w=[[13, 2.5]]", "[token id, weight] entries")
+    table: dict[int, float] = {}
+    for item in value:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise _err(f"{what}: each entry must be [token id, weight]; got {_show(item)}")
+        tid = _as_int(item[0], f"{what} token id")
+        if tid < 0:
+            raise _err(f"{what} token ids must be >= 0; got {tid}")
+        wt = _as_weight(item[1], f"{what} weight for token {tid}")
+        if tid in table:
+            raise _err(f"{what} lists token id {tid} twice")
+        table[tid] = wt
+    return tuple(sorted(table.items()))
+
+
+def _check_idclasses(value: Any, what: str) -> tuple[tuple[int, ...], ...]:
+    """class_weight(q=/k=...): 1..MAX_CLASSES disjoint id classes, MAX_IDS ids in all."""
+    _as_list(value, what, MAX_CLASSES, "MAX_CLASSES", "[[3, 17], [5]]", "token classes (lists of ids)")
+    classes, seen = [], set()
+    for c, item in enumerate(value):
+        ids = _check_class_ids(item, f"{what} class {c}", seen)
+        classes.append(ids)
+    return tuple(classes)
+
+
+def _check_class_ids(item: Any, what: str, seen: set[int]) -> tuple[int, ...]:
+    """One class of a disjoint class list: its ids, within what is left of MAX_IDS; adds them to ``seen``."""
+    left = MAX_IDS - len(seen)
+    if isinstance(item, (list, tuple)) and len(item) > left:
+        raise _err(f"{what} brings the classes past {MAX_IDS} token ids in all (MAX_IDS); list fewer ids")
+    ids = _as_ids(item, what)
+    clash = seen.intersection(ids)
+    if clash:
+        raise _err(f"{what.rsplit(' class', 1)[0]} lists token id {min(clash)} in two classes; "
+                   "the classes must be disjoint")
+    seen.update(ids)
+    return ids
+
+
+def _check_matrix(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tuple[float, ...], ...]:
+    """class_weight(w=...): len(q) rows of len(k) weights."""
+    nq, nk = len(others.get("q", ())), len(others.get("k", ()))
+    if (not isinstance(value, (list, tuple)) or len(value) != nq
+            or any(not isinstance(r, (list, tuple)) or len(r) != nk for r in value)):
+        raise _err(f"{what} must be a table of {nq} rows (query classes) of {nk} weights (key classes) "
+                   f"each; got {_show(value)}")
+    return tuple(tuple(_as_weight(x, f"{what} weight") for x in r) for r in value)
+
+
+def _check_pairs(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tuple[Any, Any], ...]:
+    """match(pairs=...): 1..MAX_PAIRS [query value, key value] pairs, canonically sorted."""
+    _as_list(value, what, MAX_PAIRS, "MAX_PAIRS", "pairs=[[3, 4]]", "[query value, key value] pairs")
+    qf, kf = others.get("q"), others.get("k")
+    pairs = set()
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise _err(f"{what}: each pair must be [query value, key value]; got {_show(pair)}")
+        pairs.add((_pair_value(pair[0], qf, f"{what} query value"),
+                   _pair_value(pair[1], kf, f"{what} key value")))
+    return tuple(sorted(pairs, key=lambda p: (_sort_key(p[0]), _sort_key(p[1]))))
+
+
+def _check_choice(value: Any, what: str, choices: tuple[str, ...], noun: str) -> str:
+    """One of a fixed set of names."""
+    if not isinstance(value, str) or value not in choices:
+        raise _err(f"{what} must be {noun}, one of {', '.join(choices)}; got {_show(value)}")
+    return value
+
+
 def _check_param(prim: str, name: str, kind: str, value: Any, others: Mapping[str, Any]) -> Any:
-    """Validate and canonicalize one parameter value."""
+    """Validate and canonicalize one parameter value against its kind's bound (``KIND_BOUNDS``)."""
     what = f"{prim}({name}=...)"
     if kind == "offset":
-        v = _as_int(value, what)
-        if v < 1:
-            raise _err(f"{what} needs an offset >= 1 (use self() for offset 0); got {v}")
-        return v
+        return _as_offset(value, what, 1)
     if kind == "int":
-        return _as_int(value, what)
+        return _as_offset(value, what, -MAX_OFFSET)
     if kind == "rate":
         v = _as_float(value, what)
         if not 0.0 < v <= 1.0:
@@ -311,85 +546,34 @@ def _check_param(prim: str, name: str, kind: str, value: Any, others: Mapping[st
         return _as_ids(value, what)
     if kind == "pred":
         if not isinstance(value, Pred):
-            raise _err(f"{what} must be a predicate ({', '.join(FLAGS)}, pos=TAG or ids=[...]); got {value!r}")
-        return value
+            raise _err(f"{what} must be a predicate ({', '.join(FLAGS)}, pos=TAG or ids=[...]); got {_show(value)}")
+        return _check_pred(value, what)
     if kind == "feature":
-        if not isinstance(value, str) or value not in MATCH_FEATURES:
-            raise _err(f"{what} must be a feature, one of {', '.join(MATCH_FEATURES)}; got {value!r}")
-        return value
+        return _check_choice(value, what, MATCH_FEATURES, "a feature")
+    if kind == "select":
+        return _check_choice(value, what, SELECTS, "a selection mode")
     if kind == "nonneg" or (kind == "optnonneg" and value is not None):
         return _as_weight(value, what)
     if kind == "optnonneg":
         return None
     if kind == "weights":
-        if not isinstance(value, (list, tuple)) or not value:
-            raise _err(f"{what} must be a non-empty list of weights >= 0, e.g. w=[1, 0.5]; got {value!r:.200}")
-        if len(value) > MAX_WEIGHTS:
-            raise _err(f"{what} lists {len(value)} weights; at most {MAX_WEIGHTS} are allowed")
-        return tuple(_as_weight(x, f"{what} weight") for x in value)
+        return _check_weights(value, what)
     if kind == "idweights":
-        if not isinstance(value, (list, tuple)) or not value:
-            raise _err(f"{what} must be a non-empty list of [token id, weight] pairs, e.g. w=[[13, 2.5]]; "
-                       f"got {value!r:.200}")
-        if len(value) > MAX_WEIGHTS:
-            raise _err(f"{what} lists {len(value)} token weights; at most {MAX_WEIGHTS} are allowed")
-        table: dict[int, float] = {}
-        for item in value:
-            if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise _err(f"{what}: each entry must be [token id, weight]; got {item!r}")
-            tid = _as_int(item[0], f"{what} token id")
-            if tid < 0:
-                raise _err(f"{what} token ids must be >= 0; got {tid}")
-            wt = _as_weight(item[1], f"{what} weight for token {tid}")
-            if tid in table:
-                raise _err(f"{what} lists token id {tid} twice")
-            table[tid] = wt
-        return tuple(sorted(table.items()))
+        return _check_idweights(value, what)
     if kind == "idclasses":
-        if not isinstance(value, (list, tuple)) or not value:
-            raise _err(f"{what} must be a non-empty list of token classes (lists of ids), e.g. [[3, 17], [5]]; "
-                       f"got {value!r:.200}")
-        classes, seen = [], set()
-        for c, item in enumerate(value):
-            ids = _as_ids(item, f"{what} class {c}")
-            clash = seen.intersection(ids)
-            if clash:
-                raise _err(f"{what} lists token id {min(clash)} in two classes; the classes must be disjoint")
-            seen.update(ids)
-            classes.append(ids)
-        if len(seen) > MAX_WEIGHTS:
-            raise _err(f"{what} lists {len(seen)} token ids; at most {MAX_WEIGHTS} are allowed")
-        return tuple(classes)
+        return _check_idclasses(value, what)
     if kind == "matrix":
-        nq, nk = len(others.get("q", ())), len(others.get("k", ()))
-        if (not isinstance(value, (list, tuple)) or len(value) != nq
-                or any(not isinstance(r, (list, tuple)) or len(r) != nk for r in value)):
-            raise _err(f"{what} must be a table of {nq} rows (query classes) of {nk} weights (key classes) "
-                       f"each; got {value!r:.200}")
-        return tuple(tuple(_as_weight(x, f"{what} weight") for x in r) for r in value)
-    if kind == "select":
-        if value not in SELECTS:
-            raise _err(f"{what} must be one of {', '.join(SELECTS)}; got {value!r}")
-        return value
+        return _check_matrix(value, what, others)
     if kind == "pairs":
-        if not isinstance(value, (list, tuple)) or not value:
-            raise _err(f"{what} must be a non-empty list of [query value, key value] pairs; got {value!r}")
-        qf, kf = others.get("q"), others.get("k")
-        pairs = set()
-        for pair in value:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise _err(f"{what}: each pair must be [query value, key value]; got {pair!r}")
-            pairs.add((_pair_value(pair[0], qf, f"{what} query value"),
-                       _pair_value(pair[1], kf, f"{what} key value")))
-        return tuple(sorted(pairs, key=lambda p: (_sort_key(p[0]), _sort_key(p[1]))))
+        return _check_pairs(value, what, others)
     raise AssertionError(kind)
 
 
-def _make_prim(name: str, positional: list[Any], keywords: dict[str, Any]) -> Prim:
+def _make_prim(name: str, positional: Sequence[Any], keywords: Mapping[str, Any]) -> Prim:
     """Bind positional/keyword arguments to a primitive's parameters, with clear errors."""
-    if name not in PRIMITIVES:
+    if not isinstance(name, str) or name not in PRIMITIVES:
         raise _err(
-            f"unknown primitive {name!r}; primitives: {', '.join(sorted(PRIMITIVES))}; "
+            f"unknown primitive {_show(name)}; primitives: {', '.join(sorted(PRIMITIVES))}; "
             f"combinators: {', '.join(COMBINATORS)}"
         )
     spec = PRIMITIVES[name]
@@ -402,7 +586,7 @@ def _make_prim(name: str, positional: list[Any], keywords: dict[str, Any]) -> Pr
     names = {p[0] for p in spec}
     for key, value in keywords.items():
         if key not in names:
-            raise _err(f"{name}() has no parameter {key!r}; its signature is {name}({sig})")
+            raise _err(f"{name}() has no parameter {_show(key)}; its signature is {name}({sig})")
         if key in bound:
             raise _err(f"{name}() got parameter {key!r} twice")
         bound[key] = value
@@ -416,7 +600,19 @@ def _make_prim(name: str, positional: list[Any], keywords: dict[str, Any]) -> Pr
         params.append((pname, bound[pname]))
     if name == "window" and bound["a"] > bound["b"]:
         raise _err(f"window(a, b) needs a <= b; got a={bound['a']}, b={bound['b']}")
-    return Prim(name, tuple(params))
+    return _checked(Prim(name, tuple(params)))
+
+
+def _check_pred(pred: Pred, where: str) -> Pred:
+    """A predicate built in code: a known flag, a known POS tag or 1..MAX_IDS token ids."""
+    if pred.kind == "flag" and isinstance(pred.value, str) and pred.value in FLAGS:
+        return pred
+    if pred.kind == "pos":
+        return Pred("pos", _as_pos_tag(pred.value, f"{where} pos="))
+    if pred.kind == "ids":
+        return Pred("ids", _as_ids(pred.value, f"{where} ids="))
+    raise _err(f"{where}: expected a predicate: a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]; "
+               f"got {_show(pred.kind)}={_show(pred.value)}")
 
 
 def _make_pred(value: Any, key: str | None, where: str) -> Pred:
@@ -425,7 +621,7 @@ def _make_pred(value: Any, key: str | None, where: str) -> Pred:
         if isinstance(value, str) and value in FLAGS:
             return Pred("flag", value)
         raise _err(
-            f"{where}: expected a predicate: a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]; got {value!r}"
+            f"{where}: expected a predicate: a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]; got {_show(value)}"
         )
     if key == "pos":
         return Pred("pos", _as_pos_tag(value, f"{where} pos="))
@@ -433,60 +629,60 @@ def _make_pred(value: Any, key: str | None, where: str) -> Pred:
         return Pred("ids", _as_ids(value, f"{where} ids="))
     if key == "pred":
         if isinstance(value, Pred):
-            return value
+            return _check_pred(value, where)
         return _make_pred(value, None, where)
-    raise _err(f"{where}: unknown predicate {key}=...; use a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]")
+    raise _err(f"{where}: unknown predicate {_show(key)}=...; use a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]")
 
 
-def _make_mix(terms: list[tuple[Any, Any]]) -> Mix:
+def _mix_weight(w: Any) -> float:
+    """A mix weight: 0 < w <= MAX_WEIGHT."""
+    wf = _as_float(w, "mix weight")
+    if wf <= 0.0:
+        raise _err(f"mix weights must be > 0 (components are row-normalized and added); got {wf}")
+    if wf > MAX_WEIGHT:
+        raise _err(f"mix weights must be at most {MAX_WEIGHT:g} (MAX_WEIGHT; scores are float32); got {wf}")
+    return wf
+
+
+def _make_mix(terms: Sequence[tuple[Any, Any]]) -> Mix:
     if not terms:
         raise _err("mix needs at least one [weight, expression] term")
-    out = []
-    for w, node in terms:
-        wf = _as_float(w, "mix weight")
-        if wf <= 0.0:
-            raise _err(f"mix weights must be > 0 (components are row-normalized and added); got {wf}")
-        out.append((wf, node))
-    return Mix(tuple(out))
+    return Mix(tuple((_mix_weight(w), node) for w, node in terms))
 
 
-def _make_sharpen(arg: Any, t: Any, by: Any = None) -> Sharpen:
-    tf = _as_float(t, "sharpen(A, t) exponent t")
+def _sharpen_exponent(t: Any, what: str) -> float:
+    """A sharpen exponent: 0 < t <= MAX_EXPONENT."""
+    tf = _as_float(t, what)
     if tf <= 0.0:
-        raise _err(f"sharpen(A, t) needs t > 0; got {tf}")
-    if by is None or (isinstance(by, (list, tuple)) and not by):
-        return Sharpen(arg, tf)
+        raise _err(f"{what} must be > 0 (sharpen needs t > 0); got {tf}")
+    if tf > MAX_EXPONENT:
+        raise _err(f"{what} must be at most {MAX_EXPONENT:g} (MAX_EXPONENT); got {tf}: a larger power "
+                   "already keeps only each row's maximum")
+    return tf
+
+
+def _sharpen_classes(by: Any) -> tuple[tuple[float, tuple[int, ...]], ...]:
+    """sharpen(by=...): 1..MAX_CLASSES disjoint [t, [ids..]] classes, MAX_IDS ids in all."""
     if not isinstance(by, (list, tuple)):
-        raise _err(f"sharpen(A, t, by=...) expects a list of [t, [token ids]] classes; got {by!r:.200}")
+        raise _err(f"sharpen(A, t, by=...) expects a list of [t, [token ids]] classes; got {_show(by)}")
+    if len(by) > MAX_CLASSES:
+        raise _err(f"sharpen(A, t, by=...) lists {len(by)} classes; at most {MAX_CLASSES} are allowed "
+                   "(MAX_CLASSES): merge classes that share an exponent")
     classes = []
     seen: set[int] = set()
     for item in by:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise _err(f"sharpen(A, t, by=...): each class is [t, [token ids]]; got {item!r:.200}")
-        tk = _as_float(item[0], "sharpen(A, t, by=...) class exponent")
-        if tk <= 0.0:
-            raise _err(f"sharpen(A, t, by=...) class exponents must be > 0; got {tk}")
-        ids = _as_ids(item[1], "sharpen(A, t, by=...) class ids")
-        clash = seen.intersection(ids)
-        if clash:
-            raise _err(f"sharpen(A, t, by=...) lists token id {min(clash)} in two classes; the classes must be disjoint")
-        seen.update(ids)
-        classes.append((tk, ids))
-    return Sharpen(arg, tf, tuple(sorted(classes)))
+            raise _err(f"sharpen(A, t, by=...): each class is [t, [token ids]]; got {_show(item)}")
+        tk = _sharpen_exponent(item[0], "sharpen(A, t, by=...) class exponents")
+        classes.append((tk, _check_class_ids(item[1], "sharpen(A, t, by=...) class ids", seen)))
+    return tuple(sorted(classes))
 
 
-def _check_size(node: Node) -> None:
-    """Reject trees deeper than MAX_DEPTH or larger than MAX_NODES."""
-    count = 0
-    stack = [(node, 1)]
-    while stack:
-        cur, depth = stack.pop()
-        count += 1
-        if depth > MAX_DEPTH:
-            raise _err(f"program nests deeper than {MAX_DEPTH} levels")
-        if count > MAX_NODES:
-            raise _err(f"program has more than {MAX_NODES} nodes")
-        stack.extend((c, depth + 1) for c in _children(cur))
+def _make_sharpen(arg: Any, t: Any, by: Any = None) -> Sharpen:
+    tf = _sharpen_exponent(t, "sharpen(A, t) exponent t")
+    if by is None or (isinstance(by, (list, tuple)) and not by):
+        return Sharpen(arg, tf)
+    return Sharpen(arg, tf, _sharpen_classes(by))
 
 
 def _children(node: Node) -> tuple:
@@ -502,11 +698,128 @@ def _children(node: Node) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
+# whole trees: size, depth and cost (one check for text, JSON and trees built in code)
+# --------------------------------------------------------------------------------------------
+
+# Nodes known to satisfy every bound (checked primitives, validated roots), by identity.
+_CHECKED: "weakref.WeakValueDictionary[int, Node]" = weakref.WeakValueDictionary()
+
+
+def _checked(node: Node) -> Node:
+    """Record that ``node`` passed its checks, so ``validate`` need not repeat them."""
+    try:
+        _CHECKED[id(node)] = node
+    except TypeError:  # not weakly referenceable: it is simply checked again next time
+        pass
+    return node
+
+
+def _is_checked(node: Any) -> bool:
+    return _CHECKED.get(id(node)) is node
+
+
+def _node_cost(node: Node) -> int:
+    """Estimated passes over the score cells that ``node`` itself makes (children not included)."""
+    if isinstance(node, Prim):
+        return PRIMITIVE_COST[node.name]
+    if isinstance(node, Mix):
+        return COMBINATOR_COST["mix"] * len(node.terms)
+    if isinstance(node, Fallback):
+        return COMBINATOR_COST["fallback"] * len(node.args)
+    if isinstance(node, Mul):
+        return COMBINATOR_COST["mul"] * len(node.args)
+    return COMBINATOR_COST["gate" if isinstance(node, Gate) else "sharpen"]
+
+
+def _node_args(args: Any, name: str) -> None:
+    """fallback/mul arguments: a tuple of 2..MAX_NODES nodes."""
+    if not isinstance(args, tuple) or not 2 <= len(args) <= MAX_NODES:
+        raise _err(f"{name} needs a tuple of 2 to {MAX_NODES} expressions (MAX_NODES); got {_show(args)}")
+
+
+def _check_node(node: Any) -> None:
+    """Check one node built in code against its bounds (its children are checked on their own)."""
+    if isinstance(node, Prim):
+        if (not isinstance(node.params, tuple) or len(node.params) > len(PRIMITIVES.get(node.name, ()))
+                or any(not isinstance(p, tuple) or len(p) != 2 for p in node.params)):
+            raise _err(f"{_show(node.name)}: params must be a tuple of (name, value) pairs, one per parameter "
+                       "of PRIMITIVES[name]")
+        _make_prim(node.name, [], dict(node.params))
+    elif isinstance(node, Mix):
+        if not isinstance(node.terms, tuple) or not 1 <= len(node.terms) <= MAX_NODES:
+            raise _err(f"mix needs a tuple of 1 to {MAX_NODES} (weight, expression) terms (MAX_NODES)")
+        for term in node.terms:
+            if not isinstance(term, tuple) or len(term) != 2:
+                raise _err(f"each mix term is (weight, expression); got {_show(term)}")
+            _mix_weight(term[0])
+    elif isinstance(node, (Fallback, Mul)):
+        _node_args(node.args, "fallback" if isinstance(node, Fallback) else "mul")
+    elif isinstance(node, Gate):
+        if not isinstance(node.pred, Pred):
+            raise _err(f"gate(PRED, A, B) needs a predicate; got {_show(node.pred)}")
+        _check_pred(node.pred, "gate()")
+    elif isinstance(node, Sharpen):
+        _sharpen_exponent(node.t, "sharpen(A, t) exponent t")
+        if node.by:
+            _sharpen_classes(node.by)
+    else:
+        raise _err(f"not a DSL node: {_show(node)}")
+
+
+def _measure(node: Node, check: bool) -> int:
+    """Walk the tree (iteratively) enforcing MAX_DEPTH, MAX_NODES and MAX_COST; ``check``: every node's bounds too.
+
+    Returns the program's cost.
+    """
+    count = total = 0
+    stack = [(node, 1)]
+    while stack:
+        cur, depth = stack.pop()
+        count += 1
+        if depth > MAX_DEPTH:
+            raise _err(_DEPTH_MESSAGE)
+        if count > MAX_NODES:
+            raise _err(_NODES_MESSAGE)
+        if check and not _is_checked(cur):
+            _check_node(cur)
+        total += _node_cost(cur)
+        if total > MAX_COST:
+            raise _err(f"program's estimated cost exceeds MAX_COST ({MAX_COST} passes over the score cells; "
+                       "see dsl.cost): use fewer terms, or fewer sharpen/match/class nodes")
+        stack.extend((c, depth + 1) for c in _children(cur))
+    return total
+
+
+_DEPTH_MESSAGE = (f"program nests deeper than {MAX_DEPTH} levels (MAX_DEPTH); flatten it, e.g. one mix "
+                  "of many terms instead of nested mixes")
+_NODES_MESSAGE = (f"program has more than {MAX_NODES} nodes (MAX_NODES); use fewer terms or split it "
+                  "into several programs")
+
+
+def validate(node: Node) -> Node:
+    """Check a tree, however it was built, against every bound of the module docstring; return it.
+
+    Raises ProgramValidationError. Trees from ``parse`` / ``from_json`` and trees validated before are
+    recognized (by identity) and not walked again.
+    """
+    if _is_checked(node):
+        return node
+    _measure(node, check=True)
+    return _checked(node)
+
+
+def cost(node: Node) -> int:
+    """The program's estimated cost: passes over the B x N x N score cells (bounded by MAX_COST)."""
+    validate(node)
+    return _measure(node, check=False)
+
+
+# --------------------------------------------------------------------------------------------
 # text form
 # --------------------------------------------------------------------------------------------
 
 _TOKEN_RE = re.compile(
-    r"""\s*(?:
+    r"""(?:
         (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
       | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
       | (?P<str>"[^"\\]*"|'[^'\\]*')
@@ -514,70 +827,92 @@ _TOKEN_RE = re.compile(
     )""",
     re.VERBOSE,
 )
+_SPACE_RE = re.compile(r"\s*")
+_LITERAL_NOUNS = {"num": "number", "name": "name", "str": "string"}
 
 
 class _Lexer:
+    """Tokens of DSL text, read on demand (so an error stops the work where it is found)."""
+
     def __init__(self, text: str) -> None:
         self.text = text
-        self.toks: list[tuple[str, Any, int]] = []
-        pos = 0
-        while True:
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if pos >= len(text):
-                break
-            m = _TOKEN_RE.match(text, pos)
-            if not m or m.end() == pos:
-                raise _err(f"unexpected character {text[pos]!r} at column {pos + 1} in {text!r}")
-            kind = m.lastgroup
-            raw = m.group(kind)
-            col = m.start(kind)
-            if kind == "num":
-                val: Any = int(raw) if raw.isdigit() else float(raw)
-            elif kind == "str":
-                val = raw[1:-1]
-            else:
-                val = raw
-            self.toks.append((kind, val, col))
-            pos = m.end()
-        self.i = 0
+        self.pos = 0
+        self.ahead: list[tuple[str, Any, int]] = []
+
+    def _scan(self) -> tuple[str, Any, int]:
+        """The next token after ``pos`` (literals of at most MAX_LITERAL_CHARS characters)."""
+        text = self.text
+        pos = _SPACE_RE.match(text, self.pos).end()
+        if pos >= len(text):
+            self.pos = pos
+            return ("eof", None, len(text))
+        m = _TOKEN_RE.match(text, pos)
+        if not m:
+            raise _err(f"unexpected character {text[pos]!r} at column {pos + 1} in {excerpt(text)}")
+        kind = m.lastgroup
+        raw = m.group(kind)
+        if kind != "op" and len(raw) > MAX_LITERAL_CHARS:
+            raise _err(f"the {_LITERAL_NOUNS[kind]} at column {pos + 1} has {len(raw)} characters; at most "
+                       f"{MAX_LITERAL_CHARS} are allowed (MAX_LITERAL_CHARS): write it shorter")
+        if kind == "num":
+            val: Any = int(raw) if raw.isdigit() else float(raw)
+        elif kind == "str":
+            val = raw[1:-1]
+        else:
+            val = raw
+        self.pos = m.end()
+        return (kind, val, pos)
 
     def peek(self, ahead: int = 0) -> tuple[str, Any, int]:
-        j = self.i + ahead
-        return self.toks[j] if j < len(self.toks) else ("eof", None, len(self.text))
+        while len(self.ahead) <= ahead:
+            self.ahead.append(self._scan())
+        return self.ahead[ahead]
 
     def next(self) -> tuple[str, Any, int]:
         tok = self.peek()
-        self.i += 1
+        self.ahead.pop(0)
         return tok
 
     def expect(self, op: str) -> None:
         kind, val, col = self.next()
         if kind != "op" or val != op:
             shown = "end of input" if kind == "eof" else repr(val)
-            raise _err(f"expected {op!r} at column {col + 1}, found {shown} in {self.text!r}")
+            raise _err(f"expected {op!r} at column {col + 1}, found {shown} in {excerpt(self.text)}")
 
     def at_op(self, op: str, ahead: int = 0) -> bool:
         kind, val, _ = self.peek(ahead)
         return kind == "op" and val == op
 
 
+class _Budget:
+    """Counts the nodes a reader builds, stopping at MAX_NODES before the tree grows further."""
+
+    def __init__(self) -> None:
+        self.nodes = 0
+
+    def tick(self, count: int = 1) -> None:
+        self.nodes += count
+        if self.nodes > MAX_NODES:
+            raise _err(_NODES_MESSAGE)
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.lx = _Lexer(text)
         self.depth = 0
+        self.budget = _Budget()
 
     def parse(self) -> Node:
         node = self.expr()
         kind, val, col = self.lx.peek()
         if kind != "eof":
-            raise _err(f"unexpected {val!r} at column {col + 1} after a complete expression in {self.lx.text!r}")
+            raise _err(f"unexpected {val!r} at column {col + 1} after a complete expression in {excerpt(self.lx.text)}")
         return node
 
     def expr(self) -> Node:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise _err(f"program nests deeper than {MAX_DEPTH} levels")
+            raise _err(_DEPTH_MESSAGE)
         terms = [self.term()]
         while self.lx.at_op("+"):
             self.lx.next()
@@ -585,6 +920,7 @@ class _Parser:
         self.depth -= 1
         if len(terms) == 1 and terms[0][0] is None:
             return terms[0][1]
+        self.budget.tick()
         return _make_mix([(1.0 if w is None else w, node) for w, node in terms])
 
     def term(self) -> tuple[float | None, Node]:
@@ -616,11 +952,12 @@ class _Parser:
         if not self.lx.at_op("("):
             raise _err(f"{val!r} at column {col + 1} must be called with parentheses, e.g. {val}()")
         self.lx.next()
-        args = self.arglist()
+        self.budget.tick()
+        args = self.arglist(val)
         return self.build(val, args, col)
 
-    def arglist(self) -> list[tuple[str | None, Any]]:
-        """Arguments as (keyword or None, value); values are nodes, literals or ('ident', name)."""
+    def arglist(self, name: str) -> list[tuple[str | None, Any]]:
+        """Arguments of ``name(...)`` as (keyword or None, value); values are nodes or literals."""
         args: list[tuple[str | None, Any]] = []
         if self.lx.at_op(")"):
             self.lx.next()
@@ -630,7 +967,7 @@ class _Parser:
             if kind == "name" and self.lx.at_op("=", 1):
                 self.lx.next()
                 self.lx.next()
-                args.append((val, self.literal()))
+                args.append((val, self.literal(limit=_list_limit(name, val), what=f"{name}({val}=...)")))
             elif kind == "name" and self.lx.at_op("(", 1):
                 args.append((None, self.expr()))
             elif kind == "num" and self.lx.at_op("*", 1):
@@ -638,17 +975,20 @@ class _Parser:
             elif kind == "op" and val == "(":
                 args.append((None, self.expr()))
             else:
-                lit = self.literal()
+                lit = self.literal(limit=_list_limit(name, len(args)), what=f"argument {len(args) + 1} of {name}()")
                 if isinstance(lit, (int, float)) and self.lx.at_op("+"):
                     raise _err(f"unexpected '+' after {lit} at column {col + 1}")
                 args.append((None, lit))
+            if len(args) > _MAX_ARGS:
+                raise _err(f"a call at column {col + 1} has more than {_MAX_ARGS} arguments (MAX_NODES)")
             if self.lx.at_op(","):
                 self.lx.next()
                 continue
             self.lx.expect(")")
             return args
 
-    def literal(self) -> Any:
+    def literal(self, depth: int = 0, limit: tuple[int, str] = (MAX_IDS, "MAX_IDS"), what: str = "a list") -> Any:
+        """A number, name, string or [list] (of at most ``limit`` items at the outer level)."""
         kind, val, col = self.lx.next()
         if kind == "op" and val == "-":
             kind, val, col = self.lx.next()
@@ -658,19 +998,29 @@ class _Parser:
         if kind in ("num", "name", "str"):
             return val
         if kind == "op" and val == "[":
-            items = []
-            if self.lx.at_op("]"):
-                self.lx.next()
-                return items
-            while True:
-                items.append(self.literal())
-                if self.lx.at_op(","):
-                    self.lx.next()
-                    continue
-                self.lx.expect("]")
-                return items
+            return self.list_literal(depth + 1, col, limit, what)
         shown = "end of input" if kind == "eof" else repr(val)
         raise _err(f"expected a value (number, name or [list]) at column {col + 1}, found {shown}")
+
+    def list_literal(self, depth: int, col: int, limit: tuple[int, str], what: str) -> list[Any]:
+        """The items of a [list] whose '[' was just read: at most MAX_LIST_DEPTH deep and ``limit`` long."""
+        if depth > MAX_LIST_DEPTH:
+            raise _err(f"the list at column {col + 1} nests deeper than {MAX_LIST_DEPTH} levels (MAX_LIST_DEPTH); "
+                       "DSL parameters need at most 3, e.g. by=[[2, [3, 17]]]")
+        items: list[Any] = []
+        if self.lx.at_op("]"):
+            self.lx.next()
+            return items
+        while True:
+            if len(items) >= limit[0]:
+                raise _err(f"{what} lists more than {limit[0]} items (the list at column {col + 1}); at most "
+                           f"{limit[0]} are allowed ({limit[1]}): keep the ones that matter, or split the program")
+            items.append(self.literal(depth, what=f"an item of {what}"))
+            if self.lx.at_op(","):
+                self.lx.next()
+                continue
+            self.lx.expect("]")
+            return items
 
     def build(self, name: str, args: list[tuple[str | None, Any]], col: int) -> Node:
         where = f"{name}() at column {col + 1}"
@@ -707,7 +1057,7 @@ class _Parser:
                 raise _err(f"{where} takes one predicate, e.g. recent(punct) or recent(pos=NOUN); "
                            f"got {len(args)} arguments")
             k, v = args[0]
-            return Prim("recent", (("pred", _make_pred(v, k, where)),))
+            return _checked(Prim("recent", (("pred", _make_pred(v, k, where)),)))
         positional = [v for k, v in args if k is None]
         keywords: dict[str, Any] = {}
         for k, v in args:
@@ -720,19 +1070,45 @@ class _Parser:
         return _make_prim(name, positional, keywords)
 
 
+_MAX_ARGS = MAX_NODES
+# the most items the outer list of a parameter of each kind can hold (inner lists: MAX_IDS)
+_KIND_LIST_LIMITS = {"weights": (MAX_PROFILE, "MAX_PROFILE"), "idclasses": (MAX_CLASSES, "MAX_CLASSES"),
+                     "matrix": (MAX_CLASSES, "MAX_CLASSES"), "pairs": (MAX_PAIRS, "MAX_PAIRS")}
+
+
+def _list_limit(name: str, param: str | int) -> tuple[int, str]:
+    """The most items (and the bound's name) of a list for parameter ``param`` (keyword or position) of ``name``."""
+    if name == "sharpen":
+        return (MAX_CLASSES, "MAX_CLASSES")
+    spec = PRIMITIVES.get(name, ())
+    if isinstance(param, int):
+        kind = spec[param][1] if param < len(spec) else ""
+    else:
+        kind = next((k for p, k, _ in spec if p == param), "")
+    return _KIND_LIST_LIMITS.get(kind, (MAX_IDS, "MAX_IDS"))
+
+
 def _is_node(v: Any) -> bool:
     return isinstance(v, (Prim, Mix, Fallback, Gate, Sharpen, Mul))
+
+
+def _check_text_size(text: Any, what: str) -> None:
+    """Refuse documents over MAX_TEXT_CHARS before reading them."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise _err(f"{what} has {len(text)} characters; at most {MAX_TEXT_CHARS} are allowed (MAX_TEXT_CHARS): "
+                   "a program this large is not a program")
 
 
 def parse(text: str) -> Node:
     """Parse DSL text (e.g. ``0.7*prev(1) + 0.3*first()``) into a validated tree."""
     if not isinstance(text, str):
         raise _err(f"DSL text must be a string; got {type(text).__name__}")
+    _check_text_size(text, "DSL text")
     if not text.strip():
         raise _err("empty DSL program; write an expression such as prev(1)")
     node = _Parser(text).parse()
-    _check_size(node)
-    return node
+    _measure(node, check=False)
+    return _checked(node)
 
 
 def _fmt_num(x: float | int) -> str:
@@ -758,7 +1134,12 @@ def _fmt_pred(p: Pred) -> str:
 
 
 def to_text(node: Node) -> str:
-    """Print a tree in the readable text form; ``parse(to_text(t)) == t``."""
+    """Print a tree in the readable text form; ``parse(to_text(t)) == t`` (the tree is validated first)."""
+    return _to_text(validate(node))
+
+
+def _to_text(node: Node) -> str:
+    """``to_text`` of a validated tree (recursion depth at most MAX_DEPTH)."""
     if isinstance(node, Prim):
         if node.name == "recent":
             return f"recent({_fmt_pred(node.param('pred'))})"
@@ -770,23 +1151,23 @@ def to_text(node: Node) -> str:
     if isinstance(node, Mix):
         parts = []
         for w, t in node.terms:
-            body = to_text(t)
+            body = _to_text(t)
             if isinstance(t, Mix):
                 body = f"({body})"
             parts.append(f"{_fmt_num(w)}*{body}")
         return " + ".join(parts)
     if isinstance(node, Fallback):
-        return "fallback(" + ", ".join(to_text(a) for a in node.args) + ")"
+        return "fallback(" + ", ".join(_to_text(a) for a in node.args) + ")"
     if isinstance(node, Mul):
-        return "mul(" + ", ".join(to_text(a) for a in node.args) + ")"
+        return "mul(" + ", ".join(_to_text(a) for a in node.args) + ")"
     if isinstance(node, Gate):
-        return f"gate({_fmt_pred(node.pred)}, {to_text(node.then)}, {to_text(node.other)})"
+        return f"gate({_fmt_pred(node.pred)}, {_to_text(node.then)}, {_to_text(node.other)})"
     if isinstance(node, Sharpen):
         if node.by:
             classes = ", ".join(f"[{_fmt_num(t)}, {_fmt_value(ids)}]" for t, ids in node.by)
-            return f"sharpen({to_text(node.arg)}, {_fmt_num(node.t)}, by=[{classes}])"
-        return f"sharpen({to_text(node.arg)}, {_fmt_num(node.t)})"
-    raise TypeError(f"not a DSL node: {node!r}")
+            return f"sharpen({_to_text(node.arg)}, {_fmt_num(node.t)}, by=[{classes}])"
+        return f"sharpen({_to_text(node.arg)}, {_fmt_num(node.t)})"
+    raise TypeError(f"not a DSL node: {_show(node)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -807,7 +1188,8 @@ def _pred_from_json(obj: Any, where: str) -> Pred:
     if isinstance(obj, dict) and len(obj) == 1:
         (k, v), = obj.items()
         return _make_pred(v, k, where)
-    raise _err(f"{where}: a predicate is a flag name string, {{\"pos\": TAG}} or {{\"ids\": [...]}}; got {obj!r}")
+    raise _err(f"{where}: a predicate is a flag name string, {{\"pos\": TAG}} or {{\"ids\": [...]}}; "
+               f"got {_show(obj)}")
 
 
 def _json_value(v: Any) -> Any:
@@ -819,7 +1201,12 @@ def _json_value(v: Any) -> Any:
 
 
 def to_json(node: Node) -> Any:
-    """The JSON-serializable form (dicts, lists, numbers, strings)."""
+    """The JSON-serializable form (dicts, lists, numbers, strings); the tree is validated first."""
+    return _to_json(validate(node))
+
+
+def _to_json(node: Node) -> Any:
+    """``to_json`` of a validated tree (recursion depth at most MAX_DEPTH)."""
     if isinstance(node, Prim):
         if not node.params:
             return {node.name: {}}
@@ -829,81 +1216,99 @@ def to_json(node: Node) -> Any:
             return {"recent": _pred_to_json(node.param("pred"))}
         return {node.name: {k: _json_value(v) for k, v in node.params if v is not None}}
     if isinstance(node, Mix):
-        return {"mix": [[w, to_json(t)] for w, t in node.terms]}
+        return {"mix": [[w, _to_json(t)] for w, t in node.terms]}
     if isinstance(node, Fallback):
-        return {"fallback": [to_json(a) for a in node.args]}
+        return {"fallback": [_to_json(a) for a in node.args]}
     if isinstance(node, Mul):
-        return {"mul": [to_json(a) for a in node.args]}
+        return {"mul": [_to_json(a) for a in node.args]}
     if isinstance(node, Gate):
-        return {"gate": [_pred_to_json(node.pred), to_json(node.then), to_json(node.other)]}
+        return {"gate": [_pred_to_json(node.pred), _to_json(node.then), _to_json(node.other)]}
     if isinstance(node, Sharpen):
         if node.by:
-            return {"sharpen": [to_json(node.arg), node.t, [[t, list(ids)] for t, ids in node.by]]}
-        return {"sharpen": [to_json(node.arg), node.t]}
-    raise TypeError(f"not a DSL node: {node!r}")
+            return {"sharpen": [_to_json(node.arg), node.t, [[t, list(ids)] for t, ids in node.by]]}
+        return {"sharpen": [_to_json(node.arg), node.t]}
+    raise TypeError(f"not a DSL node: {_show(node)}")
 
 
-def _from_json(obj: Any, depth: int) -> Node:
+def _json_nodes(body: Any, name: str, least: int, example: str) -> list:
+    """The node list of a JSON mix/fallback/mul: ``least``..MAX_NODES entries, checked before reading them."""
+    if not isinstance(body, list) or len(body) < least:
+        raise _err(f"{name} expects a list of at least {least} {example}; got {_show(body)}")
+    if len(body) > MAX_NODES:
+        raise _err(f"{name} lists {len(body)} entries; {_NODES_MESSAGE}")
+    return body
+
+
+def _from_json(obj: Any, depth: int, budget: _Budget) -> Node:
     if depth > MAX_DEPTH:
-        raise _err(f"program nests deeper than {MAX_DEPTH} levels")
+        raise _err(_DEPTH_MESSAGE)
     if not isinstance(obj, dict) or len(obj) != 1:
         raise _err(
             "each DSL node is a JSON object with exactly one key (a primitive or combinator name), "
-            f"e.g. {{\"prev\": 1}}; got {obj!r:.200}"
+            f"e.g. {{\"prev\": 1}}; got {_show(obj)}"
         )
+    budget.tick()
     (name, body), = obj.items()
     if name == "mix":
-        if not isinstance(body, list) or not body:
-            raise _err(f"mix expects a non-empty list of [weight, node] pairs; got {body!r:.200}")
         terms = []
-        for item in body:
+        for item in _json_nodes(body, "mix", 1, "[weight, node] pairs (non-empty list)"):
             if not isinstance(item, list) or len(item) != 2:
-                raise _err(f"each mix term is [weight, node]; got {item!r:.200}")
-            terms.append((item[0], _from_json(item[1], depth + 1)))
+                raise _err(f"each mix term is [weight, node]; got {_show(item)}")
+            terms.append((item[0], _from_json(item[1], depth + 1, budget)))
         return _make_mix(terms)
     if name in ("fallback", "mul"):
-        if not isinstance(body, list) or len(body) < 2:
-            raise _err(f"{name} expects a list of at least 2 nodes; got {body!r:.200}")
-        args = tuple(_from_json(a, depth + 1) for a in body)
+        args = tuple(_from_json(a, depth + 1, budget) for a in _json_nodes(body, name, 2, "nodes"))
         return Fallback(args) if name == "fallback" else Mul(args)
     if name == "gate":
         if not isinstance(body, list) or len(body) != 3:
-            raise _err(f"gate expects [predicate, node, node]; got {body!r:.200}")
-        return Gate(_pred_from_json(body[0], "gate"), _from_json(body[1], depth + 1), _from_json(body[2], depth + 1))
+            raise _err(f"gate expects [predicate, node, node]; got {_show(body)}")
+        pred = _pred_from_json(body[0], "gate")
+        return Gate(pred, _from_json(body[1], depth + 1, budget), _from_json(body[2], depth + 1, budget))
     if name == "sharpen":
         if not isinstance(body, list) or len(body) not in (2, 3):
-            raise _err(f"sharpen expects [node, t] or [node, t, [[t1, [ids..]], ..]]; got {body!r:.200}")
-        return _make_sharpen(_from_json(body[0], depth + 1), body[1], body[2] if len(body) == 3 else None)
+            raise _err(f"sharpen expects [node, t] or [node, t, [[t1, [ids..]], ..]]; got {_show(body)}")
+        return _make_sharpen(_from_json(body[0], depth + 1, budget), body[1], body[2] if len(body) == 3 else None)
     if name not in PRIMITIVES:
         raise _err(
-            f"unknown primitive {name!r}; primitives: {', '.join(sorted(PRIMITIVES))}; "
+            f"unknown primitive {_show(name)}; primitives: {', '.join(sorted(PRIMITIVES))}; "
             f"combinators: {', '.join(COMBINATORS)}"
         )
     if name == "recent":
-        return Prim("recent", (("pred", _pred_from_json(body, "recent")),))
-    if body is None or body == {} or body == []:
+        return _checked(Prim("recent", (("pred", _pred_from_json(body, "recent")),)))
+    if body is None or (isinstance(body, (dict, list)) and not body):
         return _make_prim(name, [], {})
     if isinstance(body, dict):
-        return _make_prim(name, [], dict(body))
+        return _make_prim(name, [], body)
     if isinstance(body, list):
-        return _make_prim(name, list(body), {})
+        return _make_prim(name, body, {})
     return _make_prim(name, [body], {})
+
+
+def json_loads(text: str | bytes) -> Any:
+    """Parse a JSON document of at most MAX_TEXT_CHARS characters; any failure is a ProgramValidationError."""
+    _check_text_size(text, "DSL JSON")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _err(f"DSL JSON nests too deeply; a program nests at most {MAX_DEPTH} levels (MAX_DEPTH)") from None
+    except json.JSONDecodeError as e:
+        raise _err(f"DSL JSON does not parse: {excerpt(str(e))}") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts, or bad UTF-8
+        raise _err(f"DSL JSON does not parse: {excerpt(str(e))}; numbers need at most "
+                   f"{MAX_LITERAL_CHARS} characters (MAX_LITERAL_CHARS)") from None
 
 
 def from_json(obj: Any) -> Node:
     """Read the JSON form (a parsed object or a JSON string) into a validated tree."""
-    if isinstance(obj, (str, bytes)):
-        try:
-            obj = json.loads(obj)
-        except json.JSONDecodeError as e:
-            raise _err(f"DSL JSON does not parse: {e}") from None
-    node = _from_json(obj, 1)
-    _check_size(node)
-    return node
+    if isinstance(obj, (str, bytes, bytearray)):
+        obj = json_loads(obj)
+    node = _from_json(obj, 1, _Budget())
+    _measure(node, check=False)
+    return _checked(node)
 
 
 def canonical_json(node: Node) -> str:
-    """Compact, key-sorted JSON text: the canonical form that program hashes are computed from."""
+    """Compact, key-sorted JSON text: the canonical form that program hashes are computed from (validated first)."""
     return json.dumps(to_json(node), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -1093,6 +1498,15 @@ def _eval_match(node: Prim, ctx: _Context) -> np.ndarray:
     return K.score_match(qidx, kidx, table, ctx.lengths, closest, ctx.causal, out=ctx.buf())
 
 
+def sharpen_exponents(node: Sharpen, ids: np.ndarray) -> np.ndarray:
+    """float64 exponent per query token of ``sharpen(A, t, by=...)``: one sorted lookup, whatever the class count."""
+    vocab = np.array([t for _, cls in node.by for t in cls], dtype=np.int64)
+    exps = np.array([tk for tk, cls in node.by for _ in cls], dtype=np.float64)
+    order = np.argsort(vocab, kind="stable")
+    idx = K.value_index(ids, vocab[order])
+    return np.ascontiguousarray(np.where(idx >= 0, exps[order][np.maximum(idx, 0)], float(node.t)))
+
+
 def _eval(node: Node, ctx: _Context) -> np.ndarray:
     """Scores of a subtree: a fresh or recycled buffer the caller owns."""
     if isinstance(node, Prim):
@@ -1129,10 +1543,7 @@ def _eval(node: Node, ctx: _Context) -> np.ndarray:
     if isinstance(node, Sharpen):
         out = _eval(node.arg, ctx)
         if node.by:
-            texp = np.full(ctx.ids.shape, node.t, dtype=np.float64)
-            for tk, ids in node.by:
-                texp[np.isin(ctx.ids, np.asarray(ids, dtype=np.int64))] = tk
-            K.sharpen_rows_by(out, texp)
+            K.sharpen_rows_by(out, sharpen_exponents(node, ctx.ids))
         else:
             K.sharpen_rows(out, float(node.t))
         return out
@@ -1181,6 +1592,7 @@ def evaluate_scores(node: Node, ids: np.ndarray, lengths: np.ndarray,
     ``out``: an optional C-contiguous float32 [B,N,N] buffer that receives the result (every cell is
     overwritten), e.g. a block buffer reused across many programs.
     """
+    validate(node)
     ctx = _Context(ids, lengths, features, causal, pos_tags)
     shape = (ctx.ids.shape[0], ctx.n, ctx.n)
     if out is not None:
