@@ -1,6 +1,8 @@
 """Error types shared by programs, the sandbox and the searchers."""
 from __future__ import annotations
 
+import reprlib
+
 
 class ProgramError(Exception):
     """Base class: a program could not be parsed, validated or run."""
@@ -21,12 +23,17 @@ class ProgramExecutionError(ProgramError):
 
 
 def excerpt(value: object, limit: int = 200) -> str:
-    """``repr(value)`` cut to about ``limit`` characters, so error messages never echo a huge hostile input."""
+    """A short ``repr(value)`` (about ``limit`` characters), so error messages never echo a huge hostile input."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = limit
+    short.maxlist = short.maxtuple = short.maxset = short.maxdict = 20
+    short.maxlevel = 3
     try:
-        text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
+        text = short.repr(value)
     except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
         return f"<{type(value).__name__} object>"
-    if len(text) <= limit:
-        return text
-    size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else type(value).__name__
-    return f"{text[:limit]}... ({size})"
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    if isinstance(value, (str, bytes, list, tuple, dict, set)) and len(value) > 20:
+        text += f" ({len(value)} {'characters' if isinstance(value, (str, bytes)) else 'items'})"
+    return text

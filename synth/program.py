@@ -14,7 +14,6 @@ their canonical form (``.hash`` = sha256 hex of it), which is what caches and ch
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,12 +44,7 @@ def _sandbox() -> Any:
 
 def _json_document(obj: Any) -> Any:
     """Parse a JSON string or bytes (objects pass through), with a ProgramValidationError for bad JSON."""
-    if not isinstance(obj, (str, bytes, bytearray)):
-        return obj
-    try:
-        return json.loads(obj)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ProgramValidationError(f"program JSON does not parse: {excerpt(str(e))}") from None
+    return dsl.json_loads(obj) if isinstance(obj, (str, bytes, bytearray)) else obj
 
 
 def _python_field(obj: Any) -> str | None:
