@@ -12,15 +12,19 @@ happens elsewhere; ``search`` returns ``Candidate`` lists with scores ``{"synth"
 Robustness, all counted in :class:`AgentStats`:
 
 * every HTTP request goes through the real ``openai`` client with its own retries off
-  (``max_retries=0``); this module retries timeouts, connection errors, 408/409/429 and 5xx with
-  exponential backoff and jitter, honouring ``Retry-After`` / ``retry-after-ms``; other statuses fail
-  the request at once;
+  (``max_retries=0``); this module retries timeouts, connection errors, unreadable responses, 408/409/429
+  and 5xx with exponential backoff and jitter, honouring ``Retry-After`` / ``retry-after-ms``; other
+  statuses fail the request at once;
+* each request has a total wall-clock deadline of ``request_timeout`` seconds (headers and body together,
+  however slowly the endpoint drips bytes), and a response larger than ``max_response_bytes`` is refused
+  while it streams in, never read whole;
 * at most ``concurrency`` requests are in flight (one bounded thread pool issues them all);
 * a reply that is not a JSON object with ``hypothesis`` and ``program`` (malformed), or whose program does
   not parse / validate (invalid, e.g. ``import os``), is answered in the same conversation with what was
   wrong, up to ``max_reply_retries`` times;
 * a program that crashes, times out, runs out of memory or returns garbage is a failed program: recorded,
-  shown to the model in the next round, never fatal;
+  shown to the model in the next round, never fatal; what the model is told about any failure comes from
+  ``prompts.failure_feedback`` (reason, known exception type, line: never text the program produced);
 * token usage (``usage.prompt_tokens`` / ``completion_tokens``) and cost (per-1k-token prices) are summed;
   once the cost reaches ``cost_cap`` no further request starts (requests already in flight finish, so the
   overshoot is at most ``concurrency`` requests); the cap covers the whole journal, so resuming a capped
@@ -34,15 +38,17 @@ Robustness, all counted in :class:`AgentStats`:
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import math
 import os
 import random
+import re
 import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Sequence as _Seq
+from collections.abc import Callable, Iterator, Sequence as _Seq
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,6 +106,22 @@ class _Stopped(Exception):
     pass
 
 
+class _DeadlinePassed(Exception):
+    """A request ran past its total deadline (``request_timeout``)."""
+
+
+class _ReplyTooLarge(Exception):
+    """A response is larger than ``max_response_bytes``."""
+
+
+class _RefusedEncoding(Exception):
+    """A response is compressed although ``identity`` was asked for (a decompression bomb is unbounded)."""
+
+
+#: the deadline and byte budget of the request running on this thread (set by ``LLMAgent._send``)
+_REQUEST = threading.local()
+
+
 # ================================================================================================
 # configuration and statistics
 # ================================================================================================
@@ -118,7 +140,8 @@ class AgentConfig:
     api_key: str | None = field(default_factory=lambda: _env("HEADSURGEON_LLM_API_KEY", "OPENAI_API_KEY"),
                                 repr=False)
     concurrency: int = 4                  # requests in flight at most
-    request_timeout: float = 120.0        # seconds per HTTP request
+    request_timeout: float = 120.0        # seconds per HTTP request, all of it (a total deadline)
+    max_response_bytes: int = 16 * 2**20  # larger responses are refused while they stream in
     max_retries: int = 5                  # retries of one request after timeouts / 429 / 5xx
     backoff_base: float = 1.0             # first backoff, doubled per retry
     backoff_max: float = 60.0
@@ -150,8 +173,10 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise AgentConfigError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.request_timeout <= 0:
+        if not self.request_timeout > 0 or not math.isfinite(self.request_timeout):
             raise AgentConfigError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_response_bytes < 4096:
+            raise AgentConfigError(f"max_response_bytes must be >= 4096, got {self.max_response_bytes}")
         for name in ("max_retries", "max_reply_retries", "rounds"):
             if getattr(self, name) < 0:
                 raise AgentConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -319,7 +344,7 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
 
 
 def _candidate_from_json(head: tuple[int, int], obj: dict[str, Any]) -> Candidate:
-    prog = Program.from_json(obj["program"])
+    prog = Program.from_json(obj["program"], kind=obj.get("kind"))
     if obj.get("hash") and obj["hash"] != prog.hash:
         raise ValueError(f"program hash changed ({obj['hash'][:12]} -> {prog.hash[:12]})")
     return Candidate(head=head, program=prog, source=SOURCE, hypothesis=obj.get("hypothesis", ""),
@@ -364,7 +389,8 @@ class LLMAgent:
 
     def __init__(self, config: AgentConfig | None = None, *, client: Any = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        """``client``: an ``openai.OpenAI``-like object (default: built from ``config``); ``sleep``: backoff waits."""
+        """``client``: an ``openai.OpenAI``-like object (default: one per request thread, built from ``config``,
+        whose responses are size-capped); ``sleep``: backoff waits."""
         self.config = config or AgentConfig()
         cfg = self.config
         if not cfg.model:
@@ -375,12 +401,12 @@ class LLMAgent:
                     "no LLM endpoint configured: pass AgentConfig(base_url=..., api_key=...) or set "
                     "HEADSURGEON_LLM_BASE_URL (e.g. http://127.0.0.1:8000/v1 for vLLM) / OPENAI_API_KEY")
             try:
-                import openai
+                import openai  # noqa: F401
             except ImportError as e:  # pragma: no cover - openai is a dependency
                 raise AgentConfigError(f"the LLM agent needs the openai package ({e}): pip install openai") from e
-            client = openai.OpenAI(base_url=cfg.base_url, api_key=cfg.api_key or "not-needed",
-                                   timeout=cfg.request_timeout, max_retries=0)
-        self.client = client
+        self._given_client = client
+        self._local = threading.local()
+        self._owned_clients: list[Any] = []
         self._sleep = sleep
         self._rng = random.Random(cfg.seed)
         self._lock = threading.Lock()
@@ -389,6 +415,54 @@ class LLMAgent:
         self._stop = False
         self.stats = AgentStats()
         self._journal: RunJournal | None = None
+
+    # ------------------------------------------------------------------ clients
+    @property
+    def client(self) -> Any:
+        """The client the calling thread sends its requests through."""
+        if self._given_client is not None:
+            return self._given_client
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._new_client()
+            self._local.client = client
+            with self._lock:
+                self._owned_clients.append(client)
+        return client
+
+    def _new_client(self) -> Any:
+        """An ``openai.OpenAI`` client whose HTTP responses are checked by ``_guard_response`` as they stream.
+
+        Redirects are not followed: an endpoint must not make this machine send requests elsewhere.
+        """
+        import openai
+
+        cfg = self.config
+        factory = getattr(openai, "DefaultHttpxClient", None)
+        http_client = None if factory is None else factory(
+            timeout=cfg.request_timeout, headers={"Accept-Encoding": "identity"}, follow_redirects=False,
+            event_hooks={"response": [_guard_response]})
+        return openai.OpenAI(base_url=cfg.base_url, api_key=cfg.api_key or "not-needed",
+                             timeout=cfg.request_timeout, max_retries=0, http_client=http_client)
+
+    def _drop_client(self, client: Any) -> None:
+        """Close an owned client (ends the connection of an abandoned request); the thread gets a new one."""
+        if client is self._given_client:
+            return
+        if getattr(self._local, "client", None) is client:
+            self._local.client = None
+        with self._lock:
+            if client in self._owned_clients:
+                self._owned_clients.remove(client)
+        _close_quietly(client)
+
+    def _close_clients(self) -> None:
+        """Close every client this agent built (at the end of ``search``)."""
+        with self._lock:
+            clients, self._owned_clients = self._owned_clients, []
+        for client in clients:
+            _close_quietly(client)
+        self._local = threading.local()
 
     # ------------------------------------------------------------------ public
     def search(self, store: StoreLike, heads: _Seq[tuple[int, int]] | None = None,
@@ -459,6 +533,7 @@ class LLMAgent:
         finally:
             head_pool.shutdown(wait=True)
             req_pool.shutdown(wait=True)
+            self._close_clients()
             if self._journal is not None:
                 self._journal.write({"event": "end", "stats": self.stats.to_dict()}, sync=True)
                 self._journal.close()
@@ -586,25 +661,25 @@ class LLMAgent:
             except P.MalformedReply as e:
                 with self._lock:
                     self.stats.malformed += 1
-                self._event({"event": "malformed", "head": name, "round": rnd, "reason": str(e),
+                reason = P.failure_feedback(e)
+                self._event({"event": "malformed", "head": name, "round": rnd, "reason": reason,
                              "reply": (content or "")[:500]})
-                reason = str(e)
             else:
                 try:
                     program = (Program.python(parsed.program) if parsed.kind == "python"
-                               else Program.from_json(parsed.program) if not isinstance(parsed.program, str)
+                               else Program.from_dsl_json(parsed.program) if not isinstance(parsed.program, str)
                                else Program.parse(parsed.program))
                     return _Proposal(program, parsed.hypothesis, rejected)
                 except (ProgramError, ValueError, TypeError, RecursionError) as e:
                     with self._lock:
                         self.stats.invalid_programs += 1
                         self.stats.failure_reasons["invalid"] += 1
-                    msg = str(e) or type(e).__name__
+                    msg = P.failure_feedback(e)
                     rejected.append({"kind": parsed.kind, "text": parsed.text, "reason": "invalid", "message": msg})
                     self._event({"event": "invalid", "head": name, "round": rnd, "kind": parsed.kind,
-                                 "message": msg[:500]})
+                                 "message": _excerpt(str(e) or type(e).__name__, 500)})
                     reason = f"the {parsed.kind} program is invalid: {msg}"
-            msgs = msgs + [{"role": "assistant", "content": content or ""},
+            msgs = msgs + [{"role": "assistant", "content": _echo(content)},
                            {"role": "user", "content": P.retry_message(reason)}]
         return _Proposal(None, "", rejected)
 
@@ -620,9 +695,7 @@ class LLMAgent:
                 raise _CostCapReached()
 
     def _chat(self, messages: list[dict[str, str]], head: tuple[int, int], rnd: int) -> str:
-        """One chat completion with retries on timeouts, connection errors, 408/409/429 and 5xx."""
-        import openai
-
+        """One chat completion with retries on timeouts, connection errors, bad responses, 408/409/429 and 5xx."""
         cfg = self.config
         name = P.head_name(head)
         hs = self.stats.heads[name]
@@ -639,35 +712,22 @@ class LLMAgent:
                 self._in_flight += 1
                 self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
             t0 = time.monotonic()
-            retry_after: float | None = None
             try:
-                resp = self.client.chat.completions.create(**kwargs)
-            except openai.APITimeoutError:
-                reason = "timeout"
-            except openai.APIConnectionError:
-                reason = "connection"
-            except openai.APIStatusError as e:
-                code = int(e.status_code)
-                if code == 429 or code in (408, 409) or code >= 500:
-                    reason = "429" if code == 429 else "5xx" if code >= 500 else str(code)
-                    retry_after = _retry_after(getattr(e, "response", None), cfg.retry_after_max)
-                else:
-                    with self._lock:
-                        self.stats.failed_requests += 1
-                    msg = f"HTTP {code} from {cfg.base_url or 'the endpoint'}: {getattr(e, 'message', e)}"
-                    self._event({"event": "request", "head": name, "round": rnd, "status": "failed",
-                                 "reason": str(code), "message": msg[:500]})
-                    raise _RequestFailed(msg) from None
+                resp = self._send(kwargs)
+            except Exception as e:  # noqa: BLE001 - every way a request can fail is classified here
+                reason, retryable, detail, retry_after = self._request_failure(e)
             else:
                 return self._account(resp, name, rnd, time.monotonic() - t0)
             finally:
                 with self._lock:
                     self._in_flight -= 1
-            if attempt == cfg.max_retries:
+            if not retryable or attempt == cfg.max_retries:
                 with self._lock:
                     self.stats.failed_requests += 1
-                self._event({"event": "request", "head": name, "round": rnd, "status": "failed", "reason": reason})
-                raise _RequestFailed(f"gave up after {attempt + 1} attempts (last: {reason})")
+                self._event({"event": "request", "head": name, "round": rnd, "status": "failed", "reason": reason,
+                             "message": detail, "latency": round(time.monotonic() - t0, 4)})
+                raise _RequestFailed(detail if not retryable else
+                                     f"gave up after {attempt + 1} attempts (last: {reason}: {detail})")
             delay = retry_after if retry_after is not None else self._backoff(attempt)
             with self._lock:
                 self.stats.retries += 1
@@ -676,6 +736,61 @@ class LLMAgent:
                          "delay": round(delay, 4), "latency": round(time.monotonic() - t0, 4)})
             self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(self, kwargs: dict[str, Any]) -> Any:
+        """One chat completion under a total deadline of ``request_timeout`` s; a late one is cut off.
+
+        The call runs on its own thread so that the deadline holds however the endpoint drips bytes (HTTP
+        client timeouts apply per read); at the deadline its connection is closed and the call abandoned.
+        """
+        cfg = self.config
+        client = self.client
+        deadline = time.monotonic() + cfg.request_timeout
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def call() -> None:
+            _REQUEST.deadline, _REQUEST.max_bytes = deadline, cfg.max_response_bytes
+            try:
+                box["response"] = client.chat.completions.create(**kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="llm-call", daemon=True).start()
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            self._drop_client(client)
+            raise _DeadlinePassed()
+        if "error" in box:
+            raise box["error"]
+        return box["response"]
+
+    def _request_failure(self, error: BaseException) -> tuple[str, bool, str, float | None]:
+        """(reason, retryable, message, retry-after seconds) of a failed request."""
+        import openai
+
+        cfg = self.config
+        where = cfg.base_url or "the endpoint"
+        chain = list(_exception_chain(error))
+        if any(isinstance(e, _ReplyTooLarge) for e in chain):
+            return ("too_large", False, f"the response from {where} exceeds max_response_bytes="
+                    f"{cfg.max_response_bytes}; refused without reading the rest", None)
+        if any(isinstance(e, _RefusedEncoding) for e in chain):
+            return ("encoding", False, f"the response from {where} is compressed although 'identity' was asked "
+                    "for; compressed responses are refused", None)
+        if any(isinstance(e, (_DeadlinePassed, openai.APITimeoutError)) for e in chain):
+            return "timeout", True, f"no complete response within request_timeout={cfg.request_timeout:g} s", None
+        if isinstance(error, openai.APIStatusError):
+            code = int(error.status_code)
+            text = f"HTTP {code} from {where}: {_excerpt(getattr(error, 'message', ''))}"
+            if code == 429 or code in (408, 409) or code >= 500:
+                reason = "429" if code == 429 else "5xx" if code >= 500 else str(code)
+                return reason, True, text, _retry_after(getattr(error, "response", None), cfg.retry_after_max)
+            return str(code), False, text, None
+        if isinstance(error, openai.APIConnectionError):
+            return "connection", True, f"could not connect to {where} or the connection broke", None
+        return "bad_response", True, f"unreadable response from {where} ({type(error).__name__})", None
 
     def _backoff(self, attempt: int) -> float:
         cfg = self.config
@@ -686,8 +801,8 @@ class LLMAgent:
     def _account(self, resp: Any, name: str, rnd: int, latency: float) -> str:
         cfg = self.config
         usage = getattr(resp, "usage", None)
-        pt = int(getattr(usage, "prompt_tokens", 0) or 0) if usage is not None else 0
-        ct = int(getattr(usage, "completion_tokens", 0) or 0) if usage is not None else 0
+        pt = _token_count(getattr(usage, "prompt_tokens", 0)) if usage is not None else 0
+        ct = _token_count(getattr(usage, "completion_tokens", 0)) if usage is not None else 0
         cost = pt / 1000.0 * cfg.price_prompt_per_1k + ct / 1000.0 * cfg.price_completion_per_1k
         with self._lock:
             self.stats.prompt_tokens += pt
@@ -697,11 +812,11 @@ class LLMAgent:
                 self.stats.missing_usage += 1
         self._event({"event": "request", "head": name, "round": rnd, "status": "ok", "prompt_tokens": pt,
                      "completion_tokens": ct, "cost": cost, "latency": round(latency, 4)})
-        choices = getattr(resp, "choices", None) or []
-        if not choices:
+        choices = getattr(resp, "choices", None)
+        if not isinstance(choices, list) or not choices:
             return ""
-        msg = getattr(choices[0], "message", None)
-        return (getattr(msg, "content", None) or "") if msg is not None else ""
+        content = getattr(getattr(choices[0], "message", None), "content", None)
+        return content if isinstance(content, str) else ""
 
     def _event(self, event: dict[str, Any]) -> None:
         if self._journal is not None:
@@ -722,16 +837,17 @@ class LLMAgent:
                       failures: list[dict[str, Any]], split: str) -> np.ndarray | None:
         try:
             return self._patterns(program, seqs, causal)
-        except ProgramExecutionError as e:
-            reason, msg = e.reason, str(e)
         except Exception as e:  # noqa: BLE001 - e.g. a feature view that needs a missing spaCy model
-            reason, msg = "error", f"{type(e).__name__}: {e}"
+            error: Exception = e
+        reason = error.reason if isinstance(error, ProgramExecutionError) else "error"
+        local = str(error) if isinstance(error, ProgramExecutionError) else f"{type(error).__name__}: {error}"
         with self._lock:
             self.stats.failed_programs += 1
             self.stats.failure_reasons[reason] += 1
-        failures.append({"kind": program.kind, "text": program.text, "reason": reason, "message": msg})
+        failures.append({"kind": program.kind, "text": program.text, "reason": reason,
+                         "message": P.failure_feedback(error, program.text)})
         self._event({"event": "program_failed", "head": P.head_name(head), "split": split, "reason": reason,
-                     "hash": program.hash, "message": msg[:500]})
+                     "hash": program.hash, "message": _excerpt(local, 500)})
         return None
 
     def _score_synth(self, programs: list[tuple[Program, str]], real: np.ndarray, lengths: np.ndarray,
@@ -801,6 +917,88 @@ class LLMAgent:
                           "jsd": a.jsd, "iou": a.iou, "sequences": seqs})
         others = [{"kind": a.program.kind, "text": a.program.text, "jsd": a.jsd} for a in attempts[len(shown):][:8]]
         return P.feedback_section(shown, failures, others, cfg.max_tokens_shown)
+
+
+def _exception_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and its causes / contexts, each once."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _excerpt(text: Any, limit: int = 300) -> str:
+    """``str(text)`` cut to ``limit`` characters (for local logs and errors)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _echo(content: str | None, limit: int = 4000) -> str:
+    """A reply as it is sent back in the conversation: cut when long (the endpoint sent it; no need to resend)."""
+    content = content or ""
+    return content if len(content) <= limit else content[:limit] + f"\n... ({len(content) - limit} more characters cut)"
+
+
+def _token_count(value: Any) -> int:
+    """A usage count from the endpoint as an int in [0, 1e9] (0 when it is not a number)."""
+    try:
+        count = int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return min(max(count, 0), 10**9)
+
+
+def _close_quietly(client: Any) -> None:
+    """Close a client; errors (e.g. from a connection another thread is using) do not matter here."""
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _guard_response(response: Any) -> None:
+    """httpx response hook: refuse compressed or oversized responses; cap the body and its deadline as it streams."""
+    limit = getattr(_REQUEST, "max_bytes", None)
+    if limit is None:
+        return
+    encoding = str(response.headers.get("content-encoding", "")).strip().lower()
+    if encoding not in ("", "identity"):
+        raise _RefusedEncoding(encoding[:40])
+    length = str(response.headers.get("content-length", "")).strip()
+    if re.fullmatch(r"[0-9]+", length) and (len(length) > 15 or int(length) > limit):
+        raise _ReplyTooLarge(f"Content-Length {length[:20]} > {limit}")
+    base = next((c for c in type(response.stream).__mro__ if c.__name__ == "SyncByteStream"), None)
+    if base is not None:
+        response.stream = _capped_stream_class(base)(response.stream, limit, getattr(_REQUEST, "deadline", None))
+
+
+@functools.lru_cache(maxsize=4)
+def _capped_stream_class(base: type) -> type:
+    """A subclass of ``base`` (the HTTP library's SyncByteStream) that stops at a byte cap or a deadline."""
+
+    class CappedStream(base):  # type: ignore[misc, valid-type]
+        """A response body read chunk by chunk, never past ``limit`` bytes or ``deadline``."""
+
+        def __init__(self, inner: Any, limit: int, deadline: float | None) -> None:
+            self._inner, self._limit, self._deadline = inner, limit, deadline
+
+        def __iter__(self) -> Iterator[bytes]:
+            total = 0
+            for chunk in self._inner:
+                total += len(chunk)
+                if total > self._limit:
+                    raise _ReplyTooLarge(f"more than {self._limit} bytes")
+                if self._deadline is not None and time.monotonic() > self._deadline:
+                    raise _DeadlinePassed()
+                yield chunk
+
+        def close(self) -> None:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+
+    return CappedStream
 
 
 def _pad(pattern: np.ndarray, width: int) -> np.ndarray:

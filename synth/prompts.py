@@ -4,12 +4,19 @@ Pure functions, no network: the system prompt (the scoring rule, the DSL and the
 described from their own modules so the prompt cannot drift from the code), the per-head prompt
 (example sequences with their strongest ``query -> key (weight)`` pairs), the refinement feedback (the
 worst sequences of the best programs, real vs predicted keys per query as token strings, failures), and
-the reply parser (a JSON object ``{"hypothesis", "kind", "program"}``, tolerant of code fences and chatter).
+the reply parser (a JSON object ``{"hypothesis", "kind", "program"}``, tolerant of code fences and chatter),
+and :func:`failure_feedback`, the one way a failure is described to the model.
+
+Nothing computed by a proposed program is ever put into a prompt as text: a failure is described by its
+kind, a known exception type name and a line number, plus at most ``MAX_FEEDBACK_CHARS`` characters of a
+message the library itself wrote (see :func:`failure_feedback`).
 
 Tokens are shown as ``index:"token"`` (JSON-quoted, so spaces and newlines stay visible).
 """
 from __future__ import annotations
 
+import builtins
+import functools
 import json
 import math
 import re
@@ -19,11 +26,25 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ProgramExecutionError, ProgramValidationError
+
 __all__ = [
     "MalformedReply", "ParsedReply", "parse_reply", "strongest_pairs", "row_jsd", "top_keys",
     "dsl_reference", "sequence_api_reference", "system_prompt", "head_prompt", "feedback_section",
-    "retry_message", "format_token", "format_tokens", "head_name", "REPLY_FORMAT",
+    "retry_message", "format_token", "format_tokens", "head_name", "REPLY_FORMAT", "failure_feedback",
+    "safe_type_name", "MAX_FEEDBACK_CHARS", "MAX_REPLY_CHARS", "MAX_PROGRAM_CHARS", "MAX_HYPOTHESIS_CHARS",
 ]
+
+#: longest failure message shown to the model (library-written text only)
+MAX_FEEDBACK_CHARS = 300
+#: longest reply read; longer replies are refused unread (parsing cost, echo back to the endpoint)
+MAX_REPLY_CHARS = 200_000
+#: longest program text accepted from a reply
+MAX_PROGRAM_CHARS = 50_000
+#: longest hypothesis kept
+MAX_HYPOTHESIS_CHARS = 2_000
+#: JSON objects tried per reply (each ``{`` is a candidate start)
+_MAX_JSON_STARTS = 64
 
 REPLY_FORMAT = (
     'Reply with ONLY one JSON object, no prose around it:\n'
@@ -279,7 +300,7 @@ def feedback_section(attempts: _Seq[dict[str, Any]], failures: _Seq[dict[str, An
             f"  - {_program_block(o['kind'], o['text'], 300)} (JSD {o['jsd']:.3f})" for o in others))
     if failures:
         parts.append("These proposals failed (do not repeat them):\n" + "\n".join(
-            f"  - {_program_block(f['kind'], f['text'], 400)}\n    -> {f['reason']}: {f['message'][:400]}"
+            f"  - {_program_block(f['kind'], f['text'], 400)}\n    -> {_reason(f['reason'])}: {_cap(f['message'])}"
             for f in failures))
     parts.append("Propose a better program that fixes the mismatches above (different from every program "
                  "already tried). " + REPLY_FORMAT)
@@ -287,9 +308,138 @@ def feedback_section(attempts: _Seq[dict[str, Any]], failures: _Seq[dict[str, An
 
 
 def retry_message(reason: str) -> str:
-    """The follow-up user message after an unusable reply."""
-    return (f"Your reply could not be used: {reason}\n"
+    """The follow-up user message after an unusable reply (``reason`` from :func:`failure_feedback`)."""
+    return (f"Your reply could not be used: {_cap(reason)}\n"
             "Fix this and answer again. " + REPLY_FORMAT)
+
+
+# ------------------------------------------------------------------------------------------------
+# failures shown to the model
+# ------------------------------------------------------------------------------------------------
+
+_TYPE_NAME_RE = re.compile(r"[A-Za-z_]{1,40}")
+_RAISED_RE = re.compile(r"^sequence \d+: (?:the program raised ([A-Za-z_][A-Za-z0-9_]*)|(RecursionError):)")
+_AT_LINE_RE = re.compile(r"\((?:at|interrupted at) line (\d{1,6})\b")
+_SIGNAL_RE = re.compile(r"^sequence \d+: the program's process died with (SIG[A-Z0-9]{1,10})\b")
+_LOADING = "while loading the program (top-level code)"
+
+_EXECUTION_SUMMARY = {
+    "crash": "the program raised {exc}",
+    "timeout": "the program exceeded its time limit",
+    "memory": "the program ran out of memory (MemoryError); use smaller arrays",
+    "bad_output": "the program's return value is not a valid n x n array of finite scores",
+    "sandbox": "the sandbox could not run the program",
+}
+
+_REASONS_SHOWN = frozenset({"crash", "timeout", "memory", "bad_output", "sandbox", "invalid", "error"})
+
+#: fixed descriptions of bad outputs, chosen by a phrase of the library's own message
+_BAD_OUTPUT = (
+    ("returned None", "the program returned None; it must return an n x n array of scores"),
+    ("rows; expected", "the program returned the wrong number of rows; it must return an n x n array"),
+    ("shape", "the program returned an array of the wrong shape; it must be n x n for each sequence"),
+    ("not a rectangular", "the program's return value is not a rectangular numeric array"),
+    ("dtype", "the program's return value is not made of real numbers"),
+    ("cells; the sandbox limit", "the program's return value is larger than the sandbox allows"),
+    ("finite", "the program returned NaN or inf scores; scores must be finite"),
+    ("NaN/inf", "the program returned NaN or inf scores; scores must be finite"),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _known_exception_names() -> frozenset[str]:
+    """Names of the exception types a program can raise: Python's builtins and numpy's own."""
+    names = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    for mod in (getattr(np, "exceptions", None), np.linalg):
+        for n, v in vars(mod or object).items():
+            if isinstance(v, type) and issubclass(v, BaseException):
+                names.add(n)
+    return frozenset(names | {"error", "PatternError", "AxisError", "LinAlgError"})
+
+
+def _reason(reason: Any) -> str:
+    """A failure reason as shown: one of the library's own reason words, else "failed"."""
+    return reason if reason in _REASONS_SHOWN else "failed"
+
+
+def _cap(text: str, limit: int = MAX_FEEDBACK_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (marked when cut)."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def safe_type_name(name: Any, known_only: bool = False) -> str | None:
+    """An exception type name fit for a prompt: a known name, else (unless ``known_only``) [A-Za-z_]{1,40}."""
+    if not isinstance(name, str):
+        return None
+    if name in _known_exception_names():
+        return name
+    return name if not known_only and _TYPE_NAME_RE.fullmatch(name) else None
+
+
+def _line_number(error: ProgramExecutionError, message: str, program_text: str | None) -> int | None:
+    """The program line of a failure, from a structured field or the library's ``(at line N`` suffix."""
+    value = getattr(error, "lineno", None)
+    if not isinstance(value, int):
+        found = _AT_LINE_RE.findall(message)
+        value = int(found[-1]) if found else None
+    if value is None or program_text is None:
+        return None
+    return value if 1 <= value <= program_text.count("\n") + 1 else None
+
+
+def _raised_type(error: ProgramExecutionError, message: str) -> str | None:
+    """The type name of the exception a program raised: structured field or the library's prefix, if known."""
+    name = getattr(error, "exc_type", None)
+    if name is None:
+        m = _RAISED_RE.match(message)
+        name = (m.group(1) or m.group(2)) if m else None
+    return safe_type_name(name, known_only=True)
+
+
+def _execution_feedback(error: ProgramExecutionError, program_text: str | None) -> str:
+    """A failed run described by reason, known type name and line only: the program's own text never shows."""
+    message = str(error.args[0]) if error.args else ""
+    reason = error.reason if error.reason in _EXECUTION_SUMMARY else "crash"
+    if reason == "bad_output":
+        return next((text for phrase, text in _BAD_OUTPUT if phrase in message), _EXECUTION_SUMMARY[reason])
+    exc = _raised_type(error, message)
+    signal_match = _SIGNAL_RE.match(message) if reason == "crash" and exc is None else None
+    if signal_match:
+        text = f"the program's process was killed by {signal_match.group(1)}"
+    elif reason == "crash":
+        text = _EXECUTION_SUMMARY["crash"].format(exc=exc or "an exception")
+    else:
+        text = _EXECUTION_SUMMARY[reason]
+    line = _line_number(error, message, program_text)
+    if line is not None:
+        text += f" (at line {line})"
+    if message.endswith(_LOADING):
+        text += " while loading the program (top-level code)"
+    if exc == "RecursionError":
+        text += "; avoid deep recursion (use loops)"
+    return text
+
+
+def failure_feedback(error: BaseException, program_text: str | None = None) -> str:
+    """What the model is told about a failure: safe against programs that try to leak data through errors.
+
+    Library-written messages about the reply itself (malformed, rejected by validation) are kept, cut to
+    ``MAX_FEEDBACK_CHARS``. A failed run (``ProgramExecutionError``) is described by its reason, a known
+    exception type name and a line number within ``program_text``; the program's exception text, traceback,
+    output and computed values never show. Any other error shows its (sanitized) type name only.
+    """
+    if isinstance(error, ProgramExecutionError):
+        text = _execution_feedback(error, program_text)
+    elif isinstance(error, (MalformedReply, ProgramValidationError)):
+        text = str(error) or type(error).__name__
+    elif isinstance(error, RecursionError):
+        text = "RecursionError: the program is nested too deeply"
+    elif type(error).__name__ == "FeatureDependencyError":
+        text = "a linguistic feature view the program uses is not installed here; use the basic views"
+    else:
+        text = f"{safe_type_name(type(error).__name__) or 'an error'} (details withheld)"
+    return _cap(text)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -311,24 +461,37 @@ class ParsedReply:
     @property
     def text(self) -> str:
         """The program as text (DSL JSON is dumped)."""
-        return self.program if isinstance(self.program, str) else json.dumps(self.program)
+        return self.program if isinstance(self.program, str) else _dumps(self.program)
+
+
+def _dumps(obj: Any) -> str:
+    """``json.dumps(obj)``, or a placeholder for JSON too deeply nested to write back."""
+    try:
+        return json.dumps(obj)
+    except (RecursionError, ValueError, TypeError):
+        return "(JSON too deeply nested to show)"
 
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?\s*\n(.*?)```", re.S)
 
 
 def _json_objects(text: str) -> Iterable[Any]:
-    """Every JSON object embedded in ``text``: fenced blocks first, then each ``{`` tried in order."""
+    """JSON objects embedded in ``text``: fenced blocks first, then the first ``_MAX_JSON_STARTS`` ``{``.
+
+    Too deeply nested JSON is skipped like malformed JSON (it would raise RecursionError).
+    """
     dec = json.JSONDecoder()
-    for block in _FENCE_RE.findall(text):
+    for block in _FENCE_RE.findall(text)[:_MAX_JSON_STARTS]:
         try:
             yield json.loads(block)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
-    for m in re.finditer(r"\{", text):
+    for k, m in enumerate(re.finditer(r"\{", text)):
+        if k >= _MAX_JSON_STARTS:
+            return
         try:
             obj, _ = dec.raw_decode(text, m.start())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         yield obj
 
@@ -342,6 +505,9 @@ def parse_reply(text: str | None) -> ParsedReply:
     if text is None or not str(text).strip():
         raise MalformedReply("the reply was empty")
     text = str(text)
+    if len(text) > MAX_REPLY_CHARS:
+        raise MalformedReply(f"the reply is {len(text)} characters long; at most {MAX_REPLY_CHARS} are read: "
+                             "answer with one short JSON object")
     found = None
     for obj in _json_objects(text):
         if isinstance(obj, dict) and "program" in obj:
@@ -352,21 +518,26 @@ def parse_reply(text: str | None) -> ParsedReply:
     if found is None:
         raise MalformedReply("no JSON object found in the reply")
     if "program" not in found:
-        raise MalformedReply(f"the JSON object has no \"program\" field (it has: {', '.join(map(str, found)) or 'none'})")
+        keys = _cap(", ".join(map(str, list(found)[:20])) or "none", 120)
+        raise MalformedReply(f"the JSON object has no \"program\" field (it has: {keys})")
     program = found["program"]
     hypothesis = found.get("hypothesis", "")
     if not isinstance(hypothesis, str):
-        hypothesis = json.dumps(hypothesis)
+        hypothesis = _dumps(hypothesis)
     if "hypothesis" not in found:
         raise MalformedReply("the JSON object has no \"hypothesis\" field")
     if isinstance(program, str):
         if not program.strip():
             raise MalformedReply("the \"program\" field is empty")
+        if len(program) > MAX_PROGRAM_CHARS:
+            raise MalformedReply(f"the program is {len(program)} characters long; at most {MAX_PROGRAM_CHARS} "
+                                 "are allowed: write a shorter program")
     elif not isinstance(program, (dict, list)):
         raise MalformedReply(f"\"program\" must be a string (DSL text or Python source), got {type(program).__name__}")
-    kind = str(found.get("kind", "")).strip().lower()
+    kind = found.get("kind")
+    kind = kind.strip().lower() if isinstance(kind, str) else ""
     if kind not in ("dsl", "python"):
         kind = "python" if isinstance(program, str) and re.search(r"(^|\n)\s*def\s", program) else "dsl"
     if kind == "python" and not isinstance(program, str):
         raise MalformedReply("a Python program must be source text in the \"program\" string")
-    return ParsedReply(hypothesis=hypothesis.strip(), kind=kind, program=program)
+    return ParsedReply(hypothesis=_cap(hypothesis.strip(), MAX_HYPOTHESIS_CHARS), kind=kind, program=program)

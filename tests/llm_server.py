@@ -2,8 +2,8 @@
 
 ``ScriptedLLMServer`` runs ``http.server.ThreadingHTTPServer`` in a background thread on an ephemeral port
 and answers ``POST /v1/chat/completions`` from a *responder*: a function of the recorded request that
-returns a :class:`Reply` (a completion, an HTTP error with headers, a slow reply, or one that blocks on an
-event). ``by_head`` builds a responder from per-head reply queues, keyed by the head name (``L0H1``) found
+returns a :class:`Reply` (a completion, an HTTP error with headers, a slow reply, one that blocks on an
+event, or a hostile one: a body dripped one byte at a time, raw bytes such as a huge or deeply nested body). ``by_head`` builds a responder from per-head reply queues, keyed by the head name (``L0H1``) found
 in the request's user messages. Every request is recorded (body, messages, head, reply sent, usage) and the
 server tracks the largest number of requests in flight at once.
 """
@@ -30,6 +30,9 @@ class Reply:
     (e.g. ``{"Retry-After": "0.3"}``). ``delay``: seconds to wait before answering (longer than the
     client timeout = a timeout). ``wait``: an event to block on before answering (kill-and-resume tests).
     ``prompt_tokens`` / ``completion_tokens``: the usage reported (default: characters / 4).
+    ``drip``: send the headers, then the body one byte every ``drip`` seconds (``drip_headers``: the
+    headers too). ``raw``: a 200 body sent as is instead of a completion: bytes, or a function returning
+    an iterable of byte chunks (sent chunked when ``chunked``, else with ``raw_length`` as Content-Length).
     """
 
     content: str = ""
@@ -41,6 +44,11 @@ class Reply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     label: str = ""
+    drip: float = 0.0
+    drip_headers: bool = False
+    raw: bytes | Callable[[], Iterable[bytes]] | None = None
+    raw_length: int | None = None
+    chunked: bool = False
 
     @classmethod
     def program(cls, program: Any, hypothesis: str = "a hypothesis", kind: str | None = None,
@@ -60,6 +68,13 @@ class Reply:
         return cls(status=status, headers=dict(headers or {}),
                    body={"error": {"message": message, "type": "scripted", "code": status}}, **kw)
 
+    @classmethod
+    def stream(cls, chunk: bytes, count: int, chunked: bool = True, **kw: Any) -> "Reply":
+        """A 200 body of ``count`` copies of ``chunk``, generated as it is sent (never held whole)."""
+        kw.setdefault("label", f"stream:{len(chunk) * count}")
+        return cls(raw=lambda: (chunk for _ in range(count)), raw_length=None if chunked else len(chunk) * count,
+                   chunked=chunked, **kw)
+
 
 @dataclass
 class RecordedRequest:
@@ -75,6 +90,7 @@ class RecordedRequest:
     finished: float | None = None
     usage: dict[str, int] | None = None
     dropped: bool = False
+    sent_bytes: int = 0
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -229,6 +245,35 @@ class ScriptedLLMServer:
             done = [r.usage for r in self.requests if r.usage is not None]
         return sum(u["prompt_tokens"] for u in done), sum(u["completion_tokens"] for u in done)
 
+    # ------------------------------------------------------------------ hostile replies
+    def _drip(self, h: BaseHTTPRequestHandler, req: RecordedRequest, data: bytes, reply: Reply) -> None:
+        """Send the headers (dripped too when ``drip_headers``), then ``data`` one byte per ``reply.drip`` s."""
+        head = _header_block(200, {"Content-Type": "application/json", "Content-Length": str(len(data)),
+                                   **reply.headers})
+        h.close_connection = True
+        if not reply.drip_headers:
+            _write(h, req, head)
+            head = b""
+        for k in range(len(head) + len(data)):
+            _write(h, req, (head + data)[k:k + 1])
+            time.sleep(reply.drip)
+
+    def _send_raw(self, h: BaseHTTPRequestHandler, req: RecordedRequest, reply: Reply) -> None:
+        """Send ``reply.raw`` as a 200 body (chunked, or with its Content-Length)."""
+        chunks: Iterable[bytes] = [reply.raw] if isinstance(reply.raw, bytes) else reply.raw()  # type: ignore[misc]
+        headers = {"Content-Type": "application/json", **reply.headers}
+        if reply.chunked:
+            headers["Transfer-Encoding"] = "chunked"
+        else:
+            length = reply.raw_length if reply.raw_length is not None else len(reply.raw)  # type: ignore[arg-type]
+            headers["Content-Length"] = str(length)
+        h.close_connection = True
+        _write(h, req, _header_block(200, headers))
+        for chunk in chunks:
+            _write(h, req, b"%x\r\n%s\r\n" % (len(chunk), chunk) if reply.chunked else chunk)
+        if reply.chunked:
+            _write(h, req, b"0\r\n\r\n")
+
     # ------------------------------------------------------------------ the handler
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
@@ -257,6 +302,9 @@ class ScriptedLLMServer:
             if (reply.delay or reply.wait is not None) and _peer_closed(h):
                 req.dropped = True  # the client timed out or went away: it never sees this reply
                 return
+            if reply.raw is not None:
+                self._send_raw(h, req, reply)
+                return
             if reply.status != 200:
                 h._send(reply.status, reply.body if reply.body is not None else {"error": {"message": "error"}},  # type: ignore[attr-defined]
                         reply.headers)
@@ -268,20 +316,40 @@ class ScriptedLLMServer:
                                       else max(1, len(reply.content) // 4)),
             }
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-            completion = {
-                "id": f"chatcmpl-scripted-{req.index}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.content},
-                             "finish_reason": "stop", "logprobs": None}],
-                "usage": usage,
-            }
+            completion = completion_body(req, reply, body.get("model") or self.model, usage)
+            if reply.drip:
+                self._drip(h, req, json.dumps(completion).encode(), reply)
+                return
             h._send(200, completion, reply.headers)  # type: ignore[attr-defined]
             req.usage = usage  # counted only once the client could have read it
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (timeout): nothing to answer
+            req.dropped = True  # the client gave up (timeout, refused reply): nothing more to send
         finally:
             with self.lock:
                 self.in_flight -= 1
                 req.finished = time.monotonic()
+
+
+def completion_body(req: RecordedRequest, reply: Reply, model: str, usage: dict[str, int]) -> dict[str, Any]:
+    """The chat-completion JSON object answering ``req`` with ``reply.content``."""
+    return {
+        "id": f"chatcmpl-scripted-{req.index}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.content},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": usage,
+    }
+
+
+def _write(h: BaseHTTPRequestHandler, req: RecordedRequest, data: bytes) -> None:
+    """Write and flush ``data`` to the client, counting it in ``req.sent_bytes``."""
+    h.wfile.write(data)
+    h.wfile.flush()
+    req.sent_bytes += len(data)
+
+
+def _header_block(status: int, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} OK"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
