@@ -1,0 +1,129 @@
+"""Durable file primitives every layer shares: atomic writes, fsync, sha256, JSON encoding, document splitting.
+
+It sits in the bottom layer (standard library only) so that the tensor cache, the attention store,
+program sets, checkpoints and the embedded model's files all write the same way: into a temporary
+file beside the target, flushed and fsynced, then renamed over it (atomic on POSIX), so a reader
+sees either the old file or the whole new one and a killed writer leaves no torn file.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "atomic_file", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
+    "sha256_bytes", "json_default", "json_bytes", "split_documents",
+]
+
+_CHUNK = 1 << 20
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a file's data to disk."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a directory entry (a rename into it) to disk; best effort where directories have no descriptors."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path`` for writing; on a clean exit fsync it and rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (see :func:`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def json_default(obj: Any) -> Any:
+    """JSON for what numpy, torch and the standard library hand us: scalars, arrays, sets, paths, counters."""
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        return obj.item()  # numpy / torch scalars
+    if hasattr(obj, "tolist") and callable(obj.tolist):
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, dict):  # dict subclasses such as Counter
+        return dict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON-serializable; use numbers, strings, lists and dicts")
+
+
+def _finite(x: Any) -> Any:
+    """NaN and infinities are not JSON: they become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def json_bytes(obj: Any, indent: int | None = 1, sort_keys: bool = True) -> bytes:
+    """Strict JSON (non-finite floats as null) with :func:`json_default` for numpy/torch values."""
+    plain = json.loads(json.dumps(obj, default=json_default))
+    return json.dumps(_finite(plain), indent=indent, sort_keys=sort_keys, allow_nan=False).encode()
+
+
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 1, sort_keys: bool = True) -> None:
+    """Replace ``path`` with ``obj`` as JSON, atomically."""
+    atomic_write_bytes(path, json_bytes(obj, indent=indent, sort_keys=sort_keys))
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def split_documents(text: str) -> list[str]:
+    """Documents of a corpus text: split at blank lines, each stripped, empty ones dropped."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return [d.strip() for d in _BLANK_LINE.split(text) if d.strip()]
