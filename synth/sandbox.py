@@ -508,6 +508,7 @@ def _warm_up() -> None:
 
     platform.machine()
     warnings.simplefilter("ignore")
+    pysafety.allowed_attributes()  # cached before hardening: the import hook consults it for `from numpy import x`
     for mod in ("numpy._core._methods", "numpy._core._internal", "numpy._core._exceptions", "numpy._core.arrayprint",
                 "numpy._core._dtype", "numpy._core._ufunc_config", "numpy.exceptions", "numpy.dtypes"):
         try:

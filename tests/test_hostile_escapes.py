@@ -305,6 +305,16 @@ def test_forged_frame_for_its_own_request_is_only_its_own_output(pool):
     assert_serving(pool)
 
 
+def test_ordinary_programs_run_inside_the_contained_worker(pool):
+    """Containment leaves the program API whole: from-imports, numpy, re, features and the global RNG."""
+    src = ("from numpy import tril, ones\nimport re\nfrom math import sqrt\n"
+           "def f(seq):\n    w = len(re.findall(r't', seq.text)) + sqrt(4.0) + np.random.rand()\n"
+           "    return tril(ones((seq.n, seq.n))) * w\n")
+    res = pool.run(src, [SEQ], timeout=5.0)[0]
+    assert isinstance(res, np.ndarray), res
+    assert res[0, 0] > SEQ.n + 2.0 and res[0, 1] == 0.0
+
+
 def test_hardening_report_names_the_file_system_layers(pool):
     assert_serving(pool)
     limits = pool.hardening["job_limits"]
