@@ -18,69 +18,7 @@ cache in a list (as a naive user would; run under no_grad, which favours it). Co
 
 Run: ``python benchmarks/capture.py [--quick] [--threads 1] [--models stories,gpt2]``.
 
-After the fix was applied to surgery/ (torch float16 cast and topk in ``put``, per-sequence stacking,
-``save_file`` shards, sequences.json written once), ``--quick --models stories --skip-memory`` under load
-average ~12 measured: plain forward 5582 tok/s; capture dense -> disk 4483 tok/s = 0.80x (goal met);
-capture top-q -> disk 3684 tok/s = 0.66x (goal 0.8 missed: torch.topk itself costs ~40% of this tiny
-model's forward, d_head 8; on GPT-2-small both modes are ~1.0x). The ``--try-fix`` prototype that
-measured the fix below (the "proposed fix" rows) was deleted once surgery/ held the same code.
-Re-run after that deletion (same command, idle machine, load 0.7, 3 repeats): plain 23177 tok/s; dense
-0.76x, top-q 0.59x (topk is 28% of capture time): dense sits at the 0.8 line within repeat noise.
-
-Before the fix (the original figures), measured 2026-11 with ``--try-fix`` (torch 2.13 CPU, 1 torch thread, 2 vCPUs SHARED with other jobs:
-load average 10-17 during the runs, so absolute tokens/s are low and noisy; ratios are within-repeat).
-stories260K figures are from ``--models stories --try-fix``, GPT-2 from an earlier full run (before the
-write_shard part of the fix was added to the prototype; its memory rows had no "+fix" rows):
-
-  stories260K, 128 windows <= 256 tokens (12330 tokens), 5 repeats     tok/s   ratio to plain forward
-    plain forward                                                       4462   1.00
-    pattern hooks only (no-op)                                          4352   1.09 (noise; ~1.0)
-    capture dense -> disk                                               1246   0.29   < 0.8 goal
-      (time: put 47%, forward_patterns 36%, write_shard 11%, save_manifest 6%)
-    capture topq -> disk                                                1606   0.41   < 0.8 goal
-      (time: forward_patterns 44%, put 37%, save_manifest 17%, write_shard 1%)
-    dense + proposed fix (store checked identical)                      3926   0.88   goal met
-    topq + proposed fix (store checked identical)                       2905   0.66
-  GPT-2-small random, 16 windows <= 64 tokens (689 tokens), 3 repeats
-    plain 48 tok/s; hooks 1.00; capture dense 1.06, topq 1.02 (ratios > 1 are load noise, ±20%);
-    >= 98% of capture time is the forward itself. Goal met without any fix.
-
-  Peak RSS above baseline (MB), fresh process per row, full windows only (same batch shapes at N, 4N):
-    stories260K, 128-token windows, batch 16, shard 64     N=64    4N=256   4N/N
-      stream dense -> disk                                  280.5    280.7    1.00
-      stream topq -> disk                                   124.5    126.0    1.01
-      run_with_cache, caches kept in a list                 173.5    653.8    3.77   (holds 160 / 640 MB)
-      stream dense -> disk, proposed fix                    101.9    102.6    1.01
-      stream topq -> disk, proposed fix                      87.1     89.0    1.02
-    GPT-2-small random, 64-token windows, batch 8, shard 16  N=16    4N=64
-      stream dense -> disk                                  126.6    126.7    1.00
-      stream topq -> disk                                   118.3    118.4    1.00
-      run_with_cache, caches kept in a list                 117.5    225.8    1.92   (holds 36 / 144 MB)
-  Streaming memory is flat in corpus size (goal met). Its constant today: dense holds a shard three
-  times while writing it (entries + safetensors serialize buffer + ``bytes()`` copy) plus two float32
-  copies of one padded batch, so at shard 64 it exceeds run_with_cache below ~105 windows.
-
-Bottleneck (stories260K misses 0.8x; GPT-2-small meets it because its forward dwarfs the patterns):
-  1. dense: ``np.ndarray.astype(np.float16)`` in ``AttentionStore.put`` runs at ~9-22 M elements/s on
-     real attention patterns vs 600+ M el/s for ``torch.Tensor.half()`` (bit-identical): ~25% of the
-     entries lie below float16's normal range and numpy's cast falls to a slow software path on
-     subnormal/underflowing values (a constant 1e-6 array casts at 2 M el/s, 0.5 at 40+ M el/s).
-  2. top-q: ``np.argpartition`` + argsort + 3 ``take_along_axis`` is ~2x slower than ``torch.topk``.
-  3. ``forward_patterns`` stacks the whole padded float32 batch [B, L, H, N, N] (an extra full copy)
-     before slicing each sequence.
-  4. ``write_shard`` uses ``safetensors.numpy.save`` (serialise into a buffer, copy to ``bytes``, write):
-     two extra shard copies in memory and ~5x the time of ``save_file`` (which streams from the arrays).
-  5. ``save_manifest`` re-encodes every sequence (ids, tokens, text, offsets) as indented JSON after
-     every shard: O(corpus) per shard. Whole tinystories-valid at 256 tokens = 4330 windows, 68 shards:
-     one save ~9 s (20 MB) -> ~650 s per capture vs <= ~220 s of forward: quadratic in corpus size.
-  Fix (now in surgery/store.py, surgery/capture.py):
-  cast with torch (``pattern.to(torch.float16)`` in the hook in dense mode, ``torch.from_numpy(p).half()``
-  in put), select with ``torch.topk(flat, q, sorted=True)``, stack per sequence only the real
-  [L, H, n, n] slices, write shards with ``save_file`` to the temp path + fsync + ``os.replace``, and
-  encode the sequence list once (better: ``sequences.json`` written at the start, per-shard updates only
-  touch ``done_shards``). What remains for topq on stories260K (d_head 8: selecting an element costs
-  more than computing it) is ``torch.topk`` itself (~40% of the forward); overlapping it with the next
-  batch's forward in a worker thread (torch releases the GIL; needs a spare core) is the remaining lever.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -13,21 +13,7 @@ implementation) on a subsample and is extrapolated to all triples; the output sa
 
 Run: ``python benchmarks/metrics.py [--heads 40 --programs 200 --sequences 500 --sample 400]``.
 
-Measured 2026-11-30 on the 2-core dev VM (AMD EPYC Zen 4, numba 0.68, 2 threads) while other jobs
-kept the load average at 9-16, so wall times ran ~3x the CPU times; three full runs gave 54-67x:
-  score_many, 4,000,000 triples, iou+jsd+topq: 109.7 s wall / 35.0 s CPU (27 us/triple wall;
-    RealPatterns built once, 8 blocks of 25 programs); iou+jsd only 98.8 s wall
-  numpy per-triple loop: 1704 us/triple wall / 528 us CPU, timed on 400 random triples and
-    EXTRAPOLATED to all 4,000,000: 6816 s wall / 2113 s CPU
-  speedup: 62x wall-clock, 60x CPU time (goal >= 100x: met for sparse programs, not for dense ones)
-    sparse programs only: 11.9 us/triple -> 143x; dense programs only: 69.9 us/triple -> 24x
-  agreement with the numpy loop on the sample: |dIoU| <= 5e-15, |dJSD| <= 7e-16
-  program_tensors, 20 DSL programs x 500 sequences (625 MiB result, into a reused buffer):
-    no cache 2.62 s wall / 0.75 s CPU; miss (compute + store in memory and on disk) 5.15 s / 1.59 s;
-    memory hit 0.37 s / 0.10 s (14x faster than a miss, 7x faster than no cache); disk hit from a
-    fresh cache 1.61 s / 0.46 s
-Where the time goes: dense candidates (decay, uniform: every visible cell non-zero) need one log per
-cell per head, ~4 ns in place even with the vectorized ``fast_log``; sparse ones cost a few per row.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

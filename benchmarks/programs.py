@@ -21,32 +21,7 @@ program per head. (Benchmark only: it selects and reports on the same sequences.
 
 Run: ``python benchmarks/programs.py [--sequences 1000 --repeats 3 --metric-sequences 200]``.
 
-Measured (2026-11-30, 2 shared CPU cores with a load average of 9-11 from other engineers' jobs,
-numba 0.68 / OpenMP, 1,000 sequences, mean length 85.4, 3 repeats). CPU time is the fair per-core
-measure on this busy VM (wall clock here is 3-4x CPU time for both sides and very noisy):
-
-  per program, CPU ms, 1 thread    numba fresh | numba out= | python ref | x fresh | x out=
-  prev(1)                                 19.8 |       14.3 |       68.9 |      3x |    5x
-  0.7*prev(1) + 0.3*first()               26.9 |       22.1 |      116.5 |      4x |    5x
-  decay(0.8)                              27.5 |       14.2 |      561.1 |     20x |   39x
-  fallback(induction(), first())          30.5 |       23.6 |      186.7 |      6x |    8x
-  same_word()                             20.0 |       13.9 |      184.5 |      9x |   13x
-  match(q=token, k=token, ..., closest)   17.4 |       11.6 |      326.4 |     19x |   28x
-  0.5*prev(2) + 0.5*sharpen(decay(0.5),2) 44.8 |       39.7 |      664.0 |     15x |   17x
-  TOTAL, 20 programs                     669.7 |      366.8 |     3789.8 |      6x |   10x
-  (geometric mean over programs 5x, range 1x-20x; wall clock with 2 threads: 5x)
-
-  The >= 50x goal is NOT met. The numba path is bound by materializing the dense float32 output
-  (1000 x 128 x 128 = 64 MiB per program): first-touch page faults of a fresh array cost ~6-8 ms
-  CPU, the kernel's write pass ~2.5 ms and the in-place normalization pass ~5 ms, while the
-  per-sequence reference spends only ~60 us per sequence on O(n) programs (its small per-sequence
-  arrays are recycled by malloc). Programs whose reference is O(n^2) in Python (decay, match,
-  sharpen mixes) reach 15-40x. Getting to 50x on the simple programs needs a sparse/indexed output
-  (one-hot programs) or evaluation fused with scoring, not faster kernels.
-
-  metrics section: 40 real heads x 20 programs x 200 sequences = 160,000 triples (IoU + JSD):
-  score_many 1.03 s CPU on 1 thread (3.80 s wall, 2 threads) vs the per-triple numpy loop 39.5 s CPU
-  (164 s wall, extrapolated from 400 triples) -> 38x per core, 43x wall; max |diff| 8e-16.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """Benchmark: forward time of a hybrid (25% of heads replaced by DSL programs) vs the unmodified model.
 
-After applying this benchmark's proposals to surgery/replace.py (one stacked tensor per layer and
-batch, in-place pattern edit at inference, no decoding of ids for ids-only DSL programs),
-``--quick --models stories`` under load average ~12 measured (CPU-time medians): warm 1.039x (goal
-<= 1.05x met; 1.9 ms in the hooks = 1.5% of the base forward), cold 1.163x (program evaluation +
-cache 5.5 ms, decoding 0.2 ms). The figures further below are from before that change.
-
 Workload (same inputs, same run, interleaved):
 
 * stories260K (llama2.c, 5 layers x 8 query heads, GQA) over TinyStories windows of 128 tokens
@@ -39,36 +33,7 @@ key = ids to numpy + sha256, dict lookup, clone of the pattern tensor, per-head 
 
 Run: ``python benchmarks/surgery.py [--quick] [--threads 1] [--models stories gpt2] [--profile]``.
 
-Measured (2026-11, full run, 2 CPU cores shared with several other engineers' jobs, load average 10-15:
-absolute times are inflated and vary 2x between runs, wall time 3-5x CPU time; read the CPU ratios and
-the in-hook times; torch 2.13 with 1 intra-op thread, numba 0.68 with 1 thread; CPU-time medians):
-
-  stories260K, 10/40 heads, 4 batches of 16 x 128, warm 15 / cold 5 repeats:
-    warm  base 139.2 ms  hybrid 171.6 ms  1.23x  (wall 1.24x; an earlier run: 1.21x) - MISSES 1.05x
-          inside the hooks 22.6 ms per forward (16% of the base): pattern.clone() of the fresh
-          [16, 8, 128, 128] buffer per hooked layer; batch key + lookup only 0.7 ms
-    cold  base 100.5 ms  hybrid 153.2 ms  1.52x  (earlier run 1.75x); inside the hooks 55 ms:
-          registry ids -> Sequence 35 ms, program evaluation + TensorCache 4.9 ms, other 15 ms
-    profile (28 interleaved runs): base 107.0 ms, hybrid 135.3 ms (1.26x, 21.3 ms in hooks,
-          +10,500 minor page faults per forward = the 5 clones' 8 MiB each), proposed in-place hook
-          104.4 ms (0.98x, 1.5 ms in hooks, no extra faults), logits equal to the hybrid's.
-          Tight-loop costs (allocator warm): sha256 key 0.07 ms, dict 0.00 ms, 5 clones 1.6 ms,
-          10 slice assignments 0.3 ms per forward: the clone costs ~15x more inside a real forward,
-          where each one is a fresh allocation that page-faults.
-  GPT-2-small-shaped random model, 36/144 heads, 2 batches of 8 x 128, warm 7 / cold 3 repeats:
-    warm  base 3658 ms  hybrid 3642 ms  1.00x  (earlier run 1.05x, min 1.00x) - meets 1.05x
-          inside the hooks 11.0 ms per forward (0.3% of the base)
-    cold  base 3726 ms  hybrid 3755 ms  1.01x  (earlier run 1.03x); inside the hooks 23 ms: registry
-          4.5 ms, program evaluation + TensorCache 6.6 ms, other 11.9 ms
-Cause of the stories260K miss and proposed fix (for surgery/replace.py, not applied here): the pattern
-hook clones the whole [B, H, N, N] pattern on every hooked layer; with a tiny d_model the attention
-pattern is the biggest tensor of the forward, and a fresh 8 MiB buffer page-faults on first touch.
-The fix: write the replaced heads in place (``pattern.index_copy_(1, idx, stacked)``, one stacked
-tensor per layer in the per-batch cache, batch key computed once per forward) when autograd does not
-need the original (``not pattern.requires_grad``) and no other hook is on that hook point; out of place
-(``pattern.index_copy``) otherwise. The cold path is dominated on stories260K by the registry
-rebuilding Sequences (decode + re-tokenize; windows cut mid-word do not round-trip and fall back to
-one ``decode`` per prefix); DSL programs that need no text features could skip it.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

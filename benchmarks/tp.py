@@ -8,26 +8,7 @@ Goals: within 1 point of the paper (or better) and <= 15 minutes per task on 2 c
 
 Run: ``python benchmarks/tp.py [--tasks hist reverse ...] [--threads 1] [--epochs 250] [--out runs/bench]``.
 
-Measured (2026-11-30, torch 2.13 CPU, ``torch.set_num_threads(1)``, seed 0, 250 epochs). The 2-core VM
-was shared with other engineers' jobs (load average 4-8) and two benchmark processes ran side by side,
-so wall times are inflated by contention; CPU time (process time of the training loop) is the better
-guide to an unloaded machine:
-
-    task          test acc   paper   delta   CPU s   wall s   decompiled mismatches
-    reverse         99.44    99.79   -0.35     406     2452   0
-    hist           100.00   100.00    0.00     152      398   0
-    double_hist     85.68    98.40  -12.72     423     1256   0   (goal missed; numerical heads count)
-    sort           100.00    99.83   +0.17     529     2487   0
-    most_freq       75.88    75.69   +0.19     682      985   0   (second session: gated numerical values)
-    dyck1           98.31    99.30   -0.99    1078     4260   0
-    dyck2           99.03    99.09   -0.06      932      943   0   (second session, one core to itself: 15.7 min, just over 15)
-
-    Wall times are 3-6x the CPU times because the 2 cores were shared; on an idle machine each task
-    measured here needs <= 18 CPU-minutes (dyck1 the longest). Numerical heads: the first session's
-    runs only counted matching keys (most_freq 69.62 then, -6.07); summing a gated numerical variable,
-    as the paper's code does, lifted most_freq to 75.88 but dropped double_hist to 65.75 (518 CPU s).
-    Each task's shape in ``TASK_CONFIGS`` keeps the variant measured here (gated: most_freq, dyck2;
-    counting: the rest, whose gated runs were not measured). double_hist misses the 1-point goal.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
