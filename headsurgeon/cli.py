@@ -3,72 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Callable
 
+from .kernels.argtypes import fraction, int_at_least, non_negative_float, non_negative_int, positive_int
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 MESSAGE_LIMIT = 1000
-
-
-def _quote(text: str, limit: int = 60) -> str:
-    """A command-line value quoted for an error message, cut so a huge argument is never echoed whole."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum``, refused with a message that says what is allowed."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {_quote(text)}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    parse.__name__ = f"int>={minimum}"
-    return parse
-
-
-positive_int = int_at_least(1)
-non_negative_int = int_at_least(0)
-
-
-def _finite_float(text: str) -> float:
-    """A finite float from the command line, or an ArgumentTypeError naming the bad value."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {_quote(text)}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {_quote(text)}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """An argparse type: a fraction in (0, 1], e.g. 0.025 for the top 2.5% of a pattern."""
-    value = _finite_float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], e.g. 0.025 for the top 2.5%; got {value:g}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value:g}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type: a finite number >= 0."""
-    value = _finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
-    return value
 
 
 def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
@@ -202,18 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands defined next to the code they drive."""
-    out = []
-    for module, attr in (("headsurgeon.surgery.cli", "register"), ("headsurgeon.synth.cli", "register"),
-                         ("headsurgeon.synth.tp.cli", "register"), ("headsurgeon.hub.cli", "register")):
-        try:
-            mod = __import__(module, fromlist=[attr])
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        out.append(getattr(mod, attr))
-    return out
+    """Subcommands defined next to the code they drive (imported here because they import this module)."""
+    from .surgery.cli import register as surgery_commands
+    from .synth.tp.cli import register as tp_commands
+
+    return [surgery_commands, tp_commands]
 
 
 LIBRARY_ERRORS = (

@@ -1,4 +1,4 @@
-"""Scores -> attention: the one normalization every program output goes through (DESIGN section 2).
+"""Scores -> attention: the one normalization every program output goes through (the contract in docs/architecture.md).
 
 The framework, not the program, owns the mask and the normalization, so that every program (DSL or
 Python) becomes a pattern by exactly the same rule:
@@ -12,19 +12,17 @@ Python) becomes a pattern by exactly the same rule:
    as in Transformer Programs);
 6. padded query rows (``i >= length``) are all zero.
 
-``normalize_scores`` is the numpy/numba implementation; ``normalize_scores_torch`` is its twin on
-torch tensors (torch is imported lazily, so this module itself depends only on numpy and numba).
+``normalize_scores`` is the numpy/numba implementation the whole library uses.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
 from .primitives import threads_for
 
-__all__ = ["normalize_scores", "normalize_scores_torch", "visible_mask"]
+__all__ = ["normalize_scores", "visible_mask"]
 
 
 def _check_inputs(shape: tuple[int, ...], lengths: np.ndarray) -> np.ndarray:
@@ -148,47 +146,4 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
             f"key {j} ({hit.size} sequence(s) affected); a program must return finite scores "
             "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"
         )
-    return out
-
-
-def normalize_scores_torch(scores: Any, lengths: Any, causal: bool) -> Any:
-    """Torch twin of ``normalize_scores``: same masks, errors, clipping and BOS default, on any device."""
-    import torch
-
-    if scores.dim() != 3 or scores.shape[1] != scores.shape[2]:
-        raise ValueError(f"scores must have shape [B, N, N]; got {tuple(scores.shape)}")
-    nb, n, _ = scores.shape
-    lengths_t = torch.as_tensor(lengths, device=scores.device).to(torch.long).reshape(-1)
-    if lengths_t.shape[0] != nb:
-        raise ValueError(
-            f"lengths has {lengths_t.shape[0]} entries but scores has batch size {nb}; "
-            "pass one length per sequence"
-        )
-    if nb and (int(lengths_t.min()) < 0 or int(lengths_t.max()) > n):
-        raise ValueError(
-            f"lengths must lie in [0, N={n}]; got min {int(lengths_t.min())}, max {int(lengths_t.max())}"
-        )
-    dtype = scores.dtype if scores.is_floating_point() else torch.float32
-    x = scores.to(dtype)
-    pos = torch.arange(n, device=scores.device)
-    rows = pos.view(1, n) < lengths_t.view(nb, 1)  # [B, N] visible query rows
-    visible = rows[:, :, None] & rows[:, None, :]
-    if causal:
-        visible = visible & (pos.view(1, 1, n) <= pos.view(1, n, 1))
-    bad = visible & ~torch.isfinite(x)
-    if bool(bad.any()):
-        b, i, j = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(
-            f"scores contain a non-finite value ({float(x[b, i, j])!r}) at sequence {b}, query {i}, "
-            f"key {j}; a program must return finite scores (NaN/inf are errors, not masks: "
-            "return 0 for keys it should ignore)"
-        )
-    zero = torch.zeros((), dtype=dtype, device=scores.device)
-    x = torch.where(visible, x.clamp_min(0), zero)
-    total = x.sum(dim=-1, keepdim=True)
-    has_mass = total > 0
-    out = torch.where(has_mass, x / torch.where(has_mass, total, torch.ones_like(total)), zero)
-    sink = (rows & ~has_mass.squeeze(-1)).to(dtype)  # visible rows with no mass -> position 0
-    if n:
-        out[:, :, 0] = out[:, :, 0] + sink
     return out

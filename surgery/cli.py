@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import int_at_least, non_negative_int, positive_int
+from ..kernels.argtypes import int_at_least, non_negative_int, positive_int
 from ..synth.errors import ProgramError, excerpt
 
 if TYPE_CHECKING:

@@ -1,13 +1,12 @@
-"""normalize_scores (numba) and normalize_scores_torch against a plain-loop reference of DESIGN section 2."""
+"""normalize_scores (numba) against a plain-loop reference of the normalization contract (docs/architecture.md)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headsurgeon.kernels.normalize import normalize_scores, normalize_scores_torch, visible_mask
+from headsurgeon.kernels.normalize import normalize_scores, visible_mask
 
 
 def reference(scores: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
@@ -63,22 +62,6 @@ def test_numpy_matches_reference(batch, causal: bool, dtype) -> None:
     np.testing.assert_array_equal(got_junk, got)
 
 
-@settings(max_examples=200, deadline=None)
-@given(batch=score_batches(), causal=st.booleans())
-def test_torch_matches_reference(batch, causal: bool) -> None:
-    scores, lengths = batch
-    want = reference(scores, lengths, causal)
-    got = normalize_scores_torch(torch.from_numpy(scores), torch.from_numpy(lengths), causal)
-    assert got.dtype == torch.float64
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-14)
-    got32 = normalize_scores_torch(torch.from_numpy(scores.astype(np.float32)), lengths, causal)
-    assert got32.dtype == torch.float32
-    np.testing.assert_allclose(got32.numpy(), normalize_scores(scores.astype(np.float32), lengths, causal),
-                               rtol=1e-6, atol=1e-7)
-    junk = normalize_scores_torch(torch.from_numpy(_junk_outside(scores, lengths, causal)), lengths, causal)
-    np.testing.assert_allclose(junk.numpy(), want, rtol=1e-12, atol=1e-14)
-
-
 def test_hand_computed_case() -> None:
     scores = np.array([[[5.0, 9.0, 9.0], [-1.0, 3.0, 7.0], [2.0, -4.0, 2.0]],
                        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [9.0, 9.0, 9.0]]])
@@ -99,12 +82,10 @@ def test_zero_rows_attend_to_position_zero() -> None:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-@pytest.mark.parametrize("impl", ["numpy", "torch"])
-def test_non_finite_visible_score_raises(bad: float, impl: str) -> None:
+def test_non_finite_visible_score_raises(bad: float) -> None:
     scores = np.ones((2, 4, 4))
     scores[1, 2, 1] = bad
-    fn = normalize_scores if impl == "numpy" else (
-        lambda s, l, c: normalize_scores_torch(torch.from_numpy(s), l, c))
+    fn = normalize_scores
     with pytest.raises(ValueError, match=r"non-finite.*sequence 1, query 2, key 1"):
         fn(scores, np.array([4, 4]), True)
     scores[1, 2, 1] = 1.0
@@ -114,10 +95,8 @@ def test_non_finite_visible_score_raises(bad: float, impl: str) -> None:
         fn(scores, np.array([4, 4]), False)
 
 
-@pytest.mark.parametrize("impl", ["numpy", "torch"])
-def test_shape_errors(impl: str) -> None:
-    fn = normalize_scores if impl == "numpy" else (
-        lambda s, l, c: normalize_scores_torch(torch.from_numpy(np.asarray(s, dtype=np.float64)), l, c))
+def test_shape_errors() -> None:
+    fn = normalize_scores
     with pytest.raises(ValueError, match=r"\[B, N, N\]"):
         fn(np.zeros((2, 3, 4)), np.array([3, 3]), True)
     with pytest.raises(ValueError, match="batch size"):

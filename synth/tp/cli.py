@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ...cli import non_negative_int, positive_float, positive_int
+from ...kernels.argtypes import non_negative_int, positive_float, positive_int
 from .tasks import TASKS
 
 _SHAPE_FLAGS = {
