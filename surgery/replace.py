@@ -12,7 +12,7 @@ import hashlib
 import re
 import warnings
 from collections import OrderedDict
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -371,8 +371,3 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     for h, src in heads.items():
         modules[h] = ProgramHead(*h, src, alpha_of.get(h, alpha if not isinstance(alpha, Mapping) else 1.0), cache)
     return HybridModel(handle, modules, cache)
-
-
-def iter_hook_points(model: Any) -> Iterator[tuple[str, nn.Module]]:
-    """(name, hook point) pairs of a bridge, for checking that no hook is left behind."""
-    yield from model.hook_dict.items()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from headsurgeon.synth import features as F
+from headsurgeon.synth.features import spacy_views, wordnet
 from headsurgeon.synth.features import (
     FEATURE_NAMES,
     POS_TAGS,
@@ -302,7 +303,7 @@ def test_rule_sentences_need_no_spacy(sp, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("spaCy must not be loaded for cheap views")
 
-    monkeypatch.setattr(F, "load_spacy", boom)
+    monkeypatch.setattr(spacy_views, "load_spacy", boom)
     seq = sp_seq(sp, "It is 3.5 m long. Dr. Who came!\nNew line here")
     fv = seq.features
     check_sentences(seq, ["It is 3.5 m long.", "Dr. Who came!", "New line here"])
@@ -450,7 +451,7 @@ def test_batching_equals_per_sequence(sp, gpt2, nlp):
     for name, arr in arrs.items():
         assert arr.shape == (len(batch), width) and arr.dtype == np.int64
         for b, s in enumerate(singles):
-            view = getattr(s.features, F._NAME_TO_VIEW[name])
+            view = getattr(s.features, F.KERNEL_FEATURE_VIEWS[name])
             np.testing.assert_array_equal(arr[b, : s.n], np.asarray(view, dtype=np.int64), err_msg=name)
             assert np.all(arr[b, s.n:] == -1)
     for b, s in enumerate(singles):
@@ -461,7 +462,7 @@ def test_batch_arrays_skip_spacy_when_not_needed(sp, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("spaCy loaded for cheap features")
 
-    monkeypatch.setattr(F, "load_spacy", boom)
+    monkeypatch.setattr(spacy_views, "load_spacy", boom)
     seqs = [sp_seq(sp, "A b c. D e!"), sp_seq(sp, "Hi.")]
     arrs = batch_feature_arrays(seqs, [n for n in FEATURE_NAMES if n not in SPACY_FEATURES])
     assert set(arrs) == set(FEATURE_NAMES) - SPACY_FEATURES
@@ -491,7 +492,7 @@ def test_spacy_views_computed_once(sp, nlp, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("spaCy run twice")
 
-    monkeypatch.setattr(F, "load_spacy", boom)
+    monkeypatch.setattr(spacy_views, "load_spacy", boom)
     assert seq.features.pos is pos and seq.features.tag  # served from the cache
     compute_features([seq])  # already computed: nothing to do
 
@@ -513,8 +514,8 @@ def test_missing_spacy_model_message(monkeypatch):
     def no_models(name):
         raise ImportError(f"No module named {name!r}")
 
-    monkeypatch.setattr(F, "_NLP_CACHE", {})
-    monkeypatch.setattr(F, "_import_module", no_models)
+    monkeypatch.setattr(spacy_views, "_NLP_CACHE", {})
+    monkeypatch.setattr(spacy_views, "_import_module", no_models)
     with pytest.raises(FeatureDependencyError) as ei:
         load_spacy()
     msg = str(ei.value)
@@ -538,8 +539,8 @@ def test_spacy_fallback_to_pypi_copy_and_cache(monkeypatch):
             raise ImportError("No module named 'en_core_web_sm'")
         return importlib.import_module(name)
 
-    monkeypatch.setattr(F, "_NLP_CACHE", {})
-    monkeypatch.setattr(F, "_import_module", only_copy)
+    monkeypatch.setattr(spacy_views, "_NLP_CACHE", {})
+    monkeypatch.setattr(spacy_views, "_import_module", only_copy)
     try:
         nlp = load_spacy()
     except FeatureDependencyError:
@@ -555,7 +556,7 @@ def test_missing_wordnet_message(sp, monkeypatch):
     def not_found(*a, **k):
         raise LookupError("Resource wordnet not found.")
 
-    monkeypatch.setattr(F, "_WORDNET", None)
+    monkeypatch.setattr(wordnet, "_WORDNET", None)
     monkeypatch.setattr(nltk.data, "find", not_found)
     seq = sp_seq(sp, "The dog runs.")
     with pytest.raises(FeatureDependencyError) as ei:
@@ -593,8 +594,8 @@ def test_wordnet_flags_with_real_reader(sp, monkeypatch, tmp_path):
     nltk = pytest.importorskip("nltk")
     make_mini_wordnet(tmp_path / "corpora" / "wordnet", {"noun": ["dog", "park"], "verb": ["bark", "park"]})
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)] + list(nltk.data.path))
-    monkeypatch.setattr(F, "_WORDNET", None)
-    monkeypatch.setattr(F, "_WN_MEMO", {})
+    monkeypatch.setattr(wordnet, "_WORDNET", None)
+    monkeypatch.setattr(wordnet, "_WN_MEMO", {})
     text = "The dogs barked in the park. Dog!"
     nouns, verbs = {"dogs", "park", "dog"}, {"barked", "park"}  # by hand, from the entries above
     seq = sp_seq(sp, text)
@@ -617,7 +618,7 @@ def test_incomplete_wordnet_message(sp, monkeypatch, tmp_path):
     make_mini_wordnet(tmp_path / "corpora" / "wordnet", {"noun": ["dog"]})
     (tmp_path / "corpora" / "wordnet" / "index.sense").unlink()  # wordnet-sense-index not installed
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)] + list(nltk.data.path))
-    monkeypatch.setattr(F, "_WORDNET", None)
+    monkeypatch.setattr(wordnet, "_WORDNET", None)
     with pytest.raises(FeatureDependencyError, match="incomplete or unreadable.*wordnet-sense-index"):
         sp_seq(sp, "A dog.").features.is_verb_wordnet
 
@@ -628,7 +629,7 @@ def test_real_wordnet_if_installed(sp, monkeypatch):
         nltk.data.find("corpora/wordnet")
     except LookupError:
         pytest.skip("NLTK WordNet corpus not installed offline (see the FeatureDependencyError message)")
-    monkeypatch.setattr(F, "_WORDNET", None)
+    monkeypatch.setattr(wordnet, "_WORDNET", None)
     seq = sp_seq(sp, "The dog barked.")
     fv = seq.features
     dog = [i for i in range(1, seq.n) if "dog" in seq.text[seq.offsets[i][0]:seq.offsets[i][1]]]
@@ -646,7 +647,7 @@ def test_pipe_gets_each_distinct_text_once(sp, nlp, monkeypatch):
             seen.append(texts)
             return nlp.pipe(texts, batch_size=batch_size)
 
-    monkeypatch.setattr(F, "load_spacy", lambda *a, **k: Recorder())
+    monkeypatch.setattr(spacy_views, "load_spacy", lambda *a, **k: Recorder())
     seqs = [sp_seq(sp, "The cat sat."), sp_seq(sp, "A dog ran."), sp_seq(sp, "The cat sat.")]
     compute_features(seqs)
     assert seen == [["The cat sat.", "A dog ran."]]

@@ -1,6 +1,9 @@
-"""Tests for the embedded default model (hub/zoo.py): shipped files, loading offline, quality, recipe CLI."""
+"""Tests for the embedded default model: shipped files and loading (hub/zoo.py), quality, and the recipe that
+built them (recipes/tiny_stories/, loaded by path: it is not installed)."""
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -14,11 +17,26 @@ import pytest
 import torch
 
 from headsurgeon.hub import zoo
+from headsurgeon.kernels.fileio import split_documents
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CORPUS = SHARED / "data" / "corpora" / "tinystories-valid.txt"
 FIVE_MB = 5 * 1000 * 1000
 EOT = "<|endoftext|>"
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "tiny_stories"
+
+
+def _recipe(name: str):
+    """Import recipes/tiny_stories/<name>.py by path as a module of its own."""
+    spec = importlib.util.spec_from_file_location(f"tiny_stories_{name}", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script runs
+    spec.loader.exec_module(module)
+    return module
+
+
+train_recipe = _recipe("train")
+sample_recipe = _recipe("sample")
 
 
 def _need_corpus() -> str:
@@ -180,9 +198,9 @@ def test_greedy_generation_is_english_like(shipped):
 def test_sampling_is_seeded_and_tidy(shipped):
     _, _, d, _ = shipped
     kw = dict(model_path=d, max_new_tokens=32, batch_size=3, min_chars=1, progress=False)
-    a = zoo.sample_stories(3, seed=7, **kw)
-    assert a == zoo.sample_stories(3, seed=7, **kw) and len(a) == 3
-    assert a != zoo.sample_stories(3, seed=8, **kw)
+    a = sample_recipe.sample_stories(3, seed=7, **kw)
+    assert a == sample_recipe.sample_stories(3, seed=7, **kw) and len(a) == 3
+    assert a != sample_recipe.sample_stories(3, seed=8, **kw)
     for s in a:
         assert s == s.strip() and "\n\n" not in s and EOT not in s
 
@@ -202,7 +220,7 @@ def test_demo_corpus_shipped_and_not_copied():
     words = re.findall(r"[A-Za-z]+", raw)
     assert len(words) > 3000
     if CORPUS.is_file():
-        source = set(zoo.split_documents(CORPUS.read_text(encoding="utf-8")))
+        source = set(split_documents(CORPUS.read_text(encoding="utf-8")))
         copied = [s for s in stories if s in source]
         assert len(copied) <= 0.05 * len(stories), copied[:3]
 
@@ -212,9 +230,9 @@ def test_demo_corpus_shipped_and_not_copied():
 
 def test_missing_files_give_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(zoo, "ZOO_DATA", tmp_path)
-    with pytest.raises(zoo.ZooFilesMissingError, match=r"python -m headsurgeon\.hub\.zoo train"):
+    with pytest.raises(zoo.ZooFilesMissingError, match=r"python recipes/tiny_stories/train\.py"):
         zoo.default_model_dir()
-    with pytest.raises(FileNotFoundError, match=r"python -m headsurgeon\.hub\.zoo sample"):
+    with pytest.raises(FileNotFoundError, match=r"python recipes/tiny_stories/sample\.py"):
         zoo.demo_corpus_path()
     (tmp_path / "tiny-stories").mkdir()
     (tmp_path / "tiny-stories" / "config.json").write_text("{}")
@@ -224,31 +242,37 @@ def test_missing_files_give_clear_error(tmp_path, monkeypatch):
 
 def test_split_and_heldout_helpers():
     text = "A one.\r\n\r\nB two.\n \nC\nthree.\n\n\n\nD four.\n"
-    docs = zoo.split_documents(text)
+    docs = split_documents(text)
     assert docs == ["A one.", "B two.", "C\nthree.", "D four."]
-    tr, he = zoo.heldout_split(list(range(100)), 0.1)
+    tr, he = train_recipe.heldout_split(list(range(100)), 0.1)
     assert tr == list(range(90)) and he == list(range(90, 100))
-    tr, he = zoo.heldout_split(["a", "b"], 0.1)
+    tr, he = train_recipe.heldout_split(["a", "b"], 0.1)
     assert tr == ["a"] and he == ["b"]
     with pytest.raises(ValueError):
-        zoo.heldout_split(["a"], 0.1)
-    cfg = zoo.TrainConfig(lr=1.0, warmup_steps=10, min_lr_frac=0.1)
-    assert zoo.lr_at(0.0, 0, cfg) == pytest.approx(0.1)
-    assert zoo.lr_at(0.0, 20, cfg) == pytest.approx(1.0)
-    assert zoo.lr_at(1.0, 1000, cfg) == pytest.approx(0.1)
-    assert zoo.lr_at(0.5, 1000, cfg) == pytest.approx(0.55)
+        train_recipe.heldout_split(["a"], 0.1)
+    cfg = train_recipe.TrainConfig(lr=1.0, warmup_steps=10, min_lr_frac=0.1)
+    assert train_recipe.lr_at(0.0, 0, cfg) == pytest.approx(0.1)
+    assert train_recipe.lr_at(0.0, 20, cfg) == pytest.approx(1.0)
+    assert train_recipe.lr_at(1.0, 1000, cfg) == pytest.approx(0.1)
+    assert train_recipe.lr_at(0.5, 1000, cfg) == pytest.approx(0.55)
 
 
-def test_cli_help_runs():
+def test_recipe_cli_help_runs():
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    for args in (["--help"], ["train", "--help"], ["sample", "--help"]):
-        r = subprocess.run([sys.executable, "-m", "headsurgeon.hub.zoo", *args], capture_output=True, text=True,
+    for script in ("train.py", "sample.py"):
+        r = subprocess.run([sys.executable, str(RECIPES / script), "--help"], capture_output=True, text=True,
                            timeout=60, env=env)
         assert r.returncode == 0, r.stderr
-        assert "usage" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "headsurgeon.hub.zoo", "train", "--help"], capture_output=True,
-                       text=True, timeout=60)
-    assert "--minutes" in r.stdout and "--seed" in r.stdout and "--out" in r.stdout
+        assert "usage" in r.stdout and "--seed" in r.stdout and "--out" in r.stdout
+        if script == "train.py":
+            assert "--minutes" in r.stdout
+
+
+def test_recipe_is_not_installed_and_defaults_match_the_shipped_model(shipped):
+    _, _, _, record = shipped
+    assert not hasattr(zoo, "train") and not hasattr(zoo, "TrainConfig") and not hasattr(zoo, "sample_stories")
+    assert dataclasses.asdict(train_recipe.TrainConfig()) == record["config"]
+    assert record["seed"] == train_recipe.TrainConfig().seed == 0
 
 
 def _toy_corpus(n_docs: int = 60) -> str:
@@ -268,13 +292,14 @@ def test_recipe_smoke_run_produces_loadable_dir(tmp_path):
     data = tmp_path / "toy.txt"
     data.write_text(_toy_corpus(), encoding="utf-8")
     out = tmp_path / "tiny"
-    rc = zoo.main(["train", "--out", str(out), "--data", str(data), "--minutes", "0.05", "--seed", "3",
+    rc = train_recipe.main(["--out", str(out), "--data", str(data), "--minutes", "0.05", "--seed", "3",
                    "--vocab-size", "300", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--n-inner", "64",
                    "--n-positions", "64", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "2",
                    "--eval-every", "0", "--quiet"])
     assert rc == 0
     rec = json.loads((out / "training.json").read_text())
     assert rec["seed"] == 3 and rec["steps"] >= 1
+    assert rec["recipe"] == "python recipes/tiny_stories/train.py --seed 3 --minutes 0.05"
     assert rec["data"]["documents"] == 60 and rec["data"]["heldout_documents"] == 6
     assert math.isfinite(rec["heldout_loss"]) and math.isfinite(rec["train_loss"])
     assert (out / "README.md").is_file()
@@ -286,7 +311,7 @@ def test_recipe_smoke_run_produces_loadable_dir(tmp_path):
     assert not list(tmp_path.glob(".tiny.tmp-*")), "temporary directory left behind"
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in [out, *out.iterdir()]), "not world-readable"
     # a second run replaces the directory atomically and stays loadable
-    rc = zoo.main(["train", "--out", str(out), "--data", str(data), "--steps", "2", "--seed", "4",
+    rc = train_recipe.main(["--out", str(out), "--data", str(data), "--steps", "2", "--seed", "4",
                    "--vocab-size", "300", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--n-inner", "64",
                    "--n-positions", "64", "--seq-len", "32", "--batch-size", "4", "--eval-every", "0", "--quiet"])
     assert rc == 0

@@ -71,10 +71,6 @@ class TaskData:
     raw: dict[str, list[tuple[list[str], list[str]]]] = field(default_factory=dict, repr=False)
 
     @property
-    def token_index(self) -> dict[str, int]:
-        return {t: i for i, t in enumerate(self.vocab)}
-
-    @property
     def label_index(self) -> dict[str, int]:
         return {t: i for i, t in enumerate(self.labels)}
 
