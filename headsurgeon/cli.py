@@ -156,7 +156,7 @@ LIBRARY_ERRORS = (
     ("headsurgeon.surgery.capture", "CaptureError"),
     ("headsurgeon.surgery.corpus", "CorpusError"),
     ("headsurgeon.surgery.loading", "ModelLoadError"),
-    ("headsurgeon.surgery.llama2c", "CheckpointError"),
+    ("headsurgeon.surgery.llama2c", "Llama2cFormatError"),
     ("headsurgeon.surgery.replace", "SurgeryError"),
     ("headsurgeon.surgery.evaluate", "EvaluationError"),
     ("headsurgeon.hub.checkpoint", "CheckpointError"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from headsurgeon.synth.backends import backend_kinds, get_backend
+
 __all__ = ["render_card", "load_snippet"]
 
 
@@ -66,13 +68,18 @@ def _base_line(base: Mapping[str, Any]) -> str:
     return f"`{base}`"
 
 
+def _needs_trust(kind: Any) -> bool:
+    """Whether programs of this kind load only when trusted (their backend says so)."""
+    return kind in backend_kinds() and get_backend(kind).needs_trust
+
+
 def render_card(manifest: Mapping[str, Any], location: str) -> str:
     """README.md text for a checkpoint manifest; ``location`` is what the loading snippet points at."""
     heads = manifest.get("heads", {})
     config = manifest.get("config", {})
     base = manifest.get("base", {})
     metrics = manifest.get("metrics", {}) or {}
-    python = sorted({h["hash"] for h in heads.values() if h.get("kind") == "python"})
+    python = sorted({h["hash"] for h in heads.values() if _needs_trust(h.get("kind"))})
     n_total = (config.get("n_layers") or 0) * (config.get("n_heads") or 0)
 
     front = ["---", "library_name: headsurgeon", "tags:", "- headsurgeon", "- hybrid-model",

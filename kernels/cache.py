@@ -4,23 +4,18 @@ Keys come from :func:`cache_key` (program hash, sequence-ids hash, mask policy),
 for as long as those three things are the same; nothing is ever invalidated, only evicted.
 
 On disk, entries live in safetensors shard files (one or many tensors each, tensor name = key) in one
-directory. Writes go to a temporary file in the same directory, are flushed and fsynced, then moved
-into place with ``os.replace`` (atomic on POSIX): concurrent readers see either no shard or a whole
-one, and two processes writing the same entries both succeed (shard names are content hashes of
-their keys, so they simply replace each other with equal content). Readers discover shards written
-by other processes by rescanning the directory when its modification time changes. No pickle.
-The disk store is never pruned automatically (``clear(disk=True)`` empties it).
-The safetensors format (8-byte little-endian header length, JSON header, raw little-endian data) is
-read and written here with numpy alone, per the kernels layering rule; files are interchangeable
-with the ``safetensors`` library's.
+directory, written and read with the ``safetensors`` library (``safetensors.numpy``: numpy alone; shards
+of earlier versions' own codec are valid safetensors and still load). Writes go through
+``fileio.atomic_write_bytes`` (temp file, fsync, ``os.replace``): concurrent readers see either no shard
+or a whole one, and two processes writing the same entries both succeed (shard names are content hashes
+of their keys, so they simply replace each other with equal content). Readers discover shards written by
+other processes by rescanning the directory when its modification time changes. No pickle. The disk
+store is never pruned automatically (``clear(disk=True)`` empties it).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import struct
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save
+
+from .fileio import atomic_write_bytes
 
 __all__ = ["TensorCache", "CacheStats", "cache_key"]
 
@@ -73,65 +72,16 @@ class CacheStats:
         return d
 
 
-_DTYPES: dict[str, str] = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
-}
-_CODES: dict[str, str] = {np.dtype(v).str: k for k, v in _DTYPES.items()}
+def _shard_keys(path: Path) -> list[str]:
+    """The tensor names of a safetensors shard (its header only; no tensor is read)."""
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
 
 
-def _read_header(path: Path) -> tuple[dict, int]:
-    """Parse a safetensors header without loading tensors -> (header dict, data start offset)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{path} is not a safetensors file (truncated header)")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100 * 1024 * 1024:
-            raise ValueError(f"{path} has an implausible safetensors header of {n} bytes")
-        raw = f.read(n)
-        if len(raw) != n:
-            raise ValueError(f"{path} is truncated inside its safetensors header")
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError(f"{path} has a malformed safetensors header")
-        return header, 8 + n
-
-
-def _encode_safetensors(items: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> tuple[bytes, dict, int]:
-    """Serialize arrays to safetensors bytes (keys sorted, data contiguous, header padded to 8).
-
-    Returns (file bytes, header dict, offset where the data section starts).
-    """
-    header: dict[str, object] = {"__metadata__": dict(metadata)}
-    chunks: list[bytes] = []
-    offset = 0
-    for key in sorted(items):
-        arr = np.asarray(items[key])
-        le = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-        code = _CODES.get(np.dtype(le).str)
-        if code is None:
-            raise TypeError(f"cannot store dtype {arr.dtype} for key {key!r}; use a numeric numpy dtype")
-        data = np.ascontiguousarray(arr, dtype=le).tobytes()
-        header[key] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + b"".join(chunks), header, 8 + len(raw)
-
-
-def _read_tensor(path: Path, start: int, info: Mapping, key: str) -> np.ndarray:
-    """Load one tensor (described by its header entry ``info``) of a safetensors file, read-only."""
-    begin, end = info["data_offsets"]
-    dtype = np.dtype(_DTYPES[info["dtype"]])
-    with open(path, "rb") as f:
-        f.seek(start + begin)
-        data = f.read(end - begin)
-    if len(data) != end - begin:
-        raise ValueError(f"{path} is truncated in tensor {key!r}")
-    arr = np.frombuffer(data, dtype=dtype).reshape(info["shape"])
-    return arr.astype(dtype.newbyteorder("="), copy=False)
+def _read_tensor(path: Path, key: str) -> np.ndarray:
+    """Load one tensor of a safetensors shard."""
+    with safe_open(str(path), framework="numpy") as f:
+        return f.get_tensor(key)
 
 
 def _key_of(key: str) -> str:
@@ -159,7 +109,7 @@ class TensorCache:
         self._bytes = 0
         self._lock = threading.RLock()
         self._stats = CacheStats(max_bytes=self.max_bytes)
-        self._index: dict[str, tuple[Path, int, dict]] = {}  # key -> (shard, data start, header entry)
+        self._index: dict[str, Path] = {}  # key -> the shard that holds it
         self._scanned: set[str] = set()
         self._dir_mtime: int | None = None
 
@@ -208,13 +158,12 @@ class TensorCache:
                 continue
             path = self.directory / name
             try:
-                header, start = _read_header(path)
-            except (OSError, ValueError):
-                continue  # removed meanwhile or foreign file: ignore
+                keys = _shard_keys(path)
+            except Exception:  # noqa: BLE001 - removed meanwhile or foreign file (SafetensorError, OSError): ignore
+                continue
             self._scanned.add(name)
-            for key, info in header.items():
-                if key != "__metadata__" and isinstance(info, dict) and info.get("dtype") in _DTYPES:
-                    self._index.setdefault(key, (path, start, info))
+            for key in keys:
+                self._index.setdefault(key, path)
 
     def _load(self, key: str) -> np.ndarray | None:
         """Read one tensor from its shard, or None when it is not on disk."""
@@ -225,8 +174,8 @@ class TensorCache:
         if entry is None:
             return None
         try:
-            arr = _read_tensor(entry[0], entry[1], entry[2], key)
-        except (OSError, KeyError, ValueError):
+            arr = _read_tensor(entry, key)
+        except Exception:  # noqa: BLE001 - shard removed, truncated or of a dtype numpy lacks: a miss
             self._index.pop(key, None)
             return None
         if arr.flags.writeable:
@@ -238,23 +187,11 @@ class TensorCache:
         assert self.directory is not None
         digest = hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:32]
         final = self.directory / f"{digest}{SHARD_SUFFIX}"
-        payload, header, start = _encode_safetensors(items, {"format": _FORMAT})
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SHARD_SUFFIX, dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        payload = save({k: items[k] for k in sorted(items)}, metadata={"format": _FORMAT})
+        atomic_write_bytes(final, payload)
         self._scanned.add(final.name)
         for k in items:
-            self._index[k] = (final, start, header[k])
+            self._index[k] = final
         self._stats.disk_writes += 1
         return final
 

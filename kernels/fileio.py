@@ -47,6 +47,20 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask: from /proc where it is readable, else by setting it and putting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path`` for writing; on a clean exit fsync it and rename it over ``path``."""
@@ -54,6 +68,7 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -5,18 +5,17 @@ Splits are made by document, never by window, so that ``synth`` / ``select`` / `
 from __future__ import annotations
 
 import numbers
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
+from ..kernels.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 
 SPLITS = ("synth", "select", "test")
-_BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
 
 
 class CorpusError(ValueError):
@@ -58,8 +57,10 @@ def read_documents(source: str | Path | Iterable[str], separator: str | None = N
             return docs
     docs: list[str] = []
     for chunk in chunks:
-        parts = chunk.split(separator) if separator else _BLANK_LINE.split(chunk)
-        docs.extend(p.strip() for p in parts)
+        if separator:
+            docs.extend(p.strip() for p in chunk.split(separator))
+        else:
+            docs.extend(split_documents(chunk))  # blank lines; CRLF and CR line ends read as LF
     docs = [d for d in docs if d]
     if not docs:
         raise CorpusError(f"{origin} holds no text: add documents separated by blank lines (or pass separator=)")

@@ -14,22 +14,22 @@ import torch
 HEADER = struct.Struct("<7i")
 
 
-class CheckpointError(ValueError):
+class Llama2cFormatError(ValueError):
     """A model file is missing, unreadable, truncated or of the wrong format."""
 
 
 def _read_header(path: Path) -> dict:
     if not path.is_file():
-        raise CheckpointError(f"llama2.c checkpoint not found: {path} (pass llama2c:/path/to/model.bin)")
+        raise Llama2cFormatError(f"llama2.c checkpoint not found: {path} (pass llama2c:/path/to/model.bin)")
     with path.open("rb") as f:
         raw = f.read(HEADER.size)
     if len(raw) < HEADER.size:
-        raise CheckpointError(f"{path} is too short to be a llama2.c checkpoint ({len(raw)} bytes)")
+        raise Llama2cFormatError(f"{path} is too short to be a llama2.c checkpoint ({len(raw)} bytes)")
     dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = HEADER.unpack(raw)
     if not (0 < dim <= 65536 and 0 < hidden <= 1 << 20 and 0 < n_layers <= 1024 and 0 < n_heads <= dim
             and 0 < n_kv <= n_heads and n_heads % n_kv == 0 and dim % n_heads == 0 and 0 < seq_len <= 1 << 20
             and vocab != 0):
-        raise CheckpointError(
+        raise Llama2cFormatError(
             f"{path} does not look like a llama2.c (legacy fp32) checkpoint: header "
             f"dim={dim} hidden={hidden} layers={n_layers} heads={n_heads} kv_heads={n_kv} vocab={vocab} seq={seq_len}"
         )
@@ -63,12 +63,12 @@ def load_llama2c(path: str | Path) -> "torch.nn.Module":
     need = sum(int(np.prod(s)) for _, s in shapes)
     data = np.fromfile(path, dtype="<f4", offset=HEADER.size)
     if data.size < need:
-        raise CheckpointError(
+        raise Llama2cFormatError(
             f"{path} is truncated: the header promises {need} float32 weights but the file holds {data.size}; "
             "re-download or re-export the checkpoint"
         )
     if not np.isfinite(data[:need]).all():
-        raise CheckpointError(f"{path} contains NaN/inf weights; the file is corrupted")
+        raise Llama2cFormatError(f"{path} contains NaN/inf weights; the file is corrupted")
     w, pos = {}, 0
     for name, shape in shapes:
         size = int(np.prod(shape))
@@ -99,7 +99,7 @@ def load_llama2c(path: str | Path) -> "torch.nn.Module":
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "rotary" not in m]
     if missing or unexpected:
-        raise CheckpointError(f"llama2.c conversion mismatch: missing {missing}, unexpected {unexpected}")
+        raise Llama2cFormatError(f"llama2.c conversion mismatch: missing {missing}, unexpected {unexpected}")
     if h["shared"]:
         model.tie_weights()
     model.config._attn_implementation = "eager"
@@ -110,7 +110,7 @@ def read_pieces(path: str | Path) -> tuple[list[str], list[float]]:
     """Vocabulary pieces and scores from a sentencepiece ``.model`` or a llama2.c ``tokenizer.bin``."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"tokenizer file not found: {path}")
+        raise Llama2cFormatError(f"tokenizer file not found: {path}")
     if path.suffix == ".model":
         import sentencepiece as spm
 
@@ -118,20 +118,20 @@ def read_pieces(path: str | Path) -> tuple[list[str], list[float]]:
         try:
             sp.Load(str(path))
         except Exception as e:  # sentencepiece raises OSError/RuntimeError on junk
-            raise CheckpointError(f"{path} is not a readable sentencepiece model: {e}") from e
+            raise Llama2cFormatError(f"{path} is not a readable sentencepiece model: {e}") from e
         n = sp.GetPieceSize()
         return [sp.IdToPiece(i) for i in range(n)], [float(sp.GetScore(i)) for i in range(n)]
     raw = path.read_bytes()
     if len(raw) < 4:
-        raise CheckpointError(f"{path} is too short to be a llama2.c tokenizer.bin")
+        raise Llama2cFormatError(f"{path} is too short to be a llama2.c tokenizer.bin")
     pieces, scores, pos = [], [], 4  # first int: max token length
     while pos < len(raw):
         if pos + 8 > len(raw):
-            raise CheckpointError(f"{path} is truncated at byte {pos}")
+            raise Llama2cFormatError(f"{path} is truncated at byte {pos}")
         score, length = struct.unpack_from("<fi", raw, pos)
         pos += 8
         if length < 0 or pos + length > len(raw):
-            raise CheckpointError(f"{path} is truncated or corrupted at byte {pos}")
+            raise Llama2cFormatError(f"{path} is truncated or corrupted at byte {pos}")
         pieces.append(raw[pos: pos + length].decode("utf-8", errors="replace"))
         scores.append(score)
         pos += length

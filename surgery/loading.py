@@ -5,17 +5,18 @@ Attention always runs eagerly so that ``blocks.{l}.attn.hook_pattern`` fires.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import warnings
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .llama2c import CheckpointError, load_llama2c, load_llama2c_tokenizer
+from ..kernels.fileio import sha256_file
+from .llama2c import Llama2cFormatError, load_llama2c, load_llama2c_tokenizer
 
 DEFAULT_MODEL = "tiny-stories"
 
@@ -103,14 +104,6 @@ def _is_hooked_transformer(obj: Any) -> bool:
     return type(obj).__name__ == "HookedTransformer" and hasattr(obj, "cfg") and hasattr(obj, "hook_dict")
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_model(
     spec: Any = DEFAULT_MODEL,
     tokenizer: Any = None,
@@ -132,7 +125,7 @@ def load_model(
         if spec_str.startswith("llama2c:"):
             return _load_llama2c(spec_str[len("llama2c:"):], tokenizer, device, dtype)
         if spec_str == DEFAULT_MODEL:
-            directory = _zoo_dir()
+            directory = zoo_dir()
             handle = _load_hf_dir(str(directory), tokenizer, device, dtype, revision=None)
             handle.name = DEFAULT_MODEL
             handle.source = {"kind": "zoo", "name": DEFAULT_MODEL}
@@ -162,9 +155,8 @@ def load_model(
     )
 
 
-def _zoo_dir() -> Path:
-    from importlib import resources
-
+def zoo_dir() -> Path:
+    """The folder of the embedded default model (``tiny-stories``) shipped inside the package."""
     directory = Path(str(resources.files("headsurgeon.hub"))) / "zoo_data" / "tiny-stories"
     if not (directory / "config.json").is_file():
         raise ModelLoadError(
@@ -225,7 +217,7 @@ def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
     try:
         hf = load_llama2c(path)
         tok = _resolve_tokenizer(tokenizer, None)
-    except CheckpointError as e:
+    except Llama2cFormatError as e:
         raise ModelLoadError(str(e)) from e
     source = {"kind": "llama2c", "path": str(Path(path).resolve()), "sha256": sha256_file(path)}
     if isinstance(tokenizer, (str, Path)) and Path(tokenizer).is_file():

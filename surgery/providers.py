@@ -52,7 +52,7 @@ class ProgramPatterns:
     @property
     def needs_text(self) -> bool:
         """Python programs and feature-reading DSL programs need the decoded text; ids-only DSL programs do not."""
-        return self.program.kind != "dsl" or bool(self.program.features_needed)
+        return self.program.needs_text
 
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
         return program_tensors([self.program], sequences, causal=causal, cache=self.cache)[0]

@@ -7,7 +7,7 @@ manifest records each finished shard's size and sha256 so that a damaged shard i
 """
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import math
 import numbers
@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+from safetensors.numpy import load, save_file
 
+from ..kernels.fileio import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_file, sha256_bytes, sha256_file
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 
@@ -43,35 +45,6 @@ def check_settings(mode: str, q_frac: float, shard_size: int) -> None:
 def topq_count(n: int, q_frac: float) -> int:
     """Entries kept per head and sequence: ceil(q_frac · n²), at least 1."""
     return max(1, int(math.ceil(q_frac * n * n)))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj: dict) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
-
-
-def sha256_path(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(path: Path) -> dict:
@@ -170,7 +143,7 @@ class AttentionStore:
         torch does the float16 cast and the top-q selection: numpy's cast is ~100× slower on the many
         subnormal attention weights, and torch.topk beats argpartition + argsort.
         """
-        import torch
+        import torch  # here, not at the top: searchers read stores without paying torch's import time
 
         n = self.sequences[index].n
         if pattern.shape != (self.n_layers, self.n_heads, n, n):
@@ -188,28 +161,27 @@ class AttentionStore:
         return entry
 
     def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> dict:
-        """Stream the shard to a temp file, fsync, record its size and sha256, rename into place; returns the record."""
-        from safetensors.numpy import save_file
+        """Stream the shard to a temp file, fsync, record its size and sha256, rename into place; returns the record.
 
+        safetensors writes the file from the arrays (no second copy of the shard in memory), so this is the one
+        atomic write that cannot go through ``fileio.atomic_file``'s file object; it follows the same steps.
+        """
         path = self.shard_path(shard)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
         try:
             save_file({k: np.ascontiguousarray(v) for k, v in entries.items()}, tmp)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            record = {"bytes": os.path.getsize(tmp), "sha256": sha256_path(tmp)}
+            fsync_file(tmp)
+            record = {"bytes": os.path.getsize(tmp), "sha256": sha256_file(tmp)}
             os.replace(tmp, path)
-            self.shard_records[shard] = record
-            self._hashed.add(shard)
-            return record
         except BaseException:
-            if os.path.exists(tmp):
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        fsync_dir(path.parent)
+        self.shard_records[shard] = record
+        self._hashed.add(shard)
+        return record
 
     def manifest(self, done_shards: Iterable[int]) -> dict:
         return {
@@ -270,7 +242,7 @@ class AttentionStore:
             size = path.stat().st_size
             if size != record["bytes"]:
                 return f"it has {size} bytes, the manifest recorded {record['bytes']}"
-            if sha256_path(path) != record["sha256"]:
+            if sha256_file(path) != record["sha256"]:
                 return "its sha256 differs from the one the manifest recorded"
             self._hashed.add(shard)
             return None
@@ -295,8 +267,6 @@ class AttentionStore:
 
     def _parse_shard(self, shard: int, data: bytes) -> dict[str, np.ndarray]:
         """Deserialize a shard's bytes and require exactly the expected tensors; problems raise StoreError(reason)."""
-        from safetensors.numpy import load
-
         try:
             entries = load(data)
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on damaged files
@@ -323,7 +293,7 @@ class AttentionStore:
             raise StoreError(f"{path} is damaged: it has {len(data)} bytes, the manifest recorded {record['bytes']}; "
                              f"{fix}")
         if record is not None and shard not in self._hashed:
-            if hashlib.sha256(data).hexdigest() != record["sha256"]:
+            if sha256_bytes(data) != record["sha256"]:
                 raise StoreError(f"{path} is damaged: its sha256 differs from the one the manifest recorded; {fix}")
             self._hashed.add(shard)
         try:
@@ -433,19 +403,3 @@ class AttentionStore:
             n = lengths[b]
             out[:, b, :n, :n] = self.patterns(i)[layer_idx, head_idx]
         return out, lengths
-
-    def subset_indices(self, sequences: list[Sequence]) -> list[int]:
-        """Store indices of the given sequences (matched by identity, then by content)."""
-        by_id = {id(s): i for i, s in enumerate(self.sequences)}
-        by_key: dict[str, int] = {}
-        out = []
-        for s in sequences:
-            if id(s) in by_id:
-                out.append(by_id[id(s)])
-                continue
-            if not by_key:
-                by_key = {t.key: i for i, t in enumerate(self.sequences)}
-            if s.key not in by_key:
-                raise KeyError(f"{s!r} is not in this attention store")
-            out.append(by_key[s.key])
-        return out

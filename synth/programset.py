@@ -6,14 +6,15 @@ Python programs inside are only parsed and AST-validated on load; they ever run 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ProgramError, excerpt
+from headsurgeon.kernels.fileio import atomic_file
+
+from .backends import get_backend
+from .errors import ProgramError
 from .program import Program
 
 FORMAT = "headsurgeon.programset"
@@ -37,11 +38,9 @@ def head_label(head: tuple[int, int]) -> str:
 
 
 def _declared_kind(item: dict) -> str | None:
-    """The entry's declared program kind ("dsl" / "python"), which its program must match; None if absent."""
+    """The entry's declared program kind (a registered backend's), which its program must match; None if absent."""
     kind = item.get("kind")
-    if kind is None or kind in ("dsl", "python"):
-        return kind
-    raise ProgramError(f"unknown program kind {excerpt(kind)}: expected 'dsl' or 'python'")
+    return None if kind is None else get_backend(kind).kind  # an unknown kind: ProgramValidationError
 
 
 @dataclass
@@ -96,7 +95,7 @@ class ProgramSet:
             return
         allowed = {trust_programs} if isinstance(trust_programs, str) else set(trust_programs or ())
         untrusted = [(h, e.program.hash) for h, e in self.entries.items()
-                     if e.program.kind == "python" and e.program.hash not in allowed]
+                     if e.program.needs_trust and e.program.hash not in allowed]
         if untrusted:
             heads = ", ".join(f"{head_label(h)} ({digest})" for h, digest in untrusted[:5])
             more = f" and {len(untrusted) - 5} more" if len(untrusted) > 5 else ""
@@ -155,13 +154,10 @@ class ProgramSet:
         return cls(entries, obj.get("model", ""), obj.get("meta", {}))
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON atomically (temp file + rename)."""
+        """Write JSON atomically (temp file, fsync, rename)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with atomic_file(path, "w") as f:
             json.dump(self.to_json(), f, indent=1)
-        os.replace(tmp, path)
         return path
 
     @classmethod

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +20,9 @@ def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):
     atomic_write_bytes(target, b"two")
     assert target.read_bytes() == b"two"
     assert [p.name for p in target.parent.iterdir()] == ["a.bin"]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() would create it, not mkstemp's 0600
 
 
 def test_failed_write_keeps_the_old_file(tmp_path):

@@ -54,9 +54,9 @@ def _relist(path: Path, manifest: dict, rel: str, data: bytes) -> None:
 
 def _python_hash(source: str) -> str:
     """The program hash Program.python would give this source (computed without validating it)."""
-    from headsurgeon.synth.program import _normalize_source
+    from headsurgeon.synth.backends import normalize_source
 
-    return _sha(("python:" + _normalize_source(source)).encode())
+    return _sha(("python:" + normalize_source(source)).encode())
 
 
 @contextlib.contextmanager

@@ -1,0 +1,170 @@
+"""save_hybrid: write a HybridModel as a checkpoint folder, referencing its base or embedding changed weights."""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from headsurgeon import __version__
+from headsurgeon.kernels.fileio import fsync_dir, sha256_file
+from headsurgeon.surgery.replace import HybridModel
+
+from ..card import render_card
+from .base_models import base_reference, base_weights
+from .embedded import write_embedded
+from .errors import CheckpointError
+from .folder import carry_user_files, checked_target, clean_stale, previous_files, swap_into_place
+from .layout import CARD, FORMAT, FORMAT_VERSION, MANIFEST, PROGRAM_DIR, WEIGHTS, json_file, write_file
+from .programs import programs_of
+from .weights import differing_tensors, hf_state_dict, weights_fingerprint
+
+__all__ = ["save_hybrid"]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of headsurgeon and the libraries that shape a checkpoint, for the manifest."""
+    out = {"headsurgeon": __version__, "torch": torch.__version__}
+    for dist in ("transformers", "transformer-lens", "safetensors"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] | None = None,
+                programs: Any = None, *, card_location: str | None = None, overwrite: bool = False) -> Path:
+    """Save a HybridModel as a checkpoint directory (atomically); weights are embedded only if they changed.
+
+    ``metrics``: any JSON-able dict shown in the model card (e.g. ``{"delta_ppl": 0.04}``). ``programs``: the
+    ProgramSet the heads came from, whose per-head scores / provenance go into the manifest and card.
+    ``card_location``: what the card's loading snippet points at (``hf://org/name``; default: the directory).
+    Re-saving replaces only the files the earlier save wrote; other files in the folder are kept. A non-empty
+    folder that save_hybrid did not write is refused unless ``overwrite=True`` (which replaces the files with the
+    checkpoint's names and still keeps all others).
+    """
+    if not isinstance(hybrid, HybridModel):
+        raise CheckpointError(f"save_hybrid needs a HybridModel (from replace_heads), got {type(hybrid).__name__}")
+    target = checked_target(directory)
+    clean_stale(target)
+    ours = previous_files(target, overwrite)
+    try:
+        json_file(dict(metrics or {}))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"metrics must be a JSON-serializable dict: {e}") from e
+    handle = hybrid.handle
+    hf = handle.hf_model
+    if hf is None:
+        raise CheckpointError(
+            f"{handle.name} has no Hugging Face model inside (a legacy HookedTransformer?); hybrid checkpoints need "
+            "a model loaded with load_model from a hub id, a local directory or a llama2.c file"
+        )
+    heads = programs_of(hybrid)
+    state = hf_state_dict(hf)
+    fingerprint = weights_fingerprint(state)
+
+    # reference the base when the weights are untouched, otherwise embed them
+    source = {k: v for k, v in (handle.source or {}).items() if not str(k).startswith("_")}
+    ref = base_reference(source, hf)
+    changed: list[str] | None = None
+    if ref is not None:
+        try:
+            changed = differing_tensors(state, base_weights(ref, next(iter(state.values())).dtype))
+        except Exception as e:  # base unreachable (moved file, offline hub id): embedding is always correct
+            warnings.warn(f"cannot re-load the base model to compare weights ({type(e).__name__}: {e}); "
+                          "embedding the weights instead")
+            changed = None
+    embed = ref is None or changed is None or bool(changed)
+
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "library": library_versions(),
+        "base": ({"kind": "embedded", "original": ref or original_of(source)} if embed else ref),
+        "weights": {
+            "stored": "embedded" if embed else "reference",
+            "file": WEIGHTS if embed else None,
+            "sha256": fingerprint,
+            "dtype": str(next(iter(state.values())).dtype).replace("torch.", ""),
+            "n_tensors": len(state),
+            "changed_tensors": (len(changed) if changed is not None else None),
+        },
+        "config": config_facts(hybrid),
+        "heads": {},
+        "metrics": dict(metrics or {}),
+        "files": {},
+    }
+    entries = getattr(programs, "entries", None) or {}
+    if programs is not None and "program_summary" not in manifest["metrics"] and hasattr(programs, "summary"):
+        manifest["metrics"]["program_summary"] = programs.summary("test")
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        written: set[str] = set()
+        for head, program, alpha in heads:
+            pid = program.hash[:16]
+            rel = f"{PROGRAM_DIR}/{pid}{program.suffix}"  # the backend's suffix: ".json" DSL, ".py" Python
+            if rel not in written:
+                write_file(tmp / rel, program.to_file())
+                written.add(rel)
+            item: dict[str, Any] = {"layer": head[0], "head": head[1], "alpha": alpha, "program": rel,
+                                    "kind": program.kind, "hash": program.hash}
+            if program.kind == "dsl":
+                item["text"] = program.text
+            entry = entries.get(head)
+            if entry is not None and getattr(entry, "program", None) == program:
+                item.update({"source": entry.source, "scores": entry.scores, "hypothesis": entry.hypothesis})
+            manifest["heads"][f"L{head[0]}H{head[1]}"] = item
+        if embed:
+            write_embedded(tmp, hf, handle.tokenizer, state)
+        location = card_location or str(target)
+        manifest["files"] = file_table(tmp)  # the card lists files; recomputed below with the card
+        write_file(tmp / CARD, render_card(manifest, location).encode("utf-8"))
+        manifest["files"] = file_table(tmp)
+        write_file(tmp / MANIFEST, json_file(manifest))
+        carry_user_files(target, tmp, ours, overwrite)
+        for folder, _dirs, _names in os.walk(tmp, topdown=False):
+            fsync_dir(Path(folder))
+        swap_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def original_of(source: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where embedded weights came from: a re-saved embedded checkpoint keeps its own original base."""
+    if source.get("kind") == "embedded":
+        return source.get("base")
+    return dict(source) or None
+
+
+def config_facts(hybrid: Any) -> dict[str, Any]:
+    """The model facts the manifest and card show (layers, heads, architecture, replacement mode)."""
+    handle = hybrid.handle
+    facts = {k: v for k, v in handle.describe().items() if k not in ("source", "pattern_hooks")}
+    hf_cfg = getattr(handle.hf_model, "config", None)
+    archs = getattr(hf_cfg, "architectures", None) or [type(handle.hf_model).__name__]
+    facts.update({"architecture": archs[0], "model_type": getattr(hf_cfg, "model_type", None),
+                  "replacement_mode": hybrid.mode})
+    return facts
+
+
+def file_table(root: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file under ``root`` but the manifest, by relative path."""
+    table = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            rel = p.relative_to(root).as_posix()
+            table[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
+    return table

@@ -1,0 +1,60 @@
+"""Model weights as a checkpoint sees them: the plain Hugging Face state dict, its fingerprint, what changed."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import warnings
+from typing import Any, Mapping
+
+import torch
+
+from .errors import CheckpointError
+
+__all__ = ["hf_state_dict", "weights_fingerprint", "differing_tensors"]
+
+
+def hf_state_dict(hf_model: Any) -> dict[str, torch.Tensor]:
+    """The Hugging Face state dict of a (bridged) model, under the plain transformers key names.
+
+    TransformerBridge wraps the HF modules in place (``..._original_component...`` keys, plus aliases);
+    the canonical names are those of a fresh, empty model of the same class built on the meta device.
+    """
+    raw = hf_model.state_dict()
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = type(hf_model)(copy.deepcopy(hf_model.config))
+    wanted = list(reference.state_dict().keys())
+    wanted_set = set(wanted)
+    found: dict[str, torch.Tensor] = {}
+    for key, value in raw.items():
+        name = key.replace("._original_component", "").replace("_original_component.", "")
+        if name in wanted_set and name not in found:
+            found[name] = value
+    missing = [k for k in wanted if k not in found]
+    if missing:
+        raise CheckpointError(
+            f"cannot find {len(missing)} weights of this {type(hf_model).__name__} (e.g. {missing[:3]}) inside the "
+            "bridged model; this model layout is not supported by hybrid checkpoints"
+        )
+    return {k: found[k] for k in wanted}
+
+
+def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over sorted (name, dtype, shape, bytes) of a state dict: identifies the exact weights."""
+    h = hashlib.sha256()
+    for key in sorted(state):
+        t = state[key].detach().to("cpu").contiguous()
+        h.update(f"{key}\0{str(t.dtype)}\0{tuple(t.shape)}\0".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def differing_tensors(current: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of tensors that differ (values, dtype or shape; keys present in only one count too)."""
+    out = sorted(set(current) ^ set(base))
+    for key in sorted(set(current) & set(base)):
+        a, b = current[key].detach().to("cpu"), base[key].detach().to("cpu")
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+            out.append(key)
+    return out
