@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -104,6 +104,37 @@ def _is_hooked_transformer(obj: Any) -> bool:
     return type(obj).__name__ == "HookedTransformer" and hasattr(obj, "cfg") and hasattr(obj, "hook_dict")
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """One way to name a model: ``matches(spec)`` says whether it applies, ``load(spec, **options)`` builds the handle.
+
+    ``options`` are ``tokenizer``, ``device``, ``dtype`` and ``revision``, as given to :func:`load_model`.
+    """
+
+    name: str
+    matches: Callable[[Any], bool]
+    load: Callable[..., "ModelHandle"]
+
+
+_SOURCES: list[ModelSource] = []
+
+
+def register_model_source(source: ModelSource) -> None:
+    """Add a model source; sources registered later are tried first, so a new prefix can claim its names."""
+    _SOURCES[:] = [s for s in _SOURCES if s.name != source.name]
+    _SOURCES.insert(0, source)
+
+
+def unregister_model_source(name: str) -> None:
+    """Remove a model source by name (a no-op when it is not registered)."""
+    _SOURCES[:] = [s for s in _SOURCES if s.name != name]
+
+
+def model_sources() -> tuple[ModelSource, ...]:
+    """The registered sources, in the order :func:`load_model` tries them."""
+    return tuple(_SOURCES)
+
+
 def load_model(
     spec: Any = DEFAULT_MODEL,
     tokenizer: Any = None,
@@ -117,42 +148,70 @@ def load_model(
     sentencepiece ``.model`` or llama2.c ``tokenizer.bin``), ``"tiny-stories"`` (the embedded default),
     or an object: a TransformerBridge, a legacy HookedTransformer, or a transformers PreTrainedModel
     (pass its tokenizer). ``tokenizer`` may also be a path or a tokenizer object for other specs.
+    Further sources plug in with :func:`register_model_source`.
     """
     if isinstance(spec, ModelHandle):
         return spec
-    if isinstance(spec, (str, Path)):
-        spec_str = str(spec)
-        if spec_str.startswith("llama2c:"):
-            return _load_llama2c(spec_str[len("llama2c:"):], tokenizer, device, dtype)
-        if spec_str == DEFAULT_MODEL:
-            directory = zoo_dir()
-            handle = _load_hf_dir(str(directory), tokenizer, device, dtype, revision=None)
-            handle.name = DEFAULT_MODEL
-            handle.source = {"kind": "zoo", "name": DEFAULT_MODEL}
-            return handle
-        if spec_str.endswith(".bin") and Path(spec_str).is_file():
-            raise ModelLoadError(
-                f"{spec_str} looks like a raw checkpoint file; for llama2.c checkpoints write "
-                f"load_model('llama2c:{spec_str}', tokenizer='path/to/tokenizer.model')"
-            )
-        return _load_hf_dir(spec_str, tokenizer, device, dtype, revision)
-    if _is_bridge(spec):
-        return _handle_from_bridge(spec, tokenizer or getattr(spec, "tokenizer", None), {"kind": "object"}, None)
-    if _is_hooked_transformer(spec):
-        return _handle_from_hooked(spec, tokenizer or getattr(spec, "tokenizer", None))
-    from transformers import PreTrainedModel
-
-    if isinstance(spec, PreTrainedModel):
-        tok = _resolve_tokenizer(tokenizer, None)
-        if tok is None:
-            raise ModelLoadError(
-                "a transformers model was passed without its tokenizer: call load_model(model, tokenizer=tok)"
-            )
-        return _bridge_module(spec.to(device), tok, {"kind": "object", "name_or_path": spec.config._name_or_path})
+    for source in _SOURCES:
+        if source.matches(spec):
+            return source.load(spec, tokenizer=tokenizer, device=device, dtype=dtype, revision=revision)
     raise ModelLoadError(
         f"cannot load a model from {type(spec).__name__}: pass a hub id, a local directory, 'llama2c:PATH', "
         "'tiny-stories', a TransformerBridge, a HookedTransformer or a transformers PreTrainedModel"
     )
+
+
+def _is_name(spec: Any) -> bool:
+    return isinstance(spec, (str, Path))
+
+
+def _load_zoo(spec: Any, tokenizer: Any, device: Any, dtype: Any, revision: str | None) -> ModelHandle:
+    handle = _load_hf_dir(str(zoo_dir()), tokenizer, device, dtype, revision=None)
+    handle.name = DEFAULT_MODEL
+    handle.source = {"kind": "zoo", "name": DEFAULT_MODEL}
+    return handle
+
+
+def _refuse_raw_bin(spec: Any, **_: Any) -> ModelHandle:
+    raise ModelLoadError(
+        f"{spec} looks like a raw checkpoint file; for llama2.c checkpoints write "
+        f"load_model('llama2c:{spec}', tokenizer='path/to/tokenizer.model')"
+    )
+
+
+def _load_pretrained(spec: Any, tokenizer: Any, device: Any, dtype: Any, revision: str | None) -> ModelHandle:
+    tok = _resolve_tokenizer(tokenizer, None)
+    if tok is None:
+        raise ModelLoadError(
+            "a transformers model was passed without its tokenizer: call load_model(model, tokenizer=tok)"
+        )
+    return _bridge_module(spec.to(device), tok, {"kind": "object", "name_or_path": spec.config._name_or_path})
+
+
+def _is_pretrained(spec: Any) -> bool:
+    from transformers import PreTrainedModel  # here: importing transformers costs seconds
+
+    return isinstance(spec, PreTrainedModel)
+
+
+for _source in reversed((  # the built-in sources, in the order they are tried
+    ModelSource("llama2c", lambda s: _is_name(s) and str(s).startswith("llama2c:"),
+                lambda s, tokenizer, device, dtype, revision: _load_llama2c(str(s)[len("llama2c:"):], tokenizer,
+                                                                             device, dtype)),
+    ModelSource("zoo", lambda s: _is_name(s) and str(s) == DEFAULT_MODEL, _load_zoo),
+    ModelSource("raw-bin", lambda s: _is_name(s) and str(s).endswith(".bin") and Path(str(s)).is_file(),
+                _refuse_raw_bin),
+    ModelSource("huggingface", _is_name,
+                lambda s, tokenizer, device, dtype, revision: _load_hf_dir(str(s), tokenizer, device, dtype,
+                                                                           revision)),
+    ModelSource("bridge", lambda s: _is_bridge(s),
+                lambda s, tokenizer, **_: _handle_from_bridge(s, tokenizer or getattr(s, "tokenizer", None),
+                                                              {"kind": "object"}, None)),
+    ModelSource("hooked-transformer", lambda s: _is_hooked_transformer(s),
+                lambda s, tokenizer, **_: _handle_from_hooked(s, tokenizer or getattr(s, "tokenizer", None))),
+    ModelSource("transformers-module", _is_pretrained, _load_pretrained),
+)):
+    register_model_source(_source)
 
 
 def zoo_dir() -> Path:
@@ -161,7 +220,7 @@ def zoo_dir() -> Path:
     if not (directory / "config.json").is_file():
         raise ModelLoadError(
             f"the embedded default model is missing from {directory}; reinstall headsurgeon or rebuild it "
-            "with `python -m headsurgeon.hub.zoo train`"
+            "with `python recipes/tiny_stories/train.py` from a checkout"
         )
     return directory
 
