@@ -45,7 +45,6 @@ Measured (2026-11-30, 2 idle CPU cores; defaults: 360 / 120 / 120 windows, fit s
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
@@ -155,7 +154,7 @@ def main() -> int:
           f"{stats.fit_sequences} windows; stages {', '.join(f'{k} {v:.0f}s' for k, v in stats.seconds.items())}",
           flush=True)
 
-    if not args.no_learned and importlib.util.find_spec("headsurgeon.synth.learned") is not None:
+    if not args.no_learned:
         from headsurgeon.synth.learned import learned_search
 
         t0 = time.perf_counter()

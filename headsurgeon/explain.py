@@ -1,4 +1,5 @@
-"""explain: capture → search (enumerative, learned, LLM agent when configured) → one selection → sweep → report.
+"""explain: capture → search (every requested searcher from the registry, then the user's library) → one selection
+→ sweep → report.
 
 Writes OUT/programs.json (a ProgramSet), OUT/sweep.png and OUT/report.html, and returns a summary.
 """
@@ -14,10 +15,11 @@ from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import load_corpus
 from headsurgeon.surgery.evaluate import replacement_sweep
 from headsurgeon.surgery.loading import load_model
-from headsurgeon.synth.candidate import Candidate
 from headsurgeon.synth.programset import ProgramSet, head_label
+from headsurgeon.synth.search import SearchSettings, run_searchers
 from headsurgeon.synth.select import select_programs
 
+#: the searchers explain runs by default (any registered name may be asked for; see docs/architecture.md)
 SEARCHERS = ("enumerative", "learned", "llm")
 
 
@@ -51,51 +53,18 @@ class ExplainResult:
         return "\n".join(lines)
 
 
-def _run_searchers(store: Any, splits_idx: dict[str, list[int]], searchers: Iterable[str], out: Path,
-                   seed: int, progress: bool, agent_config: Any, notes: list[str],
-                   timings: dict[str, float]) -> dict[tuple[int, int], list[Candidate]]:
-    pool: dict[tuple[int, int], list[Candidate]] = {}
-
-    def merge(found: dict[tuple[int, int], list[Candidate]]) -> None:
-        for h, cs in found.items():
-            pool.setdefault(h, []).extend(cs)
-
-    for name in searchers:
-        if name not in SEARCHERS:
-            raise ValueError(f"unknown searcher {name!r}; choose from {SEARCHERS}")
-        t0 = time.perf_counter()
-        if name == "enumerative":
-            from headsurgeon.synth.enumerative import enumerative_search
-
-            merge(enumerative_search(store, synth_idx=splits_idx["synth"], select_idx=splits_idx["select"],
-                                     seed=seed, progress=progress))
-        elif name == "learned":
-            from headsurgeon.synth.learned import learned_search
-
-            merge(learned_search(store, synth_idx=splits_idx["synth"], select_idx=splits_idx["select"],
-                                 seed=seed, progress=progress))
-        else:
-            from headsurgeon.synth.agent import AgentConfig, AgentConfigError, LLMAgent
-
-            try:
-                agent = LLMAgent(agent_config or AgentConfig(progress=progress))
-            except AgentConfigError as e:
-                notes.append(f"LLM agent skipped: {e}")
-                continue
-            merge(agent.search(store, synth_idx=splits_idx["synth"], select_idx=splits_idx["select"],
-                               journal=out / "llm_journal.jsonl"))
-            notes.append(f"LLM agent: {agent.stats.summary()}")
-        timings[name] = time.perf_counter() - t0
-    return pool
-
-
 def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "headsurgeon-out",
             tokenizer: Any = None, max_len: int = 64, max_sequences: int = 300,
             fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0,
-            searchers: Iterable[str] = ("enumerative", "learned", "llm"), library: Iterable[Any] = (),
+            searchers: Iterable[str] = SEARCHERS, library: Iterable[Any] = (),
             agent_config: Any = None, sweep_steps: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0),
             progress: bool = True) -> ExplainResult:
-    """Run the whole pipeline and write OUT/programs.json, OUT/sweep.png and OUT/report.html."""
+    """Run the whole pipeline and write OUT/programs.json, OUT/sweep.png and OUT/report.html.
+
+    ``searchers``: registered searcher names (``headsurgeon.synth.search.searchers()``), run in order;
+    ``library``: programs that compete for every head (run last, as the ``library`` searcher);
+    ``agent_config``: the LLM agent's ``AgentConfig``.
+    """
     from headsurgeon.report import write_report
 
     out = Path(out)
@@ -119,10 +88,14 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     t0 = time.perf_counter()
     store = capture(handle, sequences, out=out / "store", progress=progress)
     timings["capture"] = time.perf_counter() - t0
-    pool = _run_searchers(store, idx, searchers, out, seed, progress, agent_config, notes, timings)
+    library, searchers = list(library), list(searchers)
+    names = searchers + (["library"] if library and "library" not in searchers else [])
+    settings = SearchSettings(seed=seed, progress=progress, out=out, options={"llm": agent_config, "library": library})
+    pool = run_searchers(store, names, synth_idx=idx["synth"], select_idx=idx["select"], settings=settings,
+                         notes=notes, timings=timings)
     t0 = time.perf_counter()
-    programs = select_programs(store, pool, idx["select"], idx["test"], synth_idx=idx["synth"], library=library,
-                               progress=progress, model=handle.name)
+    programs = select_programs(store, pool, idx["select"], idx["test"], synth_idx=idx["synth"], progress=progress,
+                               model=handle.name)
     programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>", "max_len": max_len,
                           "splits": splits.sizes(), "seed": seed})
     programs.save(out / "programs.json")

@@ -24,9 +24,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_server import Reply, ScriptedLLMServer, by_head  # noqa: E402
 
-from headsurgeon.synth import prompts as P  # noqa: E402
+from headsurgeon.synth import prompts  # noqa: E402
 from headsurgeon.synth.agent import (AgentConfig, AgentConfigError, JournalMismatchError, LLMAgent,  # noqa: E402
-                                     _retry_after)
+                                     retry_after)
 from headsurgeon.synth.program import Program  # noqa: E402
 from headsurgeon.synth.sequence import Sequence  # noqa: E402
 
@@ -128,18 +128,18 @@ def select_iou_ref(store, head, program: Program) -> float:
 # ------------------------------------------------------------------------------------------------
 
 def test_parse_reply_variants():
-    r = P.parse_reply('Sure!\n```json\n{"hypothesis": "previous token", "program": "prev(1)"}\n```\nDone.')
+    r = prompts.parse_reply('Sure!\n```json\n{"hypothesis": "previous token", "program": "prev(1)"}\n```\nDone.')
     assert (r.kind, r.program, r.hypothesis) == ("dsl", "prev(1)", "previous token")
-    r = P.parse_reply('I think {"hypothesis": "bos", "program": ' + json.dumps(PY_FIRST) + "} is it")
+    r = prompts.parse_reply('I think {"hypothesis": "bos", "program": ' + json.dumps(PY_FIRST) + "} is it")
     assert r.kind == "python" and r.program == PY_FIRST
-    r = P.parse_reply('{"hypothesis": "mix", "kind": "dsl", "program": {"mix": [[0.5, {"prev": 1}], [0.5, {"first": {}}]]}}')
+    r = prompts.parse_reply('{"hypothesis": "mix", "kind": "dsl", "program": {"mix": [[0.5, {"prev": 1}], [0.5, {"first": {}}]]}}')
     assert r.kind == "dsl" and isinstance(r.program, dict)
     assert Program.from_json(r.program) == Program.parse("0.5*prev(1) + 0.5*first()")
     for bad, why in [("no json here", "no JSON object"), ('{"hypothesis": "x"}', "no \"program\""),
                      ('{"program": "prev(1)"}', "no \"hypothesis\""), ('{"hypothesis": "x", "program": ""}', "empty"),
                      ('{"hypothesis": "x", "program": 3}', "must be a string"), ("", "empty")]:
-        with pytest.raises(P.MalformedReply, match=why):
-            P.parse_reply(bad)
+        with pytest.raises(prompts.MalformedReply, match=why):
+            prompts.parse_reply(bad)
 
 
 def test_strongest_pairs_against_brute_force():
@@ -147,7 +147,7 @@ def test_strongest_pairs_against_brute_force():
     n = 30
     pat = np.tril(rng.random((n, n)) ** 4)
     pat /= pat.sum(1, keepdims=True)
-    pairs = P.strongest_pairs(pat, causal=True, frac=0.025, max_pairs=1000, mode="top")
+    pairs = prompts.strongest_pairs(pat, causal=True, frac=0.025, max_pairs=1000, mode="top")
     vis = [(i, j) for i in range(n) for j in range(i + 1)]
     q = math.ceil(0.025 * len(vis))
     assert len(pairs) == q
@@ -155,22 +155,22 @@ def test_strongest_pairs_against_brute_force():
     weakest_chosen = min(w for _, _, w in pairs)
     assert all(pat[i, j] <= weakest_chosen for i, j in vis if (i, j) not in chosen)
     assert all(j <= i for i, j, _ in pairs)  # only visible cells
-    assert len(P.strongest_pairs(pat, True, 0.025, max_pairs=5)) == 5
-    strat = P.strongest_pairs(pat, causal=True, max_pairs=10, mode="stratified")
+    assert len(prompts.strongest_pairs(pat, True, 0.025, max_pairs=5)) == 5
+    strat = prompts.strongest_pairs(pat, causal=True, max_pairs=10, mode="stratified")
     weights = sorted(w for _, _, w in strat)
     vals = np.sort(pat[np.tril(np.ones((n, n), bool)) & (pat > 0)])
     assert len(strat) == 10 and weights[-1] == pytest.approx(vals[-1]) and weights[0] == pytest.approx(vals[0])
 
 
 def test_prompts_show_dsl_api_and_pairs(store):
-    sysp = P.system_prompt(True)
+    sysp = prompts.system_prompt(True)
     for name in ("prev(k)", "induction()", "fallback(", "gate(", "seq.tokens", "seq.features.word_index", "hypothesis"):
         assert name in sysp
-    for example in P.DSL_EXAMPLES:  # every example the prompt shows must be a valid program
+    for example in prompts.DSL_EXAMPLES:  # every example the prompt shows must be a valid program
         Program.parse(example)
-    Program.python(P.PYTHON_EXAMPLE)
+    Program.python(prompts.PYTHON_EXAMPLE)
     seq = store.sequences[0]
-    hp = P.head_prompt((0, 0), [(seq, store.pattern(0, 0, 0))], causal=True, frac=0.1)
+    hp = prompts.head_prompt((0, 0), [(seq, store.pattern(0, 0, 0))], causal=True, frac=0.1)
     assert "L0H0" in hp
     # prev(1): each shown query's key is the token before it, quoted as in the sequence
     rows = re.findall(r'^  (\d+):("(?:[^"\\]|\\.)*") -> (\d+):("(?:[^"\\]|\\.)*") 1\.00$', hp, re.M)
@@ -184,12 +184,12 @@ def test_retry_after_header_forms():
     class R:
         def __init__(self, h):
             self.headers = h
-    assert _retry_after(R({"retry-after": "1.5"}), 100) == 1.5
-    assert _retry_after(R({"retry-after-ms": "250", "retry-after": "9"}), 100) == 0.25
-    assert _retry_after(R({"retry-after": "500"}), 100) == 100
+    assert retry_after(R({"retry-after": "1.5"}), 100) == 1.5
+    assert retry_after(R({"retry-after-ms": "250", "retry-after": "9"}), 100) == 0.25
+    assert retry_after(R({"retry-after": "500"}), 100) == 100
     date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
-    assert 25 < _retry_after(R({"retry-after": date}), 100) <= 31
-    assert _retry_after(R({}), 100) is None and _retry_after(R({"retry-after": "soon"}), 100) is None
+    assert 25 < retry_after(R({"retry-after": date}), 100) <= 31
+    assert retry_after(R({}), 100) is None and retry_after(R({"retry-after": "soon"}), 100) is None
 
 
 def test_config_from_environment(monkeypatch):

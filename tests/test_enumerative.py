@@ -9,7 +9,7 @@ from scipy.optimize import nnls
 
 from headsurgeon.synth import dsl
 from headsurgeon.synth.enumerative import (
-    SearchStats, _FitSet, _Split, enumerative_search, nnls_gram, primitive_library, round_weights,
+    FitSet, SearchStats, Split, enumerative_search, nnls_gram, primitive_library, round_weights,
 )
 from headsurgeon.synth.metrics import score_many
 from headsurgeon.synth.program import Program
@@ -173,7 +173,7 @@ def test_ranked_by_jsd_and_programs_are_readable(synthetic) -> None:
 
 def _walk(node):
     yield node
-    for child in dsl._children(node):
+    for child in dsl.children(node):
         yield from _walk(child)
 
 
@@ -183,8 +183,8 @@ def test_compact_evaluator_matches_kernels_on_every_combinator() -> None:
     lib = [Program.parse(t) for t in ("prev(1)", "first()", "self()", "same_token_recent()", "decay(0.5)",
                                       "recent(punct)", "key_in_set(ids=[1, 3])", "uniform()")]
     preds = [dsl.Pred("flag", "punct"), dsl.Pred("flag", "cap")]
-    split = _Split(store, list(range(len(seqs))), {"punct", "cap"})
-    fs = _FitSet(split, lib, [(0, 0)], preds, True, progress=False)
+    split = Split(store, list(range(len(seqs))), {"punct", "cap"})
+    fs = FitSet(split, lib, [(0, 0)], preds, True, progress=False)
     texts = [
         "0.6*prev(1) + 0.4*same_token_recent()",
         "gate(punct, first(), 0.5*decay(0.5) + 0.5*self())",

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_server import Reply, ScriptedLLMServer, by_head  # noqa: E402
 from test_agent import SELECT, SYNTH, TEXTS, build_store, config  # noqa: E402
 
-from headsurgeon.synth import prompts as P  # noqa: E402
+from headsurgeon.synth import prompts  # noqa: E402
 from headsurgeon.synth.agent import LLMAgent  # noqa: E402
 from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError  # noqa: E402
 from headsurgeon.synth.program import Program  # noqa: E402
@@ -52,39 +52,39 @@ def test_failure_feedback_keeps_only_type_line_and_library_text():
     program = "def program(seq):\n    x = 1\n    raise ValueError(s)\n"
     crash = ProgramExecutionError(f"sequence 0: the program raised ValueError: {SECRET} (at line 3: raise ValueError(s))",
                                   "crash", f"Traceback ...\n{SECRET}")
-    assert P.failure_feedback(crash, program) == "the program raised ValueError (at line 3)"
+    assert prompts.failure_feedback(crash, program) == "the program raised ValueError (at line 3)"
     # a type name that is not a known exception type, or a line outside the program, is not shown
     spoof = ProgramExecutionError(f"sequence 0: the program raised {SECRET}: x (at line 99)", "crash")
-    assert P.failure_feedback(spoof, program) == "the program raised an exception"
-    assert P.safe_type_name(SECRET, known_only=True) is None and P.safe_type_name("LinAlgError", True) == "LinAlgError"
-    assert P.safe_type_name("Bad-Name<>") is None and P.safe_type_name("x" * 41) is None
+    assert prompts.failure_feedback(spoof, program) == "the program raised an exception"
+    assert prompts.safe_type_name(SECRET, known_only=True) is None and prompts.safe_type_name("LinAlgError", True) == "LinAlgError"
+    assert prompts.safe_type_name("Bad-Name<>") is None and prompts.safe_type_name("x" * 41) is None
     timeout = ProgramExecutionError(f"sequence 1: the program exceeded its 5 s time limit (interrupted at line 2: {SECRET})",
                                     "timeout")
-    assert P.failure_feedback(timeout, program) == "the program exceeded its time limit (at line 2)"
+    assert prompts.failure_feedback(timeout, program) == "the program exceeded its time limit (at line 2)"
     shape = ProgramExecutionError("sequence 0: the return value has shape (13007, 2); expected (5, 5)", "bad_output")
-    assert "13007" not in P.failure_feedback(shape, program) and "shape" in P.failure_feedback(shape, program)
+    assert "13007" not in prompts.failure_feedback(shape, program) and "shape" in prompts.failure_feedback(shape, program)
     memory = ProgramExecutionError(f"sequence 0: the program ran out of memory: MemoryError: {SECRET}", "memory")
-    assert SECRET not in P.failure_feedback(memory, program)
+    assert SECRET not in prompts.failure_feedback(memory, program)
     weird = ProgramExecutionError(f"sequence 0: {SECRET}", "no-such-reason")
-    assert P.failure_feedback(weird, program) == "the program raised an exception"
+    assert prompts.failure_feedback(weird, program) == "the program raised an exception"
     # a library error outside the program's run shows its type only (it may carry local paths)
-    assert P.failure_feedback(OSError(f"/home/user/{SECRET}")) == "OSError (details withheld)"
+    assert prompts.failure_feedback(OSError(f"/home/user/{SECRET}")) == "OSError (details withheld)"
     # library-written validation messages are kept, cut to MAX_FEEDBACK_CHARS
-    long = P.failure_feedback(ProgramValidationError("import of 'os' is not allowed " + "x" * 1000))
-    assert long.startswith("import of 'os' is not allowed") and len(long) == P.MAX_FEEDBACK_CHARS
+    long = prompts.failure_feedback(ProgramValidationError("import of 'os' is not allowed " + "x" * 1000))
+    assert long.startswith("import of 'os' is not allowed") and len(long) == prompts.MAX_FEEDBACK_CHARS
 
 
 def test_parse_reply_refuses_huge_and_deeply_nested_replies():
-    with pytest.raises(P.MalformedReply, match="characters long"):
-        P.parse_reply('{"hypothesis": "x", "program": "' + "a" * (P.MAX_REPLY_CHARS + 1) + '"}')
-    with pytest.raises(P.MalformedReply, match="program is .* characters long"):
-        P.parse_reply(json.dumps({"hypothesis": "x", "program": "p" * (P.MAX_PROGRAM_CHARS + 1)}))
+    with pytest.raises(prompts.MalformedReply, match="characters long"):
+        prompts.parse_reply('{"hypothesis": "x", "program": "' + "a" * (prompts.MAX_REPLY_CHARS + 1) + '"}')
+    with pytest.raises(prompts.MalformedReply, match="program is .* characters long"):
+        prompts.parse_reply(json.dumps({"hypothesis": "x", "program": "p" * (prompts.MAX_PROGRAM_CHARS + 1)}))
     for nested in ("[" * 100_000, "{" * 100_000, '{"hypothesis": "x", "program": ' + "[" * 50_000 + "]" * 50_000 + "}"):
-        with pytest.raises(P.MalformedReply):
-            P.parse_reply(nested)
+        with pytest.raises(prompts.MalformedReply):
+            prompts.parse_reply(nested)
     t0 = time.monotonic()
-    with pytest.raises(P.MalformedReply):
-        P.parse_reply('{"a": [' * 20_000)  # many candidate starts: only the first few are tried
+    with pytest.raises(prompts.MalformedReply):
+        prompts.parse_reply('{"a": [' * 20_000)  # many candidate starts: only the first few are tried
     assert time.monotonic() - t0 < 5
 
 

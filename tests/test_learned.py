@@ -10,11 +10,15 @@ import torch
 
 from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.surgery.store import AttentionStore
-from headsurgeon.synth import learned as L
+from headsurgeon.synth.learned import (
+    FeatureSpace, LearnedConfig, LearnedHead, MatchTerm, feature_arrays, key_order, learned_search, positional_specs,
+    select_rows, visible,
+)
 from headsurgeon.synth.metrics import score_many
 from headsurgeon.synth.program import Program
+from headsurgeon.synth.sequence import pad_ids
 
-FAST = L.LearnedConfig(steps=100, refit_steps=40)
+FAST = LearnedConfig(steps=100, refit_steps=40)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +63,7 @@ def synthetic_store(seqs, truth):
 @pytest.fixture(scope="module")
 def learned(synthetic_store, seqs):
     synth, select = _splits(seqs)
-    return L.learned_search(synthetic_store, synth_idx=synth, select_idx=select, seed=0, progress=False,
+    return learned_search(synthetic_store, synth_idx=synth, select_idx=select, seed=0, progress=False,
                             config=FAST, return_models=True)
 
 
@@ -122,19 +126,19 @@ def test_random_discrete_models_decompile_exactly(seqs, causal):
     rng = np.random.default_rng(1)
     some = seqs[:12]
     names = ("token", "punct", "cap", "word_start", "newline", "sent_end")
-    arrays = L.feature_arrays(some, names)
-    _, lengths = L.pad_ids(some)
-    space = L.FeatureSpace.fit(arrays, lengths, names, top_tokens=20, max_values=8)
-    specs = L.positional_specs(L.LearnedConfig(offsets=3), causal)
+    arrays = feature_arrays(some, names)
+    _, lengths = pad_ids(some)
+    space = FeatureSpace.fit(arrays, lengths, names, top_tokens=20, max_values=8)
+    specs = positional_specs(LearnedConfig(offsets=3), causal)
     for trial in range(4):
         matches = []
         for select in ("closest", "all"):
             q, k = (int(x) for x in rng.integers(0, len(names), 2))
             table = rng.random((space.sizes[q], space.sizes[k])) < 0.3
             table[-1, :] = table[:, -1] = False  # the "other" bucket never matches
-            matches.append((float(rng.uniform(0.1, 1)), L.MatchTerm(q, k, table, select)))
+            matches.append((float(rng.uniform(0.1, 1)), MatchTerm(q, k, table, select)))
         positional = [(float(rng.uniform(0.05, 1)), s) for s in rng.choice(specs, 3, replace=False)]
-        head = L.LearnedHead(space, causal, matches, positional)
+        head = LearnedHead(space, causal, matches, positional)
         if trial % 2:  # query-gated: flagged queries take the mixture above, the others another one
             head.gate = str(rng.choice(["punct", "cap", "word_start"]))
             head.other_matches = matches[1:]
@@ -151,16 +155,16 @@ def test_pos_feature_decompiles_to_tag_names(seqs):
 
     some = seqs[:8]
     try:
-        arrays = L.feature_arrays(some, ("pos", "punct"))
+        arrays = feature_arrays(some, ("pos", "punct"))
     except FeatureDependencyError as e:
         pytest.skip(f"spaCy model unavailable: {e}")
-    _, lengths = L.pad_ids(some)
-    space = L.FeatureSpace.fit(arrays, lengths, ("pos", "punct"), top_tokens=8, max_values=20)
+    _, lengths = pad_ids(some)
+    space = FeatureSpace.fit(arrays, lengths, ("pos", "punct"), top_tokens=8, max_values=20)
     table = np.zeros((space.sizes[0], space.sizes[0]), dtype=bool)
     tags = list(space.vocabs[0])
     noun, verb = tags.index(7), tags.index(15)  # POS_TAGS index of NOUN and VERB
     table[verb, noun] = table[noun, noun] = True
-    head = L.LearnedHead(space, True, [(1.0, L.MatchTerm(0, 0, table, "closest"))], [(0.5, "prev(1)")])
+    head = LearnedHead(space, True, [(1.0, MatchTerm(0, 0, table, "closest"))], [(0.5, "prev(1)")])
     text = head.program.text
     assert "[NOUN, NOUN]" in text and "[VERB, NOUN]" in text, text
     np.testing.assert_allclose(Program.parse(text).evaluate(some), head.torch_patterns(some).numpy(), atol=2e-6)
@@ -172,12 +176,12 @@ def test_soft_select_is_exact_at_hard_inputs():
     n = 9
     lengths = torch.tensor([9, 6, 1])
     for causal in (True, False):
-        vis = L._visible(lengths, n, causal)
+        vis = visible(lengths, n, causal)
         m = (torch.rand(3, n, n, generator=g) < 0.3) & vis
-        order = L._order(n)
+        order = key_order(n)
         for select in ("closest", "all"):
-            hard = L._select_rows(m.double(), select, order, hard=True) * vis
-            soft = L._select_rows(m.double(), select, order, hard=False) * vis
+            hard = select_rows(m.double(), select, order, hard=True) * vis
+            soft = select_rows(m.double(), select, order, hard=False) * vis
             torch.testing.assert_close(soft, hard, atol=1e-5, rtol=0)
             # an independent loop: closest = nearest match (ties to the left), none -> position 0
             for b in range(3):
@@ -195,8 +199,8 @@ def test_soft_select_is_exact_at_hard_inputs():
 
 def test_deterministic_for_a_seed(synthetic_store, seqs):
     synth, select = _splits(seqs)
-    cfg = L.LearnedConfig(steps=15, refit_steps=5)
-    runs = [L.learned_search(synthetic_store, heads=[(0, 1)], synth_idx=synth, select_idx=select, seed=3,
+    cfg = LearnedConfig(steps=15, refit_steps=5)
+    runs = [learned_search(synthetic_store, heads=[(0, 1)], synth_idx=synth, select_idx=select, seed=3,
                              progress=False, config=cfg) for _ in range(2)]
     a, b = (r[(0, 1)] for r in runs)
     assert [c.program.text for c in a] == [c.program.text for c in b]
@@ -210,19 +214,19 @@ def test_non_causal_store(seqs):
     store = AttentionStore(some, 1, 1, causal=False)
     for i, s in enumerate(some):
         store.put(i, truth.evaluate([s], causal=False)[0][None, None])
-    found = L.learned_search(store, synth_idx=list(range(30)), select_idx=list(range(30, 40)), progress=False,
-                             config=L.LearnedConfig(steps=100, refit_steps=30, offsets=2))
+    found = learned_search(store, synth_idx=list(range(30)), select_idx=list(range(30, 40)), progress=False,
+                             config=LearnedConfig(steps=100, refit_steps=30, offsets=2))
     best = max(found[(0, 0)], key=lambda c: c.scores["select"]["iou"])
     assert best.scores["select"]["iou"] > 0.95, best.program.text
 
 
 def test_rejects_overlapping_splits_and_bad_config(synthetic_store):
     with pytest.raises(ValueError, match="disjoint"):
-        L.learned_search(synthetic_store, synth_idx=[0, 1], select_idx=[1, 2], progress=False)
+        learned_search(synthetic_store, synth_idx=[0, 1], select_idx=[1, 2], progress=False)
     with pytest.raises(ValueError, match="features"):
-        L.LearnedConfig(features=("token", "colour"))
+        LearnedConfig(features=("token", "colour"))
     with pytest.raises(ValueError, match="select modes"):
-        L.LearnedConfig(terms=("nearest",))
+        LearnedConfig(terms=("nearest",))
 
 
 def test_real_heads_beat_the_uniform_baseline(stories, seqs):
@@ -235,7 +239,7 @@ def test_real_heads_beat_the_uniform_baseline(stories, seqs):
     store = capture(stories, [seqs[i] for i in idx], progress=False)
     synth, select = list(range(len(synth))), list(range(len(synth), len(idx)))
     heads = [(0, 0), (1, 3)]
-    found = L.learned_search(store, heads=heads, synth_idx=synth, select_idx=select, progress=False, config=FAST)
+    found = learned_search(store, heads=heads, synth_idx=synth, select_idx=select, progress=False, config=FAST)
     for head in heads:
         best = max(c.scores["select"]["iou"] for c in found[head])
         assert best > _uniform_iou(store, head, select) + 0.05, (head, best)

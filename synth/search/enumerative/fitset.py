@@ -1,0 +1,257 @@
+"""The compact fit set: the visible cells of the primitives' and the real heads' patterns as [P, cells] arrays,
+with an exact re-implementation of the DSL semantics and of the metrics on those cells (tests check it
+against the kernels and ``score_many``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ....kernels import primitives
+from ... import dsl
+from ...metrics import score_many
+from ...program import Program
+from .mixtures import GramStats
+from .split import Split, chunk_size, pred_mask
+from .util import progress_bar
+
+
+class FitSet:
+    """The fit sequences' visible cells: components [P, C], real patterns [H, C], row/sequence layout.
+
+    Cells are stored in (sequence, query, key) order, so each query row is a contiguous segment
+    starting at its key-0 (BOS) cell. Components are row-normalized raw scores with empty rows left
+    at zero (their meaning inside a mix); ``empty`` [P, R] marks those rows.
+    """
+
+    def __init__(self, split: Split, library: list[Program], heads: list[tuple[int, int]],
+                 preds: list[dsl.Pred], causal: bool, progress: bool, score_singles: bool = True,
+                 desc: str = "enumerative: primitives", cache: Any = None) -> None:
+        P, H = len(library), len(heads)
+        self.library, self.preds, self.causal = library, preds, causal
+        self.index = {p.node: k for k, p in enumerate(library)}
+        self.pred_index = {pr: g for g, pr in enumerate(preds)}
+        width = int(split.lengths.max())
+        comps, reals, empties, prows, row_len, seq_rows = [], [], [], [], [], []
+        cell_d, cell_key, row_tok = [], [], []
+        iou_sum, jsd_sum = np.zeros((H, P)), np.zeros((H, P))
+        chunks = split.chunks(chunk_size(P + H, width, 64))
+        bar = progress_bar(len(chunks), desc, progress)
+        for pos in chunks:
+            cand = split.components(library, pos, causal, cache)  # [P, Bc, Nc, Nc]; rows sum to 1 or are empty
+            real, lens = split.real(pos, heads)
+            ids_c, _, feats_c = split.arrays(pos)
+            n = cand.shape[2]
+            ar = np.arange(n)
+            inside = ar[None, :] < lens[:, None]  # [Bc, Nc] query rows
+            vis = inside[:, :, None] & inside[:, None, :]
+            if causal:
+                vis &= ar[None, None, :] <= ar[None, :, None]
+            comps.append(cand[:, vis])
+            reals.append(real[:, vis])
+            cell_d.append(np.broadcast_to(ar[None, :, None] - ar[None, None, :], vis.shape)[vis].astype(np.int32))
+            cell_key.append(np.broadcast_to(ids_c[:, None, :], vis.shape)[vis])
+            row_tok.append(ids_c[inside])
+            empty = cand.sum(axis=3) <= 0  # [P, Bc, Nc]
+            empties.append(empty[:, inside])
+            prows.append(np.stack([pred_mask(pr, ids_c, feats_c)[inside] for pr in preds])
+                         if preds else np.zeros((0, int(inside.sum())), dtype=bool))
+            for ln in lens:
+                row_len.append(np.arange(1, ln + 1) if causal else np.full(ln, ln))
+                seq_rows.append(int(ln))
+            if score_singles:
+                cand[..., 0] += empty & inside[None]  # standalone programs: empty rows attend to position 0
+                sc = score_many(real, cand, lens, causal, ("iou", "jsd"), per_sequence=True)
+                iou_sum += sc["iou"].sum(axis=2)
+                jsd_sum += sc["jsd"].sum(axis=2)
+            del cand, real
+            bar.update(1)
+        bar.close()
+        self.B = len(split)
+        self.order = np.concatenate(chunks)  # split positions of the sequences, in cell order
+        self.X = np.ascontiguousarray(np.concatenate(comps, axis=1))
+        self.real = np.ascontiguousarray(np.concatenate(reals, axis=1))
+        self.empty = np.concatenate(empties, axis=1)
+        self.pred_rows = np.concatenate(prows, axis=1)
+        lengths = np.concatenate(row_len).astype(np.int64)
+        self.R = lengths.shape[0]
+        self.C = self.X.shape[1]
+        self.row_start = np.zeros(self.R + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.row_start[1:])
+        self.row_of_cell = np.repeat(np.arange(self.R), lengths)
+        self.seq_row_start = np.zeros(self.B + 1, dtype=np.int64)
+        np.cumsum(seq_rows, out=self.seq_row_start[1:])
+        self.seq_cell_start = self.row_start[self.seq_row_start]
+        self.rows_per_seq = np.asarray(seq_rows, dtype=np.float64)
+        self.prim_iou, self.prim_jsd = iou_sum / self.B, jsd_sum / self.B
+        self.cell_d = np.concatenate(cell_d)  # query position - key position
+        self.cell_key = np.concatenate(cell_key).astype(np.int64)  # key token id
+        self.row_tok = np.concatenate(row_tok).astype(np.int64)  # query token id
+        self.cell_first = np.zeros(self.C, dtype=bool)  # key 0 (BOS when the model uses one)
+        self.cell_first[self.row_start[:-1]] = True
+
+    def stats(self) -> tuple["GramStats", list["GramStats"]]:
+        """Gram statistics overall and for the rows of each query predicate."""
+        X, Rl = self.X, self.real
+        tot = GramStats((X @ X.T).astype(np.float64), (Rl @ X.T).astype(np.float64),
+                     np.einsum("hc,hc->h", Rl, Rl, dtype=np.float64))
+        groups = []
+        for g in range(len(self.preds)):
+            cm = self.pred_rows[g][self.row_of_cell]
+            Xg, Rg = X[:, cm], Rl[:, cm]
+            groups.append(GramStats((Xg @ Xg.T).astype(np.float64), (Rg @ Xg.T).astype(np.float64),
+                                 np.einsum("hc,hc->h", Rg, Rg, dtype=np.float64)))
+        return tot, groups
+
+    # ------------------------------------------------------------ DSL semantics on compact cells
+    def rownorm(self, v: np.ndarray) -> np.ndarray:
+        """Divide each row segment of v ([C] or [K, C]) by its sum, in place; empty rows stay 0."""
+        s = np.add.reduceat(v, self.row_start[:-1], axis=-1)
+        inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
+        v *= inv[..., self.row_of_cell]
+        return v
+
+    def values(self, node: dsl.Node, memo: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(row-normalized scores [C] with empty rows 0, empty rows [R]) of a tree, as the kernels compute."""
+        hit = memo.get(node)
+        if hit is not None:
+            return hit
+        if isinstance(node, dsl.Prim):
+            k = self.index.get(node)
+            if k is not None:
+                out = (self.X[k], self.empty[k])
+            elif node.name in ("profile", "key_weight", "class_weight"):
+                v = self.rownorm(self.cell_scores(node))
+                out = (v, np.add.reduceat(v, self.row_start[:-1]) <= 0)
+            else:
+                raise KeyError(f"{dsl.to_text(node)} is not in the search library")
+        elif isinstance(node, dsl.Mix):
+            acc = np.zeros(self.C, dtype=np.float32)
+            emp = np.ones(self.R, dtype=bool)
+            for w, t in node.terms:
+                v, e = self.values(t, memo)
+                acc += np.float32(w) * v
+                emp &= e
+            out = (self.rownorm(acc), emp)
+        elif isinstance(node, dsl.Gate):
+            rows = self.query_rows(node.pred)
+            va, ea = self.values(node.then, memo)
+            vb, eb = self.values(node.other, memo)
+            out = (np.where(rows[self.row_of_cell], va, vb), np.where(rows, ea, eb))
+        elif isinstance(node, dsl.Fallback):
+            v, e = self.values(node.args[0], memo)
+            for alt in node.args[1:]:
+                va, ea = self.values(alt, memo)
+                v = np.where(e[self.row_of_cell], va, v)
+                e = e & ea
+            out = (v, e)
+        elif isinstance(node, dsl.Sharpen):
+            v, e = self.values(node.arg, memo)
+            if node.by:
+                texp = np.full(self.R, node.t, dtype=np.float32)
+                for tk, ids in node.by:
+                    texp[np.isin(self.row_tok, np.asarray(ids, dtype=np.int64))] = tk
+                out = (self.rownorm(np.power(v, texp[self.row_of_cell])), e)
+            else:
+                out = (self.rownorm(np.power(v, np.float32(node.t))), e)
+        elif isinstance(node, dsl.Mul):
+            v, _ = self.values(node.args[0], memo)
+            v = v.copy()
+            for other in node.args[1:]:
+                v *= self.values(other, memo)[0]
+            s = np.add.reduceat(v, self.row_start[:-1])
+            out = (self.rownorm(v), s <= 0)
+        else:
+            raise TypeError(f"not a DSL node: {node!r}")
+        memo[node] = out
+        return out
+
+    def cell_scores(self, node: dsl.Prim) -> np.ndarray:
+        """Raw scores [C] of the table primitives ``profile`` and ``key_weight`` (kernel semantics)."""
+        if node.name == "profile":
+            w = np.asarray(node.param("w"), dtype=np.float32)
+            d = self.cell_d
+            v = np.where(d < len(w), w[np.clip(d, 0, len(w) - 1)], np.float32(node.param("tail")))
+            v = np.where(d < 0, np.float32(0.0), v).astype(np.float32)
+            if node.param("bos") is not None:
+                v[self.cell_first] = np.float32(node.param("bos"))
+            return v
+        if node.name == "class_weight":
+            qc, kc, table = dsl.class_tables(node, self.row_tok, self.cell_key)
+            return table[qc[self.row_of_cell], kc]
+        table = node.param("w")
+        tids = np.array([t for t, _ in table], dtype=np.int64)
+        wts = np.array([w for _, w in table], dtype=np.float32)
+        idx = primitives.value_index(self.cell_key, tids)
+        return np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default"))).astype(np.float32)
+
+    def row_softmax(self, logits: np.ndarray) -> np.ndarray:
+        """exp(logits) normalized within each row segment ([C] -> [C])."""
+        mx = np.maximum.reduceat(logits, self.row_start[:-1])
+        q = np.exp(logits - mx[self.row_of_cell])
+        return self.rownorm(q)
+
+
+    def query_rows(self, pred: dsl.Pred) -> np.ndarray:
+        """Boolean [R]: query rows satisfying ``pred`` (search predicates, or any ``ids=`` set)."""
+        g = self.pred_index.get(pred)
+        if g is not None:
+            return self.pred_rows[g]
+        if pred.kind == "ids":
+            return np.isin(self.row_tok, np.asarray(pred.value, dtype=np.int64))
+        raise KeyError(f"gate predicate {pred} is not among the search's query predicates")
+
+    def pattern(self, node: dsl.Node, memo: dict) -> np.ndarray:
+        """The normalized pattern [C] of a tree (empty rows attend to position 0)."""
+        v, e = self.values(node, memo)
+        q = v.copy()
+        q[self.row_start[:-1][e]] = 1.0
+        return q
+
+    # ------------------------------------------------------------ metrics on compact cells
+    def iou(self, q: np.ndarray, h: int) -> np.ndarray:
+        """Soft IoU per candidate (q [K, C]), mean over the fit sequences."""
+        p = self.real[h]
+        mn = np.add.reduceat(np.minimum(q, p), self.seq_cell_start[:-1], axis=-1, dtype=np.float64)
+        mx = np.add.reduceat(np.maximum(q, p), self.seq_cell_start[:-1], axis=-1, dtype=np.float64)
+        return np.mean(np.divide(mn, mx, out=np.ones_like(mn), where=mx > 0), axis=-1)
+
+    def jsd(self, q: np.ndarray, h: int) -> np.ndarray:
+        """Mean per-row Jensen-Shannon distance per candidate (q [K, C]), mean over the fit sequences."""
+        p = self.real[h]
+        m = 0.5 * (p + q)  # > 0 wherever p or q is
+        pos_m = m > 0  # False also where q is so small (subnormal) that q/2 underflows: such cells add 0
+        ratio = np.divide(q, m, out=np.ones_like(m), where=(q > 0) & pos_m)
+        t = q * np.log(ratio, out=ratio)  # q log(q/m): float32 ratios, no cancellation between big terms
+        ratio = np.divide(p, m, out=np.ones_like(m), where=(p > 0) & pos_m)
+        t += p * np.log(ratio, out=ratio)
+        rows = np.sqrt(np.maximum(0.5 * np.add.reduceat(t, self.row_start[:-1], axis=-1, dtype=np.float64), 0.0))
+        per_seq = np.add.reduceat(rows, self.seq_row_start[:-1], axis=-1) / self.rows_per_seq
+        return per_seq.mean(axis=-1)
+
+    def refine(self, h: int, support: tuple[int, ...], w: np.ndarray, sweeps: int = 2,
+               factors: tuple[float, ...] = (0.5, 0.8, 1.25, 2.0)) -> np.ndarray:
+        """Coordinate search on IoU over a mixture's weights (multiplicative steps), from ``w``."""
+        XS = self.X[np.asarray(support, dtype=np.int64)]
+        ES = self.empty[np.asarray(support, dtype=np.int64)].all(axis=0)
+        bos = self.row_start[:-1][ES]
+
+        def score(wt: np.ndarray) -> float:
+            q = self.rownorm((wt.astype(np.float32) @ XS))
+            q[bos] = 1.0
+            return float(self.iou(q, h))
+
+        w = np.asarray(w, dtype=np.float64) / max(float(np.sum(w)), 1e-30)
+        best = score(w)
+        for _ in range(sweeps):
+            improved = False
+            for k in range(len(w)):
+                for f in factors:
+                    trial = w.copy()
+                    trial[k] *= f
+                    val = score(trial)
+                    if val > best + 1e-6:
+                        best, w, improved = val, trial / trial.sum(), True
+            if not improved:
+                break
+        return w

@@ -1,0 +1,13 @@
+"""The LLM agent (:mod:`.agent`): asks a chat model for programs per head and refines them with feedback; requests in
+:mod:`.transport`, scoring in :mod:`.scoring`, settings in :mod:`.config`, the resumable journal in :mod:`.journal`."""
+from __future__ import annotations
+
+from .agent import ConversationResult, LLMAgent, LLMSearcher
+from .config import SOURCE, AgentConfig, AgentConfigError, AgentStats, HeadStatus
+from .journal import JOURNAL_VERSION, JournalMismatchError, RunJournal
+from .transport import retry_after
+
+__all__ = [
+    "AgentConfig", "AgentStats", "HeadStatus", "LLMAgent", "LLMSearcher", "AgentConfigError", "JournalMismatchError",
+    "RunJournal", "SOURCE", "JOURNAL_VERSION", "ConversationResult", "retry_after",
+]

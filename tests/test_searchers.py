@@ -1,0 +1,180 @@
+"""The searcher interface: a third-party searcher plugs in through the registry and runs in explain's search stage
+(and in explain itself) without editing the library; the built-ins keep the same conventions."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import CORPUS, need
+from headsurgeon.synth.candidate import Candidate
+from headsurgeon.synth.program import Program
+from headsurgeon.synth.search import (
+    Searcher, SearcherUnavailable, SearchSettings, make_searcher, register_searcher, run_searchers, searchers,
+    unregister_searcher,
+)
+from headsurgeon.synth.search.library import LibrarySearcher
+from headsurgeon.synth.select import score_programs, select_programs
+from headsurgeon.synth.sequence import Sequence
+
+TRUTH = {(0, 0): "prev(1)", (0, 1): "0.7*prev(1) + 0.3*first()", (1, 0): "self()"}
+WORDS = "once upon a time there was a little girl named lily she loved to play outside in the park".split()
+
+
+def tiny_sequences(n: int = 12, length: int = 10) -> list[Sequence]:
+    """Word-level sequences with BOS, one document each."""
+    rng = np.random.default_rng(0)
+    out = []
+    for doc in range(n):
+        words = [WORDS[i] for i in rng.integers(0, len(WORDS), length - 1)]
+        text = " ".join(words)
+        starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
+        offsets = [(0, 0)] + [(int(s), int(s) + len(w)) for s, w in zip(starts, words)]
+        ids = [0] + [1 + WORDS.index(w) for w in words]
+        out.append(Sequence(ids=np.array(ids), tokens=["<s>"] + words, text=text, offsets=np.array(offsets),
+                            doc=doc, has_bos=True))
+    return out
+
+
+class TinyStore:
+    """A duck-typed ``PatternSource`` whose heads are known programs."""
+
+    def __init__(self, sequences: list[Sequence], programs: dict[tuple[int, int], str]) -> None:
+        self.sequences = sequences
+        self.programs = {h: Program.parse(t) for h, t in programs.items()}
+        self.causal = True
+
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        return list(self.programs)
+
+    def batch(self, indices=None, heads=None, dtype=np.float32):
+        idx = list(range(len(self.sequences))) if indices is None else list(indices)
+        seqs = [self.sequences[i] for i in idx]
+        pats = np.stack([self.programs[h].evaluate(seqs, causal=True) for h in (heads or self.heads)])
+        return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
+
+
+class OffsetSearcher:
+    """A third-party searcher: proposes prev(k) for k in 1..max_k, scored on synth and select like the built-ins."""
+
+    name = "offsets"
+
+    def __init__(self, max_k: int = 3) -> None:
+        self.max_k = max_k
+        self.runs = 0
+
+    def search(self, store, *, synth_idx, select_idx, heads=None, progress=True, budget=None, cancel=None):
+        self.runs += 1
+        heads = list(store.heads if heads is None else heads)
+        programs = [Program.parse(f"prev({k})") for k in range(1, self.max_k + 1)]
+        got = {split: score_programs(store, heads, programs, list(idx))
+               for split, idx in (("synth", synth_idx), ("select", select_idx))}
+        return {h: [Candidate(h, p, self.name, f"attends {k + 1} back",
+                              {s: {m: float(v[r, k]) for m, v in g.items()} for s, g in got.items()})
+                    for k, p in enumerate(programs)]
+                for r, h in enumerate(heads)}
+
+    def report(self) -> str:
+        return f"offsets: {self.runs} run(s)"
+
+
+@pytest.fixture
+def offsets():
+    made: list[OffsetSearcher] = []
+
+    def factory(settings: SearchSettings) -> OffsetSearcher:
+        made.append(OffsetSearcher(**settings.option("offsets", {})))
+        return made[-1]
+
+    register_searcher("offsets", factory)
+    yield made
+    unregister_searcher("offsets")
+
+
+@pytest.fixture(scope="module")
+def store():
+    return TinyStore(tiny_sequences(), TRUTH)
+
+
+SYNTH, SELECT, TEST = list(range(6)), list(range(6, 9)), list(range(9, 12))
+
+
+LLM_ENV = ("HEADSURGEON_LLM_BASE_URL", "OPENAI_BASE_URL", "HEADSURGEON_LLM_MODEL", "HEADSURGEON_LLM_API_KEY",
+           "OPENAI_API_KEY")
+
+
+def test_builtins_are_registered_and_satisfy_the_protocol(monkeypatch):
+    assert {"enumerative", "learned", "llm", "library"} <= set(searchers())
+    for name in ("enumerative", "learned", "library"):
+        s = make_searcher(name, SearchSettings())
+        assert isinstance(s, Searcher) and s.name == name
+    for var in LLM_ENV:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SearcherUnavailable, match="LLM agent skipped"):
+        make_searcher("llm", SearchSettings())
+
+
+def test_a_registered_searcher_runs_beside_the_builtins_and_wins_selection(offsets, store, monkeypatch):
+    for var in LLM_ENV:
+        monkeypatch.delenv(var, raising=False)
+    assert "offsets" in searchers()
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    settings = SearchSettings(progress=False, options={"offsets": {"max_k": 2}, "library": ["first()", "self()"],
+                                                       "llm": None})
+    pool = run_searchers(store, ["offsets", "llm", "library"], synth_idx=SYNTH, select_idx=SELECT,
+                         settings=settings, notes=notes, timings=timings)
+    assert offsets[0].max_k == 2 and set(timings) == {"offsets", "library"}
+    assert notes[0] == "offsets: 1 run(s)" and any(n.startswith("LLM agent skipped") for n in notes)
+    assert set(pool) == set(TRUTH)
+    for h, cands in pool.items():
+        assert [c.source for c in cands] == ["offsets", "offsets", "library", "library"]
+        assert all({"synth", "select"} <= set(c.scores) for c in cands)
+    ps = select_programs(store, pool, SELECT, TEST, synth_idx=SYNTH, baselines=False, progress=False)
+    assert ps.entries[(0, 0)].source == "offsets" and ps[(0, 0)] == Program.parse("prev(1)")
+    assert ps.entries[(0, 0)].hypothesis == "attends 1 back" and ps.entries[(0, 0)].scores["test"]["iou"] > 0.999
+    assert ps.entries[(1, 0)].source == "library" and ps[(1, 0)] == Program.parse("self()")
+
+
+def test_library_searcher_matches_select_programs_library(store):
+    lib = ["prev(1)", "0.7*prev(1) + 0.3*first()", "prev(1)"]
+    pool = LibrarySearcher(lib).search(store, synth_idx=SYNTH, select_idx=SELECT, progress=False)
+    via_searcher = select_programs(store, pool, SELECT, TEST, synth_idx=SYNTH, progress=False)
+    via_select = select_programs(store, {}, SELECT, TEST, synth_idx=SYNTH, library=lib, progress=False)
+    assert via_searcher.keys() == via_select.keys()
+    for h in via_select:
+        a, b = via_searcher.entries[h], via_select.entries[h]
+        assert (a.program, a.source, a.scores) == (b.program, b.source, b.scores)
+
+
+def test_registry_rejects_duplicates_and_unknown_names(offsets, store):
+    with pytest.raises(ValueError, match="already registered"):
+        register_searcher("offsets", lambda settings: OffsetSearcher())
+    register_searcher("offsets", lambda settings: OffsetSearcher(max_k=1), replace=True)
+    assert [c.program.text for c in make_searcher("offsets").search(
+        store, synth_idx=SYNTH, select_idx=SELECT)[(0, 0)]] == ["prev(1)"]
+    with pytest.raises(ValueError, match="unknown searcher"):
+        run_searchers(store, ["offsets", "no-such-searcher"], synth_idx=SYNTH, select_idx=SELECT)
+
+
+def test_cancel_and_budget_stop_before_new_heads(store):
+    cancel = threading.Event()
+    cancel.set()
+    assert LibrarySearcher(["prev(1)"]).search(store, synth_idx=SYNTH, select_idx=SELECT, cancel=cancel) == {}
+    got = make_searcher("enumerative", SearchSettings(options={"enumerative": {"spacy": False}})).search(store, synth_idx=SYNTH, select_idx=SELECT,
+                                                                 progress=False, budget=0.0)
+    assert got == {}
+    with pytest.raises(ValueError, match="share sequences"):
+        LibrarySearcher(["prev(1)"]).search(store, synth_idx=[0, 1], select_idx=[1, 2])
+
+
+def test_explain_runs_a_registered_searcher(offsets, stories, tmp_path):
+    from headsurgeon.explain import explain
+
+    result = explain(stories, need(CORPUS), tmp_path, max_len=16, max_sequences=24, searchers=("offsets",),
+                     sweep_steps=(0.0, 1.0), progress=False)
+    assert len(offsets) == 1 and "offsets: 1 run(s)" in result.notes and "offsets" in result.timings
+    sources = {e.source for e in result.programs.entries.values()}
+    assert sources <= {"offsets", "baseline"} and "offsets" in sources
