@@ -6,12 +6,11 @@ import json
 import os
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+from ....kernels.fileio import json_default
 from ...candidate import Candidate
 from ...program import Program
 from .config import SOURCE
@@ -79,19 +78,6 @@ class RunJournal:
             if self._file is not None:
                 self._file.close()
                 self._file = None
-
-
-def json_default(o: Any) -> Any:
-    """numpy scalars and arrays, and Counters, as JSON values."""
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Counter):
-        return dict(o)
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 def candidate_to_json(c: Candidate) -> dict[str, Any]:
