@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from . import dsl
 from .errors import ProgramExecutionError, ProgramValidationError
 
 __all__ = [
@@ -89,20 +90,9 @@ def _plain(text: str) -> str:
 
 
 def dsl_reference() -> str:
-    """The DSL's primitives, predicates and combinators, taken from ``synth/dsl.py``'s own docstring."""
-    from . import dsl
-
-    doc = dsl.__doc__ or ""
-    start = doc.find("Primitives (")
-    end = doc.find("Evaluation composes")
-    if start < 0 or end <= start:  # the docstring changed shape: fall back to the bare names
-        body = ("Primitives: " + ", ".join(f"{k}({', '.join(p[0] for p in v)})" for k, v in dsl.PRIMITIVES.items())
-                + "\nCombinators: " + ", ".join(dsl.COMBINATORS))
-    else:
-        body = doc[start:end].strip()
-    body = _plain(body)
+    """The DSL's primitives, predicates and combinators, rendered from the DSL spec (synth/dsl/catalog.py)."""
     examples = "\n".join(f"  {e}" for e in DSL_EXAMPLES)
-    return f"{body}\n\nExamples of whole DSL programs:\n{examples}"
+    return f"{dsl.reference_text()}\n\nExamples of whole DSL programs:\n{examples}"
 
 
 def sequence_api_reference() -> str:

@@ -29,7 +29,7 @@ numbers = st.floats(1e-6, 1e6, allow_nan=False, allow_infinity=False)
 @st.composite
 def prims(draw) -> Prim:
     name = draw(st.sampled_from(sorted(dsl.PRIMITIVES)))
-    make = dsl._make_prim
+    make = dsl.make_prim
     if name in ("prev", "next"):
         return make(name, [draw(st.integers(1, 1000))], {})
     if name == "window":
@@ -77,7 +77,7 @@ trees = st.recursive(
         st.tuples(c, numbers).map(lambda t: Sharpen(*t)),
         st.tuples(c, numbers, st.dictionaries(st.integers(0, 60000), st.integers(0, 2), min_size=1, max_size=6),
                   st.lists(numbers, min_size=3, max_size=3)).map(
-            lambda t: dsl._make_sharpen(t[0], t[1], [[t[3][k], sorted(i for i, c in t[2].items() if c == k)]
+            lambda t: dsl.make_sharpen(t[0], t[1], [[t[3][k], sorted(i for i, c in t[2].items() if c == k)]
                                                      for k in sorted(set(t[2].values()))])),
         st.lists(c, min_size=2, max_size=3).map(lambda a: Mul(tuple(a))),
     ),

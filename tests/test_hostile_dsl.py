@@ -143,7 +143,7 @@ def test_million_sharpen_classes_refused() -> None:
     by = [[1.5, [i]] for i in range(10 ** 6)]
     err = _refused(lambda: Program.from_json({"sharpen": [{"uniform": {}}, 2, by]}), peak_mb=20)
     assert "by" in str(err) and str(dsl.MAX_CLASSES) in str(err)
-    _refused(lambda: dsl._make_sharpen(Prim("uniform"), 2.0, by))
+    _refused(lambda: dsl.make_sharpen(Prim("uniform"), 2.0, by))
 
 
 def test_sharpen_classes_at_the_bound_evaluate_fast() -> None:

@@ -248,7 +248,7 @@ def match_prims(draw) -> Prim:
     k = draw(st.sampled_from(dsl.MATCH_FEATURES))
     pairs = draw(st.lists(st.tuples(_pair_values(q), _pair_values(k)), min_size=1, max_size=6))
     select = draw(st.sampled_from(dsl.SELECTS))
-    return dsl._make_prim("match", [], {"q": q, "k": k, "pairs": [list(x) for x in pairs], "select": select})
+    return dsl.make_prim("match", [], {"q": q, "k": k, "pairs": [list(x) for x in pairs], "select": select})
 
 
 @st.composite
@@ -258,31 +258,31 @@ def prims(draw, name: str | None = None) -> Prim:
     if name == "match":
         return draw(match_prims())
     if name in ("prev", "next"):
-        return dsl._make_prim(name, [draw(st.integers(1, 10))], {})
+        return dsl.make_prim(name, [draw(st.integers(1, 10))], {})
     if name == "window":
         a, b = sorted(draw(st.tuples(st.integers(-4, 5), st.integers(-4, 5))))
-        return dsl._make_prim(name, [a, b], {})
+        return dsl.make_prim(name, [a, b], {})
     if name == "decay":
-        return dsl._make_prim(name, [draw(st.floats(0.5, 1.0))], {})
+        return dsl.make_prim(name, [draw(st.floats(0.5, 1.0))], {})
     if name == "key_in_set":
-        return dsl._make_prim(name, [draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))], {})
+        return dsl.make_prim(name, [draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))], {})
     if name == "recent":
         return Prim("recent", (("pred", draw(preds)),))
     if name == "profile":
         w = draw(st.lists(WEIGHTS, min_size=1, max_size=6))
         bos = draw(st.one_of(st.none(), WEIGHTS))
-        return dsl._make_prim(name, [], {"w": w, "tail": draw(WEIGHTS), "bos": bos})
+        return dsl.make_prim(name, [], {"w": w, "tail": draw(WEIGHTS), "bos": bos})
     if name == "key_weight":
         table = draw(st.dictionaries(st.integers(0, 5), WEIGHTS, min_size=1, max_size=4))
-        return dsl._make_prim(name, [], {"w": [[k, v] for k, v in table.items()], "default": draw(WEIGHTS)})
+        return dsl.make_prim(name, [], {"w": [[k, v] for k, v in table.items()], "default": draw(WEIGHTS)})
     if name == "class_weight":
         def classes(label: dict) -> list:
             return [sorted(t for t, c in label.items() if c == k) for k in sorted(set(label.values()))]
         q = classes(draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2), min_size=1, max_size=5)))
         k = classes(draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2), min_size=1, max_size=5)))
         w = [[draw(WEIGHTS) for _ in k] for _ in q]
-        return dsl._make_prim(name, [], {"q": q, "k": k, "w": w, "default": draw(WEIGHTS)})
-    return dsl._make_prim(name, [], {})
+        return dsl.make_prim(name, [], {"q": q, "k": k, "w": w, "default": draw(WEIGHTS)})
+    return dsl.make_prim(name, [], {})
 
 
 # sharpen(A, t, by=[[t1, ids1], ..]): disjoint query-token classes with their own exponents
@@ -303,7 +303,7 @@ def trees(max_leaves: int = 6):
             st.lists(children, min_size=2, max_size=3).map(lambda a: Fallback(tuple(a))),
             st.tuples(preds, children, children).map(lambda t: Gate(*t)),
             st.tuples(children, st.floats(0.25, 3.0)).map(lambda t: Sharpen(*t)),
-            st.tuples(children, st.floats(0.25, 3.0), sharpen_classes()).map(lambda t: dsl._make_sharpen(*t)),
+            st.tuples(children, st.floats(0.25, 3.0), sharpen_classes()).map(lambda t: dsl.make_sharpen(*t)),
             st.lists(children, min_size=2, max_size=2).map(lambda a: Mul(tuple(a))),
         )
 
@@ -352,7 +352,7 @@ def test_each_combinator_over_primitives(combinator: str, data, causal: bool) ->
         "mix": lambda: Mix(((data.draw(st.floats(0.1, 2.0)), a), (data.draw(st.floats(0.1, 2.0)), b))),
         "fallback": lambda: Fallback((a, b)),
         "gate": lambda: Gate(data.draw(preds), a, b),
-        "sharpen": lambda: dsl._make_sharpen(a, data.draw(st.floats(0.25, 3.0)), data.draw(sharpen_classes())),
+        "sharpen": lambda: dsl.make_sharpen(a, data.draw(st.floats(0.25, 3.0)), data.draw(sharpen_classes())),
         "mul": lambda: Mul((a, b)),
     }[combinator]()
     batch = data.draw(batches())

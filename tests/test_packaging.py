@@ -35,3 +35,17 @@ def test_install_imports_from_outside_the_repository(tmp_path, editable):
     else:
         assert "site-packages" in location.parts and location.parent.name == "kernels"
         assert location.parent.parent.name == "headsurgeon"
+        installed = location.parent.parent
+        missing = [str(rel) for rel in repository_packages() if not (installed / rel / "__init__.py").is_file()]
+        assert not missing, f"subpackages left out of the wheel (list them in pyproject.toml): {missing}"
+
+
+def repository_packages() -> list[Path]:
+    """Every package folder under the installed root folders, as a path relative to the installed headsurgeon/."""
+    roots = {"surgery": "surgery", "kernels": "kernels", "synth": "synth", "hub": "hub"}
+    found = []
+    for name, folder in roots.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                found.append(Path(name) / init.parent.relative_to(ROOT / folder))
+    return found

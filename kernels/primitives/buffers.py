@@ -1,0 +1,48 @@
+"""Output buffers, offset clipping and the small-batch thread policy shared by every kernel family."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+
+__all__ = ["SMALL_WORK", "threads_for", "out_buffer", "clip_offset"]
+
+# Below this many score cells (B*N*N) a kernel runs on one thread: on small batches the cost of
+# waking the OpenMP team (milliseconds on busy, oversubscribed machines) exceeds the work.
+SMALL_WORK = 1 << 16
+
+
+@contextmanager
+def threads_for(cells: int) -> Iterator[None]:
+    """Run the enclosed kernels single-threaded when the batch is small (numba's setting is thread-local)."""
+    if cells >= SMALL_WORK:
+        yield
+        return
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
+
+# ``out`` may pass a reusable float32 [B,N,N] buffer (every cell is overwritten); otherwise numpy
+# allocates it, not the kernel: numpy puts large arrays on transparent huge pages, whose first-touch
+# page faults are several times cheaper than numba-allocated memory. Fresh memory is the dominant
+# cost of a simple primitive, so callers evaluating trees recycle buffers.
+
+def out_buffer(out: np.ndarray | None, shape: tuple[int, int, int]) -> np.ndarray:
+    """Return ``out`` after checking it fits, or a new float32 array of ``shape``."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}; got {out.dtype} {out.shape}")
+    return out
+
+
+def clip_offset(offset: int, n: int) -> int:
+    """``offset`` clipped to [-(n+1), n+1]: offsets past the sequence select nothing either way, and the
+    kernels then never see a value outside int64."""
+    return max(-(n + 1), min(int(offset), n + 1))

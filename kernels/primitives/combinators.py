@@ -1,0 +1,163 @@
+"""Kernels of the combinators: in place on whole [B, N, N] batches (no Python loop over tokens)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "sharpen_rows_by",
+           "multiply", "row_normalize", "empty_rows"]
+
+# Row sums may be reassociated (vectorized); scores here are finite by construction.
+_FASTMATH = {"reassoc", "nsz", "arcp", "contract"}
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _row_sum(row):  # pragma: no cover - compiled
+    total = 0.0
+    for j in range(row.shape[0]):
+        total += row[j]
+    return total
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def mix_scale(a, weight):  # pragma: no cover - compiled
+    """a <- weight * rownorm(a) in place (the first term of a mix); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            total = _row_sum(row)
+            if total > 0.0:
+                scale = np.float32(weight / total)
+                for j in range(n):
+                    row[j] *= scale
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def mix_accumulate(out, a, weight):  # pragma: no cover - compiled
+    """out += weight * rownorm(a): each non-empty row of ``a`` contributes ``weight`` of mass."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            total = _row_sum(row)
+            if total > 0.0:
+                scale = np.float32(weight / total)
+                orow = out[b, i]
+                for j in range(n):
+                    orow[j] += row[j] * scale
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def fallback_rows(a, alt):  # pragma: no cover - compiled
+    """Rows of ``a`` with zero mass are replaced by the same rows of ``alt`` (in place on ``a``)."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            if _row_sum(a[b, i]) <= 0.0:
+                a[b, i, :] = alt[b, i, :]
+
+
+@njit(parallel=True, cache=True)
+def gate_rows(qmask, a, alt):  # pragma: no cover - compiled
+    """Rows whose query mask is unset take ``alt``'s row (in place on ``a``)."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            if not qmask[b, i]:
+                a[b, i, :] = alt[b, i, :]
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def _sharpen_rows(a, t, ti):  # pragma: no cover - compiled
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            total = 0.0
+            for j in range(n):
+                v = row[j]
+                if v > 0.0:
+                    if ti > 0:  # integer exponent: repeated squaring, no pow() call
+                        base = np.float64(v)
+                        acc = 1.0
+                        e = ti
+                        while e > 0:
+                            if e & 1:
+                                acc *= base
+                            base *= base
+                            e >>= 1
+                        row[j] = np.float32(acc)
+                    else:
+                        row[j] = np.float32(np.float64(v) ** t)
+                else:
+                    row[j] = 0.0
+                total += row[j]
+            if total > 0.0:
+                inv = np.float32(1.0 / total)
+                for j in range(n):
+                    row[j] *= inv
+
+
+def sharpen_rows(a: np.ndarray, t: float) -> None:
+    """a <- rownorm(a ** t) for rows with mass (in place); empty rows stay empty."""
+    ti = int(t) if float(t).is_integer() and 1 <= t <= 64 else 0
+    _sharpen_rows(a, float(t), ti)
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def sharpen_rows_by(a, texp):  # pragma: no cover - compiled
+    """a <- rownorm(a ** texp[b, i]) per query row (in place); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            t = texp[b, i]
+            total = 0.0
+            for j in range(n):
+                v = row[j]
+                if v > 0.0:
+                    row[j] = np.float32(np.float64(v) ** t)
+                else:
+                    row[j] = 0.0
+                total += row[j]
+            if total > 0.0:
+                inv = np.float32(1.0 / total)
+                for j in range(n):
+                    row[j] *= inv
+
+
+@njit(parallel=True, cache=True)
+def multiply(a, other):  # pragma: no cover - compiled
+    """a <- a * other, elementwise (in place)."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row, orow = a[b, i], other[b, i]
+            for j in range(n):
+                row[j] *= orow[j]
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def row_normalize(a):  # pragma: no cover - compiled
+    """Divide every row with positive mass by its sum (in place); empty rows stay empty."""
+    nb, n, _ = a.shape
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            total = _row_sum(row)
+            if total > 0.0:
+                inv = np.float32(1.0 / total)
+                for j in range(n):
+                    row[j] *= inv
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+def empty_rows(a):  # pragma: no cover - compiled
+    """Boolean [B,N]: rows of ``a`` with no positive mass."""
+    nb, n, _ = a.shape
+    res = np.empty((nb, n), np.bool_)
+    for b in prange(nb):
+        for i in range(n):
+            res[b, i] = _row_sum(a[b, i]) <= 0.0
+    return res

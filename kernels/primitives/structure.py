@@ -1,0 +1,95 @@
+"""Kernels of the structure primitives: scores read from word, sentence and dependency arrays."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .buffers import out_buffer
+
+__all__ = ["score_group_start", "score_same_group", "score_dep_head", "score_dep_children"]
+
+
+@njit(parallel=True, cache=True)
+def _score_group_start(groups, lengths, causal, out):  # pragma: no cover - compiled
+    """The first key with the query's group value (sentence start, word start)."""
+    nb, n = groups.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        for i in range(lengths[b]):
+            g = groups[b, i]
+            for j in range(i + 1):
+                if groups[b, j] == g:
+                    out[b, i, j] = 1.0
+                    break
+
+
+@njit(parallel=True, cache=True)
+def _score_same_group(groups, lengths, causal, out):  # pragma: no cover - compiled
+    """All visible keys sharing the query's group value, the query included (same word)."""
+    nb, n = groups.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            g = groups[b, i]
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                if groups[b, j] == g:
+                    out[b, i, j] = 1.0
+
+
+@njit(parallel=True, cache=True)
+def _score_dep_head(heads, lengths, causal, out):  # pragma: no cover - compiled
+    """The token holding the query's dependency head (none for roots / -1)."""
+    nb, n = heads.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            h = heads[b, i]
+            if 0 <= h < length and (not causal or h <= i):
+                out[b, i, h] = 1.0
+
+
+@njit(parallel=True, cache=True)
+def _score_dep_children(heads, lengths, causal, out):  # pragma: no cover - compiled
+    """The visible tokens whose dependency head is the query."""
+    nb, n = heads.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                if heads[b, j] == i:
+                    out[b, i, j] = 1.0
+
+
+# Allocating wrappers (see kernels/primitives/buffers.py for ``out``).
+
+def score_group_start(groups, lengths, causal, out=None) -> np.ndarray:
+    """The first key with the query's group value (sentence start, word start)."""
+    out = out_buffer(out, (groups.shape[0], groups.shape[1], groups.shape[1]))
+    _score_group_start(groups, lengths, causal, out)
+    return out
+
+
+def score_same_group(groups, lengths, causal, out=None) -> np.ndarray:
+    """All visible keys sharing the query's group value, the query included (same word)."""
+    out = out_buffer(out, (groups.shape[0], groups.shape[1], groups.shape[1]))
+    _score_same_group(groups, lengths, causal, out)
+    return out
+
+
+def score_dep_head(heads, lengths, causal, out=None) -> np.ndarray:
+    """The token holding the query's dependency head (none for roots / -1)."""
+    out = out_buffer(out, (heads.shape[0], heads.shape[1], heads.shape[1]))
+    _score_dep_head(heads, lengths, causal, out)
+    return out
+
+
+def score_dep_children(heads, lengths, causal, out=None) -> np.ndarray:
+    """The visible tokens whose dependency head is the query."""
+    out = out_buffer(out, (heads.shape[0], heads.shape[1], heads.shape[1]))
+    _score_dep_children(heads, lengths, causal, out)
+    return out

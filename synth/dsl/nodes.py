@@ -1,0 +1,91 @@
+"""The DSL tree: frozen, hashable node types (the value every other DSL module reads or builds)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+__all__ = ["Pred", "Prim", "Mix", "Fallback", "Gate", "Sharpen", "Mul", "Node", "NODE_TYPES", "is_node", "children"]
+
+
+@dataclass(frozen=True)
+class Pred:
+    """A token predicate: ``kind`` is "flag" (value: flag name), "pos" (tag name) or "ids" (tuple)."""
+
+    kind: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Prim:
+    """A primitive with its parameters, in the canonical order of ``PRIMITIVES[name]``."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, key: str) -> Any:
+        """The value of parameter ``key``."""
+        for k, v in self.params:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Weighted sum of row-normalized components: ``terms = ((w, node), ...)``."""
+
+    terms: tuple[tuple[float, Any], ...]
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Per row, the first argument whose row is non-empty."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Rows whose query satisfies ``pred`` take ``then``, the others ``other``."""
+
+    pred: Pred
+    then: Any
+    other: Any
+
+
+@dataclass(frozen=True)
+class Sharpen:
+    """``arg ** t``, renormalized per row; ``by = ((t1, ids1), ..)``: query tokens in ids_k use t_k."""
+
+    arg: Any
+    t: float
+    by: tuple[tuple[float, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Mul:
+    """Elementwise product of the arguments."""
+
+    args: tuple[Any, ...]
+
+
+Node = Union[Prim, Mix, Fallback, Gate, Sharpen, Mul]
+NODE_TYPES = (Prim, Mix, Fallback, Gate, Sharpen, Mul)
+
+
+def is_node(value: Any) -> bool:
+    """Whether ``value`` is a DSL node."""
+    return isinstance(value, NODE_TYPES)
+
+
+def children(node: Node) -> tuple:
+    """The direct sub-expressions of ``node`` (none for a primitive)."""
+    if isinstance(node, Mix):
+        return tuple(t for _, t in node.terms)
+    if isinstance(node, (Fallback, Mul)):
+        return node.args
+    if isinstance(node, Gate):
+        return (node.then, node.other)
+    if isinstance(node, Sharpen):
+        return (node.arg,)
+    return ()

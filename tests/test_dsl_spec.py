@@ -1,0 +1,337 @@
+"""The DSL spec: every entry is complete, every derived artefact follows it, the specialized evaluators agree
+with the reference evaluator on every primitive and combinator, and a new primitive needs only the spec."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from headsurgeon.kernels import primitives as kernels
+from headsurgeon.synth import dsl, prompts
+from headsurgeon.synth.dsl import Param, PrimitiveSpec, Pred, Prim
+from headsurgeon.synth.errors import ProgramValidationError
+from headsurgeon.synth.program import Program
+from headsurgeon.synth.sequence import Sequence, pad_ids
+
+WORDS = ["the", "cat", "Sat", "on", "a", "mat", ",", ".", "Dog", "ran", "the", "a", "!", "and"]
+
+
+def random_sequences(rng: np.random.Generator, count: int, min_len: int = 2, max_len: int = 14) -> list[Sequence]:
+    """Word-level sequences with BOS (id 0); token ids follow the lower-cased word, so tokens repeat."""
+    vocab = {"<s>": 0}
+    out = []
+    for doc in range(count):
+        words = [str(w) for w in rng.choice(WORDS, int(rng.integers(min_len - 1, max_len)))]
+        text, offsets = "", [(0, 0)]
+        for w in words:
+            if text and w not in ",.!":
+                text += " "
+            offsets.append((len(text), len(text) + len(w)))
+            text += w
+        ids = [0] + [vocab.setdefault(w.lower(), len(vocab)) for w in words]
+        out.append(Sequence(ids=np.array(ids), tokens=["<s>"] + words, text=text, offsets=np.array(offsets),
+                            doc=doc, has_bos=True))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# random instances of every primitive and combinator
+# --------------------------------------------------------------------------------------------
+
+def random_ids(rng: np.random.Generator, k: int = 3) -> list[int]:
+    return sorted({int(x) for x in rng.integers(0, 8, k)})
+
+
+def random_classes(rng: np.random.Generator, count: int) -> list[list[int]]:
+    ids = rng.permutation(8)[: 2 * count]
+    return [sorted(int(x) for x in ids[2 * c: 2 * c + 2]) for c in range(count)]
+
+
+def random_primitive(name: str, rng: np.random.Generator, features: tuple[str, ...] = ()) -> Prim:
+    """A valid random instance of primitive ``name`` (match reads only ``features`` besides token/position)."""
+    spans = {"prev": lambda: [int(rng.integers(1, 4))], "next": lambda: [int(rng.integers(1, 4))],
+             "window": lambda: sorted(int(x) for x in rng.integers(-2, 4, 2)),
+             "decay": lambda: [float(rng.choice([0.3, 0.5, 0.9]))]}
+    if name in spans:
+        return dsl.make_prim(name, spans[name](), {})
+    if name == "key_in_set":
+        return dsl.make_prim(name, [], {"ids": random_ids(rng)})
+    if name == "recent":
+        return dsl.make_prim(name, [], {"pred": Pred("flag", str(rng.choice(["punct", "cap", "word_start"])))})
+    if name == "profile":
+        bos = None if rng.random() < 0.5 else float(rng.uniform(0, 2))
+        return dsl.make_prim(name, [], {"w": [float(x) for x in rng.uniform(0, 1, int(rng.integers(1, 5)))],
+                                        "tail": float(rng.uniform(0, 0.3)), "bos": bos})
+    if name == "key_weight":
+        return dsl.make_prim(name, [], {"w": [[i, float(rng.uniform(0, 3))] for i in random_ids(rng)],
+                                        "default": float(rng.uniform(0, 1))})
+    if name == "class_weight":
+        nq, nk = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+        return dsl.make_prim(name, [], {"q": random_classes(rng, nq), "k": random_classes(rng, nk),
+                                        "w": rng.uniform(0, 3, (nq, nk)).tolist(), "default": float(rng.random())})
+    if name == "match":
+        choices = ["token", "position"] + list(features)
+        q, k = (str(x) for x in rng.choice(choices, 2))
+        value = {"token": lambda: int(rng.integers(0, 8)), "position": lambda: int(rng.integers(0, 10))}
+        pairs = [[value.get(q, lambda: int(rng.integers(-1, 2)))(), value.get(k, lambda: int(rng.integers(-1, 2)))()]
+                 for _ in range(3)]
+        return dsl.make_prim(name, [], {"q": q, "k": k, "pairs": pairs, "select": str(rng.choice(dsl.SELECTS))})
+    assert not dsl.PRIMITIVES[name], f"add a random instance of {name} to random_primitive"
+    return Prim(name)
+
+
+def random_combinator(name: str, rng: np.random.Generator, pool: list[dsl.Node], preds: list[Pred]) -> dsl.Node:
+    """A random ``name`` node over children from ``pool``."""
+    pick = lambda: pool[int(rng.integers(len(pool)))]  # noqa: E731
+    if name == "mix":
+        return dsl.make_mix([(float(rng.uniform(0.1, 1)), pick()) for _ in range(int(rng.integers(1, 4)))])
+    if name == "fallback":
+        return dsl.Fallback(tuple(pick() for _ in range(int(rng.integers(2, 4)))))
+    if name == "mul":
+        return dsl.Mul(tuple(pick() for _ in range(int(rng.integers(2, 4)))))
+    if name == "gate":
+        pred = preds[int(rng.integers(len(preds)))] if rng.random() < 0.7 else Pred("ids", tuple(random_ids(rng)))
+        return dsl.Gate(pred, pick(), pick())
+    if name == "sharpen":
+        by = [[float(rng.uniform(0.5, 3)), ids] for ids in random_classes(rng, int(rng.integers(0, 3)))]
+        return dsl.make_sharpen(pick(), float(rng.uniform(0.5, 3)), by)
+    raise AssertionError(f"add a random instance of combinator {name}")
+
+
+# --------------------------------------------------------------------------------------------
+# every spec entry is complete
+# --------------------------------------------------------------------------------------------
+
+def test_every_spec_entry_has_kernel_bounds_doc_and_gloss() -> None:
+    assert dsl.PRIMITIVE_SPECS and set(dsl.COMBINATORS) == {"mix", "fallback", "gate", "sharpen", "mul"}
+    for name, spec in dsl.PRIMITIVE_SPECS.items():
+        assert spec.name == name and callable(spec.kernel), name
+        assert spec.doc and "\n" not in spec.doc, f"{name}: the doc is one line"
+        assert spec.gloss and "\n" not in spec.gloss, f"{name}: the gloss is one line"
+        assert dsl.docs.template_fields(spec.gloss) <= {p.name for p in spec.params}, name
+        assert spec.cost >= 1
+        for p in spec.params:
+            assert p.kind in dsl.KINDS and dsl.KINDS[p.kind].bound, f"{name}({p.name}) has no bound"
+    for name, spec in dsl.COMBINATOR_SPECS.items():
+        assert callable(spec.kernel) and spec.bound and spec.doc and spec.gloss and spec.cost >= 1, name
+
+
+def test_module_docs_embed_the_tables_generated_from_the_spec() -> None:
+    tables = dsl.render_tables()
+    assert tables in dsl.__doc__
+    for spec in dsl.PRIMITIVE_SPECS.values():
+        assert f"``{spec.signature}``".replace("|", "\\|") in tables and spec.doc.replace("|", "\\|") in tables
+    for spec in dsl.COMBINATOR_SPECS.values():
+        assert spec.bound in tables
+
+
+def test_prompt_reference_is_built_from_the_spec() -> None:
+    ref = prompts.dsl_reference()
+    assert ref.startswith(dsl.reference_text())
+    for spec in dsl.PRIMITIVE_SPECS.values():
+        assert f"  {spec.signature}: {spec.doc}" in ref
+    for spec in dsl.COMBINATOR_SPECS.values():
+        assert f"  {spec.syntax}: {spec.doc}" in ref
+
+
+def test_public_seams_replace_the_private_ones() -> None:
+    assert not any(hasattr(dsl, old) for old in ("_make_prim", "_make_sharpen", "_children"))
+    assert not hasattr(dsl, "clear_scratch")
+    tree = dsl.parse("gate(punct, 0.5*prev(1) + 0.5*first(), sharpen(uniform(), 2))")
+    assert [type(c).__name__ for c in dsl.children(tree)] == ["Mix", "Sharpen"]
+
+
+def test_gloss_fills_the_templates() -> None:
+    assert dsl.gloss(dsl.parse("prev(2)")) == "attends to the token 2 position(s) back"
+    assert dsl.gloss(dsl.parse("0.75*prev(1) + 0.25*first()")) == (
+        "75% attends to the token 1 position(s) back; 25% attends to the first token")
+    assert dsl.gloss(dsl.parse("gate(punct, first(), recent(pos=NOUN))")) == (
+        "if the query is punctuation: attends to the first token; otherwise: attends to the most recent token "
+        "that is tagged NOUN")
+    assert dsl.gloss(dsl.parse("fallback(induction(), first())")) == (
+        "attends to the token that followed an earlier occurrence of its own token; where that finds nothing, "
+        "attends to the first token")
+    long = dsl.gloss(dsl.parse(f"key_in_set(ids={list(range(40))})"))
+    assert "(40 in all)" in long and len(long) < 100
+    rng = np.random.default_rng(3)
+    pool = [random_primitive(name, rng) for name in dsl.PRIMITIVES]
+    for node in pool + [random_combinator(c, rng, pool, [Pred("flag", "cap")]) for c in dsl.COMBINATORS]:
+        text = dsl.gloss(node)
+        assert text and "{" not in text and "}" not in text, text
+
+
+# --------------------------------------------------------------------------------------------
+# the specialized evaluators agree with the reference evaluator
+# --------------------------------------------------------------------------------------------
+
+class ProgramStore:
+    """A duck-typed attention store whose one head is a fixed program."""
+
+    def __init__(self, sequences: list[Sequence], causal: bool) -> None:
+        self.sequences, self.causal = sequences, causal
+
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        return [(0, 0)]
+
+    def batch(self, indices=None, heads=None, dtype=np.float32):
+        idx = list(range(len(self.sequences))) if indices is None else list(indices)
+        seqs = [self.sequences[i] for i in idx]
+        pats = Program.parse("prev(1)").evaluate(seqs, causal=self.causal)[None]
+        return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
+
+
+# compact-cell semantics of their own (the other primitives' cells come from the search library, which the
+# reference evaluator computes)
+COMPACT_OWN = ("profile", "key_weight", "class_weight")
+NO_SPACY = ("token", "position", "word", "sent", "punct", "cap", "newline", "sent_end", "word_start")
+
+
+def _compact_reference(fs, node, split, causal) -> np.ndarray:
+    """The reference pattern of ``node`` on the fit set's cells, in the fit set's (sequence, query, key) order."""
+    pat = dsl.evaluate(node, split.ids, split.lengths, split.features, causal)
+    cells = []
+    for b in fs.order:
+        n = int(split.lengths[b])
+        vis = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+        cells.append(pat[b, :n, :n][vis])
+    return np.concatenate(cells)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_compact_evaluator_matches_the_reference_on_every_primitive_and_combinator(causal: bool) -> None:
+    from headsurgeon.synth import enumerative
+
+    FitSet = getattr(enumerative, "FitSet", None) or enumerative._FitSet
+    Split = getattr(enumerative, "Split", None) or enumerative._Split
+    rng = np.random.default_rng(7 + causal)
+    seqs = random_sequences(rng, 10)
+    usable = [n for n, s in dsl.PRIMITIVE_SPECS.items() if set(s.features) <= set(NO_SPACY)]
+    prims = {name: [random_primitive(name, rng, NO_SPACY[2:]) for _ in range(3)] for name in usable}
+    preds = [Pred("flag", f) for f in ("punct", "cap", "word_start")]
+    needed = set().union(*(dsl.features_needed(p) for ps in prims.values() for p in ps), {"punct", "cap",
+                                                                                          "word_start"})
+    split = Split(ProgramStore(seqs, causal), list(range(len(seqs))), needed)
+    library = [Program.from_node(p) for name in usable if name not in COMPACT_OWN for p in prims[name]]
+    library = list({p.hash: p for p in library}.values())
+    fs = FitSet(split, library, [(0, 0)], preds, causal, progress=False)
+    memo: dict = {}
+    pool = [p for ps in prims.values() for p in ps]
+    cases = [(name, p) for name, ps in prims.items() for p in ps]
+    for depth in range(2):
+        for name in dsl.COMBINATORS:
+            for _ in range(4):
+                node = random_combinator(name, rng, pool, preds)
+                cases.append((name, node))
+                pool.append(node)
+    covered = set()
+    for name, node in cases:
+        got = fs.pattern(node, memo)
+        want = _compact_reference(fs, node, split, causal)
+        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{name}: {dsl.to_text(node)}")
+        covered.add(name)
+    assert covered == set(usable) | set(dsl.COMBINATORS)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_evaluator_matches_the_reference_where_it_covers_the_dsl(causal: bool) -> None:
+    """The learned searcher's torch model covers first/self/prev/next/uniform/decay, match (inside
+    ``fallback(match, first())``), mix and gate on a flag."""
+    from headsurgeon.synth import learned
+
+    rng = np.random.default_rng(11 + causal)
+    seqs = random_sequences(rng, 10)
+    names = ("token", "punct", "cap", "word_start", "position")
+    arrays = learned.feature_arrays(seqs, names)
+    _, lengths = pad_ids(seqs)
+    space = learned.FeatureSpace.fit(arrays, lengths, names, top_tokens=6, max_values=6)
+    specs = learned.positional_specs(learned.LearnedConfig(offsets=3), causal)
+
+    def check(head, what: str) -> None:
+        prog = Program.parse(head.program.text)
+        np.testing.assert_allclose(prog.evaluate(seqs, causal=causal), head.torch_patterns(seqs).numpy(),
+                                   atol=2e-6, err_msg=f"{what}: {head.program.text}")
+
+    def match_term(select: str):
+        q, k = (int(x) for x in rng.integers(0, len(names), 2))
+        table = rng.random((space.sizes[q], space.sizes[k])) < 0.3
+        table[-1, :] = table[:, -1] = False
+        table[0, 0] = True  # at least one pair
+        return learned.MatchTerm(q, k, table, select)
+
+    covered = set()
+    for text in specs:  # each positional primitive alone
+        check(learned.LearnedHead(space, causal, [], [(1.0, text)]), text)
+        covered.add(dsl.parse(text).name)
+    for select in dsl.SELECTS:  # match alone (decompiled as fallback(match, first()))
+        check(learned.LearnedHead(space, causal, [(1.0, match_term(select))], []), f"match {select}")
+    covered |= {"match", "fallback"}
+    for trial in range(4):  # mixes, and query gates on a flag
+        matches = [(float(rng.uniform(0.1, 1)), match_term(str(rng.choice(dsl.SELECTS)))) for _ in range(2)]
+        positional = [(float(rng.uniform(0.05, 1)), str(s)) for s in rng.choice(specs, 2, replace=False)]
+        head = learned.LearnedHead(space, causal, matches, positional)
+        if trial % 2:
+            head.gate = str(rng.choice(["punct", "cap", "word_start"]))
+            head.other_matches = matches[1:]
+            head.other_positional = [(1.0, str(rng.choice(specs)))]
+        check(head, "mixture" + (" gated" if head.gate else ""))
+    covered |= {"mix", "gate"}
+    assert {"first", "self", "prev", "uniform", "decay"} | ({"next"} if not causal else set()) <= covered
+
+
+# --------------------------------------------------------------------------------------------
+# worked example: a new primitive through the spec alone
+# --------------------------------------------------------------------------------------------
+
+def _every_nth(node: Prim, ctx: dsl.Context) -> np.ndarray:
+    """Kernel of the toy primitive: keys j <= i whose distance i - j is a multiple of k (numpy, not numba)."""
+    out = kernels.out_buffer(ctx.buf(), (ctx.ids.shape[0], ctx.n, ctx.n))
+    i, j = np.arange(ctx.n)[:, None], np.arange(ctx.n)[None, :]
+    inside = np.arange(ctx.n)[None, :] < ctx.lengths[:, None]
+    visible = inside[:, :, None] & inside[:, None, :] & (j <= i)[None]
+    out[...] = visible & ((i - j) % node.param("k") == 0)[None]
+    return out
+
+
+EVERY_NTH = PrimitiveSpec(
+    "every_nth", (Param("k", "offset", 2),), _every_nth,
+    doc="keys at a distance behind the query that is a multiple of k (the query included)",
+    gloss="attends to every {k}-th token back", json_scalar=True)
+
+
+def test_a_new_primitive_needs_only_a_spec_entry_and_a_kernel() -> None:
+    dsl.register_primitive(EVERY_NTH)
+    try:
+        node = dsl.parse("0.5*every_nth(3) + 0.5*first()")
+        assert dsl.to_text(node) == "0.5*every_nth(3) + 0.5*first()"
+        assert dsl.to_json(node) == {"mix": [[0.5, {"every_nth": 3}], [0.5, {"first": {}}]]}
+        assert dsl.from_json(json.loads(dsl.canonical_json(node))) == node
+        assert dsl.parse("every_nth()") == Prim("every_nth", (("k", 2),))  # the declared default
+        with pytest.raises(ProgramValidationError, match="MAX_OFFSET"):
+            dsl.parse("every_nth(5000)")  # the bound of the parameter's kind
+        with pytest.raises(ProgramValidationError, match="offset >= 1"):
+            dsl.parse("every_nth(0)")
+        ids = np.zeros((1, 7), np.int64)
+        pat = dsl.evaluate(dsl.parse("every_nth(2)"), ids, np.array([7]), causal=True)
+        assert np.allclose(pat[0, 6], [0.25, 0, 0.25, 0, 0.25, 0, 0.25])
+        assert np.allclose(pat[0, 1], [0, 1, 0, 0, 0, 0, 0])
+        assert dsl.gloss(node) == "50% attends to every 3-th token back; 50% attends to the first token"
+        assert dsl.cost(node) == 1 + 1 + 2 and dsl.features_needed(node) == frozenset()
+        assert "``every_nth(k)``" in dsl.render_tables()
+        assert "every_nth(k): keys at a distance" in prompts.dsl_reference()
+        prog = Program.parse("every_nth(2)")
+        assert Program.from_json(prog.to_json()) == prog
+    finally:
+        dsl.unregister_primitive("every_nth")
+    with pytest.raises(ProgramValidationError, match="unknown primitive"):
+        dsl.parse("every_nth(2)")
+
+
+def test_registering_a_clash_or_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="already declared"):
+        dsl.register_primitive(PrimitiveSpec("prev", (), _every_nth, "x", "x"))
+    with pytest.raises(ValueError, match="unknown kind"):
+        dsl.register_primitive(PrimitiveSpec("toy", (Param("x", "bogus"),), _every_nth, "x", "x"))
+    assert "toy" not in dsl.PRIMITIVES and re.search(r"\bprev\b", dsl.render_tables())
