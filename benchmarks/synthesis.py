@@ -1,11 +1,11 @@
-"""Benchmark: program synthesis for every head of stories260K over TinyStories (issue 5.6).
+"""Benchmark: program synthesis for every head of stories260K over TinyStories.
 
 Workload: ``../shared/data/corpora/tinystories-valid.txt`` cut into documents (blank lines), tokenized
 with stories260K's tok512 into windows of at most 128 tokens (BOS first), split by document 60/20/20
 into ``synth`` / ``select`` / ``test`` (seeded). Patterns of all 40 heads (5 layers x 8 query heads)
 are captured on ``--synth`` / ``--select`` / ``--test`` windows of the three splits. Each searcher
-(enumerative; learned when ``headsurgeon.synth.learned`` exists; the LLM agent only with ``--llm``
-and an endpoint in the environment) proposes candidates per head fitted on ``synth``; per searcher
+(enumerative; learned unless ``--no-learned``; the LLM agent only with ``--llm`` and an endpoint
+in the environment) proposes candidates per head fitted on ``synth``; per searcher
 and combined (all candidates of a head compete) the candidate with the best IoU on ``select`` is
 chosen and reported on ``test`` (never the same sequences). Reported: mean / median test IoU, the
 share of heads with IoU >= 0.9 and >= 0.7, and for scale the best single template per head
@@ -19,28 +19,7 @@ time) and Spearman(test IoU, per-head ΔPPL) with a bootstrap 95% interval. Wall
 Run: ``python benchmarks/synthesis.py [--synth 360 --select 120 --test 120 --fit 96 --seed 0]``
 (``--no-learned`` skips the learned searcher, ``--llm`` adds the agent).
 
-Measured (2026-11-30, 2 idle CPU cores; defaults: 360 / 120 / 120 windows, fit set 96 windows):
-  test IoU          mean   median  >=0.9  >=0.7   min    max    JSD mean
-  enumerative       0.563  0.530   0%     5%      0.406  0.746  0.265
-  learned           0.425  0.410   0%     0%      0.323  0.596  0.361
-  combined          0.563  0.530   0%     5%      0.406  0.746  0.265   (enumerative wins all 40 heads)
-  single template   0.265  0.245   0%     0%      0.164  0.500  0.503
-  By layer (combined): L0 0.67, L1 0.63, L2 0.52, L3 0.52, L4 0.46.
-  ΔPPL (base 5.766 on 400 test windows): 25% of heads +1.4% by select IoU (random order +1.0%, random
-  programs +24%); 50% +5.0% (random order +5.5%, random programs +127%). Per-head ΔPPL median +0.26%,
-  max +1.21%; Spearman(test IoU, ΔPPL) = -0.34 (95% CI -0.62 .. -0.06).
-  Wall: enumerative 107 s, learned 130 s, capture 1 s, test scoring 23 s, perplexity 44 s (~5.5 min).
-  Before the class tables (class_weight) and per-query-group profiles, the same run gave enumerative
-  0.488 and ΔPPL +3.2% / +10.4%.
-  Goals: ΔPPL <= +5% at 25% met (+1.4%); mean test IoU >= 0.65 MISSED by 0.087 (0.563). What limits it:
-  stories260K's heads are diffuse (the best single template reaches 0.265) and their attention is not a
-  function of the tokens alone. benchmarks/synthesis_ceiling.py bounds what token-level programs can do
-  by fitting free-form softmax models to every head by gradient descent (120 synth / 60 test windows):
-  offset + key token + per-query-token temperature 0.469 (what profile x key_weight under sharpen(by=)
-  expresses; the searcher's tables alone gave 0.488 before class tables), + a rank-4 query-token x
-  key-token term 0.571 (the searcher's class tables reach 0.563: within 0.01 of it), + the previous token
-  of query and key (what layer-0 previous-token heads pass on) 0.598. Even that free-form model stays
-  below 0.65: layers 2-4 (0.48-0.56 with context) depend on more than a token and its neighbour.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Benchmark: how much of stories260K's heads can token-level programs explain at best? (issue 5.6)
+"""Benchmark: how much of stories260K's heads can token-level programs explain at best?
 
 Not a searcher: free-form softmax models fitted by gradient descent (Adam, full batch) to each head's
 real patterns on ``synth`` windows, scored by soft IoU on ``test`` windows, as an upper bound for the
@@ -13,13 +13,7 @@ DSL programs of ``benchmarks/synthesis.py`` built on the same features:
 Run: ``python benchmarks/synthesis_ceiling.py [--synth 120 --test 60 --every 5 --steps 150]``
 (``--every k``: every k-th head of the 40).
 
-Measured (2026-11-30, 2 CPU cores shared with a training job; ``--every 1``: all 40 heads, 120 synth /
-60 test windows of 128 tokens, 150 steps; 29 min):
-    mean test IoU   base 0.469   pairs 0.571   context 0.598
-    by layer        L0 0.549 / 0.701 / 0.723   L1 0.490 / 0.655 / 0.684   L2 0.428 / 0.525 / 0.560
-                    L3 0.459 / 0.517 / 0.545   L4 0.417 / 0.458 / 0.476
-The DSL programs of benchmarks/synthesis.py reach 0.563 (tested on a larger sample), close to ``pairs``;
-no token-level model here reaches the issue's 0.65.
+Measured figures: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ The work runs in parallel over (sequence, head) pairs so one real pattern (and i
 loaded once and all programs of that sequence stream past it. float16 inputs are read through a
 65,536-entry lookup table (numba has no CPU float16), so nothing is copied to float32 up front.
 Only numpy and numba (and llvmlite, numba's own code generator, for two bit-cast intrinsics) are
-imported here (layering rule of DESIGN section 1).
+imported here (the layering rule of docs/architecture.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How well a program's pattern matches a real head's pattern (DESIGN section 3, exact definitions).
+"""How well a program's pattern matches a real head's pattern (exact definitions: docs/architecture.md).
 
 All metrics compare a real pattern ``p`` and a program pattern ``q`` on the same *masked* n x n grid of
 one sequence: query rows ``i < n`` and keys ``j < n`` (padding beyond the sequence length never counts),

@@ -1,4 +1,4 @@
-"""Prompts for the LLM agent (DESIGN section 7): what the model is shown and how its replies are read.
+"""Prompts for the LLM agent (the LLM searcher, synth/search/llm/): what the model is shown and how its replies are read.
 
 Pure functions, no network: the system prompt (the scoring rule, the DSL and the Sequence API, both
 described from their own modules so the prompt cannot drift from the code), the per-head prompt

@@ -1,4 +1,4 @@
-"""AST validation of untrusted Python programs (DESIGN section 2): one function over the Sequence API.
+"""AST validation of untrusted Python programs (docs/architecture.md, SECURITY.md): one function over the Sequence API.
 
 A Python program is source text defining exactly ONE top-level function that takes one argument (a
 Sequence view ``seq``) and returns an n x n array-like of scores. Optional top-level statements:

@@ -1,6 +1,6 @@
 """Hostile Python programs: escape routes the validator refuses, and containment that holds after an escape.
 
-Two layers, tested apart (DESIGN amendment 2):
+Two layers, tested apart (SECURITY.md):
 * the attribute allowlist and AST rules refuse every known escape route before anything runs;
 * assuming an escape anyway, a real sandbox worker given the real builtins and ``os`` (the test-only
   ``_unrestricted`` / ``_skip_validation`` hooks of ``SandboxPool.run``) can open, list, create, delete,

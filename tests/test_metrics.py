@@ -1,4 +1,4 @@
-"""Metrics (DESIGN section 3) against a literal, looping transcription of the formulas and hand cases."""
+"""Metrics (docs/architecture.md) against a literal, looping transcription of the formulas and hand cases."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ SQRT_LN2 = math.sqrt(math.log(2.0))
 
 # --------------------------------------------------------------------------- reference (plain Python)
 def ref_sequence(p, q, L, causal, frac=0.025, count=None):
-    """(soft IoU, JSD distance, top-q IoU) of one sequence, written straight from DESIGN section 3."""
+    """(soft IoU, JSD distance, top-q IoU) of one sequence, written straight from the definitions in docs/architecture.md."""
     cells = [(i, j) for i in range(L) for j in range(L) if (j <= i or not causal)]
     val_p = {c: float(p[c]) for c in cells}
     val_q = {c: float(q[c]) for c in cells}

@@ -1,4 +1,4 @@
-"""The four must-have tests of DESIGN section 4 on GPT-2, Llama (GQA), BERT and stories260K, plus errors."""
+"""The four must-have replacement tests (docs/architecture.md) on GPT-2, Llama (GQA), BERT and stories260K, plus errors."""
 from __future__ import annotations
 
 import numpy as np

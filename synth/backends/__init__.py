@@ -6,11 +6,11 @@ is a ``ProgramBackend`` subclass passed to ``register_backend`` (recipe in docs/
 from __future__ import annotations
 
 from .base import (DEFAULT_TIMEOUT, ProgramBackend, backend_for_document, backend_kinds, get_backend, json_document,
-                   register_backend)
+                   register_backend, unregister_backend)
 from .dsl import DSLBackend
 from .python import PythonBackend, normalize_source
 
-__all__ = ["ProgramBackend", "register_backend", "get_backend", "backend_kinds", "backend_for_document",
+__all__ = ["ProgramBackend", "register_backend", "unregister_backend", "get_backend", "backend_kinds", "backend_for_document",
            "json_document", "DSLBackend", "PythonBackend", "normalize_source", "DEFAULT_TIMEOUT"]
 
 register_backend(DSLBackend())  # first: the default kind, tried last for untyped records

@@ -17,7 +17,7 @@ from .. import dsl
 from ..errors import ProgramValidationError, excerpt
 from ..sequence import Sequence
 
-__all__ = ["ProgramBackend", "register_backend", "get_backend", "backend_kinds", "backend_for_document",
+__all__ = ["ProgramBackend", "register_backend", "unregister_backend", "get_backend", "backend_kinds", "backend_for_document",
            "json_document", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 10.0
@@ -115,6 +115,11 @@ def register_backend(backend: ProgramBackend, *, replace: bool = False) -> Progr
         raise ValueError(f"a program backend for kind {kind!r} is already registered; pass replace=True")
     _REGISTRY[kind] = backend
     return backend
+
+
+def unregister_backend(kind: str) -> None:
+    """Remove the backend of ``kind`` (a no-op when none is registered)."""
+    _REGISTRY.pop(kind, None)
 
 
 def get_backend(kind: Any) -> ProgramBackend:
