@@ -1,13 +1,13 @@
 """Output buffers, offset clipping and the small-batch thread policy shared by every kernel family."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numba
 import numpy as np
 
-__all__ = ["SMALL_WORK", "threads_for", "out_buffer", "clip_offset"]
+__all__ = ["SMALL_WORK", "threads_for", "out_buffer", "clip_offset", "per_token_kernel"]
 
 # Below this many score cells (B*N*N) a kernel runs on one thread: on small batches the cost of
 # waking the OpenMP team (milliseconds on busy, oversubscribed machines) exceeds the work.
@@ -46,3 +46,16 @@ def clip_offset(offset: int, n: int) -> int:
     """``offset`` clipped to [-(n+1), n+1]: offsets past the sequence select nothing either way, and the
     kernels then never see a value outside int64."""
     return max(-(n + 1), min(int(offset), n + 1))
+
+
+def per_token_kernel(kernel: Callable[..., None], name: str, doc: str) -> Callable[..., np.ndarray]:
+    """The allocating wrapper ``name(values, lengths, causal, out=None)`` of a kernel over one per-token array."""
+
+    def wrapper(values: np.ndarray, lengths: np.ndarray, causal: bool, out: np.ndarray | None = None) -> np.ndarray:
+        out = out_buffer(out, (values.shape[0], values.shape[1], values.shape[1]))
+        kernel(values, lengths, causal, out)
+        return out
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = doc
+    return wrapper

@@ -1,10 +1,9 @@
 """Kernels of the structure primitives: scores read from word, sentence and dependency arrays."""
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
-from .buffers import out_buffer
+from .buffers import per_token_kernel
 
 __all__ = ["score_group_start", "score_same_group", "score_dep_head", "score_dep_children"]
 
@@ -67,29 +66,21 @@ def _score_dep_children(heads, lengths, causal, out):  # pragma: no cover - comp
 
 # Allocating wrappers (see kernels/primitives/buffers.py for ``out``).
 
-def score_group_start(groups, lengths, causal, out=None) -> np.ndarray:
-    """The first key with the query's group value (sentence start, word start)."""
-    out = out_buffer(out, (groups.shape[0], groups.shape[1], groups.shape[1]))
-    _score_group_start(groups, lengths, causal, out)
-    return out
+score_group_start = per_token_kernel(
+    _score_group_start, "score_group_start",
+    "The first key with the query's group value (sentence start, word start).")
 
 
-def score_same_group(groups, lengths, causal, out=None) -> np.ndarray:
-    """All visible keys sharing the query's group value, the query included (same word)."""
-    out = out_buffer(out, (groups.shape[0], groups.shape[1], groups.shape[1]))
-    _score_same_group(groups, lengths, causal, out)
-    return out
+score_same_group = per_token_kernel(
+    _score_same_group, "score_same_group",
+    "All visible keys sharing the query's group value, the query included (same word).")
 
 
-def score_dep_head(heads, lengths, causal, out=None) -> np.ndarray:
-    """The token holding the query's dependency head (none for roots / -1)."""
-    out = out_buffer(out, (heads.shape[0], heads.shape[1], heads.shape[1]))
-    _score_dep_head(heads, lengths, causal, out)
-    return out
+score_dep_head = per_token_kernel(
+    _score_dep_head, "score_dep_head",
+    "The token holding the query's dependency head (none for roots / -1).")
 
 
-def score_dep_children(heads, lengths, causal, out=None) -> np.ndarray:
-    """The visible tokens whose dependency head is the query."""
-    out = out_buffer(out, (heads.shape[0], heads.shape[1], heads.shape[1]))
-    _score_dep_children(heads, lengths, causal, out)
-    return out
+score_dep_children = per_token_kernel(
+    _score_dep_children, "score_dep_children",
+    "The visible tokens whose dependency head is the query.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .buffers import out_buffer
+from .buffers import out_buffer, per_token_kernel
 
 __all__ = ["score_same_token", "score_same_token_recent", "score_induction", "score_keys", "score_recent",
     "score_match", "score_class_table", "value_index"]
@@ -141,39 +141,29 @@ def _score_class_table(qc, kc, table, lengths, causal, out):  # pragma: no cover
 
 # Allocating wrappers (see kernels/primitives/buffers.py for ``out``).
 
-def score_same_token(ids, lengths, causal, out=None) -> np.ndarray:
-    """Keys holding the query's token: earlier ones (causal) or all other ones (non-causal)."""
-    out = out_buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
-    _score_same_token(ids, lengths, causal, out)
-    return out
+score_same_token = per_token_kernel(
+    _score_same_token, "score_same_token",
+    "Keys holding the query's token: earlier ones (causal) or all other ones (non-causal).")
 
 
-def score_same_token_recent(ids, lengths, causal, out=None) -> np.ndarray:
-    """The most recent earlier occurrence (j < i) of the query's token."""
-    out = out_buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
-    _score_same_token_recent(ids, lengths, causal, out)
-    return out
+score_same_token_recent = per_token_kernel(
+    _score_same_token_recent, "score_same_token_recent",
+    "The most recent earlier occurrence (j < i) of the query's token.")
 
 
-def score_induction(ids, lengths, causal, out=None) -> np.ndarray:
-    """Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token."""
-    out = out_buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
-    _score_induction(ids, lengths, causal, out)
-    return out
+score_induction = per_token_kernel(
+    _score_induction, "score_induction",
+    "Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token.")
 
 
-def score_keys(mask, lengths, causal, out=None) -> np.ndarray:
-    """All visible keys whose mask is set (key_in_set and other key predicates)."""
-    out = out_buffer(out, (mask.shape[0], mask.shape[1], mask.shape[1]))
-    _score_keys(mask, lengths, causal, out)
-    return out
+score_keys = per_token_kernel(
+    _score_keys, "score_keys",
+    "All visible keys whose mask is set (key_in_set and other key predicates).")
 
 
-def score_recent(mask, lengths, causal, out=None) -> np.ndarray:
-    """The most recent key j <= i whose mask is set."""
-    out = out_buffer(out, (mask.shape[0], mask.shape[1], mask.shape[1]))
-    _score_recent(mask, lengths, causal, out)
-    return out
+score_recent = per_token_kernel(
+    _score_recent, "score_recent",
+    "The most recent key j <= i whose mask is set.")
 
 
 def score_match(qidx, kidx, table, lengths, closest, causal, out=None) -> np.ndarray:
