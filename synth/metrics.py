@@ -29,7 +29,7 @@ from collections.abc import Sequence as _Seq
 
 import numpy as np
 
-from ..kernels import metrics_kernels as _k
+from ..kernels import metrics_kernels
 
 __all__ = ["METRICS", "TOPQ_FRAC", "RealPatterns", "score_many", "soft_iou", "jsd_distance", "topq_iou",
            "topq_count", "visible_cells"]
@@ -58,11 +58,11 @@ def topq_count(n_visible: int, frac: float = TOPQ_FRAC) -> int:
 def _kernel_view(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Return the array the kernels read (float16 as a uint16 view) and its decode table."""
     if x.dtype == np.float16:
-        return x.view(np.uint16), _k.F16_LUT
+        return x.view(np.uint16), metrics_kernels.F16_LUT
     if x.dtype == np.float32:
-        return x, _k.NO_LUT
+        return x, metrics_kernels.NO_LUT
     if x.dtype == np.float64:  # compiled for float16/float32 only: one cast (patterns are float32 anyway)
-        return x.astype(np.float32), _k.NO_LUT
+        return x.astype(np.float32), metrics_kernels.NO_LUT
     raise TypeError(f"{name} has dtype {x.dtype}; pass float16, float32 or float64 attention patterns")
 
 
@@ -136,7 +136,7 @@ class RealPatterns:
         if self.check and H and B:
             step = max(1, _BLOCK_CELLS // (H * self.N))
             for b0 in range(0, B, step):
-                _, bad = _k.scan_rows(self._rx, self._rlut, lens, self.causal, 0, H, b0, min(B, b0 + step), self.N)
+                _, bad = metrics_kernels.scan_rows(self._rx, self._rlut, lens, self.causal, 0, H, b0, min(B, b0 + step), self.N)
                 if bad.any():
                     _raise_bad(bad, "real", b0)
 
@@ -150,13 +150,13 @@ class RealPatterns:
         H, B = self.real.shape[0], self.lengths.shape[0]
         qmax = int(self.qs.max())
         if self._topq is None and H * B * qmax * 4 <= self._topq_cache_bytes:
-            self._topq = _k.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, 0, B, self.qs, qmax)
+            self._topq = metrics_kernels.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, 0, B, self.qs, qmax)
         if self._topq is not None:
             idx, cnt = self._topq
             if (b0, b1) == (0, B):
                 return idx, cnt
             return np.ascontiguousarray(idx[:, b0:b1]), np.ascontiguousarray(cnt[:, b0:b1])
-        return _k.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, b0, b1, self.qs,
+        return metrics_kernels.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, b0, b1, self.qs,
                             int(self.qs[b0:b1].max()))
 
     def score(self, cand: np.ndarray, metrics: _Seq[str] = METRICS, *, per_sequence: bool = False,
@@ -192,11 +192,11 @@ class RealPatterns:
         qmax_all = int(qs.max()) if do_topq else 1
         # Bound the row counts [Bc, P, N], the top-q sets [X, Bc, q] and the outputs per block.
         b_step = max(1, min(B, _BLOCK_CELLS // (P * N), _BLOCK_CELLS // (H * qmax_all), _BLOCK_CELLS // (H * P)))
-        nchunks = 8 * _k.kernel_threads()
+        nchunks = 8 * metrics_kernels.kernel_threads()
         for b0 in range(0, B, b_step):
             b1 = min(B, b0 + b_step)
             Bc = b1 - b0
-            row_counts, bad = _k.scan_rows(cx, clut, lens, causal, 0, P, b0, b1, N)  # [Bc, P, N], [P, Bc]
+            row_counts, bad = metrics_kernels.scan_rows(cx, clut, lens, causal, 0, P, b0, b1, N)  # [Bc, P, N], [P, Bc]
             if self.check and bad.any():
                 _raise_bad(bad, "cand", b0)
             per_prog = row_counts.sum(axis=(0, 2))
@@ -217,7 +217,7 @@ class RealPatterns:
                     cval = np.empty(nnz, dtype=np.float32)
                     cwlog = np.empty(nnz, dtype=np.float64)
                     ctot = np.zeros((Bc, Pc), dtype=np.float64)
-                    _k.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot)
+                    metrics_kernels.fill_csr(cx, clut, lens, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot)
                 else:
                     rowptr = np.zeros(1, dtype=np.int64)
                     cidx = np.zeros(0, dtype=np.int32)
@@ -225,12 +225,12 @@ class RealPatterns:
                     cwlog = np.zeros(0, dtype=np.float64)
                     ctot = np.zeros((Bc, Pc), dtype=np.float64)
                 if do_topq:
-                    c_idx, c_cnt = _k.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
+                    c_idx, c_cnt = metrics_kernels.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
                 else:
                     c_idx, c_cnt = empty_i, empty_c
                 bufs = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted else np.zeros((1, 1, 1))
                         for m in METRICS}
-                _k.score_block(self._rx, self._rlut, lens, causal, b0, b1, Pc, N,
+                metrics_kernels.score_block(self._rx, self._rlut, lens, causal, b0, b1, Pc, N,
                                rowptr, cidx, cval, cwlog, ctot,
                                do_iou, do_jsd, do_topq,
                                r_idx, r_cnt, c_idx, c_cnt,
