@@ -11,12 +11,13 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..kernels.fileio import sha256_file
 from .llama2c import Llama2cFormatError, load_llama2c, load_llama2c_tokenizer
+from .sources import ModelSource, model_sources, register_model_source
 
 DEFAULT_MODEL = "tiny-stories"
 
@@ -104,37 +105,6 @@ def _is_hooked_transformer(obj: Any) -> bool:
     return type(obj).__name__ == "HookedTransformer" and hasattr(obj, "cfg") and hasattr(obj, "hook_dict")
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """One way to name a model: ``matches(spec)`` says whether it applies, ``load(spec, **options)`` builds the handle.
-
-    ``options`` are ``tokenizer``, ``device``, ``dtype`` and ``revision``, as given to :func:`load_model`.
-    """
-
-    name: str
-    matches: Callable[[Any], bool]
-    load: Callable[..., "ModelHandle"]
-
-
-_SOURCES: list[ModelSource] = []
-
-
-def register_model_source(source: ModelSource) -> None:
-    """Add a model source; sources registered later are tried first, so a new prefix can claim its names."""
-    _SOURCES[:] = [s for s in _SOURCES if s.name != source.name]
-    _SOURCES.insert(0, source)
-
-
-def unregister_model_source(name: str) -> None:
-    """Remove a model source by name (a no-op when it is not registered)."""
-    _SOURCES[:] = [s for s in _SOURCES if s.name != name]
-
-
-def model_sources() -> tuple[ModelSource, ...]:
-    """The registered sources, in the order :func:`load_model` tries them."""
-    return tuple(_SOURCES)
-
-
 def load_model(
     spec: Any = DEFAULT_MODEL,
     tokenizer: Any = None,
@@ -152,7 +122,7 @@ def load_model(
     """
     if isinstance(spec, ModelHandle):
         return spec
-    for source in _SOURCES:
+    for source in model_sources():
         if source.matches(spec):
             return source.load(spec, tokenizer=tokenizer, device=device, dtype=dtype, revision=revision)
     raise ModelLoadError(
