@@ -25,6 +25,11 @@ from .backends import (DEFAULT_TIMEOUT, ProgramBackend, backend_for_document, ge
 from .backends.python import PythonBackend
 from .sequence import Sequence
 
+#: a program is readable when its rendered text (tokens as strings) fits in this many characters
+READABLE_CHARS = 200
+#: the size budgets (characters) selection keeps a best program for, per head; None is unbounded
+BUDGETS: tuple[int | None, ...] = (60, READABLE_CHARS, None)
+
 __all__ = ["Program", "DEFAULT_TIMEOUT"]
 
 
@@ -128,6 +133,27 @@ class Program:
     def canonical(self) -> str:
         """The canonical form the hash is computed from."""
         return self._canonical
+
+    @property
+    def size(self) -> int:
+        """Description length of the canonical form: syntax nodes plus scalar literals (docs/architecture.md)."""
+        return self._backend.size(self._payload)
+
+    def render(self, vocab: Any = None) -> str:
+        """The text a person reads; with a ``Vocabulary`` token ids are shown as token strings."""
+        return self._backend.render(self._payload, vocab)
+
+    def chars(self, vocab: Any = None) -> int:
+        """Characters of :meth:`render`: what "fits in 200 characters" measures."""
+        return len(self.render(vocab))
+
+    def readable(self, vocab: Any = None) -> bool:
+        """Whether the rendered program fits in ``READABLE_CHARS`` characters."""
+        return self.chars(vocab) <= READABLE_CHARS
+
+    def gloss(self, vocab: Any = None) -> str:
+        """A deterministic English sentence saying what the program attends to."""
+        return self._backend.gloss(self._payload, vocab)
 
     def to_json(self) -> Any:
         """JSON-serializable form: the DSL JSON, or ``{"python": source}``."""

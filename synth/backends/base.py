@@ -67,6 +67,19 @@ class ProgramBackend(ABC):
     def from_file(self, data: bytes | str) -> Any:
         """The payload of a program file's contents (never anything but this kind; nothing is executed)."""
 
+    # ------------------------------------------------------------ reading it
+    @abstractmethod
+    def size(self, payload: Any) -> int:
+        """Description length: syntax nodes plus scalar literals (every number, list item and table cell)."""
+
+    def render(self, payload: Any, vocab: Any = None) -> str:
+        """The text a person reads; with a ``Vocabulary``, token ids appear as token strings."""
+        return self.text(payload)
+
+    def gloss(self, payload: Any, vocab: Any = None) -> str:
+        """A deterministic English sentence saying what the program attends to ("" when none can be built)."""
+        return ""
+
     # ------------------------------------------------------------ evaluation
     def features_needed(self, payload: Any) -> frozenset[str]:
         """Feature array names the program reads from ``batch_feature_arrays`` (none by default)."""

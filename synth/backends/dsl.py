@@ -69,6 +69,14 @@ class DSLBackend(ProgramBackend):
         """``dsl:`` + the canonical JSON."""
         return "dsl:" + dsl.canonical_json(payload)
 
+    def size(self, payload: dsl.Node) -> int:
+        """Nodes plus scalar literals of the tree (synth/dsl/size.py)."""
+        return dsl.size(payload)
+
+    def gloss(self, payload: dsl.Node, vocab: Any = None) -> str:
+        """The spec's English templates filled in for this tree."""
+        return dsl.gloss(payload)
+
     def to_file(self, payload: dsl.Node) -> bytes:
         """The DSL JSON, indent 1, keys in tree order, final newline."""
         return json_bytes(self.to_json(payload), indent=1, sort_keys=False) + b"\n"

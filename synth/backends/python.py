@@ -6,6 +6,8 @@ A Python program is AST-validated when built and runs only in the sandbox pool's
 """
 from __future__ import annotations
 
+import ast
+
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -80,6 +82,11 @@ class PythonBackend(ProgramBackend):
     def to_json(self, payload: str) -> Any:
         """``{"python": source}``."""
         return {"python": payload}
+
+    def size(self, payload: str) -> int:
+        """Syntax nodes of the source, plus one per constant."""
+        tree = ast.parse(payload)
+        return sum(1 + isinstance(node, ast.Constant) for node in ast.walk(tree))
 
     def text(self, payload: str) -> str:
         """The canonical source."""

@@ -38,9 +38,11 @@ from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, children
 from .spec import (COMBINATOR_BOUNDS, COMBINATOR_COST, COMBINATOR_SPECS, KIND_BOUNDS, PRIMITIVE_COST,
                    PRIMITIVE_SPECS, PRIMITIVES, REQUIRED, CombinatorSpec, Param, PrimitiveSpec, register_primitive,
                    unregister_primitive)
+from .size import size
 from .text import parse, to_text
 
 __all__ = [
+    "size",
     "Prim", "Mix", "Fallback", "Gate", "Sharpen", "Mul", "Pred", "Node",
     "parse", "to_text", "from_json", "to_json", "canonical_json", "json_loads", "validate", "cost",
     "features_needed", "evaluate_scores", "evaluate", "PRIMITIVES", "COMBINATORS", "FLAGS", "MATCH_FEATURES",
