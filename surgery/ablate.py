@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from ..synth.sequence import Sequence
-from .capture import forward_patterns, padded_batch
+from .batches import padded_batch
+from .capture import forward_patterns
 from .evaluate import check_batch_size
 from .loading import ModelHandle, load_model
 from .providers import MeanOutputs, MeanPatterns, ResamplePatterns, UniformPatterns, ZeroPatterns

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
+from .batches import padded_batch
 from .loading import ModelHandle, load_model
 from .store import AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
 
@@ -73,17 +74,6 @@ def _sequences_file_ok(store: AttentionStore) -> bool:
         return sequences_key(read_sequences(store.directory)) == sequences_key(store.sequences)
     except (StoreError, KeyError, TypeError, ValueError):
         return False
-
-
-def padded_batch(sequences: list[Sequence], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, N] and attention mask [B, N] for a list of sequences."""
-    width = max(s.n for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for b, s in enumerate(sequences):
-        ids[b, : s.n] = torch.from_numpy(s.ids)
-        mask[b, : s.n] = 1
-    return ids, mask
 
 
 def forward_patterns(handle: ModelHandle, sequences: list[Sequence]) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
-from .capture import padded_batch
+from .batches import padded_batch
 from .loading import ModelHandle, load_model
 from .replace import HybridModel, head_name, parse_head, replace_heads
 

@@ -26,9 +26,9 @@ class ModelLoadError(ValueError):
     """The model spec could not be turned into a usable model; the message says why and what to do."""
 
 
-@dataclass
+@dataclass(repr=False)
 class ModelHandle:
-    """A loaded model with its tokenizer and the facts everything downstream needs."""
+    """A loaded model with its tokenizer and the facts everything downstream needs; call it like the model."""
 
     model: Any  # TransformerBridge, or a legacy HookedTransformer
     tokenizer: Any
@@ -84,6 +84,16 @@ class ModelHandle:
         elif attention_mask is not None and bool((attention_mask == 0).any()):
             kwargs["attention_mask"] = attention_mask
         return self.model(ids.to(self.device), **kwargs)
+
+    def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the base model (a HybridModel is called the same way)."""
+        return self.forward(ids, attention_mask)
+
+    def __repr__(self) -> str:
+        kv = f" ({self.n_kv_heads} key/value)" if self.n_kv_heads != self.n_heads else ""
+        return (f"ModelHandle({self.name!r}: {self.n_layers} layers x {self.n_heads} heads{kv}, d_model "
+                f"{self.d_model}, d_head {self.d_head}, vocab {self.vocab_size}, "
+                f"{'causal' if self.causal else 'bidirectional'}, n_ctx {self.n_ctx}; the module is .model)")
 
     def describe(self) -> dict:
         return {
@@ -257,6 +267,15 @@ def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
     return handle
 
 
+_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".gguf", ".ckpt", ".model", ".json", ".onnx", ".h5")
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether a model name is a local path rather than a hub id ("org/name"): those fail fast, never reach the Hub."""
+    return (name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+            or name.lower().endswith(_FILE_SUFFIXES))
+
+
 def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None) -> ModelHandle:
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -267,8 +286,9 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
             f"{name} is a path but holds no config.json: point at a directory written by save_pretrained, "
             "or use 'llama2c:FILE.bin' for llama2.c checkpoints"
         )
-    if not is_local and (name.startswith((".", "/", "~")) or name.count("/") > 1):
-        raise ModelLoadError(f"model path {name!r} does not exist; check the path or give a Hugging Face hub id")
+    if not is_local and _looks_like_path(name):
+        raise ModelLoadError(f"file not found: {name!r} does not exist (it is a path, not a Hugging Face hub id "
+                             "like 'org/name'); check the path")
     tok = _resolve_tokenizer(tokenizer, str(local) if is_local else name)
     kwargs: dict[str, Any] = {"device": str(device), "dtype": dtype}
     if revision:

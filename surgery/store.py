@@ -118,6 +118,12 @@ class AttentionStore:
         self._shard_cache: tuple[int, dict[str, np.ndarray]] | None = None
 
     # ----------------------------------------------------------------- facts
+    def __repr__(self) -> str:
+        where = f"in {self.directory}" if self.directory is not None else "in memory"
+        mode = f"top-q ({self.q_frac:g} of each pattern)" if self.mode == "topq" else self.mode
+        return (f"AttentionStore({self.model_name or 'model'}: {len(self.sequences)} sequences x {self.n_layers} "
+                f"layers x {self.n_heads} heads, {mode}, {'causal' if self.causal else 'bidirectional'}, {where})")
+
     @property
     def heads(self) -> list[tuple[int, int]]:
         return [(layer, head) for layer in range(self.n_layers) for head in range(self.n_heads)]

@@ -1,0 +1,48 @@
+"""What a newcomer touches first: a callable model handle, short reprs, batches, and paths that fail fast."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headsurgeon as hs
+from headsurgeon.surgery.loading import ModelLoadError, load_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-stories")
+
+
+def test_handle_is_callable_like_the_hybrid(tiny):
+    ids = torch.tensor([tiny.tokenizer.encode("Once upon a time there was a cat.")])
+    assert torch.equal(tiny(ids), tiny.forward(ids))
+
+
+def test_reprs_are_short(tiny, tmp_path):
+    text = repr(tiny)
+    assert text.count("\n") == 0 and len(text) < 200 and "4 layers x 4 heads" in text
+    seqs = hs.make_sequences(tiny, ["Once upon a time.", "The cat sat."], max_len=16)
+    store = hs.capture(tiny, seqs, progress=False)
+    assert repr(store).count("\n") == 0 and "2 sequences x 4 layers x 4 heads" in repr(store)
+
+
+def test_batches_cover_every_sequence_once(tiny):
+    seqs = hs.make_sequences(tiny, [f"Story number {i} is short." for i in range(7)], max_len=16)
+    got = list(hs.batches(seqs, batch_size=3, shuffle=True, seed=1))
+    assert [ids.shape[0] for ids, _ in got] == [3, 3, 1]
+    rows = sorted(tuple(ids[b, : int(mask[b].sum())].tolist()) for ids, mask in got for b in range(ids.shape[0]))
+    assert rows == sorted(tuple(s.ids.tolist()) for s in seqs)
+    with pytest.raises(ValueError, match="batch_size"):
+        next(hs.batches(seqs, batch_size=0))
+
+
+@pytest.mark.parametrize("spec", ["stories260K.bin", "./missing-model", "runs/a/b", "weights.safetensors"])
+def test_missing_local_paths_fail_fast_without_the_hub(spec, monkeypatch):
+    import huggingface_hub
+
+    def no_network(*_a, **_k):
+        raise AssertionError("a local path must never reach the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    with pytest.raises(ModelLoadError, match="file not found"):
+        load_model(spec)
