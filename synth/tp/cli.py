@@ -40,6 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train one task, write the run directory, print the metrics."""
     import torch
 
+    from .resume import STATE_JSON, STATE_TENSORS
     from .rundir import save_run
     from .train import default_configs, train
 
@@ -61,8 +62,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         shape["num_value_gate"] = False
     _, tc = default_configs(args.task, **overrides)
     out = Path(args.out) if args.out else Path("runs") / "tp" / args.task / f"s{tc.seed}"
-    result = train(args.task, tc, progress=not args.no_progress, **shape)
+    result = train(args.task, tc, progress=not args.no_progress, state_dir=out, resume=args.resume, **shape)
     save_run(result, out)
+    for name in (STATE_JSON, STATE_TENSORS):  # the finished run's files replace the per-epoch state
+        (out / name).unlink(missing_ok=True)
     m = result.metrics
     print(
         f"{args.task}: test acc {100 * m['test_acc']:.2f}% (val {100 * m['val_acc']:.2f}%, "
@@ -131,6 +134,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     tr.add_argument("task", choices=TASKS, help="task to train")
     tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/tp/TASK/sSEED)")
+    tr.add_argument("--resume", action="store_true",
+                    help="continue a killed run from the state saved in RUN_DIR after every epoch")
     tr.add_argument("--seed", type=non_negative_int, default=None,
                     help="seed for initialization, Gumbel noise and data (default 0)")
     tr.add_argument("--data-seed", type=non_negative_int, default=None, help="seed for the data only (default: --seed)")

@@ -7,9 +7,11 @@ heads per layer, as in the authors' published double_hist program (a 2+2 model g
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -17,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .model import ModelConfig, TransformerProgram
+from .resume import STATE_JSON, load_state, save_state
 from .tasks import TASKS, Split, TaskData, make_task
 
 TASK_CONFIGS: dict[str, dict] = {
@@ -159,17 +162,25 @@ def evaluate(model: TransformerProgram, split: Split) -> float:
     return accuracy(pred.numpy(), split.y)
 
 
+class TrainStateError(ValueError):
+    """A saved training state cannot be resumed (another task or settings) or would be overwritten."""
+
+
 def train(
     task: str | TaskData,
     train_config: TrainConfig | None = None,
     progress: bool = True,
     callback: Callable[[dict], None] | None = None,
+    state_dir: str | Path | None = None,
+    resume: bool = False,
     **shape,
 ) -> TrainResult:
     """Train a Transformer Program on a task and evaluate its discretized form on every split.
 
     ``task`` is a task name (data generated from ``train_config``) or ready ``TaskData``; ``shape``
-    overrides the Table 1 shape (``n_layers``, ``n_heads_cat``, ...).
+    overrides the Table 1 shape (``n_layers``, ``n_heads_cat``, ...). With ``state_dir`` the training
+    state is saved after every epoch (synth/tp/resume.py) and ``resume=True`` continues from it, ending
+    exactly where an uninterrupted run would.
     """
     data = task if isinstance(task, TaskData) else None
     name = data.name if data is not None else str(task)
@@ -194,9 +205,23 @@ def train(
     total = steps_per_epoch * tc.epochs
     gen = torch.Generator().manual_seed(tc.seed)
     history: list[dict] = []
-    step = 0
+    step, start_epoch, seconds_before = 0, 0, 0.0
+    fingerprint = {"task": name, "train": tc.to_dict(), "model": mc.to_dict()}
+    folder = Path(state_dir) if state_dir is not None else None
+    if folder is not None:
+        saved = load_state(folder, model, opt, gen) if resume else None
+        if saved is None and (folder / STATE_JSON).exists() and not resume:
+            raise TrainStateError(f"{folder} already holds a training state: pass resume=True (--resume) to "
+                                  "continue it, or choose another output folder")
+        if saved is not None:
+            if saved["fingerprint"] != json.loads(json.dumps(fingerprint)):
+                raise TrainStateError(f"the training state in {folder} is for other settings than this run; "
+                                      "resume with the same task and settings, or choose another output folder")
+            step, start_epoch, history = saved["step"], saved["epoch"] + 1, saved["history"]
+            seconds_before = saved["seconds"]
     t0 = time.perf_counter()
-    bar = tqdm(range(tc.epochs), desc=f"tp {name}", disable=not progress, leave=False)
+    bar = tqdm(range(start_epoch, tc.epochs), desc=f"tp {name}", disable=not progress, leave=False,
+               initial=start_epoch, total=tc.epochs)
     for epoch in bar:
         model.train()
         order = torch.randperm(n, generator=gen)
@@ -221,9 +246,19 @@ def train(
             rec["val_acc"] = evaluate(model, data.val)
         history.append(rec)
         bar.set_postfix({k: round(v, 4) for k, v in rec.items() if k != "epoch"})
+        if folder is not None:
+            save_state(folder, model, opt, gen, {"epoch": epoch, "step": step, "history": history,
+                                                 "seconds": seconds_before + time.perf_counter() - t0,
+                                                 "fingerprint": fingerprint})
+        if progress and epoch == start_epoch:
+            per_epoch = time.perf_counter() - t0
+            left = per_epoch * (tc.epochs - epoch - 1)
+            tqdm.write(f"tp {name}: epoch {epoch + 1} took {per_epoch:.1f} s; about {left / 60:.1f} min to go "
+                       f"for {tc.epochs - epoch - 1} more epochs" + (f" (state saved in {folder} each epoch)"
+                                                                       if folder is not None else ""))
         if callback is not None:
             callback(rec)
-    train_seconds = time.perf_counter() - t0
+    train_seconds = seconds_before + time.perf_counter() - t0
     from .discrete import discretize
 
     program = discretize(model, data.vocab, data.labels, name)

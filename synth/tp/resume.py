@@ -1,0 +1,58 @@
+"""Training state saved after every epoch (weights, Adam moments, RNG streams, history), so a killed run resumes.
+
+Tensors go to safetensors and the rest to JSON, each written atomically (kernels/fileio.py): a run killed
+mid-write keeps the previous epoch's state. Resuming restores every random stream, so a resumed run
+ends bit-for-bit where an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ...kernels.fileio import atomic_write_json, fsync_file
+
+__all__ = ["STATE_TENSORS", "STATE_JSON", "save_state", "load_state"]
+
+STATE_TENSORS = "train_state.safetensors"
+STATE_JSON = "train_state.json"
+
+
+def save_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
+               info: dict[str, Any]) -> None:
+    """Write the state after a finished epoch (``info``: epoch, step, history, config fingerprint)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    opt_state = opt.state_dict()
+    for index, state in opt_state["state"].items():
+        for name, value in state.items():
+            tensors[f"opt.{index}.{name}"] = torch.as_tensor(value).contiguous()
+    tensors["rng.generator"] = gen.get_state()
+    tensors["rng.global"] = torch.get_rng_state()
+    tmp = folder / (STATE_TENSORS + ".tmp")
+    save_file(tensors, str(tmp))
+    fsync_file(tmp)
+    tmp.replace(folder / STATE_TENSORS)
+    atomic_write_json(folder / STATE_JSON, {**info, "param_groups": opt_state["param_groups"]}, indent=None)
+
+
+def load_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
+               gen: torch.Generator) -> dict[str, Any] | None:
+    """Restore the saved state into ``model``, ``opt`` and the RNGs; returns its info, or None when there is none."""
+    if not (folder / STATE_JSON).is_file() or not (folder / STATE_TENSORS).is_file():
+        return None
+    info = json.loads((folder / STATE_JSON).read_text())
+    tensors = load_file(str(folder / STATE_TENSORS))
+    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("opt."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    opt.load_state_dict({"state": state, "param_groups": info.pop("param_groups")})
+    gen.set_state(tensors["rng.generator"])
+    torch.set_rng_state(tensors["rng.global"])
+    return info
