@@ -18,7 +18,7 @@ _EXPORTS = {
     "read_documents": "headsurgeon.surgery.corpus", "make_sequences": "headsurgeon.surgery.corpus",
     "split_sequences": "headsurgeon.surgery.corpus", "load_corpus": "headsurgeon.surgery.corpus",
     "Splits": "headsurgeon.surgery.corpus",
-    "capture": "headsurgeon.surgery.capture", "padded_batch": "headsurgeon.surgery.batches",
+    "capture": "headsurgeon.surgery.capture", "score": "headsurgeon.surgery.score", "padded_batch": "headsurgeon.surgery.batches",
     "batches": "headsurgeon.surgery.batches", "AttentionStore": "headsurgeon.surgery.store",
     "ProgramHead": "headsurgeon.surgery.replace", "replace_heads": "headsurgeon.surgery.replace",
     "HybridModel": "headsurgeon.surgery.replace", "ablate": "headsurgeon.surgery.ablate",
