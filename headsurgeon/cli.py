@@ -72,9 +72,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
         agent_config = AgentConfig(**{k: v for k, v in (("model", args.llm_model), ("base_url", args.llm_base_url),
                                                          ("cost_cap", args.llm_cost_cap)) if v is not None})
+    library: list = []
+    if args.library:  # untrusted files: parsed and validated here, run only in the sandbox (synth/eaps.py)
+        from headsurgeon.synth.eaps import load_library
+
+        library = load_library(args.library)
     result = explain(args.model, args.corpus, args.out, tokenizer=args.tokenizer, max_len=args.max_len,
                      max_sequences=args.max_sequences, seed=args.seed, searchers=args.searchers,
-                     agent_config=agent_config)
+                     agent_config=agent_config, library=library)
     print(result.summary_table())
     for note in result.notes:
         print(note)
@@ -128,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-model", default=None, help="chat model for the LLM agent (or HEADSURGEON_LLM_MODEL)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint (or HEADSURGEON_LLM_BASE_URL)")
     p.add_argument("--llm-cost-cap", type=non_negative_float, default=None, help="stop LLM requests past this many USD")
+    p.add_argument("--library", action="append", default=[], metavar="FILE.py",
+                   help="program file in EAPS's style (prog(sentence, tokenizer) -> (label, matrix)); repeatable. "
+                        "Its functions compete for every head; they run only in the sandbox")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")

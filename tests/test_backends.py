@@ -41,6 +41,9 @@ class WindowSum(ProgramBackend):
     def text(self, payload):
         return f"window_sum({payload})"
 
+    def size(self, payload):
+        return 2
+
     def canonical(self, payload):
         return f"window_sum:{payload}"
 

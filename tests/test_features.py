@@ -658,3 +658,94 @@ def test_pipe_gets_each_distinct_text_once(sp, nlp, monkeypatch):
     last = lone_seq.n - 1  # the final "."
     assert lone.pos[last] == doc[-1].pos_ and lone.dep_head[last] == first_holder(lone_seq, doc[-1].head.idx)
     assert seen[-1] == ["Birds fly."] and not lone_seq.features.has_spacy
+
+
+# ------------------------------------------------------------------------------------------------
+# readable-vocabulary features (issue 13): quote spans, dependency labels, lemma ids, tree lists, NER
+# ------------------------------------------------------------------------------------------------
+
+
+def test_quote_mask_rules():
+    from headsurgeon.synth.features.words import quote_mask
+
+    def quoted(text: str) -> str:
+        m = quote_mask(text, 0, len(text))
+        return "".join(c if f else "_" for c, f in zip(text, m))
+
+    assert quoted('He said, "Hi there." Then “go” now') == '_________"Hi there."______“go”____'
+    assert quoted('there," said Tom. "Run') == 'there,"___________"Run'  # began inside a quote; never closed
+    assert quoted('said,"Hi" and') == '_____"Hi"____'  # no space before the opening mark: toggles
+    assert not quote_mask("It's Lily's toy.", 0, 16).any()  # apostrophes are not quotes
+
+
+def test_is_quoted_tokens(sp):
+    seq = sp_seq(sp, TEXT)
+    fv = seq.features
+    inside = {"Wow", "Hi", "!"}
+    for i in range(1, seq.n):
+        vs = visible_span(seq, i)
+        piece = seq.text[vs[0]:vs[1]] if vs else ""
+        if piece in ("Wow", "Hi", '"'):
+            assert fv.is_quoted[i], (i, piece)
+        if piece in ("said", "Then", "apples", "Brown"):
+            assert not fv.is_quoted[i], (i, piece)
+    assert not fv.is_quoted[0] and inside
+    arr = batch_feature_arrays([seq], ["quote"])["quote"]
+    np.testing.assert_array_equal(arr[0], fv.is_quoted.astype(np.int64))
+
+
+def test_dep_lemma_stop_and_tree_views(sp, nlp):
+    from headsurgeon.synth.features import DEP_LABELS
+
+    seq = sp_seq(sp, "The children were playing. Lily plays with the dog and the dogs play too.")
+    fv = seq.features
+    assert "ROOT" in DEP_LABELS and "nsubj" in DEP_LABELS and len(set(DEP_LABELS)) == len(DEP_LABELS)
+    assert set(nlp.get_pipe("parser").labels) <= set(DEP_LABELS)
+    for i in range(seq.n):
+        assert fv.dep_index[i] == (DEP_LABELS.index(fv.dep[i]) if fv.dep[i] else -1)
+        assert (fv.lemma_id[i] < 0) == (fv.lemma[i] == "")
+        for j in range(seq.n):
+            if fv.lemma_id[i] >= 0 and fv.lemma_id[j] >= 0:
+                assert (fv.lemma_id[i] == fv.lemma_id[j]) == (fv.lemma[i].lower() == fv.lemma[j].lower())
+        assert fv.children[i] == [j for j in range(seq.n) if fv.dep_head[j] == i and j != i]
+        chain, j = [], fv.dep_head[i]
+        while j >= 0 and j != i and j not in chain:
+            chain.append(int(j))
+            j = fv.dep_head[j]
+        assert fv.ancestors[i] == chain
+    play = {int(fv.lemma_id[i]) for i in range(seq.n) if fv.lemma[i] == "play"}
+    assert len(play) == 1  # playing, plays, play: one lemma id
+    the = [i for i in range(seq.n) if fv.lemma[i].lower() == "the"]
+    assert the and all(fv.is_stop[i] for i in the) and not fv.is_stop[0]
+    arrs = batch_feature_arrays([seq], ["dep", "lemma"])
+    np.testing.assert_array_equal(arrs["dep"][0], fv.dep_index)
+    np.testing.assert_array_equal(arrs["lemma"][0], fv.lemma_id)
+    assert {"dep", "lemma"} <= SPACY_FEATURES and "quote" in FEATURE_NAMES and "quote" not in SPACY_FEATURES
+
+
+def test_named_entities_are_lazy_and_aligned(sp, nlp):
+    seq = sp_seq(sp, "Lily and Tom went to Paris on Monday.")
+    fv = seq.features
+    assert "ner" not in nlp.pipe_names  # the main pipeline stays without NER
+    assert "ent_type" not in fv.to_dict(spacy=True)  # not computed until read
+    ents = fv.ent_type
+    assert len(ents) == seq.n and ents[0] == ""
+    def tokens_of(word: str) -> list[int]:
+        a = seq.text.index(word)
+        return [i for i in range(1, seq.n) if (vs := visible_span(seq, i)) and a <= vs[0] < a + len(word)]
+
+    assert tokens_of("Tom") and all(ents[i] == "PERSON" for i in tokens_of("Tom"))  # subwords share it
+    assert tokens_of("Paris") and all(ents[i] == "GPE" for i in tokens_of("Paris"))
+    assert all(ents[i] == "" for i in tokens_of("went"))
+    assert "ent_type" in fv.to_dict()
+
+
+def test_new_views_are_on_the_program_allowlist():
+    from headsurgeon.synth import pysafety
+
+    allowed = pysafety.allowed_attributes()
+    for name in ("is_quoted", "dep_index", "lemma_id", "is_stop", "children", "ancestors", "ent_type",
+                 "tokenize", "convert_ids_to_tokens", "input_ids", "bos_token"):
+        assert name in allowed, name
+    info = pysafety.analyze_source("def prog(sentence, tokenizer):\n    return tokenizer.features.ent_type\n")
+    assert info.params == 2 and info.uses_features

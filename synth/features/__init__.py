@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from .arrays import FEATURE_NAMES, KERNEL_FEATURE_VIEWS, SPACY_FEATURES, WORDNET_FEATURES, batch_feature_arrays
 from .errors import FeatureDependencyError
-from .spacy_views import POS_TAGS, SPACY_INSTALL_HINT, SPACY_MODELS, load_spacy
-from .view import BASIC_VIEWS, SPACY_VIEWS, WORDNET_VIEWS, FeatureView, compute_features
+from .spacy_views import DEP_LABELS, POS_TAGS, SPACY_INSTALL_HINT, SPACY_MODELS, load_spacy, load_spacy_ner
+from .view import BASIC_VIEWS, NER_VIEWS, SPACY_VIEWS, WORDNET_VIEWS, FeatureView, compute_features
 from .wordnet import load_wordnet
 
 __all__ = [
-    "BASIC_VIEWS", "FEATURE_NAMES", "KERNEL_FEATURE_VIEWS", "POS_TAGS", "SPACY_FEATURES", "SPACY_INSTALL_HINT",
+    "BASIC_VIEWS", "DEP_LABELS", "FEATURE_NAMES", "KERNEL_FEATURE_VIEWS", "NER_VIEWS", "POS_TAGS", "SPACY_FEATURES", "SPACY_INSTALL_HINT",
     "SPACY_MODELS", "SPACY_VIEWS", "WORDNET_FEATURES", "WORDNET_VIEWS", "FeatureDependencyError", "FeatureView",
-    "batch_feature_arrays", "compute_features", "load_spacy", "load_wordnet",
+    "batch_feature_arrays", "compute_features", "load_spacy", "load_spacy_ner", "load_wordnet",
 ]

@@ -1,7 +1,9 @@
 """Padded feature arrays for the numba kernels: many sequences' views as int64 ``[B, N]`` arrays by kernel name.
 
 Kernel programs name features briefly (``"word"``, ``"pos"`` ...); :data:`KERNEL_FEATURE_VIEWS` maps each name
-to the FeatureView attribute it reads, and spaCy runs only when a spaCy feature is requested.
+to the FeatureView attribute it reads, and spaCy runs only when a spaCy feature is requested. ``dep`` indexes
+:data:`DEP_LABELS`, ``lemma`` is a per-sequence lemma id (equal ids = same lemma), ``quote`` flags tokens in
+"..."/“...” spans (rule-based, no spaCy).
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ KERNEL_FEATURE_VIEWS: dict[str, str] = {
     "newline": "is_newline",
     "pos": "pos_index",
     "dep_head": "dep_head",
+    "dep": "dep_index",
+    "lemma": "lemma_id",
+    "quote": "is_quoted",
     "spacy_sent": "spacy_sentence_index",
     "noun_wn": "is_noun_wordnet",
     "verb_wn": "is_verb_wordnet",
@@ -32,8 +37,9 @@ KERNEL_FEATURE_VIEWS: dict[str, str] = {
 # Kernel feature names that need no optional corpus (spaCy ones need the spaCy model).
 FEATURE_NAMES: tuple[str, ...] = (
     "word", "word_start", "sent", "sent_end", "punct", "cap", "newline", "pos", "dep_head", "spacy_sent",
+    "dep", "lemma", "quote",
 )
-SPACY_FEATURES: frozenset[str] = frozenset({"pos", "dep_head", "spacy_sent"})
+SPACY_FEATURES: frozenset[str] = frozenset({"pos", "dep_head", "spacy_sent", "dep", "lemma"})
 # Extra names batch_feature_arrays accepts when NLTK's WordNet corpus is installed.
 WORDNET_FEATURES: frozenset[str] = frozenset({"noun_wn", "verb_wn"})
 

@@ -11,29 +11,34 @@ from typing import Any
 
 import numpy as np
 
-from .spacy_views import align_doc, parse_texts
+from .spacy_views import align_doc, align_ents, parse_texts
 from .wordnet import wordnet_flags
-from .words import Layout, build_layout, is_punct_text, renumber, rule_sentences, sentence_of
+from .words import Layout, build_layout, is_punct_text, quote_mask, renumber, rule_sentences, sentence_of
 
-__all__ = ["BASIC_VIEWS", "SPACY_VIEWS", "WORDNET_VIEWS", "FeatureView", "compute_features"]
+__all__ = ["BASIC_VIEWS", "NER_VIEWS", "SPACY_VIEWS", "WORDNET_VIEWS", "FeatureView", "compute_features"]
 
 BASIC_VIEWS: tuple[str, ...] = (
     "word_index", "is_word_start", "sentence_index", "is_sentence_end",
-    "is_punct", "is_capitalized", "is_newline", "is_special",
+    "is_punct", "is_capitalized", "is_newline", "is_special", "is_quoted",
 )
 SPACY_VIEWS: tuple[str, ...] = (
     "pos", "tag", "lemma", "dep", "dep_head", "pos_index", "spacy_index", "spacy_sentence_index",
+    "dep_index", "lemma_id", "is_stop", "children", "ancestors",
 )
 WORDNET_VIEWS: tuple[str, ...] = ("is_noun_wordnet", "is_verb_wordnet")
+# spaCy's named entities come from a second, NER-only pipeline, run only when a program asks for them.
+NER_VIEWS: tuple[str, ...] = ("ent_type",)
 
 
 class FeatureView:
     """Lazy per-token linguistic views of one Sequence; each view is computed once and cached.
 
     Cheap views (no spaCy): ``word_index``, ``is_word_start``, ``sentence_index``, ``is_sentence_end``,
-    ``is_punct``, ``is_capitalized``, ``is_newline``, ``is_special``. spaCy views: ``pos``, ``tag``,
-    ``lemma``, ``dep`` (lists of str), ``dep_head``, ``pos_index``, ``spacy_index``,
-    ``spacy_sentence_index`` (int64). NLTK views: ``is_noun_wordnet``, ``is_verb_wordnet``.
+    ``is_punct``, ``is_capitalized``, ``is_newline``, ``is_special``, ``is_quoted``. spaCy views: ``pos``,
+    ``tag``, ``lemma``, ``dep`` (lists of str), ``dep_head``, ``pos_index``, ``spacy_index``,
+    ``spacy_sentence_index``, ``dep_index``, ``lemma_id`` (int64), ``is_stop`` (bool), ``children``,
+    ``ancestors`` (lists of lists of token indices); NER: ``ent_type`` (list of str).
+    NLTK views: ``is_noun_wordnet``, ``is_verb_wordnet``.
     """
 
     def __init__(self, seq: Any) -> None:
@@ -55,6 +60,11 @@ class FeatureView:
     def _spacy(self, name: str) -> Any:
         if name not in self._views:
             _run_spacy([self])
+        return self._views[name]
+
+    def _ner(self, name: str) -> Any:
+        if name not in self._views:
+            _run_ner([self])
         return self._views[name]
 
     def _wordnet(self, name: str) -> Any:
@@ -91,6 +101,8 @@ class FeatureView:
             if lay.lo <= c < lay.hi and lay.holder[c - lay.lo] >= 0:
                 sent_end[lay.holder[c - lay.lo]] = True
         punct = np.zeros(n, dtype=bool)
+        quoted = np.zeros(n, dtype=bool)
+        qmask = quote_mask(text, lay.lo, lay.hi)
         newline = np.zeros(n, dtype=bool)
         cap = np.zeros(n, dtype=bool)
         for i in range(n):
@@ -99,13 +111,15 @@ class FeatureView:
             s, e = lay.eff[i]
             piece = text[s:e]
             punct[i] = is_punct_text(piece)
+            a, b = lay.core[i]
+            quoted[i] = bool(qmask[max(a - lay.lo, 0) : max(b - lay.lo, 0)].any())
             newline[i] = "\n" in piece or "\r" in piece
             if word_start[i]:
                 ws = lay.word_span[i][0]
                 cap[i] = ws < len(text) and text[ws].isupper()
         self._views.update(
             word_index=word, is_word_start=word_start, sentence_index=sent, is_sentence_end=sent_end,
-            is_punct=punct, is_capitalized=cap, is_newline=newline, is_special=np.array(special, dtype=bool),
+            is_punct=punct, is_capitalized=cap, is_newline=newline, is_special=np.array(special, dtype=bool), is_quoted=quoted,
         )
 
     @property
@@ -147,6 +161,11 @@ class FeatureView:
     def is_special(self) -> np.ndarray:
         """bool [n]: BOS/EOS-like token without text (offsets convention of Sequence)."""
         return self._basic("is_special")
+
+    @property
+    def is_quoted(self) -> np.ndarray:
+        """bool [n]: a visible character of the token lies in a quoted span, marks included (words.quote_mask)."""
+        return self._basic("is_quoted")
 
     # ---- spaCy views ------------------------------------------------------------------------
     def _set_spacy(self, doc: Any) -> None:
@@ -197,6 +216,40 @@ class FeatureView:
         """int64 [n]: sentence by spaCy's parser-based segmentation, from 0; -1 for special tokens."""
         return self._spacy("spacy_sentence_index")
 
+    @property
+    def dep_index(self) -> np.ndarray:
+        """int64 [n]: index of ``dep`` in :data:`DEP_LABELS`; -1 for special/unaligned tokens or unknown labels."""
+        return self._spacy("dep_index")
+
+    @property
+    def lemma_id(self) -> np.ndarray:
+        """int64 [n]: one id per distinct lower-cased lemma in this sequence (from 0, in order of first
+        appearance); tokens aligned to one spaCy token share it; -1 none."""
+        return self._spacy("lemma_id")
+
+    @property
+    def is_stop(self) -> np.ndarray:
+        """bool [n]: spaCy's ``is_stop`` of the aligned spaCy token (False for special/unaligned tokens)."""
+        return self._spacy("is_stop")
+
+    @property
+    def children(self) -> list[list[int]]:
+        """Per token, the other tokens whose ``dep_head`` is it (ascending)."""
+        return self._spacy("children")
+
+    @property
+    def ancestors(self) -> list[list[int]]:
+        """Per token, the chain ``dep_head``, its ``dep_head``, ... up to the root (nearest first, no repeats)."""
+        return self._spacy("ancestors")
+
+    @property
+    def ent_type(self) -> list[str]:
+        """spaCy named-entity type (``ent_type_``: PERSON, GPE, DATE ...) of the aligned spaCy token; "" none.
+
+        Computed by a separate NER-only pipeline (spacy_views.load_spacy_ner), only when read.
+        """
+        return self._ner("ent_type")
+
     # ---- NLTK WordNet views -----------------------------------------------------------------
     def _compute_wordnet(self) -> None:
         self._views.update(wordnet_flags(self._seq.text, self._get_layout(), self._seq.n))
@@ -214,14 +267,14 @@ class FeatureView:
     # ---- export -----------------------------------------------------------------------------
     def to_dict(self, spacy: bool | None = None) -> dict[str, np.ndarray | list]:
         """All views as plain picklable values (copies): cheap ones always; spaCy ones if ``spacy``
-        is True (computed now), or, for None, if already computed; WordNet ones if already computed."""
+        is True (computed now), or, for None, if already computed; WordNet and NER ones if already computed."""
         self._basic("word_index")
         if spacy:
             self._spacy("pos")
         names = list(BASIC_VIEWS)
         if spacy is None and self.has_spacy or spacy:
             names += SPACY_VIEWS
-        names += [v for v in WORDNET_VIEWS if v in self._views]
+        names += [v for v in WORDNET_VIEWS + NER_VIEWS if v in self._views]
         out: dict[str, np.ndarray | list] = {}
         for k in names:
             v = self._views[k]
@@ -236,11 +289,13 @@ def compute_features(
     sequences: Iterable[Any],
     spacy: bool = True,
     *,
+    ner: bool = False,
     batch_size: int = 64,
     progress: bool | None = None,
 ) -> None:
     """Fill the views of many sequences at once; spaCy runs once per distinct covered text via ``nlp.pipe``.
 
+    ``ner``: also the named-entity view (a second, NER-only spaCy pipeline).
     ``progress``: show a tqdm bar (None: only when more than 200 texts go through spaCy).
     """
     views = [s.features for s in sequences]
@@ -248,6 +303,8 @@ def compute_features(
         fv._basic("word_index")
     if spacy:
         _run_spacy(views, batch_size=batch_size, progress=progress)
+    if ner:
+        _run_ner(views, batch_size=batch_size, progress=progress)
 
 
 def _run_spacy(views: list[FeatureView], batch_size: int = 64, progress: bool | None = None) -> None:
@@ -262,3 +319,17 @@ def _run_spacy(views: list[FeatureView], batch_size: int = 64, progress: bool | 
     for text, doc in zip(texts, parse_texts(texts, batch_size=batch_size, progress=progress)):
         for fv in todo[text]:
             fv._set_spacy(doc)
+
+
+def _run_ner(views: list[FeatureView], batch_size: int = 64, progress: bool | None = None) -> None:
+    """Parse each distinct covered text once with the NER-only pipeline and align the entities."""
+    todo: dict[str, list[FeatureView]] = {}
+    for fv in views:
+        if "ent_type" not in fv._views:
+            todo.setdefault(fv.spacy_text(), []).append(fv)
+    if not todo:
+        return
+    texts = list(todo)
+    for text, doc in zip(texts, parse_texts(texts, batch_size=batch_size, progress=progress, ner=True)):
+        for fv in todo[text]:
+            fv._views.update(align_ents(doc, fv._get_layout(), fv._seq.n))

@@ -40,11 +40,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Layout", "align_spans", "build_layout", "is_punct_text", "renumber", "rule_sentences", "sentence_of"]
+__all__ = [
+    "Layout", "align_spans", "build_layout", "is_punct_text", "quote_mask", "renumber", "rule_sentences", "sentence_of",
+]
 
 _WORD_RE = re.compile(r"\d+(?:[.,]\d+)+|\w+(?:['’]\w+)*|([^\w\s])\1*|[\r\n]+")
 _TERMINAL_RE = re.compile(r"[.!?]+[\"'”’»)\]]*")
 _NEWLINE_RE = re.compile(r"[\r\n]+")
+_QUOTE_RE = re.compile(r'["“”]')
 _ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "st", "jr", "sr", "prof", "mt", "vs", "e.g", "i.e"})
 
 
@@ -218,3 +221,37 @@ def is_punct_text(s: str) -> bool:
     """Every visible character is Unicode punctuation or a symbol (and there is one)."""
     vis = [c for c in s if not c.isspace()]
     return bool(vis) and all(unicodedata.category(c)[0] in "PS" for c in vis)
+
+
+def quote_mask(text: str, lo: int, hi: int) -> np.ndarray:
+    """bool [hi-lo]: characters inside a quoted span ("..." or “...”), the quote marks included.
+
+    “ opens and ” closes; a straight ``"`` opens when whitespace (or the region's start) is before it and
+    a visible character after it, closes in the mirror case, and otherwise toggles. A close with no open
+    before it starts its span at ``lo`` (the window began inside a quote); an open never closed runs to ``hi``.
+    """
+    mask = np.zeros(max(hi - lo, 0), dtype=bool)
+    start: int | None = None
+    first = True
+    for m in _QUOTE_RE.finditer(text, lo, hi):
+        p, q = m.start(), m.group()
+        before = p == lo or text[p - 1].isspace()
+        after = p + 1 < hi and not text[p + 1].isspace()
+        if q == "“" or (q == '"' and before and after):
+            opens = True
+        elif q == "”" or (q == '"' and not before and not after):
+            opens = False
+        else:
+            opens = start is None
+        if opens:
+            if start is None:
+                start = p
+        else:
+            begin = start if start is not None else (lo if first else None)
+            if begin is not None:
+                mask[begin - lo : p + 1 - lo] = True
+            start = None
+        first = False
+    if start is not None:
+        mask[start - lo :] = True
+    return mask

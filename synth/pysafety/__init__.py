@@ -1,7 +1,8 @@
 """AST validation of untrusted Python programs (docs/architecture.md, SECURITY.md): one function over the Sequence API.
 
 A Python program is source text defining exactly ONE top-level function that takes one argument (a
-Sequence view ``seq``) and returns an n x n array-like of scores. Optional top-level statements:
+Sequence view ``seq``) or two (EAPS's ``prog(sentence, tokenizer)``: the window's text and the tokenizer
+facade of synth/sandbox/facade.py) and returns an n x n array-like of scores, or ``(label, matrix)``. Optional top-level statements:
 a docstring, imports of ``numpy`` / ``math`` / ``re`` and plain assignments of constants.
 
 This module is the *first* layer of defence: it rejects anything outside a small allowlist of syntax,

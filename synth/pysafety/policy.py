@@ -13,11 +13,19 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..features import BASIC_VIEWS, SPACY_VIEWS, WORDNET_VIEWS
+from ..features import BASIC_VIEWS, NER_VIEWS, SPACY_VIEWS, WORDNET_VIEWS
 
 ALLOWED_IMPORTS: frozenset[str] = frozenset({"numpy", "numpy.linalg", "numpy.fft", "numpy.random", "math", "re"})
 ALLOWED_NUMPY_SUBMODULES: frozenset[str] = frozenset({"linalg", "fft", "random", "emath", "char", "strings"})
 MODULE_NAMES: dict[str, str] = {"np": "numpy", "numpy": "numpy", "math": "math", "re": "re"}
+
+# The tokenizer facade EAPS-style programs get (synth/sandbox/facade.py): its methods and its encodings' fields.
+FACADE_ATTRIBUTES: tuple[str, ...] = (
+    "tokenize", "convert_ids_to_tokens", "convert_tokens_to_ids", "decode", "batch_decode", "encode",
+    "input_ids", "attention_mask", "offset_mapping", "word_ids", "all_special_tokens", "all_special_ids",
+    "bos_token", "cls_token", "eos_token", "sep_token", "pad_token", "unk_token", "bos_token_id",
+    "cls_token_id", "eos_token_id", "sep_token_id", "pad_token_id", "unk_token_id",
+)
 
 SAFE_BUILTINS: tuple[str, ...] = (
     "range", "len", "min", "max", "abs", "sum", "enumerate", "zip", "sorted", "reversed", "list", "dict",
@@ -107,7 +115,8 @@ def allowed_attributes() -> frozenset[str]:
               type({}.keys()), type({}.values()), type({}.items())]
     names = {n for obj in roots for n in dir(obj) if not n.startswith("_")}
     names |= {"ids", "tokens", "text", "offsets", "n", "features", "keys", "to_dict"}  # the Sequence API
-    names |= set(BASIC_VIEWS) | set(SPACY_VIEWS) | set(WORDNET_VIEWS)
+    names |= set(BASIC_VIEWS) | set(SPACY_VIEWS) | set(WORDNET_VIEWS) | set(NER_VIEWS)
+    names |= set(FACADE_ATTRIBUTES)
     return frozenset(n for n in names if blocked_reason(n) is None)
 
 

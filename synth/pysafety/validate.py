@@ -41,6 +41,7 @@ class ProgramInfo:
     name: str
     attributes: frozenset[str]
     strings: frozenset[str]
+    params: int = 1  # 1: ``f(seq)``; 2: EAPS's ``prog(sentence, tokenizer)`` (synth/sandbox/facade.py)
 
     @property
     def uses_features(self) -> bool:
@@ -82,7 +83,7 @@ def _parse(source: str) -> ast.Module:
         raise ProgramValidationError(f"program could not be parsed ({type(e).__name__}: {e}); simplify it") from None
 
 
-def _check_top_level(tree: ast.Module) -> ast.FunctionDef:
+def _check_top_level(tree: ast.Module) -> tuple[ast.FunctionDef, int]:
     funcs: list[ast.FunctionDef] = []
     for i, stmt in enumerate(tree.body):
         if isinstance(stmt, ast.FunctionDef):
@@ -109,13 +110,13 @@ def _check_top_level(tree: ast.Module) -> ast.FunctionDef:
     a = fn.args
     positional = list(a.posonlyargs) + list(a.args)
     required = len(positional) - len(a.defaults)
-    if not positional or required != 1 or a.vararg or a.kwarg or any(d is None for d in a.kw_defaults):
+    if not positional or required not in (1, 2) or a.vararg or a.kwarg or any(d is None for d in a.kw_defaults):
         raise _fail(
             fn, f"signature of {fn.name}()",
             "the function must take exactly one required positional argument (the Sequence view), "
-            "e.g. `def pattern(seq):`",
+            "e.g. `def pattern(seq):`, or two (EAPS's shape) `def prog(sentence, tokenizer):`",
         )
-    return fn
+    return fn, required
 
 
 def _is_name_target(t: ast.expr) -> bool:
@@ -143,7 +144,7 @@ def _finally_escape(body: list[ast.stmt]) -> ast.stmt | None:
 def analyze_source(source: str) -> ProgramInfo:
     """Validate ``source`` and return what the sandbox needs to know about it; raises ProgramValidationError."""
     tree = _parse(source)
-    fn = _check_top_level(tree)
+    fn, params = _check_top_level(tree)
 
     bound: set[str] = set()
     loads: list[ast.Name] = []
@@ -257,7 +258,7 @@ def analyze_source(source: str) -> ProgramInfo:
         raise ProgramValidationError(f"line {e.lineno}: syntax error: {e.msg}") from None
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         raise ProgramValidationError(f"program could not be compiled ({type(e).__name__}: {e}); simplify it") from None
-    return ProgramInfo(name=fn.name, attributes=frozenset(attributes), strings=frozenset(strings))
+    return ProgramInfo(name=fn.name, attributes=frozenset(attributes), strings=frozenset(strings), params=params)
 
 
 def validate_source(source: str) -> str:

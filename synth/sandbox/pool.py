@@ -22,7 +22,7 @@ import numpy as np
 from .. import pysafety
 from ..errors import ProgramExecutionError, ProgramValidationError
 from .parent import ProtocolError, Worker, WorkerGone, describe_status, spawner
-from .protocol import COSTLY, MAX_DETAIL, MAX_MESSAGE, REASONS
+from .protocol import COSTLY, MAX_DETAIL, MAX_MESSAGE, REASONS, label_problem
 from .views import features_for, sequence_view
 from .worker import BOOT
 
@@ -45,6 +45,7 @@ def _kill_all(workers: set) -> None:
 class _RunState:
     def __init__(self, n: int, max_failures: int) -> None:
         self.results: list[Any] = [None] * n
+        self.labels: list[str | None] = [None] * n
         self.chunks: collections.deque[list[int]] = collections.deque()
         self.lock = threading.Lock()
         self.failures = 0
@@ -261,6 +262,10 @@ class SandboxPool:
     ) -> list[np.ndarray | ProgramExecutionError]:
         """Run the program on each sequence; returns, per sequence, a float32 [n, n] array or a ProgramExecutionError.
 
+        A program may be ``f(seq)`` or EAPS's ``prog(sentence, tokenizer)`` (the window's text and a tokenizer
+        facade, synth/sandbox/facade.py), and may return ``(label, matrix)``; :meth:`run_labeled` also
+        returns the labels.
+
         ``timeout``: wall-clock (and CPU) seconds per sequence. ``max_failures``: after this many
         timeouts, out-of-memory errors or process deaths in one call, the remaining sequences are not run
         (each reports that), so a program that hangs costs about ``max_failures * timeout`` of wall time
@@ -269,6 +274,20 @@ class SandboxPool:
         anything the program does. ``_skip_validation`` / ``_unrestricted`` (tests only) bypass the
         AST layer / also the restricted builtins, to show the OS limits hold on their own.
         """
+        return self.run_labeled(source, sequences, timeout, max_failures=max_failures,
+                                _skip_validation=_skip_validation, _unrestricted=_unrestricted)[0]
+
+    def run_labeled(
+        self,
+        source: str,
+        sequences: list,
+        timeout: float = 5.0,
+        *,
+        max_failures: int = 2,
+        _skip_validation: bool = False,
+        _unrestricted: bool = False,
+    ) -> tuple[list[np.ndarray | ProgramExecutionError], list[str | None]]:
+        """:meth:`run`, plus per sequence the label the program returned beside its matrix (None: no label)."""
         if os.getpid() != self._pid:
             raise RuntimeError("a SandboxPool cannot be used from a forked child; create a new one there")
         if not (isinstance(timeout, (int, float)) and timeout > 0 and math.isfinite(timeout)):
@@ -282,12 +301,12 @@ class SandboxPool:
         views = self._prepare(sequences, info, state)
         todo = [i for i, r in enumerate(state.results) if r is None]
         if not todo:
-            return state.results
+            return state.results, state.labels
         per = max(1, min(self.chunk_size, math.ceil(len(todo) / self.workers)))
         for k in range(0, len(todo), per):
             state.chunks.append(todo[k:k + per])
         job = {"op": "job", "source": source, "name": info.name, "timeout": float(timeout),
-               "unrestricted": bool(_unrestricted)}
+               "unrestricted": bool(_unrestricted), "params": int(info.params)}
         n_threads = min(self.workers, len(state.chunks))
         if n_threads <= 1:
             self._drive(job, views, state, timeout)
@@ -301,14 +320,15 @@ class SandboxPool:
         for i, r in enumerate(state.results):  # belt and braces: the caller always gets one entry per sequence
             if r is None:
                 state.results[i] = ProgramExecutionError(f"sequence {i}: no result (internal sandbox error)", "sandbox")
-        return state.results
+        return state.results, state.labels
 
     def _prepare(self, sequences: list, info: pysafety.ProgramInfo, state: _RunState) -> list[dict | None]:
         feats, missing = features_for(sequences, info)
+        words = info.params == 2 and info.mentions(("word_ids",))  # the facade's Encoding.word_ids()
         views: list[dict | None] = []
         for i, s in enumerate(sequences):
             try:
-                v = sequence_view(s, feats[i], missing[i])
+                v = sequence_view(s, feats[i], missing[i], words=words)
             except Exception as e:  # noqa: BLE001
                 state.results[i] = ProgramExecutionError(
                     f"sequence {i}: cannot be sent to the sandbox: {type(e).__name__}: {e}", "sandbox")
@@ -415,6 +435,9 @@ class SandboxPool:
                 i = chunk[pos]
                 n = views[i]["n"]
                 if hdr.get("ok") is True:
+                    bad = label_problem(hdr.get("label"))
+                    if bad is not None:
+                        raise ProtocolError(bad)
                     nbytes = hdr.get("nbytes")
                     if nbytes != n * n * 4:
                         raise ProtocolError(f"a result of {nbytes!r} bytes for n={n}")
@@ -422,6 +445,7 @@ class SandboxPool:
                     if not np.isfinite(arr).all():
                         raise ProtocolError("non-finite values in a result the job process had validated")
                     state.results[i] = arr
+                    state.labels[i] = hdr.get("label")
                 else:
                     reason = hdr.get("reason")
                     if reason not in REASONS:
@@ -479,4 +503,6 @@ def _unvalidated_info(source: str) -> pysafety.ProgramInfo:
     if not funcs:
         raise ProgramValidationError("the program defines no top-level function")
     attrs = frozenset(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute))
-    return pysafety.ProgramInfo(name=funcs[0].name, attributes=attrs, strings=frozenset())
+    a = funcs[0].args
+    params = 2 if len(a.posonlyargs) + len(a.args) - len(a.defaults) == 2 else 1
+    return pysafety.ProgramInfo(name=funcs[0].name, attributes=attrs, strings=frozenset(), params=params)

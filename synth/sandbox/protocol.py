@@ -22,6 +22,7 @@ MSG = struct.Struct(">Q")  # parent -> zygote: pickled message length
 MAX_HEADER = 1 << 20
 MAX_MESSAGE = 2000
 MAX_DETAIL = 6000
+MAX_LABEL = 200  # a program's (label, matrix) label: one printable line, sent in the result's JSON header
 
 # Descriptor layout inside a zygote (after hardening) and inside a job child.
 FD_CTL_IN, FD_CTL_OUT, FD_RES_OUT, FD_WAKE_R, FD_WAKE_W = 3, 4, 5, 6, 7
@@ -63,6 +64,17 @@ def recv_message(fd: int) -> dict[str, Any] | None:
         return None
     body = read_exact_blocking(fd, MSG.unpack(raw)[0])
     return None if body is None else pickle.loads(body)  # from the trusted parent
+
+
+def label_problem(label: object) -> str | None:
+    """Why a result header's ``label`` breaks the protocol (None: absent, or a short printable str)."""
+    if label is None:
+        return None
+    if not isinstance(label, str):
+        return f"a label of type {type(label).__name__}"
+    if len(label) > MAX_LABEL or not label.isprintable():
+        return f"a label of {len(label)} characters that is not one short printable line"
+    return None
 
 
 def error_header(i: int, reason: str, message: str, detail: str = "") -> dict[str, Any]:

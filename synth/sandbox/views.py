@@ -75,8 +75,13 @@ class SequenceView:
         return f"SequenceView(n={self.n})"
 
 
-def sequence_view(seq: Any, features: Mapping[str, Any] | None = None, features_missing: str | None = None) -> dict:
-    """The plain picklable view of a Sequence (or of a mapping with ids/tokens/text/offsets[/features]) sent to the sandbox."""
+def sequence_view(seq: Any, features: Mapping[str, Any] | None = None, features_missing: str | None = None,
+                  *, words: bool = False) -> dict:
+    """The plain picklable view of a Sequence (or of a mapping with ids/tokens/text/offsets[/features]) sent to the sandbox.
+
+    ``has_bos`` travels too (the tokenizer facade's special tokens); ``words``: add the rule-based word index
+    (``words``, for the facade's ``word_ids()``; computed in the parent, cheap, no spaCy).
+    """
     if isinstance(seq, Mapping):
         ids = np.asarray(seq["ids"], dtype=np.int64).reshape(-1)
         n = int(ids.shape[0])
@@ -84,6 +89,8 @@ def sequence_view(seq: Any, features: Mapping[str, Any] | None = None, features_
         text = str(seq.get("text", ""))
         offsets = np.asarray(seq.get("offsets", np.zeros((n, 2), np.int64)), dtype=np.int64).reshape(-1, 2)
         feats = dict(features if features is not None else (seq.get("features") or {}))
+        has_bos = bool(seq.get("has_bos", False))
+        word_list = seq.get("words") if words else None
     else:
         ids = np.asarray(seq.ids, dtype=np.int64).reshape(-1)
         n = int(ids.shape[0])
@@ -91,13 +98,18 @@ def sequence_view(seq: Any, features: Mapping[str, Any] | None = None, features_
         text = str(seq.text)
         offsets = np.asarray(seq.offsets, dtype=np.int64).reshape(-1, 2)
         feats = dict(features or {})
+        has_bos = bool(getattr(seq, "has_bos", False))
+        word_list = seq.features.word_index.tolist() if words and hasattr(seq, "features") else None
     if len(tokens) != n or offsets.shape[0] != n:
         raise ValueError(
             f"sequence fields disagree: {n} ids, {len(tokens)} tokens, {offsets.shape[0]} offsets; "
             "build them from one tokenization"
         )
-    return {"ids": ids, "tokens": tokens, "text": text, "offsets": offsets, "n": n,
-            "features": feats, "features_missing": features_missing}
+    out = {"ids": ids, "tokens": tokens, "text": text, "offsets": offsets, "n": n, "has_bos": has_bos,
+           "features": feats, "features_missing": features_missing}
+    if word_list is not None:
+        out["words"] = [int(w) for w in word_list]
+    return out
 
 
 def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict], list[str | None]]:
@@ -115,6 +127,11 @@ def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict
             _features.compute_features(real, spacy=True)
         except Exception as e:  # noqa: BLE001
             note = f"spaCy views unavailable: {type(e).__name__}: {e}"
+    if real and info.mentions(_features.NER_VIEWS):
+        try:
+            _features.compute_features(real, spacy=False, ner=True)
+        except Exception as e:  # noqa: BLE001
+            note = f"spaCy named entities unavailable: {type(e).__name__}: {e}"
     want_wordnet = [v for v in wordnet_views if info.mentions((v,))]
     out: list[dict] = []
     missing: list[str | None] = []

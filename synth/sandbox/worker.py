@@ -25,8 +25,9 @@ import numpy as np
 
 from .. import pysafety
 from .hardening import harden_child, harden_zygote
-from .protocol import (CHILD_FD_RES, COSTLY, FD_CTL_IN, FD_CTL_OUT, FD_WAKE_R, FD_WAKE_W, MAX_DETAIL, MAX_MESSAGE,
-                       error_header, recv_message, send_frame)
+from .facade import TokenizerFacade
+from .protocol import (CHILD_FD_RES, COSTLY, FD_CTL_IN, FD_CTL_OUT, FD_WAKE_R, FD_WAKE_W, MAX_DETAIL, MAX_LABEL,
+                       MAX_MESSAGE, error_header, recv_message, send_frame)
 from .views import SequenceView, sequence_view
 
 PROGRAM_FILE = "<program>"
@@ -79,7 +80,10 @@ def _warm_up() -> None:
     views = [sequence_view({"ids": [1, 2], "tokens": ["a", "b"], "text": "ab", "offsets": [[0, 1], [1, 2]],
                             "features": {"i": np.zeros(2, np.int64), "b": np.zeros(2, bool), "s": ["x", "y"],
                                          "f": np.zeros(2, np.float32), "u": np.array(["q", "r"])}})]
-    SequenceView(pickle.loads(pickle.dumps(views, protocol=pickle.HIGHEST_PROTOCOL))[0])
+    view = SequenceView(pickle.loads(pickle.dumps(views, protocol=pickle.HIGHEST_PROTOCOL))[0])
+    tok = _facade(view, views[0])
+    tok("ab", return_tensors="pt").input_ids[0], tok.convert_ids_to_tokens([1, 2]), tok.decode([1, 2]), tok.tokenize("a")
+    _split_label(("warm-up", np.zeros((2, 2))))
     try:
         raise ValueError("warm-up")
     except ValueError as e:
@@ -204,6 +208,26 @@ def _check_output(out: Any, n: int, max_cells: int) -> np.ndarray:
     return f32
 
 
+def _split_label(out: Any) -> tuple[str | None, Any]:
+    """``(label, matrix)`` -> the checked label and the matrix; anything else is a bare matrix (label None)."""
+    if not (isinstance(out, tuple) and len(out) == 2 and np.ndim(out[1]) == 2):
+        return None, out
+    label = out[0]
+    if not isinstance(label, str):
+        raise _BadOutput(f"the label (first item of the returned pair) must be a str, got {type(label).__name__}")
+    if len(label) > MAX_LABEL:
+        raise _BadOutput(f"the label has {len(label)} characters; at most {MAX_LABEL} are allowed (a short name)")
+    if not label.isprintable():
+        raise _BadOutput("the label must be one line of printable characters (no newlines or control characters)")
+    return label, out[1]
+
+
+def _facade(view: SequenceView, raw: dict[str, Any]) -> TokenizerFacade:
+    """The tokenizer facade of one window (synth/sandbox/facade.py)."""
+    return TokenizerFacade(view.text, view.ids.tolist(), view.tokens, view.offsets, bool(raw.get("has_bos")),
+                           features=view.features, words=raw.get("words"))
+
+
 def _run_guarded(fn: Any, arg: Any, timeout: float, post: Any = None) -> tuple[str, Any, str]:
     """Run ``fn(arg)`` (then ``post``) with the timers armed; returns (status, value|message, detail)."""
     try:
@@ -238,6 +262,7 @@ def _run_guarded(fn: Any, arg: Any, timeout: float, post: Any = None) -> tuple[s
 def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
     """In the job child: load the program, run it on each sequence, stream one frame per sequence."""
     source, name, timeout = job["source"], job["name"], float(job["timeout"])
+    eaps = int(job.get("params", 1)) == 2
 
     def send(header: dict[str, Any], payload: Any = None) -> None:
         send_frame(out, {**header, "job": job["job"]}, payload)  # the parent accepts frames only for this job
@@ -273,9 +298,23 @@ def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
             send(error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
             continue
         np.random.seed(0)  # programs using the global RNG are reproducible per sequence
-        status, value, detail = _run_guarded(fn, view, timeout, lambda o, n=n: _check_output(o, n, max_cells))
+        if eaps:  # prog(sentence, tokenizer): the window's exact text and its tokenizer facade
+            tok = _facade(view, v)
+            call: Any = lambda sv, tok=tok: fn(sv.text, tok)  # noqa: E731
+        else:
+            call = fn
+
+        def post(o: Any, n: int = n) -> tuple[str | None, np.ndarray]:
+            label, matrix = _split_label(o)
+            return label, _check_output(matrix, n, max_cells)
+
+        status, value, detail = _run_guarded(call, view, timeout, post)
         if status == "ok":
-            send({"t": "result", "i": i, "ok": True, "nbytes": int(value.nbytes)}, value)
+            label, arr = value
+            header = {"t": "result", "i": i, "ok": True, "nbytes": int(arr.nbytes)}
+            if label is not None:
+                header["label"] = label
+            send(header, arr)
         else:
             if status in COSTLY:
                 failures.append(status)

@@ -1,5 +1,10 @@
 """The user's program library as a searcher: each given program becomes a candidate for every head, scored on
-``synth`` and ``select`` like any searcher's (what ``select_programs(library=...)`` adds at selection time)."""
+``synth`` and ``select`` like any searcher's (what ``select_programs(library=...)`` adds at selection time).
+
+Library files in EAPS's style (synth/eaps.py) arrive as ``LibraryProgram``s; a Python program's hypothesis is
+the label it returns beside its matrix (its most common one on a few synth windows), else its function name.
+A Python program that fails on a synth or select window is dropped, and :meth:`LibrarySearcher.report` says why.
+"""
 from __future__ import annotations
 
 import threading
@@ -9,21 +14,35 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..candidate import Candidate
+from ..eaps import LibraryProgram, probe_labels
+from ..errors import ProgramError
 from ..program import Program
 from ..select import score_programs
 from .base import CandidateMap, Head, PatternSource, StopCheck, check_splits
 
 SOURCE = "library"
+PROBE_WINDOWS = 8  # synth windows a Python program's labels are read from
 
 
 class LibrarySearcher:
-    """Proposes the same fixed programs (``Program`` objects or DSL text) for every head."""
+    """Proposes the same fixed programs (``Program`` objects, DSL text or ``LibraryProgram``s) for every head."""
 
     name = SOURCE
 
-    def __init__(self, programs: Iterable[Program | str] = ()) -> None:
-        parsed = [p if isinstance(p, Program) else Program.parse(p) for p in programs]
+    def __init__(self, programs: Iterable[Program | str | LibraryProgram] = ()) -> None:
+        self.hypotheses: dict[str, str] = {}
+        self.names: dict[str, str] = {}
+        parsed: list[Program] = []
+        for p in programs:
+            if isinstance(p, LibraryProgram):
+                parsed.append(p.program)
+                self.names.setdefault(p.program.hash, f"{p.name} ({p.origin})")
+                if p.hypothesis:
+                    self.hypotheses.setdefault(p.program.hash, p.hypothesis)
+            else:
+                parsed.append(p if isinstance(p, Program) else Program.parse(p))
         self.programs = _unique(parsed)
+        self.notes: list[str] = []
 
     def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
                heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
@@ -34,20 +53,43 @@ class LibrarySearcher:
         if not self.programs or not heads:
             return {}
         stop = StopCheck(budget, cancel)
-        scores: dict[str, dict[str, np.ndarray]] = {}
+        groups = [[p for p in self.programs if p.kind != "python"]] + [[p] for p in self.programs if p.kind == "python"]
+        groups = [g for g in groups if g]
+        cols: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # program hash -> split -> metric -> [H]
+        failed: set[str] = set()
         for split, idx in tqdm((("synth", synth), ("select", select)), desc="library", disable=not progress,
                                leave=False):
             if stop():
                 return {}
-            scores[split] = score_programs(store, heads, self.programs, idx)
-        return {h: [Candidate(h, p, SOURCE, "", {split: {m: float(v[r, k]) for m, v in got.items()}
-                                                 for split, got in scores.items()})
-                    for k, p in enumerate(self.programs)]
+            for group in groups:  # each Python program alone: a failing one is dropped, not the whole library
+                if group[0].hash in failed:
+                    continue
+                try:
+                    got = score_programs(store, heads, group, idx)
+                except ProgramError as e:
+                    if group[0].kind != "python":
+                        raise
+                    failed.add(group[0].hash)
+                    self.notes.append(f"library program {self.names.get(group[0].hash, group[0].hash[:12])} "
+                                      f"dropped: {str(e)[:300]}")
+                    continue
+                for k, p in enumerate(group):
+                    cols.setdefault(p.hash, {})[split] = {m: v[:, k] for m, v in got.items()}
+        programs = [p for p in self.programs if p.hash not in failed and p.hash in cols]
+        if not programs:
+            return {}
+        labels = probe_labels([p for p in programs if p.kind == "python"],
+                              [store.sequences[i] for i in synth[:PROBE_WINDOWS]])
+        hyp = {p.hash: self.hypotheses.get(p.hash) or labels.get(p.hash) or self.names.get(p.hash, "").split(" (")[0]
+               for p in programs}
+        return {h: [Candidate(h, p, SOURCE, hyp[p.hash], {split: {m: float(v[r]) for m, v in got.items()}
+                                                          for split, got in cols[p.hash].items()})
+                    for p in programs]
                 for r, h in enumerate(heads)}
 
     def report(self) -> str:
-        """Nothing to add to the run's notes."""
-        return ""
+        """The library programs dropped because they failed, one line each."""
+        return "\n".join(self.notes)
 
 
 def _unique(programs: list[Program]) -> list[Program]:
