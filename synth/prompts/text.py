@@ -66,7 +66,7 @@ def dsl_reference() -> str:
 
 def sequence_api_reference() -> str:
     """What a Python program's ``seq`` offers (synth/sandbox/views.py SequenceView, synth/features/ views)."""
-    views = list(features.BASIC_VIEWS) + list(features.SPACY_VIEWS)
+    views = list(features.BASIC_VIEWS) + list(features.SPACY_VIEWS) + list(features.NER_VIEWS)
     lines = []
     for name in views:
         attr = getattr(features.FeatureView, name, None)
