@@ -87,6 +87,8 @@ def random_combinator(name: str, rng: np.random.Generator, pool: list[dsl.Node],
     pick = lambda: pool[int(rng.integers(len(pool)))]  # noqa: E731
     if name == "mix":
         return dsl.make_mix([(float(rng.uniform(0.1, 1)), pick()) for _ in range(int(rng.integers(1, 4)))])
+    if name == "sum":
+        return dsl.make_sum([(float(rng.uniform(0.1, 3)), pick()) for _ in range(int(rng.integers(1, 4)))])
     if name == "fallback":
         return dsl.Fallback(tuple(pick() for _ in range(int(rng.integers(2, 4)))))
     if name == "mul":
@@ -105,7 +107,7 @@ def random_combinator(name: str, rng: np.random.Generator, pool: list[dsl.Node],
 # --------------------------------------------------------------------------------------------
 
 def test_every_spec_entry_has_kernel_bounds_doc_and_gloss() -> None:
-    assert dsl.PRIMITIVE_SPECS and set(dsl.COMBINATORS) == {"mix", "fallback", "gate", "sharpen", "mul"}
+    assert dsl.PRIMITIVE_SPECS and set(dsl.COMBINATORS) == {"mix", "sum", "fallback", "gate", "sharpen", "mul"}
     for name, spec in dsl.PRIMITIVE_SPECS.items():
         assert spec.name == name and callable(spec.kernel), name
         assert spec.doc and "\n" not in spec.doc, f"{name}: the doc is one line"
@@ -144,15 +146,14 @@ def test_public_seams_replace_the_private_ones() -> None:
 
 
 def test_gloss_fills_the_templates() -> None:
-    assert dsl.gloss(dsl.parse("prev(2)")) == "attends to the token 2 position(s) back"
+    assert dsl.gloss(dsl.parse("prev(2)")) == "attends to the token 2 positions back"
+    assert dsl.gloss(dsl.parse("prev(1)")) == "attends to the previous token"
     assert dsl.gloss(dsl.parse("0.75*prev(1) + 0.25*first()")) == (
-        "75% attends to the token 1 position(s) back; 25% attends to the first token")
+        "attends to the previous token (75%) and to the first token (25%)")
     assert dsl.gloss(dsl.parse("gate(punct, first(), recent(pos=NOUN))")) == (
-        "if the query is punctuation: attends to the first token; otherwise: attends to the most recent token "
-        "that is tagged NOUN")
+        "when the query is a punctuation mark, attends to the first token; otherwise to the most recent noun")
     assert dsl.gloss(dsl.parse("fallback(induction(), first())")) == (
-        "attends to the token that followed an earlier occurrence of its own token; where that finds nothing, "
-        "attends to the first token")
+        "attends to the token that followed an earlier occurrence of its own token, otherwise to the first token")
     long = dsl.gloss(dsl.parse(f"key_in_set(ids={list(range(40))})"))
     assert "(40 in all)" in long and len(long) < 100
     rng = np.random.default_rng(3)
@@ -186,6 +187,9 @@ class ProgramStore:
 # compact-cell semantics of their own (the other primitives' cells come from the search library, which the
 # reference evaluator computes)
 COMPACT_OWN = ("profile", "key_weight", "class_weight")
+# ``sum`` adds raw scores, which the compact fit set (row-normalized components) does not keep; the searchers
+# do not propose it yet (synth/search/enumerative/fitset.py raises TypeError for it)
+COMPACT_COMBINATORS = tuple(c for c in dsl.COMBINATORS if c != "sum")
 NO_SPACY = ("token", "position", "word", "sent", "punct", "cap", "newline", "sent_end", "word_start")
 
 
@@ -221,7 +225,7 @@ def test_compact_evaluator_matches_the_reference_on_every_primitive_and_combinat
     pool = [p for ps in prims.values() for p in ps]
     cases = [(name, p) for name, ps in prims.items() for p in ps]
     for depth in range(2):
-        for name in dsl.COMBINATORS:
+        for name in COMPACT_COMBINATORS:
             for _ in range(4):
                 node = random_combinator(name, rng, pool, preds)
                 cases.append((name, node))
@@ -232,7 +236,7 @@ def test_compact_evaluator_matches_the_reference_on_every_primitive_and_combinat
         want = _compact_reference(fs, node, split, causal)
         np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{name}: {dsl.to_text(node)}")
         covered.add(name)
-    assert covered == set(usable) | set(dsl.COMBINATORS)
+    assert covered == set(usable) | set(COMPACT_COMBINATORS)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -317,7 +321,7 @@ def test_a_new_primitive_needs_only_a_spec_entry_and_a_kernel() -> None:
         pat = dsl.evaluate(dsl.parse("every_nth(2)"), ids, np.array([7]), causal=True)
         assert np.allclose(pat[0, 6], [0.25, 0, 0.25, 0, 0.25, 0, 0.25])
         assert np.allclose(pat[0, 1], [0, 1, 0, 0, 0, 0, 0])
-        assert dsl.gloss(node) == "50% attends to every 3-th token back; 50% attends to the first token"
+        assert dsl.gloss(node) == "attends to every 3-th token back (50%) and to the first token (50%)"
         assert dsl.cost(node) == 1 + 1 + 2 and dsl.features_needed(node) == frozenset()
         assert "``every_nth(k)``" in dsl.render_tables()
         assert "every_nth(k): keys at a distance" in prompts.dsl_reference()

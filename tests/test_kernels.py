@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 
 from headsurgeon.kernels import primitives as K
 from headsurgeon.synth import dsl
-from headsurgeon.synth.dsl import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen
+from headsurgeon.synth.dsl import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
 
 TAGS = list(dsl.KNOWN_POS_TAGS)  # tag name -> id used by these tests (passed as pos_tags)
-FEATURE_NAMES = ("word", "sent", "punct", "cap", "newline", "sent_end", "word_start", "pos", "dep_head")
+FEATURE_NAMES = ("word", "sent", "punct", "cap", "newline", "sent_end", "word_start", "pos", "dep_head", "dep", "lemma",
+                 "quote")
+DEPS = list(dsl.dep_labels())  # label name -> index of the ``dep`` feature array
 
 # ------------------------------------------------------------------------------------------
 # the reference: one sequence at a time, Python lists and loops
@@ -42,6 +44,8 @@ def ref_pred(seq: dict, pred: Pred, p: int) -> bool:
         return seq[pred.value][p] != 0
     if pred.kind == "pos":
         return seq["pos"][p] == TAGS.index(pred.value)
+    if pred.kind == "dep":
+        return seq["dep"][p] == DEPS.index(pred.value)
     return seq["ids"][p] in pred.value
 
 
@@ -105,6 +109,8 @@ def ref_prim(node: Prim, seq: dict, causal: bool) -> list[list[float]]:
                 v = float(ids[j] in p["ids"])
             elif name == "same_word":
                 v = float(seq["word"][j] == seq["word"][i])
+            elif name == "same_lemma":
+                v = float(j != i and seq["lemma"][i] >= 0 and seq["lemma"][j] == seq["lemma"][i])
             elif name == "dep_head":
                 v = float(j == seq["dep_head"][i])
             elif name == "dep_children":
@@ -148,6 +154,14 @@ def ref_eval(node, seq: dict, causal: bool) -> list[list[float]]:
                 for j in range(n):
                     out[i][j] += w * row[j]
         return out
+    if isinstance(node, Sum):  # EAPS's idiom: add raw weighted scores, then normalize each row once
+        out = [[0.0] * n for _ in range(n)]
+        for w, t in node.terms:
+            sub = ref_eval(t, seq, causal)
+            for i in range(n):
+                for j in range(n):
+                    out[i][j] += w * sub[i][j]
+        return [ref_rownorm(row) for row in out]
     if isinstance(node, Fallback):
         subs = [ref_eval(a, seq, causal) for a in node.args]
         out = []
@@ -223,6 +237,9 @@ def batches(draw, max_b: int = 3, max_n: int = 9) -> dict:
         "word_start": arr(0, 1),
         "pos": arr(-1, 4),
         "dep_head": arr(-1, width),
+        "dep": arr(-1, 4),
+        "lemma": arr(-1, 3),
+        "quote": arr(0, 1),
     }
     return {"ids": arr(0, vocab - 1), "lengths": lengths, "features": feats}
 
@@ -230,6 +247,7 @@ def batches(draw, max_b: int = 3, max_n: int = 9) -> dict:
 preds = st.one_of(
     st.sampled_from(dsl.FLAGS).map(lambda f: Pred("flag", f)),
     st.sampled_from(TAGS[:5]).map(lambda t: Pred("pos", t)),
+    st.sampled_from(DEPS[:5]).map(lambda t: Pred("dep", t)),
     st.lists(st.integers(0, 5), min_size=1, max_size=3).map(lambda v: Pred("ids", tuple(sorted(set(v))))),
 )
 
@@ -300,6 +318,7 @@ def trees(max_leaves: int = 6):
     def extend(children):
         return st.one_of(
             st.lists(st.tuples(weights, children), min_size=1, max_size=3).map(lambda t: Mix(tuple(t))),
+            st.lists(st.tuples(weights, children), min_size=1, max_size=3).map(lambda t: Sum(tuple(t))),
             st.lists(children, min_size=2, max_size=3).map(lambda a: Fallback(tuple(a))),
             st.tuples(preds, children, children).map(lambda t: Gate(*t)),
             st.tuples(children, st.floats(0.25, 3.0)).map(lambda t: Sharpen(*t)),
@@ -343,13 +362,14 @@ def test_combinators_match_reference(node, batch: dict, causal: bool) -> None:
     np.testing.assert_allclose(attn, ref_batch(node, batch, causal, normalize=True), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("combinator", ["mix", "fallback", "gate", "sharpen", "mul"])
+@pytest.mark.parametrize("combinator", ["mix", "sum", "fallback", "gate", "sharpen", "mul"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), causal=st.booleans())
 def test_each_combinator_over_primitives(combinator: str, data, causal: bool) -> None:
     a, b = data.draw(prims()), data.draw(prims())
     node = {
         "mix": lambda: Mix(((data.draw(st.floats(0.1, 2.0)), a), (data.draw(st.floats(0.1, 2.0)), b))),
+        "sum": lambda: Sum(((data.draw(st.floats(0.1, 2.0)), a), (data.draw(st.floats(0.1, 2.0)), b))),
         "fallback": lambda: Fallback((a, b)),
         "gate": lambda: Gate(data.draw(preds), a, b),
         "sharpen": lambda: dsl.make_sharpen(a, data.draw(st.floats(0.25, 3.0)), data.draw(sharpen_classes())),

@@ -11,8 +11,8 @@ turns them into attention.
 
 * ``positional``: self, prev, next, first, window, decay, uniform, none, profile;
 * ``tokens``: same_token, same_token_recent, induction, keys, recent, match, class_table, value_index;
-* ``structure``: group_start, same_group, dep_head, dep_children (word, sentence, dependency arrays);
-* ``combinators``: mix, fallback, gate, sharpen, multiply, row normalization (in place on whole batches);
+* ``structure``: group_start, same_group, same_value, dep_head, dep_children (word, sentence, dependency arrays);
+* ``combinators``: mix, raw sums, fallback, gate, sharpen, multiply, row normalization (in place on whole batches);
 * ``buffers``: output buffers, offset clipping and ``threads_for``.
 
 All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences; batches below
@@ -21,20 +21,22 @@ All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequen
 from __future__ import annotations
 
 from .buffers import SMALL_WORK, clip_offset, out_buffer, threads_for
-from .combinators import (empty_rows, fallback_rows, gate_rows, mix_accumulate, mix_scale, multiply,
-                          row_normalize, sharpen_rows, sharpen_rows_by)
+from .combinators import (empty_rows, fallback_rows, gate_rows, mix_accumulate, mix_scale, multiply, raw_accumulate,
+                          raw_scale, row_normalize, sharpen_rows, sharpen_rows_by)
 from .positional import (score_decay, score_first, score_next, score_none, score_prev, score_profile,
                          score_self, score_uniform, score_window)
-from .structure import score_dep_children, score_dep_head, score_group_start, score_same_group
+from .structure import score_dep_children, score_dep_head, score_group_start, score_same_group, score_same_value
 from .tokens import (score_class_table, score_induction, score_keys, score_match, score_recent, score_same_token,
                      score_same_token_recent, value_index)
 
 __all__ = [
     "score_self", "score_prev", "score_next", "score_first", "score_window", "score_decay",
     "score_uniform", "score_none", "score_same_token", "score_same_token_recent", "score_induction",
-    "score_keys", "score_class_table", "score_recent", "score_group_start", "score_same_group", "score_dep_head",
+    "score_keys", "score_class_table", "score_recent", "score_group_start", "score_same_group", "score_same_value",
+    "score_dep_head",
     "score_dep_children", "score_match", "value_index", "score_profile",
-    "mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "sharpen_rows_by", "multiply",
+    "mix_scale", "mix_accumulate", "raw_scale", "raw_accumulate", "fallback_rows", "gate_rows", "sharpen_rows",
+    "sharpen_rows_by", "multiply",
     "row_normalize",
     "empty_rows", "threads_for", "SMALL_WORK", "out_buffer", "clip_offset",
 ]

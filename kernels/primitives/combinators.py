@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["mix_scale", "mix_accumulate", "fallback_rows", "gate_rows", "sharpen_rows", "sharpen_rows_by",
+__all__ = ["mix_scale", "mix_accumulate", "raw_scale", "raw_accumulate", "fallback_rows", "gate_rows", "sharpen_rows",
+           "sharpen_rows_by",
            "multiply", "row_normalize", "empty_rows"]
 
 # Row sums may be reassociated (vectorized); scores here are finite by construction.
@@ -46,6 +47,38 @@ def mix_accumulate(out, a, weight):  # pragma: no cover - compiled
                 orow = out[b, i]
                 for j in range(n):
                     orow[j] += row[j] * scale
+
+
+# float32's largest finite value: raw weighted sums saturate there instead of overflowing to inf
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+@njit(parallel=True, cache=True)
+def raw_scale(a, weight):  # pragma: no cover - compiled
+    """a <- weight * a in place, no row normalization (the first term of ``sum``), saturating at float32's max."""
+    nb, n, _ = a.shape
+    w = np.float64(weight)
+    for b in prange(nb):
+        for i in range(n):
+            row = a[b, i]
+            for j in range(n):
+                v = row[j]
+                if v != 0.0:
+                    row[j] = np.float32(min(np.float64(v) * w, _F32_MAX))
+
+
+@njit(parallel=True, cache=True)
+def raw_accumulate(out, a, weight):  # pragma: no cover - compiled
+    """out += weight * a, raw scores (a term of ``sum``), saturating at float32's max."""
+    nb, n, _ = a.shape
+    w = np.float64(weight)
+    for b in prange(nb):
+        for i in range(n):
+            row, orow = a[b, i], out[b, i]
+            for j in range(n):
+                v = row[j]
+                if v != 0.0:
+                    orow[j] = np.float32(min(np.float64(orow[j]) + np.float64(v) * w, _F32_MAX))
 
 
 @njit(parallel=True, cache=True, fastmath=_FASTMATH)

@@ -5,7 +5,7 @@ from numba import njit, prange
 
 from .buffers import per_token_kernel
 
-__all__ = ["score_group_start", "score_same_group", "score_dep_head", "score_dep_children"]
+__all__ = ["score_group_start", "score_same_group", "score_same_value", "score_dep_head", "score_dep_children"]
 
 
 @njit(parallel=True, cache=True)
@@ -34,6 +34,23 @@ def _score_same_group(groups, lengths, causal, out):  # pragma: no cover - compi
             jmax = i + 1 if causal else length
             for j in range(jmax):
                 if groups[b, j] == g:
+                    out[b, i, j] = 1.0
+
+
+@njit(parallel=True, cache=True)
+def _score_same_value(values, lengths, causal, out):  # pragma: no cover - compiled
+    """Visible keys j != i whose value equals the query's, values < 0 (none) matching nothing (same lemma)."""
+    nb, n = values.shape
+    for b in prange(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(length):
+            v = values[b, i]
+            if v < 0:
+                continue
+            jmax = i + 1 if causal else length
+            for j in range(jmax):
+                if j != i and values[b, j] == v:
                     out[b, i, j] = 1.0
 
 
@@ -74,6 +91,11 @@ score_group_start = per_token_kernel(
 score_same_group = per_token_kernel(
     _score_same_group, "score_same_group",
     "All visible keys sharing the query's group value, the query included (same word).")
+
+
+score_same_value = per_token_kernel(
+    _score_same_value, "score_same_value",
+    "Visible keys j != i whose value equals the query's, values < 0 (none) matching nothing (same lemma).")
 
 
 score_dep_head = per_token_kernel(

@@ -73,9 +73,13 @@ class DSLBackend(ProgramBackend):
         """Nodes plus scalar literals of the tree (synth/dsl/size.py)."""
         return dsl.size(payload)
 
+    def render(self, payload: dsl.Node, vocab: Any = None) -> str:
+        """The text form; with a ``Vocabulary`` every token id is shown as its token string."""
+        return dsl.to_text(payload, vocab)
+
     def gloss(self, payload: dsl.Node, vocab: Any = None) -> str:
-        """The spec's English templates filled in for this tree."""
-        return dsl.gloss(payload)
+        """The spec's English templates filled in for this tree (tokens named by string with a ``Vocabulary``)."""
+        return dsl.gloss(payload, vocab)
 
     def to_file(self, payload: dsl.Node) -> bytes:
         """The DSL JSON, indent 1, keys in tree order, final newline."""

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import ProgramValidationError
 from ..features import POS_TAGS
+from .labels import dep_labels
 from .nodes import Pred
 from .quote import _show
 
@@ -41,11 +42,13 @@ MAX_LIST_DEPTH = 4  # nested [lists] in a parameter value
 MAX_NODES = 256  # nodes (primitives and combinators) of one program
 MAX_COST = 512  # the sum of the spec's costs over the tree
 
-FLAGS = ("punct", "sent_end", "newline", "cap", "word_start")
+FLAGS = ("punct", "sent_end", "newline", "cap", "word_start", "quote")
 MATCH_FEATURES = (
     "token", "position", "word", "sent", "pos", "punct", "cap", "newline", "sent_end",
-    "word_start", "dep_head",
+    "word_start", "dep_head", "dep", "quote",
 )
+# how predicates are written, for error messages
+_PRED_FORMS = "a flag ({flags}), pos=TAG, dep=LABEL, ids=[...], tokens=[\"..\"] or tok(\"..\")"
 # POS tag names are validated against the one tag list of the library (synth/features/spacy_views.py).
 KNOWN_POS_TAGS: tuple[str, ...] = tuple(POS_TAGS)
 SELECTS = ("closest", "all")
@@ -73,13 +76,11 @@ class _Budget:
             raise _err(_NODES_MESSAGE)
 
 
-
 def _check_text_size(text: Any, what: str) -> None:
     """Refuse documents over MAX_TEXT_CHARS before reading them."""
     if len(text) > MAX_TEXT_CHARS:
         raise _err(f"{what} has {len(text)} characters; at most {MAX_TEXT_CHARS} are allowed (MAX_TEXT_CHARS): "
                    "a program this large is not a program")
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,9 +160,23 @@ def _as_pos_tag(value: Any, what: str) -> str:
     return value.upper()
 
 
+def _as_dep_label(value: Any, what: str) -> str:
+    """A known dependency label, in the label list's spelling (matched case-insensitively)."""
+    labels = dep_labels()
+    if isinstance(value, str) and len(value) <= MAX_LITERAL_CHARS:
+        if value in labels:
+            return value
+        folded = {lab.lower(): lab for lab in labels}
+        if value.lower() in folded:
+            return folded[value.lower()]
+    raise _err(f"{what} must be a dependency label, one of {', '.join(labels)}; got {_show(value)}")
+
+
 def _pair_value(value: Any, feature: str, what: str) -> Any:
     if feature == "pos" and isinstance(value, str):
         return _as_pos_tag(value, what)
+    if feature == "dep" and isinstance(value, str):
+        return _as_dep_label(value, what)
     return _as_int(value, what)
 
 
@@ -246,36 +261,38 @@ def _check_choice(value: Any, what: str, choices: tuple[str, ...], noun: str) ->
     return value
 
 
-
 def _check_pred(pred: Pred, where: str) -> Pred:
-    """A predicate built in code: a known flag, a known POS tag or 1..MAX_IDS token ids."""
+    """A predicate built in code: a known flag, POS tag or dependency label, or 1..MAX_IDS token ids."""
     if pred.kind == "flag" and isinstance(pred.value, str) and pred.value in FLAGS:
         return pred
     if pred.kind == "pos":
         return Pred("pos", _as_pos_tag(pred.value, f"{where} pos="))
+    if pred.kind == "dep":
+        return Pred("dep", _as_dep_label(pred.value, f"{where} dep="))
     if pred.kind == "ids":
         return Pred("ids", _as_ids(pred.value, f"{where} ids="))
-    raise _err(f"{where}: expected a predicate: a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]; "
+    raise _err(f"{where}: expected a predicate: {_PRED_FORMS.format(flags=', '.join(FLAGS))}; "
                f"got {_show(pred.kind)}={_show(pred.value)}")
 
 
 def _make_pred(value: Any, key: str | None, where: str) -> Pred:
-    """Build a predicate from a bare flag name (key None) or a keyword pos=TAG / ids=[...]."""
+    """Build a predicate from a bare flag name (key None) or a keyword pos=TAG / dep=LABEL / ids=[...]."""
     if key is None:
         if isinstance(value, str) and value in FLAGS:
             return Pred("flag", value)
-        raise _err(
-            f"{where}: expected a predicate: a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]; got {_show(value)}"
-        )
+        raise _err(f"{where}: expected a predicate: {_PRED_FORMS.format(flags=', '.join(FLAGS))}; "
+                   f"got {_show(value)}")
     if key == "pos":
         return Pred("pos", _as_pos_tag(value, f"{where} pos="))
+    if key == "dep":
+        return Pred("dep", _as_dep_label(value, f"{where} dep="))
     if key == "ids":
         return Pred("ids", _as_ids(value, f"{where} ids="))
     if key == "pred":
         if isinstance(value, Pred):
             return _check_pred(value, where)
         return _make_pred(value, None, where)
-    raise _err(f"{where}: unknown predicate {_show(key)}=...; use a flag ({', '.join(FLAGS)}), pos=TAG or ids=[...]")
+    raise _err(f"{where}: unknown predicate {_show(key)}=...; use {_PRED_FORMS.format(flags=', '.join(FLAGS))}")
 
 
 def _mix_weight(w: Any) -> float:
@@ -286,7 +303,6 @@ def _mix_weight(w: Any) -> float:
     if wf > MAX_WEIGHT:
         raise _err(f"mix weights must be at most {MAX_WEIGHT:g} (MAX_WEIGHT; scores are float32); got {wf}")
     return wf
-
 
 
 def _sharpen_exponent(t: Any, what: str) -> float:
@@ -317,8 +333,6 @@ def _sharpen_classes(by: Any) -> tuple[tuple[float, tuple[int, ...]], ...]:
     return tuple(sorted(classes))
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # parameter kinds: the bound, the check and the signature placeholder of each
 # --------------------------------------------------------------------------------------------
@@ -342,7 +356,7 @@ def _check_rate(value: Any, what: str, others: Mapping[str, Any]) -> float:
 
 def _check_pred_param(value: Any, what: str, others: Mapping[str, Any]) -> Pred:
     if not isinstance(value, Pred):
-        raise _err(f"{what} must be a predicate ({', '.join(FLAGS)}, pos=TAG or ids=[...]); got {_show(value)}")
+        raise _err(f"{what} must be a predicate ({_PRED_FORMS.format(flags=', '.join(FLAGS))}); got {_show(value)}")
     return _check_pred(value, what)
 
 
@@ -353,7 +367,8 @@ KINDS: dict[str, Kind] = {
     "rate": Kind("0 < rate <= 1", _check_rate, "rate"),
     "ids": Kind("1 to MAX_IDS (65536) token ids, each 0..MAX_VALUE (2**30)", lambda v, what, o: _as_ids(v, what),
                 "[..]"),
-    "pred": Kind("a flag, a POS tag, or ids=[..] of 1 to MAX_IDS (65536) token ids", _check_pred_param, "PRED"),
+    "pred": Kind("a flag, a POS tag, a dependency label, or ids=[..] of 1 to MAX_IDS (65536) token ids",
+                 _check_pred_param, "PRED"),
     "feature": Kind("one of MATCH_FEATURES",
                     lambda v, what, o: _check_choice(v, what, MATCH_FEATURES, "a feature"), "F"),
     "select": Kind("closest or all", lambda v, what, o: _check_choice(v, what, SELECTS, "a selection mode"),

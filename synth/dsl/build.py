@@ -10,12 +10,12 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .bounds import (KINDS, MAX_COST, MAX_DEPTH, MAX_NODES, _check_pred, _DEPTH_MESSAGE, _err,
-                     _mix_weight, _NODES_MESSAGE, _sharpen_classes, _sharpen_exponent, _show)
-from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, children
+from .bounds import (KINDS, MAX_COST, MAX_DEPTH, MAX_NODES, MAX_WEIGHT, _as_float, _check_pred, _DEPTH_MESSAGE,
+                     _err, _mix_weight, _NODES_MESSAGE, _sharpen_classes, _sharpen_exponent, _show)
+from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum, children
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, REQUIRED, combinator_for
 
-__all__ = ["make_prim", "make_mix", "make_sharpen", "validate", "cost", "features_needed"]
+__all__ = ["make_prim", "make_mix", "make_sum", "make_sharpen", "validate", "cost", "features_needed"]
 
 
 def _unknown(name: Any) -> Exception:
@@ -59,6 +59,23 @@ def make_mix(terms: Sequence[tuple[Any, Any]]) -> Mix:
     if not terms:
         raise _err("mix needs at least one [weight, expression] term")
     return Mix(tuple((_mix_weight(w), node) for w, node in terms))
+
+
+def _sum_weight(w: Any) -> float:
+    """A sum weight: 0 < w <= MAX_WEIGHT."""
+    wf = _as_float(w, "sum weight")
+    if not 0.0 < wf <= MAX_WEIGHT:
+        raise _err(f"sum weights must be > 0 and at most {MAX_WEIGHT:g} (MAX_WEIGHT; scores are float32); got {wf}")
+    return wf
+
+
+def make_sum(terms: Sequence[tuple[Any, Any]]) -> Sum:
+    """A raw sum of ``(weight, node)`` terms (rows normalized once at the end), the weights checked."""
+    if not terms:
+        raise _err("sum needs at least one [weight, expression] term")
+    if len(terms) > MAX_NODES:
+        raise _err(f"sum lists {len(terms)} terms; {_NODES_MESSAGE}")
+    return Sum(tuple((_sum_weight(w), node) for w, node in terms))
 
 
 def make_sharpen(arg: Any, t: Any, by: Any = None) -> Sharpen:
@@ -119,6 +136,13 @@ def _check_node(node: Any) -> None:
             if not isinstance(term, tuple) or len(term) != 2:
                 raise _err(f"each mix term is (weight, expression); got {_show(term)}")
             _mix_weight(term[0])
+    elif isinstance(node, Sum):
+        if not isinstance(node.terms, tuple) or not 1 <= len(node.terms) <= MAX_NODES:
+            raise _err(f"sum needs a tuple of 1 to {MAX_NODES} (weight, expression) terms (MAX_NODES)")
+        for term in node.terms:
+            if not isinstance(term, tuple) or len(term) != 2:
+                raise _err(f"each sum term is (weight, expression); got {_show(term)}")
+            _sum_weight(term[0])
     elif isinstance(node, (Fallback, Mul)):
         _node_args(node.args, "fallback" if isinstance(node, Fallback) else "mul")
     elif isinstance(node, Gate):
@@ -195,6 +219,6 @@ def features_needed(node: Node) -> frozenset[str]:
         for pred in preds:
             if pred.kind == "flag":
                 need.add(pred.value)
-            elif pred.kind == "pos":
-                need.add("pos")
+            elif pred.kind in ("pos", "dep"):
+                need.add(pred.kind)
     return frozenset(need)

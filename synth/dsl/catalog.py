@@ -17,7 +17,7 @@ from headsurgeon.kernels import primitives as kernels
 
 from .bounds import _err
 from .context import Context
-from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen
+from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
 from .spec import CombinatorSpec, Param, PrimitiveSpec, register_combinator, register_primitive
 
 __all__ = ["class_tables", "sharpen_exponents"]
@@ -36,11 +36,12 @@ _primitive("self", (), lambda node, ctx: kernels.score_self(ctx.lengths, ctx.n, 
            "the query itself", "attends to itself")
 _primitive("prev", (Param("k", "offset", 1),),
            lambda node, ctx: kernels.score_prev(ctx.lengths, ctx.n, node.param("k"), ctx.causal, out=ctx.buf()),
-           "key i-k", "attends to the token {k} position(s) back", json_scalar=True)
+           "key i-k", "attends to the token {k} positions back", json_scalar=True,
+           gloss_cases=(((("k", 1),), "attends to the previous token"),))
 _primitive("next", (Param("k", "offset", 1),),
            lambda node, ctx: kernels.score_next(ctx.lengths, ctx.n, node.param("k"), ctx.causal, out=ctx.buf()),
-           "key i+k (sees anything only without a causal mask)", "attends to the token {k} position(s) ahead",
-           json_scalar=True)
+           "key i+k (sees anything only without a causal mask)", "attends to the token {k} positions ahead",
+           json_scalar=True, gloss_cases=(((("k", 1),), "attends to the next token"),))
 _primitive("first", (), lambda node, ctx: kernels.score_first(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
            "position 0 (BOS)", "attends to the first token")
 
@@ -96,11 +97,12 @@ _primitive("induction", (),
 _primitive("key_in_set", (Param("ids", "ids"),),
            lambda node, ctx: kernels.score_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), ctx.lengths,
                                                 ctx.causal, out=ctx.buf()),
-           "every visible key whose token id is in the set", "attends to every token among {ids}", keywords=True)
+           "every visible key whose token id is in the set (tokens=[..]: by token strings)", "attends to every {ids}",
+           keywords=True)
 _primitive("recent", (Param("pred", "pred"),),
            lambda node, ctx: kernels.score_recent(ctx.pred_mask(node.param("pred")), ctx.lengths, ctx.causal,
                                                   out=ctx.buf()),
-           "the most recent key j <= i satisfying PRED", "attends to the most recent token that is {pred}")
+           "the most recent key j <= i satisfying PRED", "attends to the most recent {pred}")
 
 
 def _key_weight(node: Prim, ctx: Context) -> np.ndarray:
@@ -116,7 +118,7 @@ def _key_weight(node: Prim, ctx: Context) -> np.ndarray:
 _primitive("key_weight", (Param("w", "idweights"), Param("default", "nonneg", 1.0)), _key_weight,
            "every visible key scores the weight of its token id (listed ids), else default (default 1); "
            "mul(profile(..), key_weight(..)) adds position and key-token logits",
-           "weighs every token by its id ({w}; others {default})", cost=2, keywords=True)
+           "weighs each key by its token ({w}; other tokens {default})", cost=2, keywords=True)
 
 
 def class_tables(node: Prim, query_ids: np.ndarray, key_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,15 +146,14 @@ _primitive("class_weight", (Param("q", "idclasses"), Param("k", "idclasses"), Pa
                             Param("default", "nonneg", 1.0)), _class_weight,
            "token classes (disjoint id lists): every visible key scores w[c][e] where the query token is in "
            "class q[c] and the key token in class k[e], default (default 1) when either is in no class",
-           "weighs every token by query class {q} x key class {k} (weights {w}; others {default})",
+           "weighs each key by query token class {q} x key token class {k} (weights {w}; others {default})",
            cost=2, keywords=True)
 
 
 def _match(node: Prim, ctx: Context) -> np.ndarray:
-    def to_int(v: Any) -> int:
-        return ctx.tag_id(v) if isinstance(v, str) else int(v)
-
-    pairs = np.array([(to_int(a), to_int(b)) for a, b in node.param("pairs")], dtype=np.int64).reshape(-1, 2)
+    qf, kf = node.param("q"), node.param("k")
+    pairs = np.array([(ctx.value_id(qf, a), ctx.value_id(kf, b)) for a, b in node.param("pairs")],
+                     dtype=np.int64).reshape(-1, 2)
     qvocab, qinv = np.unique(pairs[:, 0], return_inverse=True)
     kvocab, kinv = np.unique(pairs[:, 1], return_inverse=True)
     table = np.zeros((qvocab.size, kvocab.size), dtype=np.bool_)
@@ -166,7 +167,7 @@ def _match(node: Prim, ctx: Context) -> np.ndarray:
 _primitive("match", (Param("q", "feature"), Param("k", "feature"), Param("pairs", "pairs"),
                      Param("select", "select", "closest")), _match,
            "keys whose (query value, key value) pair is listed; closest keeps only the nearest (largest j <= i "
-           "when causal, else smallest |i-j|, ties to the left); pos values may be tag names",
+           "when causal, else smallest |i-j|, ties to the left); pos values may be tag names, dep values label names",
            "attends to the {select} token whose {k} pairs with its own {q} as in {pairs}", cost=2, keywords=True)
 
 # --------------------------------------------------------------------------------------------
@@ -183,6 +184,10 @@ _primitive("same_word", (),
            lambda node, ctx: kernels.score_same_group(ctx.feature("word"), ctx.lengths, ctx.causal, out=ctx.buf()),
            "every visible token of the query's word (the query included)", "attends to the tokens of its own word",
            features=("word",))
+_primitive("same_lemma", (),
+           lambda node, ctx: kernels.score_same_value(ctx.feature("lemma"), ctx.lengths, ctx.causal, out=ctx.buf()),
+           "the other visible tokens with the query's lemma (earlier ones when causal; tokens without a lemma "
+           "match nothing)", "attends to other tokens with its own lemma", features=("lemma",))
 _primitive("dep_head", (),
            lambda node, ctx: kernels.score_dep_head(ctx.feature("dep_head"), ctx.lengths, ctx.causal, out=ctx.buf()),
            "the token holding the query's dependency head", "attends to its dependency head",
@@ -209,9 +214,57 @@ def _mix(node: Mix, ctx: Context) -> np.ndarray:
     return out
 
 
+def _tail(clause: str) -> str:
+    """A clause after its first one: "attends to X" reads "to X"."""
+    return clause[len("attends "):] if clause.startswith("attends to ") else clause
+
+
+def _and(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _share(x: float) -> str:
+    """A share as a percentage ("70%", "<1%")."""
+    return "<1%" if 0 < x < 0.005 else f"{x:.0%}"
+
+
 def _mix_gloss(node: Mix, gloss: Callable[[Any], str]) -> dict[str, str]:
     total = sum(w for w, _ in node.terms)
-    return {"terms": "; ".join(f"{w / total:.0%} {gloss(t)}" for w, t in node.terms)}
+    clauses = [gloss(t) for _, t in node.terms]
+    if len(clauses) == 1:
+        return {"terms": clauses[0]}
+    parts = [f"{c if k == 0 else _tail(c)} ({_share(w / total)})" for k, ((w, _), c) in enumerate(zip(node.terms,
+                                                                                                       clauses))]
+    return {"terms": _and(parts)}
+
+
+def _sum(node: Sum, ctx: Context) -> np.ndarray:
+    (w0, t0), rest = node.terms[0], node.terms[1:]
+    out = ctx.eval(t0)
+    kernels.raw_scale(out, float(w0))
+    for w, t in rest:
+        part = ctx.eval(t)
+        kernels.raw_accumulate(out, part, float(w))
+        ctx.release(part)
+    kernels.row_normalize(out)
+    return out
+
+
+def _sum_gloss(node: Sum, gloss: Callable[[Any], str]) -> dict[str, str]:
+    weighted = any(w != 1.0 for w, _ in node.terms)
+    parts = []
+    for k, (w, t) in enumerate(node.terms):
+        clause = gloss(t) if k == 0 else _tail(gloss(t))
+        parts.append(f"{clause} (weight {float(f'{w:.2g}'):g})" if weighted else clause)
+    return {"terms": _and(parts)}
+
+
+def _article(phrase: str) -> str:
+    """``phrase`` with "a"/"an" in front, unless it is a quoted token."""
+    if phrase.startswith("'") or phrase.startswith("token"):
+        return phrase
+    return ("an " if phrase[:1].lower() in "aeiou" else "a ") + phrase
 
 
 def _fallback(node: Fallback, ctx: Context) -> np.ndarray:
@@ -271,16 +324,24 @@ register_combinator(CombinatorSpec(
     "the previous token and 0.3 on BOS whatever the components' scales; an empty row contributes nothing)",
     "{terms}", _mix_gloss, cost=1, cost_per_child=True))
 register_combinator(CombinatorSpec(
+    "sum", Sum, "sum(w1*A, w2*B, ...)", "1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)", _sum,
+    "the weighted sum of the components' raw scores, each row normalized once at the end (EAPS's \"add raw "
+    "weights, then normalize each row\"; a weight of 1 may be left out: sum(2*prev(1), first()))",
+    "{terms}, adding up raw scores", _sum_gloss, cost=1, cost_per_child=True))
+register_combinator(CombinatorSpec(
     "fallback", Fallback, "fallback(A, B, ...)", "2 to MAX_NODES arguments", _fallback,
     "per row, the first argument whose row is non-empty",
-    "{first}; where that finds nothing, {rest}",
+    "{first}, otherwise {rest}",
     lambda node, gloss: {"first": gloss(node.args[0]),
-                         "rest": "; else ".join(gloss(a) for a in node.args[1:])}, cost=2, cost_per_child=True))
+                         "rest": ", otherwise ".join(_tail(gloss(a)) for a in node.args[1:])}, cost=2,
+    cost_per_child=True))
 register_combinator(CombinatorSpec(
     "gate", Gate, "gate(PRED, A, B)", "PRED as for recent; ids=[..]: 1 to MAX_IDS (65536) token ids", _gate,
-    "rows whose query satisfies PRED take A, the others B (gate(ids=[..], A, B) is the query-in-set gate)",
-    "if the query is {pred}: {then}; otherwise: {other}",
-    lambda node, gloss: {"pred": gloss(node.pred), "then": gloss(node.then), "other": gloss(node.other)}, cost=2))
+    "rows whose query satisfies PRED take A, the others B (gate(tok(\"Lily\"), A, B) / gate(ids=[..], A, B) is the "
+    "query-in-set gate)",
+    "when the query is {pred}, {then}; otherwise {other}",
+    lambda node, gloss: {"pred": _article(gloss(node.pred)), "then": gloss(node.then),
+                         "other": _tail(gloss(node.other))}, cost=2))
 register_combinator(CombinatorSpec(
     "sharpen", Sharpen, "sharpen(A, t) / sharpen(A, t, by=[[t1, [ids..]], ..])",
     "0 < t <= MAX_EXPONENT (1e6); by: 1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) ids in all",
@@ -288,11 +349,13 @@ register_combinator(CombinatorSpec(
     "A**t, renormalized per row (t > 0); with by, queries whose token is in a listed (disjoint) id set take "
     "that set's exponent instead",
     "{arg}, sharpened to the power {t}",
-    lambda node, gloss: {"arg": gloss(node.arg), "t": f"{node.t:g}" + (" (per query token class)" if node.by else "")},
+    lambda node, gloss: {"arg": gloss(node.arg),
+                         "t": f"{float(f'{node.t:.2g}'):g}" + (" (per query token class)" if node.by else "")},
     cost=4))
 register_combinator(CombinatorSpec(
     "mul", Mul, "mul(A, B, ...)", "2 to MAX_NODES arguments", _mul,
     "elementwise product (intersection of supports); mul(profile, key_weight, class_weight) adds them as logits",
-    "{args}, all at once", lambda node, gloss: {"args": " and ".join(gloss(a) for a in node.args)},
+    "{args}, the scores multiplied",
+    lambda node, gloss: {"args": _and([gloss(a) if k == 0 else _tail(gloss(a)) for k, a in enumerate(node.args)])},
     cost=1, cost_per_child=True))
 

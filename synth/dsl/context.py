@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..features import POS_TAGS
+from .labels import dep_index
 from .nodes import Node, Pred, Prim
 from .spec import PRIMITIVE_SPECS, combinator_for
 
@@ -74,12 +75,20 @@ class Context:
         tags = self.pos_tags()
         return tags.index(tag) if tag in tags else -(1 << 40)  # absent tag: matches nothing
 
+    def value_id(self, feature: str, value: Any) -> int:
+        """A match value as the feature array holds it: POS tags and dependency labels by index, numbers as is."""
+        if not isinstance(value, str):
+            return int(value)
+        return dep_index(value) if feature == "dep" else self.tag_id(value)
+
     def pred_mask(self, pred: Pred) -> np.ndarray:
         """Boolean [B, N]: the positions whose token satisfies ``pred``."""
         if pred.kind == "flag":
             return np.ascontiguousarray(self.feature(pred.value) != 0)
         if pred.kind == "pos":
             return np.ascontiguousarray(self.feature("pos") == self.tag_id(pred.value))
+        if pred.kind == "dep":
+            return np.ascontiguousarray(self.feature("dep") == dep_index(pred.value))
         return np.ascontiguousarray(np.isin(self.ids, np.asarray(pred.value, dtype=np.int64)))
 
 

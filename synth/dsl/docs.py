@@ -10,14 +10,18 @@ import string
 from typing import Any
 
 from .bounds import FLAGS, KINDS, MATCH_FEATURES, STRUCTURE_BOUNDS
+from .labels import POS_WORDS
 from .nodes import Pred, Prim
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, combinator_for
+from .tokens import token_string
 
 __all__ = ["primitives_table", "combinators_table", "bounds_table", "render_tables", "reference_text",
            "gloss", "template_fields"]
 
-PREDICATES = (f"a flag ({', '.join(FLAGS)}); a POS tag pos=NOUN; or a token set ids=[3, 17] "
-              '(in JSON: "punct", {"pos": "NOUN"}, {"ids": [3, 17]})')
+PREDICATES = (f"a flag ({', '.join(FLAGS)}; quote: inside a quoted span); a POS tag pos=NOUN; a dependency "
+              "relation dep=nsubj; or a token set ids=[3, 17], written with the model's vocabulary as "
+              'tokens=["▁the", "▁a"] or tok("Lily") (in JSON: "punct", {"pos": "NOUN"}, {"dep": "nsubj"}, '
+              '{"ids": [3, 17]})')
 MASK_NOTE = "``causal`` is the mask policy of the model; every primitive scores only visible keys"
 
 
@@ -75,21 +79,66 @@ def reference_text() -> str:
 # gloss: the spec's English templates filled for a tree
 # --------------------------------------------------------------------------------------------
 
-_FLAG_WORDS = {"punct": "punctuation", "sent_end": "a sentence end", "newline": "a newline",
-               "cap": "capitalized", "word_start": "a word start"}
+_FLAG_WORDS = {"punct": "punctuation mark", "sent_end": "sentence end", "newline": "newline",
+               "cap": "capitalized token", "word_start": "word start", "quote": "token inside quotes"}
 _GLOSS_ITEMS = 4
 
 
-def _words(value: Any) -> str:
-    """A parameter value in a gloss: numbers plainly, long lists clipped, predicates in words."""
+def _num(x: float) -> str:
+    """A number in a gloss: two significant digits."""
+    return f"{float(f'{x:.2g}'):g}"
+
+
+def _token(token_id: int, vocab: Any) -> str:
+    """A token in a gloss: its string in quotes, word-start markers dropped ('Lily'), else #id."""
+    s = token_string(vocab, token_id) if vocab is not None else None
+    if s is None:
+        return f"#{token_id}"
+    shown = s.replace("\u2581", " ").replace("\u0120", " ").replace("\u010a", "\\n").strip() or s
+    return f"'{shown}'"
+
+
+def _clip(items: list[str], joiner: str) -> str:
+    """At most ``_GLOSS_ITEMS`` items joined (``a, b or c``), with the count when clipped."""
+    if len(items) > _GLOSS_ITEMS:
+        return ", ".join(items[:_GLOSS_ITEMS]) + f", ... ({len(items)} in all)"
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {joiner} " + items[-1]
+
+
+def _token_set(ids: Any, vocab: Any) -> str:
+    """A token set as a noun phrase: 'Lily', 'the' or 'a', token #3, token among #3 or #17."""
+    words = _clip([_token(int(i), vocab) for i in ids], "or")
+    if vocab is None:
+        return ("token " if len(ids) == 1 else "token among ") + words
+    return words
+
+
+def _pred_words(pred: Pred, vocab: Any) -> str:
+    """A predicate as a noun phrase ("punctuation mark", "noun", "nsubj dependent", "'Lily'")."""
+    if pred.kind == "flag":
+        return _FLAG_WORDS.get(pred.value, str(pred.value))
+    if pred.kind == "pos":
+        return POS_WORDS.get(pred.value, f"{pred.value} token")
+    if pred.kind == "dep":
+        return f"{pred.value} dependent"
+    return _token_set(pred.value, vocab)
+
+
+def _words(value: Any, kind: str = "", vocab: Any = None) -> str:
+    """A parameter value of ``kind`` in a gloss: numbers plainly, tokens as strings, long lists clipped."""
     if isinstance(value, Pred):
-        if value.kind == "flag":
-            return _FLAG_WORDS.get(value.value, value.value)
-        if value.kind == "pos":
-            return f"tagged {value.value}"
-        return f"one of the tokens {_words(value.value)}"
+        return _pred_words(value, vocab)
+    if kind == "ids":
+        return _token_set(value, vocab)
+    if kind == "idweights":
+        return _clip([f"{_token(t, vocab)} {_num(w)}" for t, w in value], "and")
+    if kind == "idclasses":
+        classes = [_clip([_token(t, vocab) for t in c], "or") for c in value]
+        shown = "; ".join(classes[:_GLOSS_ITEMS]) + (f"; ... ({len(classes)} classes)" if len(classes) > _GLOSS_ITEMS
+                                                     else "")
+        return f"[{shown}]"
     if isinstance(value, float):
-        return f"{value:g}"
+        return _num(value)
     if isinstance(value, (list, tuple)):
         shown = ", ".join(_words(v) for v in value[:_GLOSS_ITEMS])
         more = f", ... ({len(value)} in all)" if len(value) > _GLOSS_ITEMS else ""
@@ -102,14 +151,18 @@ def template_fields(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
-def gloss(node: Any) -> str:
-    """An English clause for a tree (or a predicate), from the spec's gloss templates."""
+def gloss(node: Any, vocab: Any = None) -> str:
+    """An English clause for a tree (or a predicate), from the spec's gloss templates; ``vocab`` names tokens."""
     if isinstance(node, Pred):
-        return _words(node)
+        return _pred_words(node, vocab)
     if isinstance(node, Prim):
         spec = PRIMITIVE_SPECS[node.name]
-        return spec.gloss.format(**{k: _words(v) for k, v in node.params})
+        for case, sentence in spec.gloss_cases:
+            if all(node.param(k) == v for k, v in case):
+                return sentence
+        kinds = {p.name: p.kind for p in spec.params}
+        return spec.gloss.format(**{k: _words(v, kinds.get(k, ""), vocab) for k, v in node.params})
     spec = combinator_for(node)
     if spec is None:
         raise TypeError(f"not a DSL node: {node!r}")
-    return spec.gloss.format(**spec.gloss_fields(node, gloss))
+    return spec.gloss.format(**spec.gloss_fields(node, lambda child: gloss(child, vocab)))

@@ -13,8 +13,8 @@ from typing import Any
 from ..errors import excerpt
 from .bounds import (MAX_DEPTH, MAX_LITERAL_CHARS, MAX_NODES, _Budget, _check_text_size, _DEPTH_MESSAGE, _err,
                      _make_pred, _NODES_MESSAGE, _show)
-from .build import _checked, _measure, make_mix, make_prim, make_sharpen, validate
-from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen
+from .build import _checked, _measure, make_mix, make_prim, make_sharpen, make_sum, validate
+from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS
 
 __all__ = ["to_json", "from_json", "canonical_json", "json_loads"]
@@ -23,8 +23,8 @@ __all__ = ["to_json", "from_json", "canonical_json", "json_loads"]
 def _pred_to_json(p: Pred) -> Any:
     if p.kind == "flag":
         return p.value
-    if p.kind == "pos":
-        return {"pos": p.value}
+    if p.kind in ("pos", "dep"):
+        return {p.kind: p.value}
     return {"ids": list(p.value)}
 
 
@@ -34,7 +34,8 @@ def _pred_from_json(obj: Any, where: str) -> Pred:
     if isinstance(obj, dict) and len(obj) == 1:
         (k, v), = obj.items()
         return _make_pred(v, k, where)
-    raise _err(f"{where}: a predicate is a flag name string, {{\"pos\": TAG}} or {{\"ids\": [...]}}; "
+    raise _err(f"{where}: a predicate is a flag name string, {{\"pos\": TAG}}, {{\"dep\": LABEL}} or "
+               f"{{\"ids\": [...]}}; "
                f"got {_show(obj)}")
 
 
@@ -64,6 +65,8 @@ def _to_json(node: Node) -> Any:
         return {node.name: {k: _json_value(v) for k, v in node.params if v is not None}}
     if isinstance(node, Mix):
         return {"mix": [[w, _to_json(t)] for w, t in node.terms]}
+    if isinstance(node, Sum):
+        return {"sum": [[w, _to_json(t)] for w, t in node.terms]}
     if isinstance(node, Fallback):
         return {"fallback": [_to_json(a) for a in node.args]}
     if isinstance(node, Mul):
@@ -96,13 +99,13 @@ def _from_json(obj: Any, depth: int, budget: _Budget) -> Node:
         )
     budget.tick()
     (name, body), = obj.items()
-    if name == "mix":
+    if name in ("mix", "sum"):
         terms = []
-        for item in _json_nodes(body, "mix", 1, "[weight, node] pairs (non-empty list)"):
+        for item in _json_nodes(body, name, 1, "[weight, node] pairs (non-empty list)"):
             if not isinstance(item, list) or len(item) != 2:
-                raise _err(f"each mix term is [weight, node]; got {_show(item)}")
+                raise _err(f"each {name} term is [weight, node]; got {_show(item)}")
             terms.append((item[0], _from_json(item[1], depth + 1, budget)))
-        return make_mix(terms)
+        return make_mix(terms) if name == "mix" else make_sum(terms)
     if name in ("fallback", "mul"):
         args = tuple(_from_json(a, depth + 1, budget) for a in _json_nodes(body, name, 2, "nodes"))
         return Fallback(args) if name == "fallback" else Mul(args)

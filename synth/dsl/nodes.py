@@ -4,12 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-__all__ = ["Pred", "Prim", "Mix", "Fallback", "Gate", "Sharpen", "Mul", "Node", "NODE_TYPES", "is_node", "children"]
+__all__ = ["Pred", "Prim", "Mix", "Sum", "Fallback", "Gate", "Sharpen", "Mul", "Node", "NODE_TYPES", "is_node",
+           "children"]
 
 
 @dataclass(frozen=True)
 class Pred:
-    """A token predicate: ``kind`` is "flag" (value: flag name), "pos" (tag name) or "ids" (tuple)."""
+    """A token predicate: ``kind`` is "flag" (value: flag name), "pos" (tag name), "dep" (dependency label) or
+    "ids" (tuple of token ids)."""
 
     kind: str
     value: Any
@@ -33,6 +35,13 @@ class Prim:
 @dataclass(frozen=True)
 class Mix:
     """Weighted sum of row-normalized components: ``terms = ((w, node), ...)``."""
+
+    terms: tuple[tuple[float, Any], ...]
+
+
+@dataclass(frozen=True)
+class Sum:
+    """Weighted sum of the components' raw scores, each row normalized once at the end: ``terms = ((w, node), ...)``."""
 
     terms: tuple[tuple[float, Any], ...]
 
@@ -69,8 +78,8 @@ class Mul:
     args: tuple[Any, ...]
 
 
-Node = Union[Prim, Mix, Fallback, Gate, Sharpen, Mul]
-NODE_TYPES = (Prim, Mix, Fallback, Gate, Sharpen, Mul)
+Node = Union[Prim, Mix, Sum, Fallback, Gate, Sharpen, Mul]
+NODE_TYPES = (Prim, Mix, Sum, Fallback, Gate, Sharpen, Mul)
 
 
 def is_node(value: Any) -> bool:
@@ -80,7 +89,7 @@ def is_node(value: Any) -> bool:
 
 def children(node: Node) -> tuple:
     """The direct sub-expressions of ``node`` (none for a primitive)."""
-    if isinstance(node, Mix):
+    if isinstance(node, (Mix, Sum)):
         return tuple(t for _, t in node.terms)
     if isinstance(node, (Fallback, Mul)):
         return node.args

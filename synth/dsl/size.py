@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen
+from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
 
 __all__ = ["size"]
 
@@ -27,7 +27,7 @@ def size(node: Any) -> int:
         return 1 + sum(_literals(v) for _, v in node.params)
     if isinstance(node, Pred):
         return 1 + _literals(node.value)
-    if isinstance(node, Mix):
+    if isinstance(node, (Mix, Sum)):
         return 1 + sum(1 + size(child) for _, child in node.terms)
     if isinstance(node, (Fallback, Mul)):
         return 1 + sum(size(child) for child in node.args)

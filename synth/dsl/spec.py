@@ -53,7 +53,9 @@ class PrimitiveSpec:
     ``features`` names the feature arrays it always reads (parameters of kind ``pred`` or ``feature`` add
     theirs); ``gloss`` is an English clause with ``{param}`` placeholders; ``keywords`` prints the
     parameters as ``name=value``; ``json_scalar`` writes a one-parameter primitive as ``{"prev": 1}``;
-    ``check(params)`` checks relations between parameters (after each one passed its own bound).
+    ``check(params)`` checks relations between parameters (after each one passed its own bound);
+    ``gloss_cases`` lists ``((("k", 1),), "attends to the previous token")`` sentences used instead of
+    ``gloss`` when the node's parameters hold those values.
     """
 
     name: str
@@ -66,6 +68,7 @@ class PrimitiveSpec:
     keywords: bool = False
     json_scalar: bool = False
     check: Callable[[Mapping[str, Any]], None] | None = None
+    gloss_cases: tuple[tuple[tuple[tuple[str, Any], ...], str], ...] = ()
 
     @property
     def takes_pred(self) -> bool:

@@ -1,8 +1,9 @@
-"""The text form: a lexer and recursive-descent parser (``parse``) and the printer (``to_text``).
+"""The text form: a lexer and recursive-descent parser (``parse``); the printer is synth/dsl/printer.py.
 
 ``parse(to_text(t)) == t`` for every valid tree. The reader enforces the bounds of synth/dsl/bounds.py as
 it goes (literal sizes, list lengths, nesting, node count), so hostile text stops where it goes wrong;
-primitive names and parameters come from the spec (synth/dsl/spec.py).
+primitive names and parameters come from the spec (synth/dsl/spec.py). With a ``Vocabulary`` the text may
+name tokens by their strings wherever ids go (synth/dsl/tokens.py); double-quoted strings take JSON escapes.
 """
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from typing import Any
 
 from ..errors import excerpt
 from .bounds import (KINDS, MAX_CLASSES, MAX_DEPTH, MAX_IDS, MAX_LIST_DEPTH, MAX_LITERAL_CHARS, MAX_NODES, _Budget,
-                     _check_text_size, _DEPTH_MESSAGE, _err, _make_pred, _show)
-from .build import _checked, _measure, make_mix, make_prim, make_sharpen, validate
-from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, is_node
+                     _check_text_size, _DEPTH_MESSAGE, _err, _make_pred)
+from .build import _checked, _measure, make_mix, make_prim, make_sharpen, make_sum
+from .nodes import Fallback, Gate, Mul, Node, Pred, Prim, is_node
+from .printer import to_text
 from .spec import PRIMITIVE_SPECS
+from .tokens import Quoted, Tok, plain, resolve, token_ids
 
 __all__ = ["parse", "to_text"]
 
@@ -23,7 +26,7 @@ _TOKEN_RE = re.compile(
     r"""(?:
         (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
       | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
-      | (?P<str>"[^"\\]*"|'[^'\\]*')
+      | (?P<str>"(?:[^"\\\n]|\\.)*"|'[^'\\]*')
       | (?P<op>[()\[\],=*+-])
     )""",
     re.VERBOSE,
@@ -57,6 +60,12 @@ class _Lexer:
                        f"{MAX_LITERAL_CHARS} are allowed (MAX_LITERAL_CHARS): write it shorter")
         if kind == "num":
             val: Any = int(raw) if raw.isdigit() else float(raw)
+        elif kind == "str" and raw.startswith('"'):
+            try:
+                val = json.loads(raw, strict=False)
+            except ValueError:
+                raise _err(f"the string at column {pos + 1} has a bad escape; use JSON escapes such as \\\" "
+                           "or \\u2581") from None
         elif kind == "str":
             val = raw[1:-1]
         else:
@@ -87,8 +96,9 @@ class _Lexer:
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, vocab: Any = None) -> None:
         self.lx = _Lexer(text)
+        self.vocab = vocab
         self.depth = 0
         self.budget = _Budget()
 
@@ -141,10 +151,57 @@ class _Parser:
             raise _err(f"expected a primitive or combinator at column {col + 1}, found {shown}")
         if not self.lx.at_op("("):
             raise _err(f"{val!r} at column {col + 1} must be called with parentheses, e.g. {val}()")
+        if val == "tok":
+            raise _err(f"tok(..) at column {col + 1} names a token predicate, not an expression; use it as an "
+                       'argument, e.g. recent(tok(".")) or gate(tok("Lily"), first(), prev(1))')
         self.lx.next()
         self.budget.tick()
+        if val == "sum":
+            return self.sum_terms(col)
         args = self.arglist(val)
         return self.build(val, args, col)
+
+    def sum_terms(self, col: int) -> Node:
+        """The terms of ``sum(w1*A, B, ..)`` whose '(' was just read (a missing weight is 1)."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _err(_DEPTH_MESSAGE)
+        terms: list[tuple[float, Node]] = []
+        while not (not terms and self.lx.at_op(")")):
+            w, node = self.term()
+            terms.append((1.0 if w is None else w, node))
+            if len(terms) > _MAX_ARGS:
+                raise _err(f"sum() at column {col + 1} has more than {_MAX_ARGS} terms (MAX_NODES)")
+            if self.lx.at_op("+"):
+                raise _err(f"sum() at column {col + 1}: separate its terms with commas, e.g. sum(2*prev(1), "
+                           "first()); a mix inside a sum goes in parentheses")
+            if not self.lx.at_op(","):
+                break
+            self.lx.next()
+        self.lx.expect(")")
+        self.depth -= 1
+        if not terms:
+            raise _err(f"sum() at column {col + 1} needs at least one term, e.g. sum(2*prev(1), first())")
+        return make_sum(terms)
+
+    def tok(self, col: int) -> Tok:
+        """The token strings (or ids) of ``tok("a", ..)`` whose name was just read."""
+        self.lx.expect("(")
+        items: list[Any] = []
+        while not self.lx.at_op(")"):
+            kind, val, vcol = self.lx.next()
+            if kind not in ("str", "num", "name") or (kind == "num" and not isinstance(val, int)):
+                raise _err(f'tok(..) at column {col + 1} takes token strings, e.g. tok("Lily"); found {val!r}')
+            items.append(Quoted(val) if isinstance(val, str) else val)
+            if len(items) > MAX_IDS:
+                raise _err(f"tok(..) at column {col + 1} names more than {MAX_IDS} tokens (MAX_IDS)")
+            if not self.lx.at_op(","):
+                break
+            self.lx.next()
+        self.lx.expect(")")
+        if not items:
+            raise _err(f'tok() at column {col + 1} needs a token, e.g. tok("Lily")')
+        return Tok(tuple(items))
 
     def arglist(self, name: str) -> list[tuple[str | None, Any]]:
         """Arguments of ``name(...)`` as (keyword or None, value); values are nodes or literals."""
@@ -154,7 +211,10 @@ class _Parser:
             return args
         while True:
             kind, val, col = self.lx.peek()
-            if kind == "name" and self.lx.at_op("=", 1):
+            if kind == "name" and val == "tok" and self.lx.at_op("(", 1):
+                self.lx.next()
+                args.append((None, self.tok(col)))
+            elif kind == "name" and self.lx.at_op("=", 1):
                 self.lx.next()
                 self.lx.next()
                 args.append((val, self.literal(limit=_list_limit(name, val), what=f"{name}({val}=...)")))
@@ -185,7 +245,9 @@ class _Parser:
             if kind != "num":
                 raise _err(f"expected a number after '-' at column {col + 1}")
             return -val
-        if kind in ("num", "name", "str"):
+        if kind == "str":
+            return Quoted(val)
+        if kind in ("num", "name"):
             return val
         if kind == "op" and val == "[":
             return self.list_literal(depth + 1, col, limit, what)
@@ -212,6 +274,37 @@ class _Parser:
             self.lx.expect("]")
             return items
 
+    def pred(self, value: Any, key: str | None, where: str) -> Pred:
+        """A predicate from text: a flag, pos=, dep=, ids= / tokens= (token strings resolved) or tok(..)."""
+        if isinstance(value, Tok) and key is None:
+            return _make_pred(token_ids(value, self.vocab, f"{where} tok(..)"), "ids", where)
+        if key in ("ids", "tokens"):
+            return _make_pred(token_ids(value, self.vocab, f"{where} {key}="), "ids", where)
+        return _make_pred(plain(value), key, where)
+
+    def prim(self, name: str, where: str, positional: list[Any], keywords: dict[str, Any]) -> Prim:
+        """``make_prim`` with ``tokens=`` read as the ids parameter and token strings resolved to ids."""
+        params = PRIMITIVE_SPECS[name].params if name in PRIMITIVE_SPECS else ()
+        kinds = {p.name: p.kind for p in params}
+        ids_param = next((p.name for p in params if p.kind == "ids"), None)
+        if "tokens" in keywords and ids_param is not None:
+            if ids_param in keywords:
+                raise _err(f"{where}: give {ids_param}=[..] or tokens=[..], not both")
+            keywords = {(ids_param if k == "tokens" else k): v for k, v in keywords.items()}
+        others = {p.name: v for p, v in zip(params, positional)} | keywords
+        positional = [resolve(p.kind, v, self.vocab, f"{name}({p.name}=...)", others)
+                      for p, v in zip(params, positional)] + positional[len(params):]
+        keywords = {k: plain(resolve(kinds.get(k, ""), v, self.vocab, f"{name}({k}=...)", others))
+                    for k, v in keywords.items()}
+        return make_prim(name, [plain(v) for v in positional], keywords)
+
+    def sharpen_by(self, by: Any) -> Any:
+        """``by=[[t, [tokens..]], ..]`` with token strings resolved."""
+        if not isinstance(by, (list, tuple)):
+            return by
+        return [[c[0], token_ids(c[1], self.vocab, "sharpen(A, t, by=...) class")]
+                if isinstance(c, (list, tuple)) and len(c) == 2 else c for c in by]
+
     def build(self, name: str, args: list[tuple[str | None, Any]], col: int) -> Node:
         where = f"{name}() at column {col + 1}"
         nodes = [v for k, v in args if k is None and is_node(v)]
@@ -226,8 +319,9 @@ class _Parser:
                 raise _err(f"{where} takes 3 arguments gate(PRED, A, B); got {len(args)}")
             (pk, pv), (k1, a), (k2, b) = args
             if is_node(pv) or k1 is not None or k2 is not None or not is_node(a) or not is_node(b):
-                raise _err(f"{where} must be written gate(PRED, A, B) with PRED a flag, pos=TAG or ids=[...]")
-            return Gate(_make_pred(pv, pk, where), a, b)
+                raise _err(f"{where} must be written gate(PRED, A, B) with PRED a flag, pos=TAG, dep=LABEL, "
+                           'ids=[...], tokens=[".."] or tok("..")')
+            return Gate(self.pred(pv, pk, where), a, b)
         if name == "sharpen":
             pos = [v for k, v in args if k is None]
             kw = {k: v for k, v in args if k is not None}
@@ -237,7 +331,7 @@ class _Parser:
             t = kw.get("t", pos[1] if len(pos) > 1 else None)
             if is_node(t):
                 raise _err(f"{where}: the exponent t must be a number")
-            return make_sharpen(pos[0], t, kw.get("by"))
+            return make_sharpen(pos[0], t, self.sharpen_by(kw.get("by")))
         if name == "mix":
             raise _err(f"{where}: write a mix as w1*A + w2*B")
         if nodes:
@@ -248,7 +342,7 @@ class _Parser:
                 raise _err(f"{where} takes one predicate, e.g. {name}(punct) or {name}(pos=NOUN); "
                            f"got {len(args)} arguments")
             k, v = args[0]
-            return _checked(Prim(name, ((spec.params[0].name, _make_pred(v, k, where)),)))
+            return _checked(Prim(name, ((spec.params[0].name, self.pred(v, k, where)),)))
         positional = [v for k, v in args if k is None]
         keywords: dict[str, Any] = {}
         for k, v in args:
@@ -258,7 +352,7 @@ class _Parser:
                 keywords[k] = v
         if any(k is None for k, _ in args[len(positional):]):
             raise _err(f"{where}: positional arguments must come before keyword arguments")
-        return make_prim(name, positional, keywords)
+        return self.prim(name, where, positional, keywords)
 
 
 _MAX_ARGS = MAX_NODES
@@ -278,73 +372,17 @@ def _list_limit(name: str, param: str | int) -> tuple[int, str]:
 
 
 
-def parse(text: str) -> Node:
-    """Parse DSL text (e.g. ``0.7*prev(1) + 0.3*first()``) into a validated tree."""
+def parse(text: str, vocab: Any = None) -> Node:
+    """Parse DSL text (e.g. ``0.7*prev(1) + 0.3*first()``) into a validated tree.
+
+    ``vocab`` (a ``Vocabulary``) resolves token strings (``tokens=["▁the"]``, ``tok("Lily")``) to ids; text
+    that names tokens by string without one is a ProgramValidationError.
+    """
     if not isinstance(text, str):
         raise _err(f"DSL text must be a string; got {type(text).__name__}")
     _check_text_size(text, "DSL text")
     if not text.strip():
         raise _err("empty DSL program; write an expression such as prev(1)")
-    node = _Parser(text).parse()
+    node = _Parser(text, vocab).parse()
     _measure(node, check=False)
     return _checked(node)
-
-
-def _fmt_num(x: float | int) -> str:
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
-        return str(int(x))
-    return repr(x)
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt_value(x) for x in v) + "]"
-    if isinstance(v, str):
-        return v if re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", v) else json.dumps(v)
-    return _fmt_num(v)
-
-
-def _fmt_pred(p: Pred) -> str:
-    if p.kind == "flag":
-        return p.value
-    if p.kind == "pos":
-        return f"pos={p.value}"
-    return f"ids={_fmt_value(p.value)}"
-
-
-def to_text(node: Node) -> str:
-    """Print a tree in the readable text form; ``parse(to_text(t)) == t`` (the tree is validated first)."""
-    return _to_text(validate(node))
-
-
-def _to_text(node: Node) -> str:
-    """``to_text`` of a validated tree (recursion depth at most MAX_DEPTH)."""
-    if isinstance(node, Prim):
-        spec = PRIMITIVE_SPECS[node.name]
-        if spec.takes_pred:
-            return f"{node.name}({_fmt_pred(node.params[0][1])})"
-        if spec.keywords:
-            inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in node.params if v is not None)
-        else:
-            inner = ", ".join(_fmt_value(v) for _, v in node.params)
-        return f"{node.name}({inner})"
-    if isinstance(node, Mix):
-        parts = []
-        for w, t in node.terms:
-            body = _to_text(t)
-            if isinstance(t, Mix):
-                body = f"({body})"
-            parts.append(f"{_fmt_num(w)}*{body}")
-        return " + ".join(parts)
-    if isinstance(node, Fallback):
-        return "fallback(" + ", ".join(_to_text(a) for a in node.args) + ")"
-    if isinstance(node, Mul):
-        return "mul(" + ", ".join(_to_text(a) for a in node.args) + ")"
-    if isinstance(node, Gate):
-        return f"gate({_fmt_pred(node.pred)}, {_to_text(node.then)}, {_to_text(node.other)})"
-    if isinstance(node, Sharpen):
-        if node.by:
-            classes = ", ".join(f"[{_fmt_num(t)}, {_fmt_value(ids)}]" for t, ids in node.by)
-            return f"sharpen({_to_text(node.arg)}, {_fmt_num(node.t)}, by=[{classes}])"
-        return f"sharpen({_to_text(node.arg)}, {_fmt_num(node.t)})"
-    raise TypeError(f"not a DSL node: {_show(node)}")
