@@ -18,6 +18,7 @@ from headsurgeon.surgery.loading import load_model
 from headsurgeon.synth.programset import ProgramSet, head_label
 from headsurgeon.synth.search import SearchSettings, run_searchers
 from headsurgeon.synth.select import select_programs
+from headsurgeon.synth.vocab import Vocabulary
 
 #: the searchers explain runs by default (any registered name may be asked for; see docs/architecture.md)
 SEARCHERS = ("enumerative", "learned", "llm")
@@ -36,16 +37,28 @@ class ExplainResult:
     notes: list[str] = field(default_factory=list)
 
     def summary_table(self) -> str:
-        lines = [f"{'head':<6} {'IoU test':>8} {'JSD test':>8}  {'source':<11} program"]
+        """Per head: the replacement's test IoU/JSD and size beside the explanation's IoU, chars and gloss."""
+        nan = float("nan")
+        lines = [f"{'head':<6} {'IoU test':>8} {'JSD test':>8} {'size':>6}  {'source':<11} "
+                 f"{'expl IoU':>8} {'chars':>5}  explanation (gloss)"]
         for h in self.programs.ranked("test"):
             e = self.programs.entries[h]
             t = e.scores.get("test", {})
-            lines.append(f"{head_label(h):<6} {t.get('iou', float('nan')):>8.3f} {t.get('jsd', float('nan')):>8.3f}  "
-                         f"{e.source:<11} {e.program.text[:70]}")
+            x = e.explanation
+            shown = ((x.gloss or x.text) if x is not None else "(no program fits "
+                     f"{self.programs.meta.get('readable_chars', 200)} characters)")
+            lines.append(f"{head_label(h):<6} {t.get('iou', nan):>8.3f} {t.get('jsd', nan):>8.3f} {e.size:>6}  "
+                         f"{e.source:<11} {(x.iou('test') if x and x.iou('test') is not None else nan):>8.3f} "
+                         f"{(x.chars if x else 0):>5}  {shown}")
         s = self.programs.summary("test")
         if "mean_iou" in s:
             lines.append(f"mean test IoU {s['mean_iou']:.3f}, median {s['median_iou']:.3f}, "
                          f"IoU>=0.9: {s['share_iou_ge_0.9']:.0%}, IoU>=0.7: {s['share_iou_ge_0.7']:.0%}")
+        readable = [x.iou("test") for x in (e.explanation for e in self.programs.entries.values())
+                    if x is not None and x.iou("test") is not None]
+        if readable:
+            lines.append(f"readable explanations: {len(readable)} of {len(self.programs)} heads, mean test IoU "
+                         f"{sum(readable) / len(readable):.3f}")
         for r in self.sweep:
             lines.append(f"sweep {r['fraction']:.0%} heads replaced: ΔPPL {100 * r['delta']:+.2f}% "
                          f"(random order {100 * r['delta_random_order']:+.2f}%, random programs "
@@ -94,8 +107,13 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     pool = run_searchers(store, names, synth_idx=idx["synth"], select_idx=idx["select"], settings=settings,
                          notes=notes, timings=timings)
     t0 = time.perf_counter()
+    vocab = None
+    try:  # programs are rendered (and budgets counted) in the tokenizer's token strings
+        vocab = Vocabulary.from_tokenizer(handle.tokenizer)
+    except Exception as e:  # a tokenizer without an id → token table: programs show ids instead
+        notes.append(f"no vocabulary from the tokenizer ({type(e).__name__}: {e}); programs are shown with token ids")
     programs = select_programs(store, pool, idx["select"], idx["test"], synth_idx=idx["synth"], progress=progress,
-                               model=handle.name)
+                               model=handle.name, vocab=vocab)
     programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>", "max_len": max_len,
                           "splits": splits.sizes(), "seed": seed})
     programs.save(out / "programs.json")
@@ -106,8 +124,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
                               title=f"{handle.name}: heads replaced in order of select IoU")
     timings["sweep"] = time.perf_counter() - t0
     write_report(out / "report.html", programs, store, idx["test"], out / "sweep.png", sweep,
-                 title=f"headsurgeon: {handle.name}", summary={"timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                             "notes": notes})
+                 title=f"headsurgeon: {handle.name}", timings=timings, notes=notes, vocab=vocab,
+                 select_idx=idx["select"])
     (out / "summary.json").write_text(json.dumps({"summary": programs.summary("test"), "sweep": sweep,
                                                    "timings_s": timings, "notes": notes}, indent=1))
     return ExplainResult(programs, sweep, out, store, splits, timings, notes)

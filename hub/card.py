@@ -13,8 +13,8 @@ from headsurgeon.synth.backends import backend_kinds, get_backend
 __all__ = ["render_card", "load_snippet"]
 
 
-def _fmt(value: Any) -> str:
-    """A table cell: floats with 4 significant digits, None as an em dash, '|' escaped."""
+def _fmt(value: Any, limit: int = 80) -> str:
+    """A table cell: floats with 4 significant digits, None as an em dash, '|' escaped, text cut at ``limit``."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -24,7 +24,7 @@ def _fmt(value: Any) -> str:
             return str(value)
         return f"{value:.4g}"
     text = str(value).replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -118,12 +118,17 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
     else:
         lines.append("No metrics were recorded when this checkpoint was saved.")
     lines += ["", "## Replaced heads", "",
-              "| head | kind | alpha | program | IoU (test) | JSD (test) | source |", "|---|---|---|---|---|---|---|"]
+              "Each head's program in words (a deterministic gloss), how faithful it is on held-out text (soft IoU "
+              "with the real pattern, 1 = identical; Jensen-Shannon distance, 0 = identical) and its size "
+              "(description length: syntax nodes plus literals).", "",
+              "| head | kind | alpha | program | IoU (test) | JSD (test) | source | size | what it attends to |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name, item in heads.items():
         test = (item.get("scores") or {}).get("test", {})
         shown = item.get("text") if item.get("kind") == "dsl" else f"`{item.get('program')}`"
         lines.append(f"| {name} | {item.get('kind')} | {_fmt(item.get('alpha'))} | {_fmt(shown)} | "
-                     f"{_fmt(test.get('iou'))} | {_fmt(test.get('jsd'))} | {_fmt(item.get('source'))} |")
+                     f"{_fmt(test.get('iou'))} | {_fmt(test.get('jsd'))} | {_fmt(item.get('source'))} | "
+                     f"{_fmt(item.get('size'))} | {_fmt(item.get('gloss') or None, 300)} |")
     lines += [
         "",
         "## Base model",

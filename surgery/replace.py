@@ -20,7 +20,9 @@ from torch import nn
 
 from ..kernels.cache import TensorCache
 from ..synth.program import Program
+from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
+from ..synth.vocab import Vocabulary, VocabularyError
 from .ids import SequenceRegistry
 from .loading import ModelHandle, load_model
 from .providers import ProgramPatterns, as_provider
@@ -344,13 +346,40 @@ def _normalize_programs(handle: ModelHandle, programs: Mapping[Any, Any] | Any) 
     return out
 
 
+def _from_programset(handle: ModelHandle, programs: ProgramSet, which: str) -> dict[HeadKey, Program]:
+    """The ProgramSet's programs of kind ``which``, after checking it was made with this model's tokenizer."""
+    fingerprint = programs.vocab_fingerprint
+    if fingerprint:
+        if handle.tokenizer is None:
+            warnings.warn(f"{handle.name} has no tokenizer: cannot check that these programs were selected with "
+                          f"its vocabulary (fingerprint {fingerprint[:12]})")
+        else:
+            try:
+                Vocabulary.from_tokenizer(handle.tokenizer).check(fingerprint)
+            except VocabularyError as e:
+                raise SurgeryError(f"{handle.name}'s tokenizer is not the one this program set was selected with: "
+                                   f"{e}") from e
+    chosen = programs.programs(which)
+    missing = [head_name(h) for h in programs.keys() if h not in chosen]
+    if missing:
+        warnings.warn(f"{len(missing)} head(s) have no {which} and keep their neural attention: {', '.join(missing)}")
+    return chosen
+
+
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
-                  cache: TensorCache | None = None) -> HybridModel:
+                  cache: TensorCache | None = None, which: str = "replacement") -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
     ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
-    provider; a ProgramSet works too. ``alpha`` (per head via a mapping) blends neural (0) and program (1).
+    provider; a ProgramSet works too: ``which="replacement"`` (default) swaps in each head's most faithful
+    program, ``which="explanation"`` its readable one (heads without one stay neural, with a warning); a
+    ProgramSet selected with another tokenizer is refused. ``alpha`` (per head via a mapping) blends neural
+    (0) and program (1).
     """
+    if which not in ("replacement", "explanation"):
+        raise SurgeryError(f"which must be 'replacement' or 'explanation', got {which!r}")
+    if which != "replacement" and not isinstance(programs, ProgramSet):
+        raise SurgeryError(f"which={which!r} needs a ProgramSet (a plain mapping holds one program per head)")
     base_heads: dict[HeadKey, Any] = {}
     if isinstance(model, HybridModel):
         base_heads = {k: ph.provider for k, ph in ((parse_head(n), ph) for n, ph in model.program_heads.items())}
@@ -361,6 +390,8 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     else:
         alphas_old = {}
         handle = load_model(model)
+    if isinstance(programs, ProgramSet):
+        programs = _from_programset(handle, programs, which)
     heads = _normalize_programs(handle, programs)
     dup = set(heads) & set(base_heads)
     if dup:

@@ -60,9 +60,10 @@ class Program:
         return cls(get_backend("dsl"), node)
 
     @classmethod
-    def parse(cls, text: str) -> "Program":
-        """A DSL program from its text form, e.g. ``Program.parse("0.7*prev(1) + 0.3*first()")``."""
-        return cls.from_node(dsl.parse(text))
+    def parse(cls, text: str, vocab: Any = None) -> "Program":
+        """A DSL program from its text form, e.g. ``Program.parse("0.7*prev(1) + 0.3*first()")``; with a
+        ``Vocabulary``, token strings (``recent(tok("Lily"))``) are read as their ids."""
+        return cls.from_node(dsl.parse(text, vocab=vocab))
 
     @classmethod
     def python(cls, source: str) -> "Program":

@@ -1,7 +1,11 @@
 """ProgramSet: the chosen program per head with its IoU/JSD on each split and where it came from.
 
-Saves to / loads from JSON (no pickle) and feeds ``replace_heads`` directly (it maps head → Program).
-Python programs inside are only parsed and AST-validated on load; they ever run only in the sandbox.
+Per head it keeps the **replacement** (the most faithful program at any size: ``Entry.program``), the
+**explanation** (the best program whose rendered text fits ``READABLE_CHARS``) and the **frontier** (the best
+program per budget of ``BUDGETS``), see synth/select.py. Saves to / loads from JSON (no pickle), with big
+numeric tables in a safetensors side file (synth/programtables.py), and feeds ``replace_heads`` directly (it
+maps head → replacement Program). Python programs inside are only parsed and AST-validated on load; they ever
+run only in the sandbox.
 """
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ from typing import Any, Iterator
 
 from headsurgeon.kernels.fileio import atomic_file
 
+from . import programtables
 from .backends import get_backend
+from .candidate import Choice
 from .errors import ProgramError
 from .program import Program
 
 FORMAT = "headsurgeon.programset"
-VERSION = 1
+VERSION = 2  # 2: tables in a side file; files without one are still written as version 1
+WHICH = ("replacement", "explanation")
 SPLITS = ("synth", "select", "test")
 
 
@@ -43,27 +50,108 @@ def _declared_kind(item: dict) -> str | None:
     return None if kind is None else get_backend(kind).kind  # an unknown kind: ProgramValidationError
 
 
+def _program(item: dict, head: tuple[int, int], tables: dict | None) -> Program:
+    """The program of a programs.json record (an entry, its explanation or a frontier point)."""
+    try:
+        kind = _declared_kind(item)
+        return Program.from_json(programtables.unpack(item["program"], tables), kind=kind)
+    except ProgramError as e:
+        raise ProgramError(f"program for {head_label(head)} is invalid: {e}") from e
+    except KeyError:
+        raise ProgramError(f"a record for {head_label(head)} has no program") from None
+
+
 @dataclass
 class Entry:
-    """One head's chosen program, its scores per split ({"iou", "jsd", "topq"}) and provenance."""
+    """One head: its replacement (``program`` with scores per split and provenance), explanation and frontier.
+
+    ``text``/``gloss``/``chars`` describe the replacement as rendered with the vocabulary at selection time
+    ("" / None when unknown: :meth:`replacement_choice` then renders it without one).
+    """
 
     program: Program
     source: str = "unknown"
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     hypothesis: str = ""
+    explanation: Choice | None = None
+    frontier: list[Choice] = field(default_factory=list)
+    text: str = ""
+    gloss: str = ""
+    chars: int | None = None
 
     def iou(self, split: str = "test") -> float | None:
         return self.scores.get(split, {}).get("iou")
+
+    @property
+    def size(self) -> int:
+        """The replacement's description length (``Program.size``)."""
+        return self.program.size
+
+    def replacement_choice(self, vocab: Any = None) -> Choice:
+        """The replacement as a Choice (budget None): size, chars, text, gloss and scores in one place."""
+        if self.text and vocab is None:
+            return Choice(self.program, self.source, None, self.program.size,
+                          self.chars if self.chars is not None else len(self.text), self.text,
+                          self.gloss or self.program.gloss(), self.scores, self.hypothesis)
+        return Choice.of(self.program, self.source, None, self.scores, vocab, self.hypothesis)
+
+    def choice(self, which: str = "replacement") -> Choice | None:
+        """``"replacement"`` or ``"explanation"`` (None when the head has no readable program)."""
+        if which not in WHICH:
+            raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+        return self.replacement_choice() if which == "replacement" else self.explanation
+
+    def to_json(self, head: tuple[int, int], tables: dict | None = None) -> dict:
+        """This entry's record in programs.json (big tables packed into ``tables`` when given)."""
+        def prog(p: Program) -> Any:
+            return p.to_json() if tables is None else programtables.pack(p.to_json(), tables)
+
+        rep = self.replacement_choice()
+        item = {"head": head_label(head), **rep.to_json(prog(self.program)), "hypothesis": self.hypothesis,
+                "scores": self.scores}
+        for m in ("budget", "iou", "jsd", "topq"):
+            item.pop(m, None)  # the replacement's scores live in "scores", as before
+        if self.explanation is not None:
+            item["explanation"] = self.explanation.to_json(prog(self.explanation.program))
+        if self.frontier:
+            item["frontier"] = [c.to_json(prog(c.program)) for c in self.frontier]
+        return item
+
+    @classmethod
+    def from_json(cls, item: dict, tables: dict | None = None) -> "Entry":
+        """Read a programs.json record; old records (no explanation, frontier, size, chars, gloss) load too."""
+        head = head_key(item["head"])
+        program = _program(item, head, tables)
+        explanation = None
+        if isinstance(item.get("explanation"), dict):
+            ex = item["explanation"]
+            explanation = Choice.from_json(ex, _program(ex, head, tables), ex.get("budget"))
+        frontier = [Choice.from_json(f, _program(f, head, tables), f.get("budget"))
+                    for f in item.get("frontier") or [] if isinstance(f, dict)]
+        new = "chars" in item  # old files' "text" is program.text, not a rendering
+        return cls(program, item.get("source", "unknown"), item.get("scores", {}), item.get("hypothesis", ""),
+                   explanation, frontier, str(item.get("text", "")) if new else "",
+                   str(item.get("gloss", "")) if new else "",
+                   int(item["chars"]) if new and isinstance(item.get("chars"), int) else None)
 
 
 class ProgramSet:
     """head → Entry, ordered by head; iterate ``.items()`` for (head, Program) like a dict."""
 
     def __init__(self, entries: dict[tuple[int, int], Entry] | None = None, model: str = "",
-                 meta: dict | None = None) -> None:
+                 meta: dict | None = None, vocab_fingerprint: str | None = None) -> None:
         self.entries: dict[tuple[int, int], Entry] = dict(sorted((entries or {}).items()))
         self.model = model
         self.meta = dict(meta or {})
+        self.vocab_fingerprint = vocab_fingerprint  # Vocabulary.fingerprint of the tokenizer (synth/vocab.py)
+
+    def programs(self, which: str = "replacement") -> dict[tuple[int, int], Program]:
+        """head → Program: every head's replacement, or the explanations of the heads that have one."""
+        if which not in WHICH:
+            raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+        if which == "replacement":
+            return {h: e.program for h, e in self.entries.items()}
+        return {h: e.explanation.program for h, e in self.entries.items() if e.explanation is not None}
 
     # mapping face: what replace_heads needs
     def items(self) -> Iterator[tuple[tuple[int, int], Program]]:
@@ -85,8 +173,14 @@ class ProgramSet:
         return iter(self.entries)
 
     def add(self, head: Any, program: Program, source: str = "unknown", scores: dict | None = None,
-            hypothesis: str = "") -> None:
-        self.entries[head_key(head)] = Entry(program, source, dict(scores or {}), hypothesis)
+            hypothesis: str = "", explanation: Choice | None = None, frontier: list[Choice] | None = None,
+            vocab: Any = None) -> None:
+        """Set a head's replacement (with its explanation and frontier); ``vocab`` renders its text and gloss."""
+        entry = Entry(program, source, dict(scores or {}), hypothesis, explanation, list(frontier or []))
+        if vocab is not None:
+            entry.text = program.render(vocab)
+            entry.gloss, entry.chars = program.gloss(vocab), len(entry.text)
+        self.entries[head_key(head)] = entry
         self.entries = dict(sorted(self.entries.items()))
 
     def require_trusted(self, trust_programs: Any = False) -> None:
@@ -112,7 +206,7 @@ class ProgramSet:
 
     def subset(self, heads: list[Any]) -> "ProgramSet":
         keys = [head_key(h) for h in heads]
-        return ProgramSet({h: self.entries[h] for h in keys}, self.model, self.meta)
+        return ProgramSet({h: self.entries[h] for h in keys}, self.model, self.meta, self.vocab_fingerprint)
 
     def summary(self, split: str = "test") -> dict[str, float]:
         ious = [e.iou(split) for e in self.entries.values() if e.iou(split) is not None]
@@ -126,16 +220,19 @@ class ProgramSet:
                 "share_iou_ge_0.7": sum(i >= 0.7 for i in ious) / len(ious)}
 
     # JSON
-    def to_json(self) -> dict:
-        return {
-            "format": FORMAT, "version": VERSION, "model": self.model, "meta": self.meta,
-            "programs": [{"head": head_label(h), "kind": e.program.kind, "text": e.program.text,
-                          "program": e.program.to_json(), "source": e.source, "hypothesis": e.hypothesis,
-                          "scores": e.scores} for h, e in self.entries.items()],
-        }
+    def to_json(self, tables: dict | None = None) -> dict:
+        """The programs.json document; with ``tables`` (a dict), big numeric lists go there as references."""
+        programs = [e.to_json(h, tables) for h, e in self.entries.items()]
+        obj: dict[str, Any] = {"format": FORMAT, "version": VERSION if tables else 1, "model": self.model,
+                               "meta": self.meta}
+        if self.vocab_fingerprint:
+            obj["vocab_fingerprint"] = self.vocab_fingerprint
+        obj["programs"] = programs
+        return obj
 
     @classmethod
-    def from_json(cls, obj: dict) -> "ProgramSet":
+    def from_json(cls, obj: dict, tables: dict | None = None) -> "ProgramSet":
+        """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them)."""
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ProgramError("not a headsurgeon program set (missing format: headsurgeon.programset)")
         if int(obj.get("version", 0)) > VERSION:
@@ -143,33 +240,41 @@ class ProgramSet:
                                f"reads ({VERSION}); upgrade headsurgeon")
         entries = {}
         for item in obj.get("programs", []):
-            head = head_key(item["head"])
-            try:
-                kind = _declared_kind(item)
-                program = Program.from_json(item["program"], kind=kind)
-            except ProgramError as e:
-                raise ProgramError(f"program for {head_label(head)} is invalid: {e}") from e
-            entries[head] = Entry(program, item.get("source", "unknown"), item.get("scores", {}),
-                                  item.get("hypothesis", ""))
-        return cls(entries, obj.get("model", ""), obj.get("meta", {}))
+            entries[head_key(item["head"])] = Entry.from_json(item, tables)
+        fingerprint = obj.get("vocab_fingerprint")
+        return cls(entries, obj.get("model", ""), obj.get("meta", {}),
+                   fingerprint if isinstance(fingerprint, str) and fingerprint else None)
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON atomically (temp file, fsync, rename)."""
+        """Write JSON atomically (one compact line per head), big tables to ``<stem>.tables.safetensors`` beside it."""
         path = Path(path)
-        with atomic_file(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
+        tables: dict = {}
+        obj = self.to_json(tables)
+        if tables:
+            side = programtables.tables_path(path)
+            obj["tables"] = {"file": side.name, "sha256": programtables.save_tables(side, tables)}
+        programs = obj.pop("programs")
+        lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in obj.items()]
+        lines += [' "programs": [', ",\n".join("  " + json.dumps(p, separators=(",", ":"), ensure_ascii=False)
+                                              for p in programs), " ]", "}"]
+        with atomic_file(path, "wb") as f:  # UTF-8: token strings stay readable (and short) in the file
+            f.write(("\n".join(line for line in lines if line) + "\n").encode("utf-8"))
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "ProgramSet":
+        """Read programs.json (and its tables side file when it names one)."""
         path = Path(path)
         try:
-            obj = json.loads(path.read_text())
+            obj = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ProgramError(f"{path} is not valid JSON ({e})") from e
-        return cls.from_json(obj)
+        tables = None
+        if isinstance(obj, dict) and obj.get("tables") is not None:
+            tables = programtables.load_tables(path, obj["tables"])
+        return cls.from_json(obj, tables)
 
     def __repr__(self) -> str:
         return f"ProgramSet({len(self)} heads, model={self.model!r})"

@@ -1,5 +1,11 @@
 """One selection over all sources: every searcher's candidates (plus a user library and baselines) compete
-per head by soft IoU on ``select``; the winner is reported on ``test`` (never on the sequences it was chosen on).
+per head by soft IoU on ``select``; the winners are reported on ``test`` (never on the sequences they were chosen on).
+
+Per head selection keeps a frontier (issue 13): the best candidate at each character budget of ``BUDGETS``
+(``program.chars(vocab)``), the **explanation** (best with at most ``READABLE_CHARS`` characters) and the
+**replacement** (best at any size, as proposed). For the bounded budgets the leading candidates' float
+literals are first rounded to 2 significant digits (``dsl.round_numbers``) when that moves select IoU by at
+most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.
 """
 from __future__ import annotations
 
@@ -9,13 +15,19 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
-from .candidate import Candidate
+from . import dsl
+from .errors import ProgramExecutionError
+from .candidate import Candidate, Choice
 from .metrics import score_many
-from .program import Program
+from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import ProgramSet
 from .tensors import program_tensors
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
+ROUND_DIGITS = (2, 3, 4)
+ROUND_TOLERANCE = 0.005
+CONTENDERS = 3  # per bounded budget, the best candidates (by select IoU as proposed) whose rounding is tried
+Key = tuple[int, int]
 
 
 def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Program], indices: list[int],
@@ -35,13 +47,91 @@ def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Prog
     return {m: v / len(indices) for m, v in totals.items()}
 
 
+def _key(scores: dict[str, float]) -> tuple[float, float]:
+    """Select IoU descending, then JSD ascending (NaN ranks last)."""
+    iou, jsd = scores.get("iou", float("nan")), scores.get("jsd", float("nan"))
+    return (iou if iou == iou else float("-inf"), -jsd if jsd == jsd else float("-inf"))
+
+
+class _Option:
+    """A candidate as compared at the bounded budgets: possibly rounded, with its select scores and chars."""
+
+    __slots__ = ("cand", "program", "select", "chars", "digits")
+
+    def __init__(self, cand: Candidate, program: Program, select: dict, chars: int, digits: int | None) -> None:
+        self.cand, self.program, self.select, self.chars, self.digits = cand, program, select, chars, digits
+
+
+def rounded(program: Program, digits: int) -> Program | None:
+    """``program`` with float literals rounded to ``digits`` significant digits (None: unchanged or unavailable).
+
+    Uses ``dsl.round_numbers(node, digits)`` when the DSL provides it (synth/dsl/); other kinds are never rounded.
+    """
+    fn = getattr(dsl, "round_numbers", None)
+    if fn is None or program.kind != "dsl":
+        return None
+    try:
+        out = Program.from_node(fn(program.node, digits))
+    except Exception:  # a rounding the DSL refuses (e.g. a weight rounded to 0) leaves the program as proposed
+        return None
+    return None if out == program else out
+
+
+def _score1(store: Any, head: Key, programs: list[Program], idx: list[int], cache: TensorCache) -> list[dict]:
+    """Scores of ``programs`` for one head on ``idx``: one {"iou", "jsd", "topq"} per program."""
+    if not programs:
+        return []
+    try:
+        got = score_programs(store, [head], programs, idx, cache)
+    except ProgramExecutionError:
+        if len(programs) == 1:  # a Python program that fails on these windows scores nothing here
+            return [{m: float("nan") for m in ("iou", "jsd", "topq")}]
+        return [s for p in programs for s in _score1(store, head, [p], idx, cache)]
+    return [{m: float(got[m][0, j]) for m in ("iou", "jsd", "topq")} for j in range(len(programs))]
+
+
+def _round_contenders(store: Any, head: Key, options: list[_Option], select_idx: list[int], cache: TensorCache,
+                      chars_of: Any, budgets: list[int], memo: dict) -> None:
+    """Round the leading options of each bounded budget in place, keeping IoU within ROUND_TOLERANCE."""
+    def rounded_memo(p: Program, digits: int) -> Program | None:
+        if (p.hash, digits) not in memo:  # the same program is often proposed for many heads
+            memo[p.hash, digits] = rounded(p, digits)
+        return memo[p.hash, digits]
+
+    shortest = {id(o): chars_of(rounded_memo(o.program, ROUND_DIGITS[0]) or o.program) for o in options}
+    todo: dict[int, _Option] = {}
+    for b in budgets:
+        fits = sorted((o for o in options if shortest[id(o)] <= b), key=lambda o: _key(o.select), reverse=True)
+        todo.update({id(o): o for o in fits[:CONTENDERS]})
+    pending = [o for o in todo.values() if o.program.kind == "dsl"]
+    for digits in ROUND_DIGITS:
+        tries = [(o, rounded_memo(o.program, digits)) for o in pending]
+        tries = [(o, p) for o, p in tries if p is not None]
+        pending = []
+        for (o, p), sel in zip(tries, _score1(store, head, [p for _, p in tries], select_idx, cache)):
+            if abs(sel["iou"] - o.select["iou"]) <= ROUND_TOLERANCE:
+                o.program, o.select, o.chars, o.digits = p, sel, chars_of(p), digits
+            else:
+                pending.append(o)
+
+
+def _choose(options: list[_Option], budget: int | None) -> _Option | None:
+    """The best option whose text fits ``budget`` characters (None: any)."""
+    fits = [o for o in options if budget is None or o.chars <= budget]
+    return max(fits, key=lambda o: _key(o.select)) if fits else None
+
+
 def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate]], select_idx: list[int],
                     test_idx: list[int], synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
-                    cache: TensorCache | None = None, progress: bool = True, model: str = "") -> ProgramSet:
-    """Pick per head the candidate with the best IoU on ``select`` (ties: lower JSD) and score it on ``test``.
+                    cache: TensorCache | None = None, progress: bool = True, model: str = "",
+                    vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS) -> ProgramSet:
+    """Pick per head the best candidate on ``select`` (IoU, ties: lower JSD) at each budget; score them on ``test``.
 
-    ``library`` programs (and, with ``baselines``, a few templates) compete for every head.
+    ``library`` programs (and, with ``baselines``, a few templates) compete for every head. ``vocab`` (a
+    ``Vocabulary``) renders programs in token strings: budgets count those characters, and the set records
+    its fingerprint. The replacement is the best candidate at any size; the explanation the best of at most
+    ``READABLE_CHARS`` characters (after rounding, see the module docstring).
     """
     if set(select_idx) & set(test_idx):
         raise ValueError("select and test share sequences; selection and reporting must use disjoint splits")
@@ -72,26 +162,54 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
         for m in sel:
             sel[m][:, start: start + len(block)] = got[m]
     result = ProgramSet(model=model, meta={"selected_on": "select", "reported_on": "test",
-                                           "n_select": len(select_idx), "n_test": len(test_idx)})
-    winners: dict[tuple[int, int], Candidate] = {}
-    for r, h in enumerate(heads):
-        best = None
+                                           "n_select": len(select_idx), "n_test": len(test_idx),
+                                           "budgets": list(budgets), "readable_chars": READABLE_CHARS},
+                        vocab_fingerprint=getattr(vocab, "fingerprint", None))
+    chars_cache: dict[str, int] = {}
+    round_memo: dict[tuple[str, int], Program | None] = {}
+
+    def chars_of(p: Program) -> int:
+        if p.hash not in chars_cache:
+            chars_cache[p.hash] = p.chars(vocab)
+        return chars_cache[p.hash]
+
+    bounded = sorted({b for b in budgets if b is not None} | {READABLE_CHARS})
+    for r, h in enumerate(tqdm(heads, desc="frontier", disable=not progress)):
         for c in pool[h]:
             col = column[c.program.hash]
             c.scores.setdefault("select", {}).update(iou=float(sel["iou"][r, col]), jsd=float(sel["jsd"][r, col]),
                                                      topq=float(sel["topq"][r, col]))
-            key = (c.scores["select"]["iou"], -c.scores["select"]["jsd"])
-            if best is None or key > best[0]:
-                best = (key, c)
-        winners[h] = best[1]
-    # report the winners on test (and synth when given)
-    for split, idx in (("test", test_idx), ("synth", synth_idx)):
-        if not idx:
+        if not pool[h]:
             continue
-        for h, c in winners.items():
-            got = score_programs(store, [h], [c.program], list(idx), cache)
-            c.scores.setdefault(split, {}).update(iou=float(got["iou"][0, 0]), jsd=float(got["jsd"][0, 0]),
-                                                  topq=float(got["topq"][0, 0]))
-    for h, c in winners.items():
-        result.add(h, c.program, c.source, c.scores, c.hypothesis)
+        winner = max(pool[h], key=lambda c: _key(c.scores["select"]))  # the replacement: as proposed, any size
+        options = [_Option(c, c.program, dict(c.scores["select"]), chars_of(c.program), None) for c in pool[h]]
+        _round_contenders(store, h, options, select_idx, cache, chars_of, bounded, round_memo)
+        picks = {b: _choose(options, b) for b in bounded}
+        # score every kept program on test (and synth when given)
+        kept = list({p.hash: p for p in [winner.program] + [o.program for o in picks.values() if o]}.values())
+        found = {p.hash: {"select": {}} for p in kept}
+        for o in [o for o in picks.values() if o]:
+            found[o.program.hash]["select"] = dict(o.select)
+        found[winner.program.hash]["select"] = dict(winner.scores["select"])
+        for split, idx in (("test", test_idx), ("synth", synth_idx)):
+            if idx:
+                for p, got in zip(kept, _score1(store, h, kept, list(idx), cache)):
+                    found[p.hash][split] = got
+        for split in ("test", "synth"):
+            if split in found[winner.program.hash]:
+                winner.scores.setdefault(split, {}).update(found[winner.program.hash][split])
+
+        def choice(o: _Option | None, budget: int | None) -> Choice | None:
+            if o is None:
+                return None
+            return Choice.of(o.program, o.cand.source, budget, found[o.program.hash], vocab, o.cand.hypothesis,
+                             o.digits)
+
+        replacement = Choice.of(winner.program, winner.source, None, winner.scores, vocab, winner.hypothesis)
+        frontier = [choice(picks[b], b) if b is not None else replacement for b in budgets]
+        result.add(h, winner.program, winner.source, winner.scores, winner.hypothesis,
+                   explanation=choice(picks[READABLE_CHARS], READABLE_CHARS),
+                   frontier=[c for c in frontier if c is not None])
+        e = result.entries[h]
+        e.text, e.gloss, e.chars = replacement.text, replacement.gloss, replacement.chars
     return result

@@ -42,10 +42,10 @@ def test_install_imports_from_outside_the_repository(tmp_path, editable):
 
 def repository_packages() -> list[Path]:
     """Every package folder under the installed root folders, as a path relative to the installed headsurgeon/."""
-    roots = {"surgery": "surgery", "kernels": "kernels", "synth": "synth", "hub": "hub"}
+    roots = {"surgery": "surgery", "kernels": "kernels", "synth": "synth", "hub": "hub", ".": "headsurgeon"}
     found = []
     for name, folder in roots.items():
         for init in (ROOT / folder).rglob("__init__.py"):
-            if "__pycache__" not in init.parts:
+            if "__pycache__" not in init.parts and "zoo_data" not in init.parts:
                 found.append(Path(name) / init.parent.relative_to(ROOT / folder))
     return found

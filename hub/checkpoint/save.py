@@ -121,9 +121,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
                                     "kind": program.kind, "hash": program.hash}
             if program.kind == "dsl":
                 item["text"] = program.text
-            entry = entries.get(head)
-            if entry is not None and getattr(entry, "program", None) == program:
-                item.update({"source": entry.source, "scores": entry.scores, "hypothesis": entry.hypothesis})
+            item.update(described(program, entries.get(head)))
             manifest["heads"][f"L{head[0]}H{head[1]}"] = item
         if embed:
             write_embedded(tmp, hf, handle.tokenizer, state)
@@ -140,6 +138,21 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def described(program: Any, entry: Any) -> dict[str, Any]:
+    """Size, chars and gloss of a head's program, with scores and provenance when the ProgramSet entry chose it
+    (as its replacement, explanation or a frontier point; synth/programset.py)."""
+    found = None
+    if entry is not None:
+        choices = [entry.replacement_choice()] if getattr(entry, "program", None) == program else []
+        choices += [c for c in [getattr(entry, "explanation", None)] + list(getattr(entry, "frontier", []))
+                    if c is not None and c.program == program]
+        found = choices[0] if choices else None
+    if found is None:
+        return {"size": program.size, "chars": len(program.text), "gloss": program.gloss()}
+    return {"size": found.size, "chars": found.chars, "gloss": found.gloss, "source": found.source,
+            "scores": found.scores, "hypothesis": found.hypothesis}
 
 
 def original_of(source: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -1,0 +1,133 @@
+"""The report's words: numbers, timings, sweep rows, notes and the metric paragraph, never Python reprs."""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable
+
+#: what the metrics mean and how selection works (docs/architecture.md, "Metrics")
+METRICS_PARAGRAPH = (
+    "<b>Soft IoU</b> compares two attention patterns cell by cell over the grid the model can see: "
+    "Σ min(p, q) / Σ max(p, q), averaged over windows. 1 means identical, 0 means no overlap; "
+    "0.5 means the shared attention mass is half of the combined mass. "
+    "<b>JSD</b> is the Jensen–Shannon distance (natural log) between each query's real and program row, "
+    "averaged over visible rows: 0 means identical. "
+    "Every searcher proposes programs fitted on the <b>synth</b> windows; per head, the program with the best "
+    "IoU on the <b>select</b> windows is chosen; the IoU shown is measured on the <b>test</b> windows. "
+    "The three splits hold different documents, so no score is measured on the windows it was chosen on. "
+    "The <b>explanation</b> is the most faithful program whose text (tokens as strings) fits in 200 characters; "
+    "the <b>replacement</b> is the most faithful program at any size. The <b>best template</b> "
+    "(first token, self, previous token or uniform) gives the scale: an explanation is worth reading when it "
+    "beats it clearly."
+)
+
+
+def number(x: Any, digits: int = 2) -> str:
+    """A float with ``digits`` decimals, or an en dash when missing or NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{float(x):.{digits}f}"
+
+
+def percent(x: Any, signed: bool = True, digits: int = 1) -> str:
+    """0.165 → "+16.5%" (an en dash when missing)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{100 * float(x):{'+' if signed else ''}.{digits}f}%"
+
+
+def seconds(s: float) -> str:
+    """1.23 → "1.2 s", 125 → "2 min 5 s", 4000 → "1 h 7 min"."""
+    s = float(s)
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        m, r = divmod(round(s), 60)
+        return f"{m} min {r} s" if r else f"{m} min"
+    h, r = divmod(round(s), 3600)
+    return f"{h} h {r // 60} min"
+
+
+def timings_sentence(timings: dict[str, float]) -> str:
+    """{"capture": 1.2, "search": 40} → "capture 1.2 s, search 40 s (total 41 s)"."""
+    if not timings:
+        return ""
+    parts = ", ".join(f"{html.escape(str(k))} {seconds(v)}" for k, v in timings.items())
+    total = sum(float(v) for v in timings.values())
+    return f"{parts} (total {seconds(total)})" if len(timings) > 1 else parts
+
+
+def notes_list(notes: Iterable[Any]) -> str:
+    """Notes as an HTML list; nothing at all when there are none."""
+    items = [str(n) for n in notes or () if str(n).strip()]
+    if not items:
+        return ""
+    return "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in items) + "</ul>"
+
+
+def plain(value: Any) -> str:
+    """Any summary value in words: numbers rounded, lists joined, mappings as "key value" pairs."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return number(value, 3)
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple, set)):
+        return ", ".join(plain(v) for v in value) or "none"
+    return str(value)
+
+
+def splits_sentence(splits: Any) -> str:
+    """{"synth": 120, "select": 40, "test": 40} → "120 synth, 40 select and 40 test windows"."""
+    if not isinstance(splits, dict) or not splits:
+        return ""
+    parts = [f"{v} {k}" for k, v in splits.items()]
+    head = ", ".join(parts[:-1])
+    return (f"{head} and {parts[-1]}" if head else parts[0]) + " windows, split by document"
+
+
+SWEEP_COLUMNS = (("delta", "in order of select IoU"), ("delta_random_order", "in random order"),
+                 ("delta_random_program", "with random programs"))
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """Replacement-sweep rows as a tidy table plus one sentence about the last row."""
+    if not rows:
+        return ""
+    cols = [(k, label) for k, label in SWEEP_COLUMNS if any(k in r for r in rows)]
+    head = "".join(f"<th>ΔPPL {label}</th>" for _, label in cols)
+    body = []
+    for r in rows:
+        which = f" ({html.escape(str(r['which']))})" if r.get("which") else ""
+        cells = "".join(f"<td>{percent(r.get(k))}</td>" for k, _ in cols)
+        body.append(f"<tr><td>{percent(r.get('fraction'), signed=False, digits=0)} of heads ({r.get('n_heads', '–')})"
+                    f"{which}</td>{cells}</tr>")
+    last = rows[-1]
+    sentence = ""
+    if "delta" in last and last.get("n_heads"):
+        extra = (f"; random programs in the same heads: {percent(last['delta_random_program'])}"
+                 if "delta_random_program" in last else "")
+        sentence = (f"<p>Replacing {last['n_heads']} heads by their programs changes test perplexity by "
+                    f"{percent(last['delta'])}{extra}.</p>")
+    return (f"{sentence}<table class='sweep'><tr><th>heads replaced</th>{head}</tr>{''.join(body)}</table>")
+
+
+def trust_words(explanation_iou: float | None) -> tuple[str, str]:
+    """A short verdict and its CSS class from the explanation's test IoU."""
+    if explanation_iou is None:
+        return "no readable explanation", "none"
+    if explanation_iou >= 0.7:
+        return "close match", "high"
+    if explanation_iou >= 0.5:
+        return "partial match", "mid"
+    return "rough sketch", "low"
+
+
+def gain(explanation_iou: float | None, template_iou: float | None) -> str:
+    """The explanation's IoU margin over the best template, signed ("+0.12"), or an en dash."""
+    if explanation_iou is None or template_iou is None:
+        return "–"
+    return f"{explanation_iou - template_iou:+.2f}"
