@@ -8,6 +8,8 @@ per-batch cache, so a repeated batch costs a dictionary lookup.
 """
 from __future__ import annotations
 
+import copy as _copy
+import dataclasses
 import hashlib
 import re
 import warnings
@@ -113,10 +115,14 @@ def pattern_edits_take_effect(handle: ModelHandle) -> bool:
 
 
 class HybridModel(nn.Module):
-    """The model with some heads replaced. Use it like the model; ``restore()`` returns the untouched one.
+    """The model with some heads replaced, in its own calls only; the base model keeps computing as before.
 
-    ``hybrid(ids)`` returns logits; ``hybrid.replaced`` maps (layer, head) → program; attributes of the
-    ModelHandle (tokenizer, n_layers, ...) and of the TransformerBridge are reachable directly.
+    ``hybrid(ids)`` returns logits with the programs applied: its hooks are installed for that call and
+    removed after it (like TransformerLens' ``run_with_hooks``), so calling the base model or handle
+    directly always runs the unmodified model. The weights are shared with the base by design (training
+    the hybrid trains them; ``replace_heads(..., copy=True)`` gives an independent copy).
+    ``hybrid.replaced`` maps (layer, head) → program; attributes of the ModelHandle (tokenizer, n_layers,
+    ...) and of the TransformerBridge are reachable directly.
     """
 
     def __init__(self, handle: ModelHandle, heads: dict[HeadKey, ProgramHead], cache: TensorCache | None,
@@ -137,7 +143,8 @@ class HybridModel(nn.Module):
         self._lengths: torch.Tensor | None = None
         self._v: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
-        self._install()
+        self._restored = False
+        self._check_hook_points()
 
     # ------------------------------------------------------------ public face
     @property
@@ -146,7 +153,8 @@ class HybridModel(nn.Module):
 
     @property
     def active(self) -> bool:
-        return bool(self._handles)
+        """False once :meth:`restore` detached the programs."""
+        return not self._restored
 
     def forward(self, input: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """Logits (or whatever the base returns) with program heads applied; pass attention_mask for padding."""
@@ -156,12 +164,15 @@ class HybridModel(nn.Module):
             self._lengths = attention_mask.sum(-1).cpu()
             if not self.handle.causal or bool((attention_mask == 0).any()):
                 kwargs["attention_mask"] = attention_mask.to(self.handle.device)
+        self._install()
         try:
             if isinstance(input, torch.Tensor) and not input.is_floating_point():
                 input = input.to(self.handle.device)
             return self.base(input, **kwargs)
         finally:
+            self._remove_hooks()
             self._lengths = None
+            self._v.clear()
 
     def register_sequences(self, sequences: list[Sequence]) -> None:
         """Tell the hybrid the exact Sequences (text, offsets) behind ids it will see; otherwise ids are decoded."""
@@ -186,10 +197,14 @@ class HybridModel(nn.Module):
         return ids
 
     def restore(self) -> Any:
-        """Remove every hook this hybrid installed and return the untouched model (the TransformerBridge)."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        """Detach the programs: later calls of this hybrid raise, its pattern caches are freed; returns the base.
+
+        No hook outlives a call, so the base model was already unmodified between calls. Weights are not
+        restored: they are the base's own (shared), including any training done through the hybrid;
+        ``replace_heads(..., copy=True)`` keeps the base's weights apart.
+        """
+        self._remove_hooks()
+        self._restored = True
         self._batch_cache.clear()
         self._v.clear()
         return self.base
@@ -210,8 +225,13 @@ class HybridModel(nn.Module):
             return getattr(handle, name)
         return getattr(self._modules["base"], name)
 
-    def extra_repr(self) -> str:
-        return f"mode={self.mode}, replaced={[head_name(k) for k in sorted(self.replaced)]}"
+    def __repr__(self) -> str:
+        """A few lines: which heads run which program; the full module tree is ``.base``."""
+        shown = [f"  {head_name(k)}: {str(p)[:70]}" for k, p in sorted(self.replaced.items())[:8]]
+        more = len(self.replaced) - len(shown)
+        return "\n".join([f"HybridModel({self.handle.name}: {len(self.replaced)} of {self.handle.n_layers * self.handle.n_heads} "
+                           f"heads replaced, {self.mode} mode{'' if self.active else ', restored'}; module tree: .base)",
+                           *shown, *([f"  ... and {more} more"] if more > 0 else [])])
 
     # ------------------------------------------------------------ hooks
     def _by_layer(self) -> dict[int, list[ProgramHead]]:
@@ -220,24 +240,33 @@ class HybridModel(nn.Module):
             out.setdefault(ph.layer, []).append(ph)
         return out
 
-    def _install(self) -> None:
-        hooks = self.base.hook_dict
-        if "embed.hook_in" not in hooks:
+    def _check_hook_points(self) -> None:
+        if "embed.hook_in" not in self.base.hook_dict:
             raise SurgeryError(f"{self.handle.name}: no embed.hook_in hook point to read token ids from")
-        self._handles.append(hooks["embed.hook_in"].register_forward_hook(self._remember_ids))
+
+    def _remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _install(self) -> None:
+        """Hook the base for one call of this hybrid (removed again in ``forward``'s finally)."""
+        hooks = self.base.hook_dict
+        self._remove_hooks()
+        self._handles.append(hooks["embed.hook_in"].register_forward_hook(self._remember_ids, prepend=True))
         for layer, heads in self._by_layer().items():
             attention = [ph for ph in heads if not getattr(ph.provider, "output_level", False)]
             outputs = [ph for ph in heads if getattr(ph.provider, "output_level", False)]
             if attention and self.mode == "pattern":
                 hp = hooks[f"blocks.{layer}.attn.hook_pattern"]
-                self._handles.append(hp.register_forward_hook(self._pattern_hook(layer)))
+                self._handles.append(hp.register_forward_hook(self._pattern_hook(layer), prepend=True))
                 attention = []
             if attention:
                 hv = hooks[f"blocks.{layer}.attn.hook_v"]
-                self._handles.append(hv.register_forward_hook(self._v_hook(layer)))
+                self._handles.append(hv.register_forward_hook(self._v_hook(layer), prepend=True))
             if attention or outputs:
                 hz = hooks[f"blocks.{layer}.attn.hook_z"]
-                self._handles.append(hz.register_forward_hook(self._z_hook(layer, attention, outputs)))
+                self._handles.append(hz.register_forward_hook(self._z_hook(layer, attention, outputs), prepend=True))
 
     def _remember_ids(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         self._ids = output.detach()
@@ -366,15 +395,24 @@ def _from_programset(handle: ModelHandle, programs: ProgramSet, which: str) -> d
     return chosen
 
 
+def _independent(handle: ModelHandle) -> ModelHandle:
+    """A handle whose model is a deep copy (own weights); the tokenizer is shared."""
+    model = _copy.deepcopy(handle.model)
+    return dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None),
+                               source=dict(handle.source))
+
+
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
-                  cache: TensorCache | None = None, which: str = "replacement") -> HybridModel:
+                  cache: TensorCache | None = None, which: str = "replacement", copy: bool = False) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
     ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
     provider; a ProgramSet works too: ``which="replacement"`` (default) swaps in each head's most faithful
     program, ``which="explanation"`` its readable one (heads without one stay neural, with a warning); a
     ProgramSet selected with another tokenizer is refused. ``alpha`` (per head via a mapping) blends neural
-    (0) and program (1).
+    (0) and program (1). The programs apply only inside the hybrid's own calls; the hybrid shares the
+    model's weights (``model = replace_heads(model, ...)`` in training code trains them) unless
+    ``copy=True``, which gives the hybrid its own deep copy of the model.
     """
     if which not in ("replacement", "explanation"):
         raise SurgeryError(f"which must be 'replacement' or 'explanation', got {which!r}")
@@ -390,6 +428,8 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     else:
         alphas_old = {}
         handle = load_model(model)
+    if copy:
+        handle = _independent(handle)
     if isinstance(programs, ProgramSet):
         programs = _from_programset(handle, programs, which)
     heads = _normalize_programs(handle, programs)

@@ -277,4 +277,14 @@ class ProgramSet:
         return cls.from_json(obj, tables)
 
     def __repr__(self) -> str:
-        return f"ProgramSet({len(self)} heads, model={self.model!r})"
+        """One line: heads, readable explanations, mean test IoU of replacements and explanations."""
+        text = f"ProgramSet({len(self)} heads of {self.model or 'a model'}"
+        readable = [e.explanation for e in self.entries.values() if e.explanation is not None]
+        text += f", {len(readable)} with a readable explanation"
+        summary = self.summary("test")
+        if "mean_iou" in summary:
+            text += f"; mean test IoU: replacements {summary['mean_iou']:.3f}"
+            ious = [c.iou("test") for c in readable if c.iou("test") is not None]
+            if ious:
+                text += f", explanations {sum(ious) / len(ious):.3f}"
+        return text + ")"

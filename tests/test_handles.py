@@ -46,3 +46,14 @@ def test_missing_local_paths_fail_fast_without_the_hub(spec, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
     with pytest.raises(ModelLoadError, match="file not found"):
         load_model(spec)
+
+
+def test_hybrid_and_program_set_reprs_are_short(tiny):
+    programs = {f"L{layer}H{head}": "prev(1)" for layer in range(4) for head in range(4)}
+    hybrid = hs.replace_heads(tiny, programs)
+    lines = repr(hybrid).splitlines()
+    assert lines[0].startswith("HybridModel(tiny-stories: 16 of 16 heads replaced") and len(lines) <= 10
+    assert "... and 8 more" in lines[-1]
+    ps = hs.ProgramSet()
+    ps.add((0, 1), hs.Program.parse("prev(1)"), source="hand")
+    assert repr(ps) == "ProgramSet(1 heads of a model, 0 with a readable explanation)"

@@ -131,20 +131,23 @@ def test_gradients_reach_neural_parts_but_not_replaced_qk(request, documents, ki
 
 
 @pytest.mark.parametrize("kind", MODELS)
-def test_restore_removes_every_hook(request, documents, kind):
+def test_hooks_live_only_inside_the_hybrids_calls(request, documents, kind):
+    """The base model called directly is always the base, before, during and after a hybrid's life."""
     h = get_model(request, kind)
     seqs, ids = batch_of(h, documents, n=2)
     before = all_hooks(h.model)
     with torch.no_grad():
         base = h.forward(ids)
         hybrid = replace_heads(h, {(0, 1): "uniform()", (h.n_layers - 1, 0): "first()"})
-        assert all_hooks(h.model) != before
+        assert all_hooks(h.model) == before  # nothing installed between calls
         assert not torch.equal(hybrid(ids), base)
+        assert all_hooks(h.model) == before
+        assert torch.equal(h.forward(ids), base) and torch.equal(h(ids), base)  # the base, while the hybrid lives
         restored = hybrid.restore()
         assert restored is h.model and all_hooks(h.model) == before
         assert torch.equal(h.forward(ids), base)
-        with replace_heads(h, {(0, 0): "self()"}):
-            assert all_hooks(h.model) != before
+        with replace_heads(h, {(0, 0): "self()"}) as scoped:
+            assert not torch.equal(scoped(ids), base) and torch.equal(h.forward(ids), base)
         assert all_hooks(h.model) == before
     with pytest.raises(SurgeryError, match="restored"):
         hybrid(ids)
@@ -155,10 +158,10 @@ def test_alpha_blends_neural_and_program(stories, documents):
     layer, head = 2, 3
     got = {}
     for alpha in (0.0, 0.3, 1.0):
-        with replace_heads(stories, {(layer, head): "first()"}, alpha=alpha), torch.no_grad():
+        with replace_heads(stories, {(layer, head): "first()"}, alpha=alpha) as hybrid, torch.no_grad():
             hp = stories.model.hook_dict[f"blocks.{layer}.attn.hook_pattern"]
             obs = hp.register_forward_hook(lambda m, i, o: got.__setitem__(alpha, o[:, head].clone()))
-            stories.forward(ids)
+            hybrid(ids)
             obs.remove()
     neural, program = got[0.0], got[1.0]
     assert torch.allclose(program[..., 0], torch.ones_like(program[..., 0]))
@@ -205,18 +208,22 @@ def test_hybrid_is_usable_like_the_model(stories, documents):
 
 
 def test_inplace_fast_path_never_changes_what_earlier_hooks_hold(stories, documents):
-    """A hook registered before the hybrid keeps a reference to the neural pattern; it must stay neural."""
+    """A user's hook on the base sees what attention used in each call, and what it kept from an earlier call
+    stays as it was (the hybrid's in-place path never writes into a tensor someone else holds)."""
     seqs, ids = batch_of(stories, documents, n=2)
     layer, head = 2, 4
     hp = stories.model.hook_dict[f"blocks.{layer}.attn.hook_pattern"]
-    held = {}
-    early = hp.register_forward_hook(lambda m, i, o: held.__setitem__("ref", o))  # no clone on purpose
+    held = []
+    early = hp.register_forward_hook(lambda m, i, o: held.append(o))  # no clone on purpose
     try:
         with torch.no_grad():
             stories.forward(ids)
-            neural = held["ref"][:, head].clone()
+            neural = held[0][:, head].clone()
             with replace_heads(stories, {(layer, head): "first()"}) as hybrid:
                 hybrid(ids)
-        assert torch.equal(held["ref"][:, head], neural)
+            stories.forward(ids)
+        assert torch.equal(held[0][:, head], neural)  # the first call's pattern was not edited in place
+        assert torch.allclose(held[1][:, head, :, 0], torch.ones_like(held[1][:, head, :, 0]))  # the hybrid's call
+        assert torch.equal(held[2][:, head], neural)  # the base again
     finally:
         early.remove()
