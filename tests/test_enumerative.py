@@ -12,7 +12,7 @@ from headsurgeon.synth.enumerative import (
     FitSet, SearchStats, Split, enumerative_search, nnls_gram, primitive_library, round_weights,
 )
 from headsurgeon.synth.metrics import score_many
-from headsurgeon.synth.program import Program
+from headsurgeon.synth.program import BUDGETS, Program
 from headsurgeon.synth.sequence import Sequence
 
 STORY = """Once upon a time, there was a little girl named Lily. She loved to play outside in the park.
@@ -306,7 +306,7 @@ def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
     uniform = Program.parse("uniform()")
     for head in heads:
         cands = res[head]
-        assert 1 <= len(cands) <= 3
+        assert 1 <= len(cands) <= 3 + 6 * len(BUDGETS)  # top_k, plus the small ones kept per size budget
         for c in cands:
             assert set(c.scores) == {"synth", "select"}
             assert all(set(v) == {"iou", "jsd"} for v in c.scores.values())
@@ -316,3 +316,66 @@ def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
         iou, jsd = kernel_scores(store, head, best.program, select_idx)
         assert iou == pytest.approx(best.scores["select"]["iou"], abs=2e-3)  # float16 store vs float32 kernels
         assert iou > base_iou + 0.05 and jsd < base_jsd
+
+
+# ------------------------------------------------------------------------------------------
+# candidates across sizes (synth/search/enumerative/small.py)
+# ------------------------------------------------------------------------------------------
+
+
+def test_small_candidates_exist_within_each_budget(synthetic) -> None:
+    """Every head gets candidates at every finite budget, each within it, alongside the big fitted tables."""
+    from headsurgeon.synth.search.enumerative.small import BANDS, rendered_chars, vocabulary_of
+
+    store, synth_idx, _, result, _ = synthetic
+    vocab = vocabulary_of([store.sequences[i] for i in synth_idx])
+    assert BANDS == tuple(b for b in BUDGETS if b is not None)
+    for head, cands in result.items():
+        chars = [rendered_chars(c.program, vocab) for c in cands]
+        for budget in BANDS:
+            fit = [c for c, n in zip(cands, chars) if n <= budget]
+            assert len(fit) >= 2, (head, budget, chars)
+            assert all(c.program.chars(vocab) <= budget for c in fit)
+    # simple heads are recovered by a small program: the best one under 60 characters is nearly exact
+    for head in [(0, 0), (0, 1), (0, 2), (0, 3)]:
+        small = [c for c in result[head] if rendered_chars(c.program, vocab) <= 60]
+        assert max(c.scores["select"]["iou"] for c in small) > 0.97, head
+
+
+def test_small_candidates_ranking_is_sane(synthetic) -> None:
+    """Within a budget the JSD ranking agrees with the true program: the exact one ranks first on synth."""
+    store, synth_idx, _, result, _ = synthetic
+    for head in [(0, 0), (0, 2), (1, 1)]:
+        cands = result[head]
+        truth = store.programs[head]
+        best = min(cands, key=lambda c: c.scores["synth"]["jsd"])
+        assert best.scores["synth"]["jsd"] < 0.05, (head, best.program.text)
+        small = [c for c in cands if len(c.program.text) <= 60]
+        assert small and min(c.scores["synth"]["jsd"] for c in small) < 0.05, (head, truth.text)
+        # a candidate's JSD rank agrees with its IoU rank at the extremes
+        jsd_best = min(small, key=lambda c: c.scores["synth"]["jsd"])
+        jsd_worst = max(small, key=lambda c: c.scores["synth"]["jsd"])
+        assert jsd_best.scores["synth"]["iou"] >= jsd_worst.scores["synth"]["iou"]
+
+
+def test_key_sets_and_short_profiles_evaluate_exactly() -> None:
+    """key_in_set over a few ids and a fitted short profile: compact cells equal the kernels."""
+    from headsurgeon.synth.search.enumerative.small import key_in_set, key_sets, short_profiles
+    from headsurgeon.synth.search.enumerative.split import features_for
+
+    seqs = story_sequences()
+    ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}
+    head = (0, 0)
+    store = ProgramStore(seqs, {head: Program.parse(f"0.8*key_in_set(ids=[{ids['.']}, {ids['the']}]) + 0.2*first()")})
+    lib = primitive_library(seqs, True, spacy=False)
+    split = Split(store, list(range(len(seqs))), features_for(lib, []))
+    fs = FitSet(split, lib, [head], [], True, False)
+    sets = key_sets(fs, 0)
+    assert sets and set(sets[-1]) >= {ids["."], ids["the"]} and all(len(s) <= 8 for s in sets)
+    for node in [key_in_set(sets[0])] + short_profiles(fs, 0):
+        prog = Program.from_node(node)
+        memo: dict = {}
+        q = fs.pattern(node, memo)
+        iou, jsd = kernel_scores(store, head, prog, list(range(len(seqs))))
+        assert float(fs.iou(q[None], 0)[0]) == pytest.approx(iou, abs=2e-4), prog.text
+        assert float(fs.jsd(q[None], 0)[0]) == pytest.approx(jsd, abs=2e-4), prog.text

@@ -243,3 +243,22 @@ def test_real_heads_beat_the_uniform_baseline(stories, seqs):
     for head in heads:
         best = max(c.scores["select"]["iou"] for c in found[head])
         assert best > _uniform_iou(store, head, select) + 0.05, (head, best)
+
+
+def test_pruned_programs_span_the_size_budgets(learned, synthetic_store, seqs):
+    """Besides the fitted mixtures, every head gets pruned programs of 1-3 terms, scored like the rest."""
+    from headsurgeon.synth.program import READABLE_CHARS
+    from headsurgeon.synth.search.learned.prune import MAX_PAIRS, pruned_heads
+
+    for head, (cands, fits) in learned.items():
+        pruned = [p for m in fits for p in pruned_heads(m)]
+        assert pruned, head
+        for p in pruned:
+            node = p.node()
+            terms = node.terms if hasattr(node, "terms") else ((1.0, node),)
+            assert 1 <= len(terms) <= 3 and p.gate is None
+            assert all(t.n_pairs <= MAX_PAIRS for _, t in p.matches)
+        texts = {c.program.text for c in cands}
+        assert {p.program.text for p in pruned} <= texts
+        small = [c for c in cands if c.program.chars() <= READABLE_CHARS]
+        assert small and all({"synth", "select"} <= set(c.scores) for c in small)

@@ -120,7 +120,7 @@ class FitSet:
             k = self.index.get(node)
             if k is not None:
                 out = (self.X[k], self.empty[k])
-            elif node.name in ("profile", "key_weight", "class_weight"):
+            elif node.name in ("profile", "key_weight", "class_weight", "key_in_set"):
                 v = self.rownorm(self.cell_scores(node))
                 out = (v, np.add.reduceat(v, self.row_start[:-1]) <= 0)
             else:
@@ -167,7 +167,9 @@ class FitSet:
         return out
 
     def cell_scores(self, node: dsl.Prim) -> np.ndarray:
-        """Raw scores [C] of the table primitives ``profile`` and ``key_weight`` (kernel semantics)."""
+        """Raw scores [C] of ``profile``, ``key_weight``, ``class_weight`` and ``key_in_set`` (kernel semantics)."""
+        if node.name == "key_in_set":
+            return np.isin(self.cell_key, np.asarray(node.param("ids"), dtype=np.int64)).astype(np.float32)
         if node.name == "profile":
             w = np.asarray(node.param("w"), dtype=np.float32)
             d = self.cell_d

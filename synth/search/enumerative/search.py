@@ -27,6 +27,7 @@ from .blas import single_thread_blas
 from .compose import hypothesis, propose, sparse_primitives, used_preds, used_primitives
 from .fitset import FitSet
 from .library import frequent_tokens, primitive_library, query_predicates
+from .small import keep_per_band, propose_small, rendered_chars, vocabulary_of
 from .split import Split, features_for
 from .util import default_splits, progress_bar, spacy_available
 
@@ -64,6 +65,7 @@ def enumerative_search(
     stats: SearchStats | None = None,
     budget: float | None = None,
     cancel: threading.Event | None = None,
+    small: int = 4,
 ) -> dict[tuple[int, int], list[Candidate]]:
     """Search DSL programs for every head at once; ``{(layer, head): [Candidate, ...]}``, best JSD first.
 
@@ -74,20 +76,24 @@ def enumerative_search(
     (the best by JSD plus the two best by IoU on the fit set); ``gates``: query-gated proposals per
     head; ``tables``: also fit ``mul(profile(..), key_weight(..))`` programs (a softmax over offset and
     key-token logits, with query-token temperature gates) over the ``key_weights`` most frequent
-    tokens; ``library``: primitives to start from (default :func:`primitive_library`); ``spacy``: use spaCy
-    features (POS, dependencies; default: when the spaCy model loads); ``cache``: a ``TensorCache`` for the
-    primitives' (row-normalized, unmasked-to-BOS) score matrices, read and filled; ``stats``: a :class:`SearchStats` to fill;
-    ``budget`` (seconds) / ``cancel``: stop composing for further heads and return the heads finished.
+    tokens (causal models only: a profile scores no key ahead of the query); ``library``: primitives to
+    start from (default :func:`primitive_library`); ``spacy``: use spaCy features (POS, dependencies;
+    default: when the spaCy model loads); ``cache``: a ``TensorCache`` for the primitives' (row-normalized,
+    unmasked-to-BOS) score matrices, read and filled; ``stats``: a :class:`SearchStats` to fill;
+    ``budget`` (seconds) / ``cancel``: stop composing for further heads and return the heads finished;
+    ``small``: per finite size budget (synth/program.py ``BUDGETS``, characters rendered with token strings),
+    the ``small`` best small compositions by JSD and ``small // 2`` by IoU are kept too (:mod:`.small`; 0: none).
     """
     with single_thread_blas():
         return _search(store, heads, synth_idx, select_idx, beam, max_terms, seed, progress, cache, top_k,
-                       fit_sequences, library, gates, tables, key_weights, spacy, stats, StopCheck(budget, cancel))
+                       fit_sequences, library, gates, tables, key_weights, spacy, stats, StopCheck(budget, cancel),
+                       small)
 
 
 def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, beam: int, max_terms: int,
             seed: int, progress: bool, cache: Any, top_k: int, fit_sequences: int | None,
             library: list[Program] | None, gates: int, tables: bool, key_weights: int, spacy: bool | None,
-            stats: SearchStats | None, stop: StopCheck) -> dict[tuple[int, int], list[Candidate]]:
+            stats: SearchStats | None, stop: StopCheck, small: int = 4) -> dict[tuple[int, int], list[Candidate]]:
     """The body of :func:`enumerative_search` (arguments as there)."""
     t_start = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
@@ -104,12 +110,14 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     overlap = set(synth_idx) & set(select_idx)
     if overlap:
         raise ValueError(f"synth and select share {len(overlap)} sequences; select must be held out from synth")
-    if beam < 1 or max_terms < 1 or top_k < 1:
-        raise ValueError(f"beam, max_terms and top_k must be >= 1; got {beam}, {max_terms}, {top_k}")
+    if beam < 1 or max_terms < 1 or top_k < 1 or small < 0:
+        raise ValueError(f"beam, max_terms and top_k must be >= 1 and small >= 0; got {beam}, {max_terms}, {top_k}, "
+                         f"{small}")
     causal = bool(store.causal)
     rng = np.random.default_rng(seed)
 
     synth_seqs = [store.sequences[i] for i in synth_idx]
+    vocab = vocabulary_of(synth_seqs) if small else None
     if spacy is None:
         spacy = spacy_available()
     if library is None:
@@ -134,20 +142,19 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     t0 = time.perf_counter()
     nodes = [p.node for p in library]
     sparse = sparse_primitives(library)
+    # the tables' profiles score only keys behind the query: fitted for causal models only
     keys = np.asarray(sorted(frequent_tokens(list(fit_split.seqs), key_weights, min_sequences=3)), dtype=np.int64) \
-        if tables else None
+        if tables and causal else None
     ranked: dict[tuple[int, int], list[tuple[Program, float, float]]] = {}
     bar = progress_bar(len(heads), "enumerative: compose", progress)
     for hi, head in enumerate(heads):
         if stop():
             break
         props = propose(fs, hi, tot, groups, nodes, sparse, beam, max_terms, gates, keys)
+        if small:
+            props = list(dict.fromkeys(props + propose_small(fs, hi, tot, groups, nodes, sparse, gates + 1)))
         stats.proposals += len(props)
-        memo: dict = {}
-        pats = np.stack([fs.pattern(node, memo) for node in props])
-        del memo
-        iou, jsd = fs.iou(pats, hi), fs.jsd(pats, hi)
-        del pats
+        iou, jsd = score_proposals(fs, hi, props)
         by_jsd = sorted(range(len(props)), key=lambda k: (jsd[k], k))  # proposals come in a stable order
         by_iou = sorted(range(len(props)), key=lambda k: (-iou[k], k))
         n_iou = min(2, top_k - 1) if top_k > 1 else 0
@@ -157,7 +164,11 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
                 break
             if k not in keep:
                 keep.append(k)
-        ranked[head] = [(Program.from_node(props[k]), float(iou[k]), float(jsd[k])) for k in keep]
+        progs = [Program.from_node(n) for n in props]
+        if small:
+            chars = [rendered_chars(p, vocab) for p in progs]
+            keep = list(dict.fromkeys(keep + keep_per_band(chars, jsd, iou, small, max(1, small // 2))))
+        ranked[head] = [(progs[k], float(iou[k]), float(jsd[k])) for k in keep]
         bar.update(1)
     bar.close()
     heads = heads[: len(ranked)]  # the heads composed before a stop (all of them without one)
@@ -192,6 +203,18 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     stats.seconds["total"] = time.perf_counter() - t_start
     return result
 
+
+
+def score_proposals(fs: FitSet, hi: int, props: list, block: int = 24) -> tuple[np.ndarray, np.ndarray]:
+    """IoU and JSD on the fit set of every proposal for head ``hi``, ``block`` patterns at a time."""
+    memo: dict = {}
+    ious, jsds = [], []
+    for s in range(0, len(props), block):
+        pats = np.stack([fs.pattern(node, memo) for node in props[s: s + block]])
+        ious.append(fs.iou(pats, hi))
+        jsds.append(fs.jsd(pats, hi))
+        del pats
+    return np.concatenate(ious), np.concatenate(jsds)
 
 
 class EnumerativeSearcher:

@@ -1,7 +1,8 @@
 """The learned searcher: per head, fit categorical predicates over Sequence features (:mod:`.fit`), decompile them
 into DSL programs (:mod:`.head`), and score the candidates with the kernels on ``synth`` and ``select``.
 
-Candidates per head: the single mixture, the query-gated mixture and each match term alone.
+Candidates per head: the single mixture, the query-gated mixture, each match term alone, and the pruned programs
+of :mod:`.prune` (the heaviest one to three terms), so that candidates span the size budgets.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..base import CandidateMap, Head, PatternSource, StopCheck, check_splits
 from .config import ARRAY_FEATURES, LearnedConfig
 from .fit import fit_head
 from .model import make_data
+from .prune import pruned_heads
 from .rows import positional_specs
 from .space import FeatureSpace, feature_arrays
 
@@ -154,6 +156,9 @@ def _search(store: PatternSource, heads: list[tuple[int, int]], synth_idx: list[
                 for m in fits:
                     for p in m.match_programs():
                         progs.setdefault(p.hash, (p, "match term alone: " + _first_line(p.text)))
+                for m in fits:  # small programs for the size budgets: the heaviest few terms
+                    for small in pruned_heads(m):
+                        progs.setdefault(small.program.hash, (small.program, "pruned: " + small.hypothesis(tokens)))
                 programs.append([p for p, _ in progs.values()])
                 hypotheses.append([h for _, h in progs.values()])
             scores = {"synth": _score_chunk(store, chunk, programs, synth_idx, names)}
