@@ -39,7 +39,7 @@ _EXPORTS = {
     "TensorCache": "headsurgeon.kernels.cache", "soft_iou": "headsurgeon.synth.metrics",
     "jsd_distance": "headsurgeon.synth.metrics", "score_many": "headsurgeon.synth.metrics",
     "topq_iou": "headsurgeon.synth.metrics", "RealPatterns": "headsurgeon.synth.metrics",
-    "run_demo": "headsurgeon.demo",
+    "run_demo": "headsurgeon.demo", "demo_corpus_path": "headsurgeon.hub.zoo", "Vocabulary": "headsurgeon.synth.vocab",
     "explain": "headsurgeon.explain", "spearman_ci": "headsurgeon.surgery.evaluate",
     # hub: checkpoints
     "save_hybrid": "headsurgeon.hub.checkpoint", "load_hybrid": "headsurgeon.hub.checkpoint",

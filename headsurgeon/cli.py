@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Callable
 
-from .kernels.argtypes import fraction, int_at_least, non_negative_float, non_negative_int, positive_int
+from .kernels.argtypes import add_window_args, fraction, non_negative_float, positive_int
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 MESSAGE_LIMIT = 1000
@@ -23,8 +23,7 @@ def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
 
 
 def _corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-len", type=int_at_least(2), default=128, help="tokens per window, BOS included (default 128)")
-    p.add_argument("--max-sequences", type=positive_int, default=None, help="stop after this many windows")
+    add_window_args(p)
     p.add_argument("--separator", default=None, help="document separator (default: blank lines)")
 
 
@@ -87,6 +86,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_score(args: argparse.Namespace) -> int:
+    from headsurgeon.surgery.corpus import load_corpus
+    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.score import score
+    from headsurgeon.synth.program import Program
+    from headsurgeon.synth.vocab import Vocabulary
+
+    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
+    program = Program.parse(args.program, vocab=Vocabulary.from_tokenizer(handle.tokenizer))
+    splits = load_corpus(handle, args.corpus, max_len=args.max_len, max_sequences=args.max_sequences, seed=args.seed)
+    windows = splits.synth + splits.select + splits.test if args.split == "all" else getattr(splits, args.split)
+    got = score(program, handle, args.head, sequences=windows)
+    if args.json:
+        print(json.dumps({"head": args.head, "program": program.text, "split": args.split, **got}, indent=1))
+    else:
+        print(f"{args.head} vs {program.text}: soft IoU {got['iou']:.3f}, JSD {got['jsd']:.3f}, top-q IoU "
+              f"{got['topq']:.3f} on {got['n']} {args.split} windows")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from headsurgeon.demo import format_summary, run_demo
 
@@ -123,11 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="capture → program search → selection → replacement sweep → HTML report")
     p.add_argument("model", nargs="?", default="tiny-stories", help="model spec (default: the embedded tiny-stories)")
     p.add_argument("corpus", nargs="?", default=None, help="text file (default: the embedded demo corpus)")
-    p.add_argument("out", nargs="?", default="headsurgeon-out", help="output directory (default headsurgeon-out)")
+    p.add_argument("out", nargs="?", default="headsurgeon-explain", help="output directory")
     p.add_argument("--tokenizer", default=None)
-    p.add_argument("--max-len", type=int_at_least(2), default=64)
-    p.add_argument("--max-sequences", type=positive_int, default=300)
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    add_window_args(p)
     p.add_argument("--searchers", nargs="+", default=["enumerative", "learned", "llm"],
                    help="which searchers run (llm only when an endpoint is configured)")
     p.add_argument("--llm-model", default=None, help="chat model for the LLM agent (or HEADSURGEON_LLM_MODEL)")
@@ -139,14 +156,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")
-    p.add_argument("--out", default="headsurgeon-demo", help="output directory (default headsurgeon-demo)")
-    p.add_argument("--max-len", type=int_at_least(2), default=64)
-    p.add_argument("--max-sequences", type=positive_int, default=240)
+    p.add_argument("--out", default="headsurgeon-demo", help="output directory")
+    add_window_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("score", help="how well one program reproduces one head (soft IoU, JSD, top-q IoU)")
+    _model_args(p)
+    p.add_argument("corpus", help="text file; documents separated by blank lines")
+    p.add_argument("--head", required=True, help="the head, e.g. L0H1")
+    p.add_argument("--program", required=True, help='a DSL program, e.g. "prev(1)" (token strings need the model\'s '
+                                                    'vocabulary, which score uses)')
+    p.add_argument("--split", choices=("synth", "select", "test", "all"), default="test",
+                   help="which windows of the document-level split to score on")
+    add_window_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_score)
+
     for register in _extensions():
         register(sub)
+    for subparser in sub.choices.values():  # every --help shows the defaults
+        subparser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     return parser
 
 
@@ -194,9 +224,25 @@ def error_message(error: BaseException, limit: int = MESSAGE_LIMIT) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... (message cut at {limit} of {len(text)} characters)"
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse the command line; a subcommand's options may sit between its positionals (``explain M --tokenizer T C OUT``)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    position = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if position is None or argv[position] not in sub.choices or any(a in ("-h", "--help") for a in argv):
+        return parser.parse_args(argv)  # help is printed by the plain parser (it shows positionals' defaults)
+    command = argv[position]
+    subparser = sub.choices[command]
+    try:
+        args = subparser.parse_intermixed_args(argv[position + 1:])
+    except TypeError:  # a subcommand with its own subcommands (tp): plain parsing
+        return parser.parse_args(argv)
+    args.command = command
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, list(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -93,10 +93,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     splits = load_corpus(handle, corpus, max_len=max_len, max_sequences=max_sequences, fractions=fractions, seed=seed)
     if not (splits.synth and splits.select and splits.test):
         raise ValueError(f"the corpus split is too small ({splits.sizes()}): give more documents")
-    sequences = splits.synth + splits.select + splits.test
-    idx = {"synth": list(range(len(splits.synth))),
-           "select": list(range(len(splits.synth), len(splits.synth) + len(splits.select))),
-           "test": list(range(len(splits.synth) + len(splits.select), len(sequences)))}
+    sequences, idx = splits.all, splits.indices
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     store = capture(handle, sequences, out=out / "store", progress=progress)

@@ -9,7 +9,8 @@ import argparse
 import math
 from typing import Callable
 
-__all__ = ["int_at_least", "positive_int", "non_negative_int", "fraction", "positive_float", "non_negative_float"]
+__all__ = ["int_at_least", "positive_int", "non_negative_int", "fraction", "positive_float", "non_negative_float",
+           "DEFAULT_MAX_LEN", "DEFAULT_MAX_SEQUENCES", "DEFAULT_SEED", "add_window_args"]
 
 
 def _quote(text: str, limit: int = 60) -> str:
@@ -70,3 +71,18 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
     return value
+
+
+#: the defaults every subcommand that reads a corpus shares (one window length, one cap, one split seed)
+DEFAULT_MAX_LEN = 64
+DEFAULT_MAX_SEQUENCES = 300
+DEFAULT_SEED = 0
+
+
+def add_window_args(parser: argparse.ArgumentParser, max_sequences: int | None = DEFAULT_MAX_SEQUENCES) -> None:
+    """``--max-len``, ``--max-sequences`` and ``--seed`` with the shared defaults, shown in ``--help``."""
+    parser.add_argument("--max-len", type=int_at_least(2), default=DEFAULT_MAX_LEN,
+                        help="tokens per window, BOS included")
+    parser.add_argument("--max-sequences", type=positive_int, default=max_sequences,
+                        help="windows read from the corpus (the split is by document)")
+    parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED, help="seed of the document-level split")

@@ -48,6 +48,12 @@ def _check_sequences(handle: ModelHandle, sequences: list[Sequence]) -> None:
                            "the sequences were tokenized with another tokenizer")
 
 
+def _short(value: object) -> str:
+    """A manifest value for a message (hashes cut to 12 characters)."""
+    text = str(value)
+    return text[:12] + "..." if len(text) > 16 and text.isalnum() else excerpt(value, 60)
+
+
 def _resume(store: AttentionStore) -> set[int]:
     """Open an existing store directory for resuming: same settings, sound sequences file; returns the sound shards.
 
@@ -55,9 +61,11 @@ def _resume(store: AttentionStore) -> set[int]:
     """
     old = read_manifest(store.directory / "manifest.json")
     fresh = store.manifest([])
-    if not all(old.get(k) == fresh[k] for k in RESUME_KEYS):
-        raise StoreError(f"{store.directory} already holds a different capture (other model, corpus or "
-                         "settings); choose another output directory or delete it")
+    differ = [k for k in RESUME_KEYS if old.get(k) != fresh[k]]
+    if differ:
+        shown = "; ".join(f"{k}: stored {_short(old.get(k))}, now {_short(fresh[k])}" for k in differ)
+        raise StoreError(f"{store.directory} already holds a different capture ({shown}); use the same settings "
+                         "to resume, or choose another output directory")
     store.adopt_records(old)
     damaged = store.damaged_shards()
     for shard, problem in damaged.items():

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..kernels.argtypes import int_at_least, non_negative_int, positive_int
+from ..kernels.argtypes import add_window_args
 from ..synth.errors import ProgramError, excerpt
 
 if TYPE_CHECKING:
@@ -36,9 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", help="text file; documents separated by blank lines")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--max-len", type=int_at_least(2), default=128)
-    p.add_argument("--max-sequences", type=positive_int, default=200, help="windows read from the corpus (default 200)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the document-level split")
+    add_window_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -102,11 +101,14 @@ def load_programs(path: str | Path) -> "ProgramSet":
     """
     from ..synth.programset import ProgramSet
 
+    from ..synth import programtables
+
     path = Path(path)
     obj = _read_programs_json(path)
     _check_programs_layout(path, obj)
     try:
-        return ProgramSet.from_json(obj)
+        tables = programtables.load_tables(path, obj["tables"]) if obj.get("tables") is not None else None
+        return ProgramSet.from_json(obj, tables)
     except ProgramError as e:
         raise ProgramError(f"{path}: {_clip(str(e))}") from None
     except (ValueError, TypeError, KeyError, RecursionError) as e:
@@ -168,22 +170,25 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import per_head_delta_ppl, perplexity, replacement_sweep
+    from .evaluate import delta_ppl_interval, per_head_delta_ppl, replacement_sweep, window_losses
     from .replace import head_name, replace_heads
 
     programs = load_programs(args.programs) if args.programs else None
     if programs is not None:
         require_trust(programs, args.trust_programs)
     handle, splits = _load(args)
-    base = perplexity(handle, splits.test, progress=False)
+    base_losses = window_losses(handle, splits.test, progress=False)
+    base = math.exp(base_losses[0].sum() / base_losses[1].sum())
     report: dict[str, Any] = {"model": handle.name, "test_sequences": len(splits.test), "ppl": base}
     lines = [f"{handle.name}: perplexity {base:.4f} on {len(splits.test)} test windows"]
     if programs is not None:
         with replace_heads(handle, programs) as hybrid:
-            ppl = perplexity(hybrid, splits.test, progress=False)
-        report["hybrid_ppl"] = ppl
-        report["hybrid_delta_pct"] = 100 * (ppl / base - 1)
-        lines.append(f"all {len(programs)} program heads: perplexity {ppl:.4f} ({report['hybrid_delta_pct']:+.2f}%)")
+            losses = window_losses(hybrid, splits.test, progress=False)
+        ppl = math.exp(losses[0].sum() / losses[1].sum())
+        delta, low, high = delta_ppl_interval(base_losses, losses, seed=args.seed)
+        report.update(hybrid_ppl=ppl, hybrid_delta_pct=100 * delta, hybrid_delta_ci95_pct=[100 * low, 100 * high])
+        lines.append(f"all {len(programs)} program heads: perplexity {ppl:.4f} ({100 * delta:+.2f}%, 95% bootstrap "
+                     f"interval over windows {100 * low:+.2f}% .. {100 * high:+.2f}%)")
         if args.per_head:
             deltas = per_head_delta_ppl(handle, programs, splits.test, base_ppl=base, progress=not args.json)
             rows = [{"head": head_name(h), "program": programs.entries[h].program.text[:60],

@@ -147,6 +147,17 @@ class Splits:
     def sizes(self) -> dict[str, int]:
         return {name: len(self[name]) for name in SPLITS}
 
+    @property
+    def all(self) -> list[Sequence]:
+        """synth, then select, then test: the order ``indices`` refers to (capture this list)."""
+        return self.synth + self.select + self.test
+
+    @property
+    def indices(self) -> dict[str, list[int]]:
+        """Positions of each split in :attr:`all` (the ``synth_idx`` / ``select_idx`` / ``test_idx`` searchers take)."""
+        a, b = len(self.synth), len(self.synth) + len(self.select)
+        return {"synth": list(range(a)), "select": list(range(a, b)), "test": list(range(b, b + len(self.test)))}
+
 
 def split_sequences(
     sequences: list[Sequence], fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0

@@ -48,6 +48,31 @@ def perplexity(model: Any, sequences: list[Sequence], batch_size: int = 16, prog
 
     Encoders with a masked-LM head get pseudo-perplexity: each token masked in turn and predicted.
     """
+    nll, count = window_losses(model, sequences, batch_size, progress)
+    if count.sum() == 0:
+        raise EvaluationError("no predicted tokens: every sequence has a single token; use longer windows")
+    return math.exp(float(nll.sum()) / float(count.sum()))
+
+
+def delta_ppl_interval(base: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],
+                       n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """Relative perplexity change other/base − 1 and its paired bootstrap interval over windows."""
+    (nll_a, count_a), (nll_b, count_b) = base, other
+    if len(nll_a) != len(nll_b):
+        raise EvaluationError("the two runs must score the same windows (paired bootstrap)")
+    point = math.exp(nll_b.sum() / count_b.sum() - nll_a.sum() / count_a.sum()) - 1
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(nll_a), size=(n_boot, len(nll_a)))
+    a = nll_a[idx].sum(1) / np.maximum(count_a[idx].sum(1), 1)
+    b = nll_b[idx].sum(1) / np.maximum(count_b[idx].sum(1), 1)
+    lo, hi = np.quantile(np.exp(b - a) - 1, [(1 - level) / 2, (1 + level) / 2])
+    return point, float(lo), float(hi)
+
+
+@torch.no_grad()
+def window_losses(model: Any, sequences: list[Sequence], batch_size: int = 16,
+                  progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per window: the summed next-token (or masked-token) negative log-likelihood and the tokens it covers."""
     check_batch_size(batch_size)
     handle, call = _handle_and_call(model)
     if not sequences:
@@ -55,39 +80,38 @@ def perplexity(model: Any, sequences: list[Sequence], batch_size: int = 16, prog
                               "max_sequences")
     _register(model, sequences)
     if not handle.causal:
-        return _pseudo_perplexity(handle, call, sequences, batch_size, progress)
-    total, count = 0.0, 0
+        return _pseudo_losses(handle, call, sequences, batch_size, progress)
+    total, count = np.zeros(len(sequences)), np.zeros(len(sequences), dtype=np.int64)
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].n)
     bar = tqdm(total=len(sequences), desc="perplexity", unit="seq", disable=not progress, leave=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for start in range(0, len(order), batch_size):
-            batch = [sequences[i] for i in order[start: start + batch_size]]
-            ids, mask = padded_batch(batch)
+            rows = order[start: start + batch_size]
+            ids, mask = padded_batch([sequences[i] for i in rows])
             logits = call(ids, attention_mask=mask).float().cpu()
             logp = torch.log_softmax(logits[:, :-1], dim=-1)
             target = ids[:, 1:]
             nll = -logp.gather(-1, target[..., None])[..., 0]
             valid = mask[:, 1:].bool()
-            total += float(nll[valid].sum())
-            count += int(valid.sum())
-            bar.update(len(batch))
+            total[rows] = torch.where(valid, nll, torch.zeros_like(nll)).sum(1).double().numpy()
+            count[rows] = valid.sum(1).numpy()
+            bar.update(len(rows))
     bar.close()
-    if count == 0:
-        raise EvaluationError("no predicted tokens: every sequence has a single token; use longer windows")
-    return math.exp(total / count)
+    return total, count
 
 
-def _pseudo_perplexity(handle: ModelHandle, call: Any, sequences: list[Sequence], batch_size: int,
-                       progress: bool) -> float:
+def _pseudo_losses(handle: ModelHandle, call: Any, sequences: list[Sequence], batch_size: int,
+                   progress: bool) -> tuple[np.ndarray, np.ndarray]:
     mask_id = getattr(handle.tokenizer, "mask_token_id", None)
     if mask_id is None or not handle.is_masked_lm:
         raise EvaluationError(f"{handle.name} is bidirectional without a masked-LM head and mask token: "
                               "perplexity is undefined for it")
-    total, count = 0.0, 0
+    total, count = np.zeros(len(sequences)), np.zeros(len(sequences), dtype=np.int64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for s in tqdm(sequences, desc="pseudo-perplexity", unit="seq", disable=not progress, leave=False):
+        for k, s in enumerate(tqdm(sequences, desc="pseudo-perplexity", unit="seq", disable=not progress,
+                                   leave=False)):
             positions = list(range(1 if s.has_bos else 0, s.n))
             for start in range(0, len(positions), batch_size):
                 chunk = positions[start: start + batch_size]
@@ -97,9 +121,9 @@ def _pseudo_perplexity(handle: ModelHandle, call: Any, sequences: list[Sequence]
                 ids[rows, cols] = mask_id
                 logits = call(ids, attention_mask=torch.ones_like(ids)).float().cpu()
                 logp = torch.log_softmax(logits[rows, cols], dim=-1)
-                total -= float(logp[rows, torch.from_numpy(s.ids[chunk])].sum())
-                count += len(chunk)
-    return math.exp(total / max(count, 1))
+                total[k] -= float(logp[rows, torch.from_numpy(s.ids[chunk])].sum())
+                count[k] += len(chunk)
+    return total, count
 
 
 def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
