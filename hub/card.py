@@ -5,6 +5,8 @@ front matter, so the same file serves a local directory and a Hub repo.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 from typing import Any, Mapping
 
@@ -54,11 +56,15 @@ def load_snippet(location: str, python_hashes: list[str] | None = None) -> str:
 
 def _base_line(base: Mapping[str, Any]) -> str:
     kind = base.get("kind")
+    if kind == "hf" and base.get("local"):
+        return (f"a local Hugging Face folder `{Path(str(base.get('name_or_path'))).name}` (found beside this "
+                "checkpoint; elsewhere pass `base_model=\"path/to/it\"` to `load_hybrid`)")
     if kind == "hf":
         rev = base.get("commit") or base.get("revision")
         return f"`{base.get('name_or_path')}`" + (f" at revision `{rev}`" if rev else "") + " (Hugging Face)"
     if kind == "llama2c":
-        return f"llama2.c checkpoint `{base.get('path')}` (sha256 `{str(base.get('sha256'))[:16]}…`)"
+        return (f"llama2.c checkpoint `{Path(str(base.get('path'))).name}` (sha256 `{str(base.get('sha256'))[:16]}…`; "
+                "pass `base_model=\"llama2c:path/to/it.bin\"` to `load_hybrid` where it is not beside this checkpoint)")
     if kind == "zoo":
         return f"headsurgeon's embedded model `{base.get('name')}`"
     if kind == "embedded":

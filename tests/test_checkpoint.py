@@ -243,8 +243,9 @@ def test_gpt2_reference_and_finetuned_round_trips(tiny_gpt2_dir, tmp_path):
         hybrid.restore()
     assert not torch.equal(want, tuned)
     assert read_manifest(ref_path)["weights"]["stored"] == "reference"
-    assert read_manifest(ref_path)["base"] == {"kind": "hf", "name_or_path": str(tiny_gpt2_dir.resolve()),
-                                               "local": True, "revision": None}
+    relative = os.path.relpath(tiny_gpt2_dir.resolve(), ref_path.resolve())  # portable: no absolute local path
+    assert read_manifest(ref_path)["base"] == {"kind": "hf", "name_or_path": relative, "local": True, "revision": None}
+    assert str(tmp_path) not in (ref_path / "manifest.json").read_text()
     assert read_manifest(emb_path)["weights"]["stored"] == "embedded"
     for path, expected in ((emb_path, tuned), (ref_path, want)):
         loaded = load_hybrid(path)

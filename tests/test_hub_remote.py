@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 import torch
 
-from headsurgeon.hub.checkpoint import (CheckpointError, UntrustedProgramError, hf_state_dict, load_hybrid,
+from headsurgeon.hub.checkpoint import (BaseModelError, CheckpointError, UntrustedProgramError, hf_state_dict, load_hybrid,
                                         read_manifest, save_hybrid)
 from headsurgeon.hub.remote import parse_hf_url, push_hybrid
 from headsurgeon.surgery.replace import replace_heads
@@ -212,7 +212,7 @@ def test_parse_hf_url():
             parse_hf_url(bad)
 
 
-def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tmp_path):
+def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tiny_gpt2_dir, tmp_path):
     hybrid = replace_heads(gpt2, PROGRAMS, alpha={(1, 2): 0.25})
     try:
         ids = _ids(gpt2)
@@ -239,7 +239,12 @@ def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tmp_path):
     assert "| delta_ppl | 0.125 |" in card and "| ppl.hybrid | 45 |" in card
     assert "model.safetensors" not in remote  # untouched weights are referenced, not uploaded
 
-    loaded = load_hybrid("hf://acme/gpt2-hybrid", endpoint=hub.url, cache_dir=tmp_path / "cache")
+    # the manifest names the local base portably (no path of the pushing machine): a Hub user says where it is
+    with pytest.raises(BaseModelError, match="base_model="):
+        load_hybrid("hf://acme/gpt2-hybrid", endpoint=hub.url, cache_dir=tmp_path / "cache")
+    assert str(tiny_gpt2_dir.parent) not in remote["manifest.json"].decode()
+    loaded = load_hybrid("hf://acme/gpt2-hybrid", endpoint=hub.url, cache_dir=tmp_path / "cache",
+                         base_model=tiny_gpt2_dir)
     try:
         with torch.no_grad():
             got = loaded(ids)
@@ -249,7 +254,8 @@ def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tmp_path):
     finally:
         loaded.restore()
     # a pinned revision resolves the same commit
-    pinned = load_hybrid(f"hf://acme/gpt2-hybrid@{info.oid}", endpoint=hub.url, cache_dir=tmp_path / "cache2")
+    pinned = load_hybrid(f"hf://acme/gpt2-hybrid@{info.oid}", endpoint=hub.url, cache_dir=tmp_path / "cache2",
+                         base_model=tiny_gpt2_dir)
     pinned.restore()
     assert pinned.replaced == PROGRAMS
 
@@ -278,7 +284,7 @@ def test_push_again_replaces_stale_files_and_embeds_changed_weights(hub, tiny_gp
         hybrid.restore()
     files = hub.files("acme/tuned")
     assert "model.safetensors" not in files and "config.json" not in files
-    loaded = load_hybrid("hf://acme/tuned", endpoint=hub.url, cache_dir=tmp_path / "c")
+    loaded = load_hybrid("hf://acme/tuned", endpoint=hub.url, cache_dir=tmp_path / "c", base_model=tiny_gpt2_dir)
     loaded.restore()
     assert loaded.replaced == {(1, 3): Program.parse("prev(2)")}
     # the first commit (embedded weights) is still loadable by its revision, bit for bit
@@ -302,7 +308,8 @@ def test_python_program_from_hub_needs_trust(hub, gpt2, tmp_path):
     assert f'trust_programs={{"{program.hash}"}}' in card
     with pytest.raises(UntrustedProgramError, match=r"programs/.*\.py.*trust_programs=True"):
         load_hybrid("hf://acme/py", endpoint=hub.url, cache_dir=tmp_path / "c")
-    loaded = load_hybrid("hf://acme/py", trust_programs={program.hash}, endpoint=hub.url, cache_dir=tmp_path / "c")
+    loaded = load_hybrid("hf://acme/py", trust_programs={program.hash}, endpoint=hub.url, cache_dir=tmp_path / "c",
+                         base_model=gpt2)
     loaded.restore()
     assert loaded.replaced == {(0, 2): program}
 

@@ -5,6 +5,7 @@ commit, or the embedded zoo model); loading checks the files' hashes, then the w
 """
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,7 +19,7 @@ from headsurgeon.synth.errors import excerpt
 
 from .errors import BaseModelError, CheckpointError
 
-__all__ = ["base_reference", "base_weights", "check_base_ref", "load_base"]
+__all__ = ["base_reference", "base_weights", "check_base_ref", "load_base", "portable", "located"]
 
 
 def base_reference(source: Mapping[str, Any], hf_model: Any) -> dict[str, Any] | None:
@@ -41,6 +42,36 @@ def base_reference(source: Mapping[str, Any], hf_model: Any) -> dict[str, Any] |
     if kind == "zoo" and source.get("name"):
         return {"kind": "zoo", "name": str(source["name"])}
     return None
+
+
+def _local_fields(ref: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fields of a reference that name local files or folders."""
+    if ref.get("kind") == "llama2c":
+        return tuple(f for f in ("path", "tokenizer") if ref.get(f))
+    if ref.get("kind") == "hf" and ref.get("local"):
+        return ("name_or_path",)
+    return ()
+
+
+def portable(ref: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """The reference as a manifest stores it: local files by their path relative to the checkpoint folder.
+
+    No absolute path of the saving machine is written; a checkpoint moved together with its base model
+    (or loaded with ``base_model=``) still finds it, and the sha256 fields say which file it must be.
+    """
+    out = dict(ref)
+    for field in _local_fields(ref):
+        out[field] = os.path.relpath(Path(ref[field]).resolve(), Path(folder).resolve())
+    return out
+
+
+def located(ref: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """A stored reference with its relative local paths resolved from the checkpoint folder."""
+    out = dict(ref)
+    for field in _local_fields(ref):
+        if isinstance(ref[field], str) and not Path(ref[field]).is_absolute():
+            out[field] = str((Path(folder) / ref[field]).resolve())
+    return out
 
 
 def check_base_file(path: Path, sha256: str | None, what: str) -> None:

@@ -14,7 +14,7 @@ import torch
 from headsurgeon.surgery.replace import HybridModel, replace_heads
 from headsurgeon.synth.errors import excerpt
 
-from .base_models import load_base
+from .base_models import load_base, located
 from .embedded import load_embedded
 from .errors import BaseModelError, CheckpointError, IntegrityError
 from .files import verify_files
@@ -52,7 +52,7 @@ def load_hybrid(directory_or_hf_url: str | Path, trust_programs: bool | Collecti
         if weights.get("stored") == "embedded":
             handle = load_embedded(root, manifest, device)
         elif weights.get("stored") == "reference":
-            handle = load_base(manifest["base"], device, base_model)
+            handle = load_base(located(manifest["base"], root), device, base_model)
             if handle.hf_model is None:
                 raise BaseModelError(f"the base model {excerpt(manifest['base'])} loaded without a Hugging Face "
                                      "model inside")

@@ -17,7 +17,7 @@ from headsurgeon.kernels.fileio import fsync_dir, sha256_file
 from headsurgeon.surgery.replace import HybridModel
 
 from ..card import render_card
-from .base_models import base_reference, base_weights
+from .base_models import base_reference, base_weights, portable
 from .embedded import write_embedded
 from .errors import CheckpointError
 from .folder import carry_user_files, checked_target, clean_stale, previous_files, swap_into_place
@@ -88,7 +88,8 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "library": library_versions(),
-        "base": ({"kind": "embedded", "original": ref or original_of(source)} if embed else ref),
+        "base": ({"kind": "embedded", "original": portable(ref, target) if ref else original_of(source)} if embed
+                 else portable(ref, target)),
         "weights": {
             "stored": "embedded" if embed else "reference",
             "file": WEIGHTS if embed else None,
@@ -159,7 +160,8 @@ def original_of(source: Mapping[str, Any]) -> dict[str, Any] | None:
     """Where embedded weights came from: a re-saved embedded checkpoint keeps its own original base."""
     if source.get("kind") == "embedded":
         return source.get("base")
-    return dict(source) or None
+    # a note, not a reference: absolute paths of the saving machine shrink to their file names
+    return {k: (Path(v).name if isinstance(v, str) and os.path.isabs(v) else v) for k, v in source.items()} or None
 
 
 def config_facts(hybrid: Any) -> dict[str, Any]:
