@@ -144,6 +144,7 @@ class HybridModel(nn.Module):
         self._v: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
         self._restored = False
+        self.program_set: ProgramSet | None = None  # set by replace_heads when given one: scores for cards
         self._check_hook_points()
 
     # ------------------------------------------------------------ public face
@@ -430,6 +431,7 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
         handle = load_model(model)
     if copy:
         handle = _independent(handle)
+    program_set = programs if isinstance(programs, ProgramSet) else getattr(model, "program_set", None)
     if isinstance(programs, ProgramSet):
         programs = _from_programset(handle, programs, which)
     heads = _normalize_programs(handle, programs)
@@ -441,4 +443,6 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     modules = {h: ProgramHead(*h, src, alphas_old.get(h, 1.0), cache) for h, src in base_heads.items()}
     for h, src in heads.items():
         modules[h] = ProgramHead(*h, src, alpha_of.get(h, alpha if not isinstance(alpha, Mapping) else 1.0), cache)
-    return HybridModel(handle, modules, cache)
+    hybrid = HybridModel(handle, modules, cache)
+    hybrid.program_set = program_set  # scores and glosses for save_hybrid's manifest and card
+    return hybrid

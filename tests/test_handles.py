@@ -57,3 +57,14 @@ def test_hybrid_and_program_set_reprs_are_short(tiny):
     ps = hs.ProgramSet()
     ps.add((0, 1), hs.Program.parse("prev(1)"), source="hand")
     assert repr(ps) == "ProgramSet(1 heads of a model, 0 with a readable explanation)"
+
+
+def test_card_shows_the_scores_of_the_program_set_the_hybrid_came_from(tiny, tmp_path):
+    ps = hs.ProgramSet(model="tiny-stories")
+    ps.add((0, 1), hs.Program.parse("prev(1)"), source="hand", scores={"test": {"iou": 0.4242, "jsd": 0.3131}})
+    hybrid = hs.replace_heads(tiny, ps)
+    path = hs.save_hybrid(hybrid, tmp_path / "ck")
+    card = (path / "README.md").read_text()
+    row = next(line for line in card.splitlines() if line.startswith("| L0H1"))
+    assert "0.424" in row and "0.313" in row and "hand" in row
+    assert (path / "manifest.json").stat().st_mode & 0o077 != 0  # normal permissions, not mkstemp's 0600

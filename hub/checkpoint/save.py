@@ -44,7 +44,8 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
     """Save a HybridModel as a checkpoint directory (atomically); weights are embedded only if they changed.
 
     ``metrics``: any JSON-able dict shown in the model card (e.g. ``{"delta_ppl": 0.04}``). ``programs``: the
-    ProgramSet the heads came from, whose per-head scores / provenance go into the manifest and card.
+    ProgramSet the heads came from (default: the one given to ``replace_heads``), whose per-head scores,
+    glosses and provenance go into the manifest and card.
     ``card_location``: what the card's loading snippet points at (``hf://org/name``; default: the directory).
     Re-saving replaces only the files the earlier save wrote; other files in the folder are kept. A non-empty
     folder that save_hybrid did not write is refused unless ``overwrite=True`` (which replaces the files with the
@@ -67,6 +68,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
             "a model loaded with load_model from a hub id, a local directory or a llama2.c file"
         )
     heads = programs_of(hybrid)
+    programs = programs if programs is not None else getattr(hybrid, "program_set", None)
     state = hf_state_dict(hf)
     fingerprint = weights_fingerprint(state)
 
