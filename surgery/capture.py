@@ -19,6 +19,7 @@ from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from .batches import padded_batch
 from .loading import ModelHandle, load_model
+from .replace import HybridModel
 from .store import AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
 
 RESUME_KEYS = ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size", "n_sequences", "sequences_key")
@@ -84,8 +85,11 @@ def _sequences_file_ok(store: AttentionStore) -> bool:
         return False
 
 
-def forward_patterns(handle: ModelHandle, sequences: list[Sequence]) -> list[np.ndarray]:
-    """One batched forward; returns per sequence the float32 patterns [L, H, n, n] (pattern hooks only)."""
+def forward_patterns(handle: ModelHandle, sequences: list[Sequence], call: Any = None) -> list[np.ndarray]:
+    """One batched forward; returns per sequence the float32 patterns [L, H, n, n] (pattern hooks only).
+
+    ``call`` (a HybridModel) runs the forward instead of the base, so the patterns are the hybrid's.
+    """
     ids, mask = padded_batch(sequences)
     captured: dict[int, torch.Tensor] = {}
 
@@ -99,7 +103,16 @@ def forward_patterns(handle: ModelHandle, sequences: list[Sequence]) -> list[np.
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kwargs = {} if handle.causal else {"attention_mask": mask.to(handle.device)}  # right padding is causal-safe
-        handle.model.run_with_hooks(ids.to(handle.device), fwd_hooks=hooks, **kwargs)
+        if call is None:
+            handle.model.run_with_hooks(ids.to(handle.device), fwd_hooks=hooks, **kwargs)
+        else:  # a hybrid: its own hooks run first, so these see the patterns it actually uses
+            points = handle.model.hook_dict
+            removers = [points[name].register_forward_hook(lambda m, i, o, f=fn: f(o, None)) for name, fn in hooks]
+            try:
+                call(ids, attention_mask=mask)
+            finally:
+                for r in removers:
+                    r.remove()
     if len(captured) != handle.n_layers:
         raise RuntimeError(f"pattern hooks fired for layers {sorted(captured)} only; expected all "
                            f"{handle.n_layers}. Load the model with eager attention")
@@ -125,7 +138,8 @@ def capture(
     directory (resumable); without it the store lives in memory.
     """
     _check_batch_size(batch_size)
-    handle = load_model(model)
+    hybrid = model if isinstance(model, HybridModel) else None  # capture what a hybrid's heads actually use
+    handle = hybrid.handle if hybrid is not None else load_model(model)
     _check_sequences(handle, sequences)
     store = AttentionStore(sequences, handle.n_layers, handle.n_heads, mode, q_frac, handle.causal, handle.name,
                            Path(out) if out is not None else None, shard_size)
@@ -146,7 +160,7 @@ def capture(
         entries: dict[str, np.ndarray] = {}
         for start in range(0, len(order), batch_size):
             idx = order[start: start + batch_size]
-            for i, pattern in zip(idx, forward_patterns(handle, [sequences[i] for i in idx])):
+            for i, pattern in zip(idx, forward_patterns(handle, [sequences[i] for i in idx], hybrid)):
                 entries.update(store.put(i, pattern))
             bar.update(len(idx))
         if store.directory is not None:

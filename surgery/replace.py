@@ -258,9 +258,10 @@ class HybridModel(nn.Module):
         for layer, heads in self._by_layer().items():
             attention = [ph for ph in heads if not getattr(ph.provider, "output_level", False)]
             outputs = [ph for ph in heads if getattr(ph.provider, "output_level", False)]
-            if attention and self.mode == "pattern":
+            if attention:  # in z mode the backend ignores this edit; it lets observers see the pattern used
                 hp = hooks[f"blocks.{layer}.attn.hook_pattern"]
                 self._handles.append(hp.register_forward_hook(self._pattern_hook(layer), prepend=True))
+            if attention and self.mode == "pattern":
                 attention = []
             if attention:
                 hv = hooks[f"blocks.{layer}.attn.hook_v"]
@@ -322,7 +323,7 @@ class HybridModel(nn.Module):
             if any(ph.alpha < 1.0 for ph in order):
                 a = torch.tensor([ph.alpha for ph in order], dtype=pattern.dtype, device=pattern.device).view(1, -1, 1, 1)
                 new = a * new + (1 - a) * pattern.index_select(1, idx)
-            if not pattern.requires_grad and len(module._forward_hooks) == 1:
+            if self.mode == "pattern" and not pattern.requires_grad and len(module._forward_hooks) == 1:
                 pattern.index_copy_(1, idx, new)  # inference, nobody else watching: no new [B, H, N, N] buffer
                 return None
             return pattern.index_copy(1, idx, new)  # autograd keeps the softmax output; no grad into replaced heads

@@ -97,11 +97,11 @@ def test_killed_capture_resumes_to_the_same_store(stories, story_seqs, tmp_path,
     calls = {"n": 0}
     real = capture_mod.forward_patterns
 
-    def dying(handle, seqs):
+    def dying(handle, seqs, call=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt("killed")
-        return real(handle, seqs)
+        return real(handle, seqs, call)
 
     monkeypatch.setattr(capture_mod, "forward_patterns", dying)
     with pytest.raises(KeyboardInterrupt):
@@ -112,7 +112,7 @@ def test_killed_capture_resumes_to_the_same_store(stories, story_seqs, tmp_path,
     assert done_before == {0, 1}
     calls["n"] = -100
     seen = []
-    monkeypatch.setattr(capture_mod, "forward_patterns", lambda h, s: seen.append(len(s)) or real(h, s))
+    monkeypatch.setattr(capture_mod, "forward_patterns", lambda h, s, c=None: seen.append(len(s)) or real(h, s, c))
     capture(stories, story_seqs, out=tmp_path / "run", shard_size=4, batch_size=4, progress=False)
     assert sum(seen) == len(story_seqs) - 8  # finished shards were not recomputed
     resumed = AttentionStore.load(tmp_path / "run")
