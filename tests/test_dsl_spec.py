@@ -187,9 +187,8 @@ class ProgramStore:
 # compact-cell semantics of their own (the other primitives' cells come from the search library, which the
 # reference evaluator computes)
 COMPACT_OWN = ("profile", "key_weight", "class_weight")
-# ``sum`` adds raw scores, which the compact fit set (row-normalized components) does not keep; the searchers
-# do not propose it yet (synth/search/enumerative/fitset.py raises TypeError for it)
-COMPACT_COMBINATORS = tuple(c for c in dsl.COMBINATORS if c != "sum")
+# every combinator, ``sum`` included (synth/search/enumerative/fitset.py keeps each row's raw total)
+COMPACT_COMBINATORS = tuple(dsl.COMBINATORS)
 NO_SPACY = ("token", "position", "word", "sent", "punct", "cap", "newline", "sent_end", "word_start")
 
 

@@ -379,3 +379,55 @@ def test_key_sets_and_short_profiles_evaluate_exactly() -> None:
         iou, jsd = kernel_scores(store, head, prog, list(range(len(seqs))))
         assert float(fs.iou(q[None], 0)[0]) == pytest.approx(iou, abs=2e-4), prog.text
         assert float(fs.jsd(q[None], 0)[0]) == pytest.approx(jsd, abs=2e-4), prog.text
+
+
+def test_raw_sums_and_feature_gates_evaluate_exactly_and_fit_budgets() -> None:
+    """Small raw ``sum``s and quote/dep/pos gates: within the budgets, and FitSet equals ``Program.evaluate``."""
+    from headsurgeon.synth.search.enumerative.small import BANDS, raw_sums, rendered_chars, vocabulary_of
+    from headsurgeon.synth.search.enumerative.split import features_for
+
+    seqs = story_sequences()
+    ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}
+    head = (0, 0)
+    store = ProgramStore(seqs, {head: Program.parse(f"sum(2*prev(1), key_in_set(ids=[{ids['the']}]), first())")})
+    lib = primitive_library(seqs, True, spacy=False)
+    preds = [dsl.Pred("flag", "quote"), dsl.Pred("flag", "punct")]
+    split = Split(store, list(range(len(seqs))), features_for(lib, preds))
+    fs = FitSet(split, lib, [head], preds, True, False)
+    vocab = vocabulary_of(seqs)
+    terms = [dsl.parse("prev(1)"), dsl.parse("same_word()"), dsl.parse(f"key_in_set(ids=[{ids['the']}])")]
+    sums = raw_sums(fs, 0, terms)
+    assert any(len(n.terms) == 3 for n in sums) and all(isinstance(n, dsl.Sum) for n in sums)
+    extra = [f"gate(quote, sum(2*prev(1), first()), same_word())",
+             f"gate(punct, first(), sum(key_in_set(ids=[{ids['.']}]), 4*prev(1)))",
+             "sum(mul(decay(0.5), same_word()), fallback(same_word(), first()))"]
+    nodes = sums + [dsl.parse(t) for t in extra]
+    lengths = np.array([s.n for s in seqs])[fs.order]
+    for node in nodes:
+        prog = Program.from_node(node)
+        assert rendered_chars(prog, vocab) == prog.chars(vocab)
+        compact = fs.pattern(node, {})
+        dense = prog.evaluate(seqs, causal=True)[fs.order]
+        n = dense.shape[1]
+        ar = np.arange(n)
+        inside = ar[None, :] < lengths[:, None]
+        vis = inside[:, :, None] & inside[:, None, :] & (ar[None, None, :] <= ar[None, :, None])
+        np.testing.assert_allclose(compact, dense[vis], rtol=1e-5, atol=1e-6, err_msg=prog.text)
+    assert any(Program.from_node(n).chars(vocab) <= BANDS[0] for n in sums)
+    # the true raw sum is among the proposals and fits best
+    memo: dict = {}
+    jsd = fs.jsd(np.stack([fs.pattern(n, memo) for n in sums]), 0)
+    assert float(jsd.min()) < 0.02, dsl.to_text(sums[int(np.argmin(jsd))])
+
+
+def test_search_proposes_sums_and_feature_gates(synthetic) -> None:
+    """The search keeps raw sums among each head's candidates (each within its budget)."""
+    from headsurgeon.synth.search.enumerative.small import rendered_chars, vocabulary_of
+
+    store, synth_idx, _, result, _ = synthetic
+    vocab = vocabulary_of([store.sequences[i] for i in synth_idx])
+    kinds = {type(c.program.node).__name__ for cands in result.values() for c in cands}
+    assert "Sum" in kinds, kinds
+    for cands in result.values():
+        for c in cands:
+            assert rendered_chars(c.program, vocab) == c.program.chars(vocab)

@@ -15,13 +15,17 @@ from .mixtures import GramStats
 from .split import Split, chunk_size, pred_mask
 from .util import progress_bar
 
+#: float32's largest value (the kernels' ``sum`` saturates there)
+F32_MAX = float(np.finfo(np.float32).max)
+
 
 class FitSet:
     """The fit sequences' visible cells: components [P, C], real patterns [H, C], row/sequence layout.
 
     Cells are stored in (sequence, query, key) order, so each query row is a contiguous segment
     starting at its key-0 (BOS) cell. Components are row-normalized raw scores with empty rows left
-    at zero (their meaning inside a mix); ``empty`` [P, R] marks those rows.
+    at zero (their meaning inside a mix); ``empty`` [P, R] marks those rows and ``scale`` [P, R] holds each
+    row's raw total (``sum`` adds raw scores: X * scale).
     """
 
     def __init__(self, split: Split, library: list[Program], heads: list[tuple[int, int]],
@@ -32,16 +36,17 @@ class FitSet:
         self.index = {p.node: k for k, p in enumerate(library)}
         self.pred_index = {pr: g for g, pr in enumerate(preds)}
         width = int(split.lengths.max())
-        comps, reals, empties, prows, row_len, seq_rows = [], [], [], [], [], []
+        comps, reals, empties, scales, prows, row_len, seq_rows = [], [], [], [], [], [], []
         cell_d, cell_key, row_tok = [], [], []
         iou_sum, jsd_sum = np.zeros((H, P)), np.zeros((H, P))
         chunks = split.chunks(chunk_size(P + H, width, 64))
         bar = progress_bar(len(chunks), desc, progress)
         for pos in chunks:
-            cand = split.components(library, pos, causal, cache)  # [P, Bc, Nc, Nc]; rows sum to 1 or are empty
+            n = int(split.lengths[pos].max())
+            tot = np.zeros((P, len(pos), n), dtype=np.float32)
+            cand = split.components(library, pos, causal, cache, tot)  # [P, Bc, Nc, Nc]; rows sum to 1 or empty
             real, lens = split.real(pos, heads)
             ids_c, _, feats_c = split.arrays(pos)
-            n = cand.shape[2]
             ar = np.arange(n)
             inside = ar[None, :] < lens[:, None]  # [Bc, Nc] query rows
             vis = inside[:, :, None] & inside[:, None, :]
@@ -54,6 +59,7 @@ class FitSet:
             row_tok.append(ids_c[inside])
             empty = cand.sum(axis=3) <= 0  # [P, Bc, Nc]
             empties.append(empty[:, inside])
+            scales.append(tot[:, inside])
             prows.append(np.stack([pred_mask(pr, ids_c, feats_c)[inside] for pr in preds])
                          if preds else np.zeros((0, int(inside.sum())), dtype=bool))
             for ln in lens:
@@ -72,6 +78,7 @@ class FitSet:
         self.X = np.ascontiguousarray(np.concatenate(comps, axis=1))
         self.real = np.ascontiguousarray(np.concatenate(reals, axis=1))
         self.empty = np.concatenate(empties, axis=1)
+        self.scale = np.concatenate(scales, axis=1)
         self.pred_rows = np.concatenate(prows, axis=1)
         lengths = np.concatenate(row_len).astype(np.int64)
         self.R = lengths.shape[0]
@@ -133,6 +140,14 @@ class FitSet:
                 acc += np.float32(w) * v
                 emp &= e
             out = (self.rownorm(acc), emp)
+        elif isinstance(node, dsl.Sum):
+            acc = np.zeros(self.C, dtype=np.float64)
+            with np.errstate(over="ignore"):
+                for w, t in node.terms:  # the kernels' raw_scale / raw_accumulate: float64 sums, saturating
+                    acc = np.minimum(acc + np.float64(w) * self.raw(t, memo), F32_MAX).astype(np.float32)
+                    acc = acc.astype(np.float64)
+            v = acc.astype(np.float32)
+            out = (self.rownorm(v), np.add.reduceat(v, self.row_start[:-1]) <= 0)
         elif isinstance(node, dsl.Gate):
             rows = self.query_rows(node.pred)
             va, ea = self.values(node.then, memo)
@@ -164,6 +179,42 @@ class FitSet:
         else:
             raise TypeError(f"not a DSL node: {node!r}")
         memo[node] = out
+        return out
+
+    def raw(self, node: dsl.Node, memo: dict) -> np.ndarray:
+        """Raw scores [C] of a tree as the kernels hand them to ``sum`` (synth/dsl/catalog.py): unnormalized
+        primitives, mixes, gates, fallbacks and products; ``sum`` and ``sharpen`` come row-normalized."""
+        key = ("raw", node)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(node, dsl.Prim):
+            k = self.index.get(node)
+            if k is not None:
+                out = self.X[k] * self.scale[k][self.row_of_cell]
+            elif node.name in ("profile", "key_weight", "class_weight", "key_in_set"):
+                out = self.cell_scores(node)
+            else:
+                raise KeyError(f"{dsl.to_text(node)} is not in the search library")
+        elif isinstance(node, dsl.Mix):
+            out = np.zeros(self.C, dtype=np.float32)
+            for w, t in node.terms:
+                out += np.float32(w) * self.values(t, memo)[0]
+        elif isinstance(node, dsl.Gate):
+            rows = self.query_rows(node.pred)[self.row_of_cell]
+            out = np.where(rows, self.raw(node.then, memo), self.raw(node.other, memo))
+        elif isinstance(node, dsl.Fallback):
+            out, e = self.raw(node.args[0], memo), self.values(node.args[0], memo)[1]
+            for alt in node.args[1:]:
+                out = np.where(e[self.row_of_cell], self.raw(alt, memo), out)
+                e = e & self.values(alt, memo)[1]
+        elif isinstance(node, dsl.Mul):
+            out = self.raw(node.args[0], memo).copy()
+            for other in node.args[1:]:
+                out *= self.raw(other, memo)
+        else:  # sum, sharpen: normalized by their kernels
+            out = self.values(node, memo)[0]
+        memo[key] = out
         return out
 
     def cell_scores(self, node: dsl.Prim) -> np.ndarray:

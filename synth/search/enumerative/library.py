@@ -15,6 +15,8 @@ from ...sequence import Sequence, pad_ids
 BASIC_FLAGS = ("punct", "sent_end", "newline", "cap", "word_start")
 #: POS tags tried in recent(pos=TAG) and as query gates
 POS_TAGS_TRIED = ("NOUN", "VERB", "ADJ", "DET", "PRON", "PROPN", "ADP", "AUX", "ADV", "CCONJ", "PUNCT")
+#: dependency labels tried as query gates (``dep=LABEL``)
+DEP_LABELS_TRIED = ("nsubj", "dobj", "det", "prep", "pobj", "ROOT")
 
 
 def frequent_tokens(seqs: list[Sequence], count: int, skip_first: bool = True, min_sequences: int = 1) -> list[int]:
@@ -68,7 +70,7 @@ def primitive_library(sequences: list[Sequence], causal: bool = True, *, key_tok
               "same_word()"]
     texts += [f"recent({f})" for f in BASIC_FLAGS]
     if spacy:
-        texts += ["dep_head()", "dep_children()"]
+        texts += ["dep_head()", "dep_children()", "same_lemma()"]
         texts += [f"recent(pos={t})" for t in POS_TAGS_TRIED]
     if seqs:
         ids, lengths = pad_ids(seqs)
@@ -91,8 +93,9 @@ def primitive_library(sequences: list[Sequence], causal: bool = True, *, key_tok
 
 def query_predicates(sequences: list[Sequence], *, spacy: bool = True, key_tokens: int = 6) -> list[dsl.Pred]:
     """Query predicates tried as gates: the flags, POS tags (with spaCy) and the most frequent tokens."""
-    preds = [dsl.Pred("flag", f) for f in BASIC_FLAGS]
+    preds = [dsl.Pred("flag", f) for f in BASIC_FLAGS + ("quote",)]
     if spacy:
         preds += [dsl.Pred("pos", t) for t in POS_TAGS_TRIED if t != "PUNCT"]
+        preds += [dsl.Pred("dep", t) for t in DEP_LABELS_TRIED]
     preds += [dsl.Pred("ids", (t,)) for t in frequent_tokens(list(sequences), key_tokens)]
     return preds

@@ -1,6 +1,7 @@
 """Small compositions per head for the size budgets (synth/program.py ``BUDGETS``): single primitives, mixes of at
-most three short terms, query gates, fallbacks, ``key_in_set`` over a handful of key tokens and short profiles,
-and the per-budget choice of which candidates to keep."""
+most three short terms, raw ``sum``s of two or three short terms, query gates (flags incl. ``quote``, ``pos=``,
+``dep=``), fallbacks, ``key_in_set`` over a handful of key tokens and short profiles, and the per-budget choice
+of which candidates to keep."""
 from __future__ import annotations
 
 import json
@@ -22,6 +23,8 @@ SHORT_TEXT = 26
 POSITIONAL = frozenset({"self", "first", "prev", "next", "window", "decay", "uniform"})
 #: the largest key_in_set written for a small program (ids render as token strings)
 MAX_KEY_IDS = 8
+#: raw weights tried for the terms of a small ``sum`` (first term, second term)
+SUM_WEIGHTS: tuple[tuple[float, float], ...] = ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (4.0, 1.0), (1.0, 4.0))
 #: finite size bands of the budgets, smallest first
 BANDS: tuple[int, ...] = tuple(sorted(b for b in BUDGETS if b is not None))
 
@@ -168,7 +171,34 @@ def propose_small(fs: FitSet, hi: int, tot: GramStats, groups: list[GramStats], 
         ext = extend(tot, fs, hi, fs.values(node, memo)[0])
         props += _mixes(ext, 0, np.append(short, True), nodes + [node], 3, 1, require=P)
     props += short_profiles(fs, hi)
+    props += raw_sums(fs, hi, [nodes[p] for p in by_jsd[:3] + by_iou[:1]]
+                      + [key_in_set(ids) for ids in key_sets(fs, hi)[:1]])
     return list(dict.fromkeys(props))
+
+
+def raw_sums(fs: FitSet, hi: int, terms: list[dsl.Node], pairs: int = 3) -> list[dsl.Node]:
+    """``sum`` of two short terms (weights SUM_WEIGHTS) over ``terms`` + prev(1) + first(), and of three
+    (weights 1) extending the ``pairs`` best pairs by synth JSD (EAPS's "add raw weights" idiom)."""
+    pool = list(dict.fromkeys(terms + [dsl.Prim("first"), dsl.parse("prev(1)")]))
+    pool = [t for t in pool if _in_library(fs, t)][:6]
+    two = [dsl.Sum(((a, pool[i]), (b, pool[j]))) for i in range(len(pool)) for j in range(i + 1, len(pool))
+           for a, b in SUM_WEIGHTS]
+    if not two:
+        return []
+    memo: dict = {}
+    jsd = fs.jsd(np.stack([fs.pattern(n, memo) for n in two]), hi)
+    out: list[dsl.Node] = list(two)
+    for k in np.argsort(jsd, kind="stable")[:pairs]:
+        base = two[int(k)]
+        used = {t for _, t in base.terms}
+        out += [dsl.Sum(base.terms + ((1.0, t),)) for t in pool if t not in used]
+    return out
+
+
+def _in_library(fs: FitSet, node: dsl.Node) -> bool:
+    """Whether the fit set can evaluate a primitive (a library entry or one with compact semantics)."""
+    return node in fs.index or (isinstance(node, dsl.Prim) and node.name in ("profile", "key_weight",
+                                                                            "class_weight", "key_in_set"))
 
 
 def keep_per_band(chars: list[int], jsd: np.ndarray, iou: np.ndarray, by_jsd: int, by_iou: int) -> list[int]:

@@ -10,6 +10,7 @@ import numpy as np
 from ....kernels import primitives
 from ....kernels.cache import cache_key
 from ... import dsl
+from ...dsl.labels import dep_index
 from ...features import POS_TAGS, batch_feature_arrays
 from ...program import Program
 from ...sequence import pad_ids
@@ -55,11 +56,13 @@ class Split:
         pats, lens = self.store.batch([self.indices[p] for p in pos], heads)
         return np.ascontiguousarray(pats, dtype=np.float32), np.asarray(lens, dtype=np.int64)
 
-    def components(self, programs: list[Program], pos: np.ndarray, causal: bool, cache: Any = None) -> np.ndarray:
+    def components(self, programs: list[Program], pos: np.ndarray, causal: bool, cache: Any = None,
+                   sums: np.ndarray | None = None) -> np.ndarray:
         """Row-normalized raw scores [P, Bc, Nc, Nc] of a chunk: empty rows stay empty (as inside a mix).
 
-        With a ``TensorCache``, each (program, sequence) matrix is looked up and stored under its own
-        key (mask policy ``rownorm/...``, distinct from normalized patterns).
+        ``sums`` ([P, Bc, Nc], optional) receives each row's raw total (what ``sum`` needs to undo the
+        normalization). With a ``TensorCache``, each (program, sequence) matrix is looked up and stored under
+        its own key (mask policy ``rownorm/...``, row totals under ``rowsum/...``).
         """
         ids, lens, feats = self.arrays(pos)
         width = ids.shape[1]
@@ -70,12 +73,17 @@ class Split:
             if cache is not None:
                 policy = "rownorm/" + mask_policy(causal)
                 keys = [cache_key(prog.hash, self.seqs[p].key, policy) for p in pos]
+                skeys = [cache_key(prog.hash, self.seqs[p].key, "rowsum/" + mask_policy(causal)) for p in pos]
                 missing = []
                 for b, key in enumerate(keys):
                     hit = cache.get(key)
                     n = int(lens[b])
-                    if hit is not None and hit.shape == (n, n):
+                    tot = cache.get(skeys[b]) if sums is not None and hit is not None else None
+                    if hit is not None and hit.shape == (n, n) and (sums is None or (tot is not None
+                                                                                      and tot.shape == (n,))):
                         out[k, b, :n, :n] = hit
+                        if sums is not None:
+                            sums[k, b, :n] = tot
                     else:
                         missing.append(b)
                 todo = np.asarray(missing, dtype=np.int64)
@@ -83,14 +91,20 @@ class Split:
                     continue
             if todo.size == len(pos):
                 prog.evaluate_arrays(ids, lens, feats, causal, normalize=False, out=out[k])
+                if sums is not None:
+                    sums[k] = out[k].sum(axis=-1, dtype=np.float64)
                 primitives.row_normalize(out[k])
             else:
                 sub = prog.evaluate_arrays(ids[todo], lens[todo], {name: v[todo] for name, v in feats.items()},
                                            causal, normalize=False)
+                if sums is not None:
+                    sums[k, todo] = sub.sum(axis=-1, dtype=np.float64)
                 primitives.row_normalize(sub)
                 out[k, todo] = sub
             if cache is not None:
                 cache.put_many({keys[b]: out[k, b, : lens[b], : lens[b]] for b in todo})
+                if sums is not None:
+                    cache.put_many({skeys[b]: sums[k, b, : lens[b]] for b in todo})
         return out
 
 
@@ -108,8 +122,8 @@ def features_for(programs: Iterable[Program], preds: Iterable[dsl.Pred]) -> set[
     for pr in preds:
         if pr.kind == "flag":
             need.add(pr.value)
-        elif pr.kind == "pos":
-            need.add("pos")
+        elif pr.kind in ("pos", "dep"):
+            need.add(pr.kind)
     return need
 
 
@@ -119,4 +133,6 @@ def pred_mask(pred: dsl.Pred, ids: np.ndarray, feats: dict[str, np.ndarray]) -> 
         return feats[pred.value] > 0
     if pred.kind == "pos":
         return feats["pos"] == POS_TAGS.index(pred.value)
+    if pred.kind == "dep":
+        return feats["dep"] == dep_index(pred.value)
     return np.isin(ids, np.asarray(pred.value, dtype=np.int64))
