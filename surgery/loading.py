@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..kernels.fileio import sha256_file
+from .fused_qkv import tie_split_qkv
 from .llama2c import Llama2cFormatError, load_llama2c, load_llama2c_tokenizer
 from .sources import ModelSource, model_sources, register_model_source
 
@@ -373,6 +374,7 @@ def _probe_patterns(model: Any, name: str, vocab_size: int) -> None:
 def _handle_from_bridge(bridge: Any, tokenizer: Any, source: dict, hf_model: Any) -> ModelHandle:
     cfg = bridge.cfg
     name = str(getattr(cfg, "model_name", "model"))
+    tie_split_qkv(bridge)  # train and save one fused qkv, not stale split copies (surgery/fused_qkv.py)
     if tokenizer is not None and getattr(bridge, "tokenizer", None) is None:
         bridge.set_tokenizer(tokenizer) if hasattr(bridge, "set_tokenizer") else setattr(bridge, "tokenizer", tokenizer)
     tokenizer = tokenizer or bridge.tokenizer
