@@ -23,7 +23,7 @@ _EXPORTS = {
     "ProgramHead": "headsurgeon.surgery.replace", "replace_heads": "headsurgeon.surgery.replace",
     "HybridModel": "headsurgeon.surgery.replace", "ablate": "headsurgeon.surgery.ablate",
     "perplexity": "headsurgeon.surgery.evaluate", "per_head_delta_ppl": "headsurgeon.surgery.evaluate",
-    "replacement_sweep": "headsurgeon.surgery.evaluate",
+    "replacement_sweep": "headsurgeon.surgery.evaluate", "downstream": "headsurgeon.surgery.downstream",
     # synth: programs
     "Sequence": "headsurgeon.synth.sequence", "Program": "headsurgeon.synth.program",
     "ProgramSet": "headsurgeon.synth.programset", "program_tensors": "headsurgeon.synth.tensors",

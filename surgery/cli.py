@@ -207,8 +207,39 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                  ("delta_random_order", "random order", "+.2f"),
                                  ("delta_random_program", "random programs", "+.2f")]))
             lines.append(f"sweep plot: {args.sweep}")
+    if args.tasks:
+        report["downstream"] = _downstream(args, handle, programs, lines)
     print(json.dumps(report, indent=1) if args.json else "\n".join(lines))
     return 0
+
+
+def _downstream(args: argparse.Namespace, handle: Any, programs: Any, lines: list[str]) -> dict[str, Any]:
+    """``eval --tasks``: lm-eval tasks on the base and the hybrid, same examples (surgery/downstream.py)."""
+    from .downstream import downstream
+
+    result = downstream(handle, args.tasks, programs, trust_programs=args.trust_programs, limit=args.limit,
+                        include_path=args.include_path, batch_size=args.batch_size, seed=args.seed)
+    rows = [{**r, "base_se": r["base_stderr"], "hybrid_se": r.get("hybrid_stderr"),
+             "ci": f"{r['delta_ci95'][0]:+.4f} .. {r['delta_ci95'][1]:+.4f}" if "delta_ci95" in r else None}
+            for r in result["rows"]]
+    columns = [("task", "task", ""), ("metric", "metric", ""), ("n", "n", "d"), ("base", "base", ".4f"),
+               ("base_se", "± se", ".4f")]
+    if programs is not None:
+        columns += [("hybrid", "hybrid", ".4f"), ("hybrid_se", "± se", ".4f"), ("delta", "Δ", "+.4f"),
+                    ("ci", "95% paired bootstrap", "")]
+    lines.append(f"downstream (lm-eval, {'all' if args.limit is None else args.limit} examples per task, seed "
+                 f"{args.seed}; se = lm-eval's standard error):")
+    lines.append(_table(rows, columns))
+    return result
+
+
+def _limit(text: str) -> int | float:
+    """--limit: a whole number of examples, or a fraction below 1 (as lm-eval reads it)."""
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)) or (value >= 1 and value != int(value)):
+        raise argparse.ArgumentTypeError(f"--limit must be a whole number of examples or a fraction in (0, 1), "
+                                         f"got {text!r}")
+    return int(value) if value >= 1 else value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -229,4 +260,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run Python programs from --programs (untrusted code, even in the sandbox; DSL needs no trust)")
     p.add_argument("--per-head", action="store_true", help="also ΔPPL with one head replaced at a time")
     p.add_argument("--sweep", default=None, metavar="PNG", help="run the replacement sweep and plot it here")
+    p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid on the same "
+                                                  "examples (needs pip install 'headsurgeon[eval]')")
+    p.add_argument("--limit", type=_limit, default=None, help="examples per task (or a fraction), for --tasks")
+    p.add_argument("--include-path", action="append", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files, for --tasks (repeatable)")
+    p.add_argument("--batch-size", type=int, default=16, help="requests per forward pass, for --tasks")
     p.set_defaults(func=cmd_eval)

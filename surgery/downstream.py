@@ -1,0 +1,118 @@
+"""Downstream tasks through lm-evaluation-harness: base and hybrid on the same examples, with a paired bootstrap."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .loading import load_model
+from .replace import HybridModel
+
+__all__ = ["downstream", "paired_bootstrap"]
+
+
+def _lm(model: Any, batch_size: int, **options: Any) -> Any:
+    from .lm_eval_model import HeadsurgeonLM
+
+    return HeadsurgeonLM(model=model, batch_size=batch_size, **options)
+
+
+def _aggregation(metric: str) -> Callable[[list[Any]], float]:
+    """lm-eval's aggregation for a metric (mean for accuracies, weighted perplexity, bits per byte, ...)."""
+    from lm_eval.api.registry import get_metric_aggregation
+
+    try:
+        found = get_metric_aggregation(metric)
+    except (KeyError, ValueError):
+        found = None
+    return found or (lambda values: float(np.mean(values)))
+
+
+def paired_bootstrap(base: list[Any], other: list[Any], aggregate: Callable[[list[Any]], float],
+                     n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """aggregate(other) − aggregate(base) and its percentile interval, resampling examples (pairs) with ``seed``."""
+    if len(base) != len(other) or not base:
+        raise ValueError(f"paired bootstrap needs two equally long, non-empty lists ({len(base)} vs {len(other)})")
+    rng = np.random.default_rng(seed)
+    deltas = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(base), len(base))
+        deltas.append(aggregate([other[i] for i in idx]) - aggregate([base[i] for i in idx]))
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(deltas, [tail, 100 - tail])
+    return aggregate(other) - aggregate(base), float(low), float(high)
+
+
+def _evaluate(lm: Any, tasks: list[str], limit: int | float | None, include_path: Any, seed: int,
+              num_fewshot: int | None) -> dict:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=[str(p) for p in include_path] if include_path else None)
+    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager, log_samples=True,
+                                   num_fewshot=num_fewshot, random_seed=seed, numpy_random_seed=seed,
+                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=1000)
+
+
+def _metrics(result: dict, task: str) -> list[tuple[str, str]]:
+    """(metric, filter) pairs lm-eval reported for a task, e.g. ("acc", "none")."""
+    keys = [k for k in result["results"][task] if "," in k and "_stderr," not in k]
+    return [tuple(k.split(",", 1)) for k in keys]  # type: ignore[misc]
+
+
+def _stderr(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, which: str = "replacement",
+               trust_programs: bool = False, limit: int | float | None = None,
+               include_path: str | Path | list[str | Path] | None = None, batch_size: int = 16,
+               num_fewshot: int | None = None, n_boot: int = 1000, seed: int = 0,
+               tokenizer: Any = None, device: str = "cpu") -> dict[str, Any]:
+    """Per task and metric: base and hybrid scores with lm-eval's standard errors, and their difference with a
+    paired bootstrap interval over the same examples.
+
+    ``model`` is a spec or ModelHandle (with ``programs``: a ProgramSet, mapping or programs.json) or a
+    HybridModel (its base is the handle it was built on). Without programs only the base is evaluated.
+    """
+    tasks = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
+    include = [include_path] if isinstance(include_path, (str, Path)) else include_path
+    if isinstance(model, HybridModel):
+        if programs is not None:
+            raise ValueError("pass either a HybridModel or programs, not both")
+        handle, hybrid = model.handle, model
+    else:
+        handle = load_model(model, tokenizer=tokenizer, device=device)
+        hybrid = None
+    base_run = _evaluate(_lm(handle, batch_size), tasks, limit, include, seed, num_fewshot)
+    runs = {"base": base_run}
+    if hybrid is not None or programs is not None:
+        lm = (_lm(hybrid, batch_size) if hybrid is not None
+              else _lm(handle, batch_size, programs=programs, which=which, trust_programs=trust_programs))
+        hybrid = lm.model
+        runs["hybrid"] = _evaluate(lm, tasks, limit, include, seed, num_fewshot)
+    rows = []
+    for task in base_run["results"]:
+        if task not in base_run.get("samples", {}):
+            continue  # a group's summary row: its member tasks have their own rows
+        for metric, filt in _metrics(base_run, task):
+            row: dict[str, Any] = {"task": task, "metric": metric if filt == "none" else f"{metric},{filt}"}
+            for label, run in runs.items():
+                res = run["results"][task]
+                row[label] = float(res[f"{metric},{filt}"])
+                row[f"{label}_stderr"] = _stderr(res.get(f"{metric}_stderr,{filt}"))
+            samples = {label: sorted((s for s in run["samples"][task] if s.get("filter", filt) == filt),
+                                     key=lambda s: s["doc_id"]) for label, run in runs.items()}
+            row["n"] = len(samples["base"])
+            if "hybrid" in runs:
+                if [s["doc_id"] for s in samples["base"]] != [s["doc_id"] for s in samples["hybrid"]]:
+                    raise RuntimeError(f"{task}: base and hybrid were scored on different examples")
+                delta, low, high = paired_bootstrap([s[metric] for s in samples["base"]],
+                                                    [s[metric] for s in samples["hybrid"]],
+                                                    _aggregation(metric), n_boot=n_boot, seed=seed)
+                row.update(delta=delta, delta_ci95=[low, high])
+            rows.append(row)
+    return {"model": handle.name, "tasks": tasks, "limit": limit, "seed": seed,
+            "hybrid_heads": len(hybrid.replaced) if hybrid is not None else None, "rows": rows}
