@@ -60,7 +60,8 @@ class ExplainResult:
             lines.append(f"readable explanations: {len(readable)} of {len(self.programs)} heads, mean test IoU "
                          f"{sum(readable) / len(readable):.3f}")
         for r in self.sweep:
-            lines.append(f"sweep {r['fraction']:.0%} heads replaced: ΔPPL {100 * r['delta']:+.2f}% "
+            what = "embedding distance" if "embedding_distance" in r else "ΔPPL"  # headless: surgery/embedding.py
+            lines.append(f"sweep {r['fraction']:.0%} heads replaced: {what} {100 * r['delta']:+.2f}% "
                          f"(random order {100 * r['delta_random_order']:+.2f}%, random programs "
                          f"{100 * r['delta_random_program']:+.2f}%)")
         return "\n".join(lines)

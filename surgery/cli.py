@@ -153,6 +153,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
                                "it covers")
         require_trust(programs.subset(heads), args.trust_programs)
     handle, splits = _load(args)
+    if not handle.has_lm_head:
+        return _ablate_headless(args, handle, splits, groups, programs)
     base = perplexity(handle, splits.test, progress=False)
     rows = [{"heads": "(none)", "kind": "-", "ppl": base, "delta_pct": 0.0}]
     for group in groups:
@@ -169,6 +171,44 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ablate_headless(args: argparse.Namespace, handle: Any, splits: Any, groups: list, programs: Any) -> int:
+    """Ablations of an encoder without an LM head: the embedding distance to the base, not a perplexity."""
+    from .ablate import ablate
+    from .embedding import embedding_distance
+    from .replace import head_name
+
+    rows = []
+    for group in groups:
+        with ablate(handle, group, args.kind, reference=splits.synth, programs=programs, seed=args.seed) as hybrid:
+            rows.append({"heads": ",".join(head_name(h) for h in group), "kind": args.kind,
+                         "embedding_distance": embedding_distance(handle, hybrid, splits.test)})
+    if args.json:
+        print(json.dumps({"model": handle.name, "test_sequences": len(splits.test), "rows": rows}, indent=1))
+    else:
+        print(f"{handle.name} has no language-model head: embedding distance (1 - cosine of mean-pooled final "
+              f"hidden states) to the base on {len(splits.test)} test windows")
+        print(_table(rows, [("heads", "heads", ""), ("kind", "kind", ""),
+                            ("embedding_distance", "embedding distance", ".5f")]))
+    return 0
+
+
+def _eval_headless(args: argparse.Namespace, handle: Any, splits: Any, programs: Any) -> int:
+    """eval for an encoder without an LM head: the embedding distance between base and hybrid."""
+    from .embedding import embedding_distance
+    from .replace import replace_heads
+
+    report: dict[str, Any] = {"model": handle.name, "test_sequences": len(splits.test), "lm_head": False}
+    lines = [f"{handle.name} has no language-model head: perplexity is undefined; the cost of a swap is the "
+             "embedding distance (1 - cosine of mean-pooled final hidden states)"]
+    if programs is not None:
+        with replace_heads(handle, programs) as hybrid:
+            report["embedding_distance"] = embedding_distance(handle, hybrid, splits.test)
+        lines.append(f"all {len(programs)} program heads: embedding distance {report['embedding_distance']:.5f} on "
+                     f"{len(splits.test)} test windows")
+    print(json.dumps(report, indent=1) if args.json else "\n".join(lines))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import delta_ppl_interval, per_head_delta_ppl, replacement_sweep, window_losses
     from .replace import head_name, replace_heads
@@ -177,6 +217,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if programs is not None:
         require_trust(programs, args.trust_programs)
     handle, splits = _load(args)
+    if not handle.has_lm_head:
+        return _eval_headless(args, handle, splits, programs)
     base_losses = window_losses(handle, splits.test, progress=False)
     base = math.exp(base_losses[0].sum() / base_losses[1].sum())
     report: dict[str, Any] = {"model": handle.name, "test_sequences": len(splits.test), "ppl": base}

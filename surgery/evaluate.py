@@ -1,9 +1,11 @@
 """What a swap costs: perplexity (token-weighted; pseudo-perplexity for masked LMs), per-head ΔPPL,
-replacement sweeps with random baselines, and Spearman(IoU, ΔPPL) with a bootstrap interval."""
+replacement sweeps with random baselines, and Spearman(IoU, ΔPPL) with a bootstrap interval.
+
+Headless encoders (no LM head, surgery/headless.py) are measured by ``embedding_distance`` instead
+(surgery/embedding.py): the cosine distance between base and hybrid mean-pooled final hidden states."""
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence as Seq
@@ -12,22 +14,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from .batches import padded_batch
+from .embedding import EMBEDDING_METRIC, EvaluationError, check_batch_size, embedding_distance, sentence_embeddings
 from .loading import ModelHandle, load_model
 from .replace import HybridModel, head_name, parse_head, replace_heads
 
 
-class EvaluationError(ValueError):
-    """An evaluation was asked for something it cannot compute (no sequences, bad batch size, no masked-LM head)."""
-
-
-def check_batch_size(batch_size: Any) -> None:
-    """Refuse a batch size that is not a whole number >= 1 (range() would fail or loop on it)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise EvaluationError(f"batch_size must be a whole number of sequences >= 1 (e.g. 16), got "
-                              f"{excerpt(batch_size)}")
+__all__ = ["EvaluationError", "check_batch_size", "perplexity", "window_losses", "delta_ppl_interval",
+           "per_head_delta_ppl", "replacement_sweep", "plot_sweep", "spearman_ci", "embedding_distance",
+           "sentence_embeddings", "EMBEDDING_METRIC"]
 
 
 def _handle_and_call(model: Any) -> tuple[ModelHandle, Any]:
@@ -75,6 +71,10 @@ def window_losses(model: Any, sequences: list[Sequence], batch_size: int = 16,
     """Per window: the summed next-token (or masked-token) negative log-likelihood and the tokens it covers."""
     check_batch_size(batch_size)
     handle, call = _handle_and_call(model)
+    if not handle.has_lm_head:
+        raise EvaluationError(f"{handle.name} has no language-model head, so perplexity is undefined for it; measure "
+                              f"replacements with {EMBEDDING_METRIC}(model, hybrid, sequences), the cosine distance "
+                              "between base and hybrid mean-pooled final hidden states")
     if not sequences:
         raise EvaluationError("perplexity needs at least one sequence; give a corpus with more documents or raise "
                               "max_sequences")
@@ -147,7 +147,8 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
 
     Baselines: the same programs replaced in a random order, and each head given another head's program
     (random-program). Returns rows {fraction, n_heads, ppl, ppl_random_order, ppl_random_program,
-    delta, delta_random_order, delta_random_program} and, with ``out_png``, a plot.
+    delta, delta_random_order, delta_random_program} and, with ``out_png``, a plot. A model without an LM head
+    is measured by embedding distance: rows hold ``embedding_distance*`` and the same values as ``delta*``.
     """
     handle = load_model(model)
     items = {parse_head(k): v for k, v in programs.items()}
@@ -159,7 +160,8 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
     random_order = [heads[i] for i in rng.permutation(len(heads))]
     cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
     random_program = {heads[cycle[i]]: items[heads[cycle[(i + 1) % len(heads)]]] for i in range(len(heads))}
-    base = perplexity(handle, sequences, progress=False)
+    headless = not handle.has_lm_head
+    base = sentence_embeddings(handle, sequences) if headless else perplexity(handle, sequences, progress=False)
     rows = []
     for frac in tqdm(list(steps), desc="replacement sweep", disable=not progress):
         k = int(round(frac * len(heads)))
@@ -167,6 +169,9 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
         for label, chosen in (("", {h: items[h] for h in heads[:k]}),
                               ("_random_order", {h: items[h] for h in random_order[:k]}),
                               ("_random_program", {h: random_program[h] for h in heads[:k]})):
+            if headless:
+                row[EMBEDDING_METRIC + label] = row["delta" + label] = _distance_with(handle, chosen, sequences, base)
+                continue
             if not chosen:
                 ppl = base
             else:
@@ -176,12 +181,23 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
             row["delta" + label] = ppl / base - 1.0
         rows.append(row)
     if out_png is not None:
-        plot_sweep(rows, out_png, title or f"{handle.name}: replacement sweep")
+        plot_sweep(rows, out_png, title or f"{handle.name}: replacement sweep",
+                   ylabel="embedding distance (1 − cos, %)" if headless else "perplexity change (%)")
     return rows
 
 
-def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "") -> Path:
-    """Line plot of ΔPPL vs fraction replaced for the chosen order and both baselines."""
+def _distance_with(handle: ModelHandle, chosen: Mapping[Any, Any], sequences: list[Sequence],
+                   base: torch.Tensor) -> float:
+    """Mean embedding distance of the hybrid with ``chosen`` heads replaced from the base embeddings ``base``."""
+    if not chosen:
+        return 0.0
+    with replace_heads(handle, chosen) as hybrid:
+        return embedding_distance(base, hybrid, sequences)
+
+
+def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "",
+               ylabel: str = "perplexity change (%)") -> Path:
+    """Line plot of ΔPPL (or embedding distance) vs fraction replaced for the chosen order and both baselines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +209,7 @@ def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "
                               ("delta_random_program", "random programs", ":^")):
         ax.plot(x, [100 * r[key] for r in rows], style, label=label)
     ax.set_xlabel("heads replaced (%)")
-    ax.set_ylabel("perplexity change (%)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

