@@ -45,7 +45,7 @@ def write_embedded(tmp: Path, hf: Any, tokenizer: Any, state: Mapping[str, torch
         raise CheckpointError("the model's tokenizer cannot be saved (no save_pretrained); embedded checkpoints "
                               "need a transformers tokenizer")
     before = {p for p in tmp.rglob("*")}
-    tokenizer.save_pretrained(str(tmp))
+    _as_trained(tokenizer).save_pretrained(str(tmp))
     for p in set(tmp.rglob("*")) - before:
         if p.is_file():
             fsync_file(p)
@@ -107,3 +107,16 @@ def _from_pretrained(root: Path, manifest: Mapping[str, Any]) -> tuple[Any, Any]
                                  dtype=dtype, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
     return hf, tokenizer
+
+
+def _as_trained(tokenizer: Any) -> Any:
+    """The tokenizer without special tokens its vocabulary lacks (TransformerLens names ``<|endoftext|>`` as a
+    BERT tokenizer's EOS/BOS): saved as they are, they would reload as a new token the model cannot embed."""
+    missing = [a for a in ("eos_token", "bos_token", "pad_token")
+               if getattr(tokenizer, a, None) is not None and getattr(tokenizer, a) not in tokenizer.get_vocab()]
+    if not missing:
+        return tokenizer
+    clean = copy.deepcopy(tokenizer)
+    for attribute in missing:
+        setattr(clean, attribute, None)
+    return clean
