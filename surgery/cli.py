@@ -201,7 +201,7 @@ def _eval_headless(args: argparse.Namespace, handle: Any, splits: Any, programs:
     lines = [f"{handle.name} has no language-model head: perplexity is undefined; the cost of a swap is the "
              "embedding distance (1 - cosine of mean-pooled final hidden states)"]
     if programs is not None:
-        with replace_heads(handle, programs) as hybrid:
+        with replace_heads(handle, programs, which=args.which) as hybrid:
             report["embedding_distance"] = embedding_distance(handle, hybrid, splits.test)
         lines.append(f"all {len(programs)} program heads: embedding distance {report['embedding_distance']:.5f} on "
                      f"{len(splits.test)} test windows")
@@ -224,7 +224,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"model": handle.name, "test_sequences": len(splits.test), "ppl": base}
     lines = [f"{handle.name}: perplexity {base:.4f} on {len(splits.test)} test windows"]
     if programs is not None:
-        with replace_heads(handle, programs) as hybrid:
+        with replace_heads(handle, programs, which=args.which) as hybrid:
             losses = window_losses(hybrid, splits.test, progress=False)
         ppl = math.exp(losses[0].sum() / losses[1].sum())
         delta, low, high = delta_ppl_interval(base_losses, losses, seed=args.seed)
@@ -259,7 +259,8 @@ def _downstream(args: argparse.Namespace, handle: Any, programs: Any, lines: lis
     """``eval --tasks``: lm-eval tasks on the base and the hybrid, same examples (surgery/downstream.py)."""
     from .downstream import downstream
 
-    result = downstream(handle, args.tasks, programs, trust_programs=args.trust_programs, limit=args.limit,
+    result = downstream(handle, args.tasks, programs, which=args.which, trust_programs=args.trust_programs,
+                        limit=args.limit,
                         include_path=args.include_path, batch_size=args.batch_size, seed=args.seed)
     rows = [{**r, "base_se": r["base_stderr"], "hybrid_se": r.get("hybrid_stderr"),
              "ci": f"{r['delta_ci95'][0]:+.4f} .. {r['delta_ci95'][1]:+.4f}" if "delta_ci95" in r else None}
@@ -300,6 +301,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--programs", default=None, help="programs.json (a ProgramSet) to swap in")
     p.add_argument("--trust-programs", action="store_true",
                    help="run Python programs from --programs (untrusted code, even in the sandbox; DSL needs no trust)")
+    p.add_argument("--which", choices=("replacement", "explanation"), default="replacement",
+                   help="swap in each head's most faithful program, or its readable explanation")
     p.add_argument("--per-head", action="store_true", help="also ΔPPL with one head replaced at a time")
     p.add_argument("--sweep", default=None, metavar="PNG", help="run the replacement sweep and plot it here")
     p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid on the same "
