@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
-    "atomic_file", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
+    "atomic_file", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
     "sha256_bytes", "json_default", "json_bytes", "split_documents",
 ]
 
@@ -73,6 +73,26 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for writers that take a file name (safetensors' ``save_file``);
+    on a clean exit the file is fsynced and renamed over ``path``, as :func:`atomic_file` does."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -317,6 +317,8 @@ class HybridModel(nn.Module):
 
     def _pattern_hook(self, layer: int):
         def hook(module: nn.Module, inputs: Any, pattern: torch.Tensor) -> torch.Tensor | None:
+            if self.mode == "z" and len(module._forward_hooks) == 1:
+                return None  # the backend ignores pattern edits; only observers (hooks after this one) need it
             order, stacked = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])[layer]
             idx = torch.tensor([ph.head for ph in order], device=pattern.device)
             new = stacked.to(pattern.dtype)

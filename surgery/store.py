@@ -7,20 +7,18 @@ manifest records each finished shard's size and sha256 so that a damaged shard i
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import numbers
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 from safetensors.numpy import load, save_file
 
-from ..kernels.fileio import atomic_write_bytes, atomic_write_json, fsync_dir, fsync_file, sha256_bytes, sha256_file
+from ..kernels.fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 
@@ -167,24 +165,12 @@ class AttentionStore:
         return entry
 
     def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> dict:
-        """Stream the shard to a temp file, fsync, record its size and sha256, rename into place; returns the record.
-
-        safetensors writes the file from the arrays (no second copy of the shard in memory), so this is the one
-        atomic write that cannot go through ``fileio.atomic_file``'s file object; it follows the same steps.
-        """
+        """Stream the shard to disk atomically (kernels/fileio.py ``atomic_path``: safetensors writes straight from
+        the arrays, no second copy in memory), recording its size and sha256; returns the record."""
         path = self.shard_path(shard)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({k: np.ascontiguousarray(v) for k, v in entries.items()}, tmp)
-            fsync_file(tmp)
+        with atomic_path(path) as tmp:
+            save_file({k: np.ascontiguousarray(v) for k, v in entries.items()}, str(tmp))
             record = {"bytes": os.path.getsize(tmp), "sha256": sha256_file(tmp)}
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        fsync_dir(path.parent)
         self.shard_records[shard] = record
         self._hashed.add(shard)
         return record

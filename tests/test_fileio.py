@@ -54,3 +54,17 @@ def test_json_handles_numpy_counters_paths_and_non_finite():
 def test_split_documents():
     assert split_documents("a\nb\n\n  \n\nc\r\n\r\nd\n \t\ne") == ["a\nb", "c", "d", "e"]
     assert split_documents("\n\n") == []
+
+
+def test_atomic_path_for_writers_that_take_a_file_name(tmp_path):
+    from headsurgeon.kernels.fileio import atomic_path
+
+    target = tmp_path / "shard.bin"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"first")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"torn")
+            raise RuntimeError("killed mid-write")
+    assert target.read_bytes() == b"first" and [p.name for p in tmp_path.iterdir()] == ["shard.bin"]
+    assert target.stat().st_mode & 0o044  # readable like a file open() makes, not mkstemp's 0600

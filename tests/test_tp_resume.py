@@ -61,4 +61,4 @@ def test_cli_resume_after_a_kill(tmp_path):
     assert r.returncode != 0 and "--resume" in r.stderr
     r = subprocess.run([sys.executable, "-m", "headsurgeon.cli", *args, "--resume"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert (out / "model.safetensors").is_file() and not (out / "train_state.json").exists()
+    assert (out / "model.safetensors").is_file() and not (out / "train_state.safetensors").exists()

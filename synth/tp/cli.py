@@ -40,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train one task, write the run directory, print the metrics."""
     import torch
 
-    from .resume import STATE_JSON, STATE_TENSORS
+    from .resume import STATE_FILE
     from .rundir import save_run
     from .train import default_configs, train
 
@@ -64,8 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / "tp" / args.task / f"s{tc.seed}"
     result = train(args.task, tc, progress=not args.no_progress, state_dir=out, resume=args.resume, **shape)
     save_run(result, out)
-    for name in (STATE_JSON, STATE_TENSORS):  # the finished run's files replace the per-epoch state
-        (out / name).unlink(missing_ok=True)
+    (out / STATE_FILE).unlink(missing_ok=True)  # the finished run's files replace the per-epoch state
     m = result.metrics
     print(
         f"{args.task}: test acc {100 * m['test_acc']:.2f}% (val {100 * m['val_acc']:.2f}%, "

@@ -1,8 +1,8 @@
 """Training state saved after every epoch (weights, Adam moments, RNG streams, history), so a killed run resumes.
 
-Tensors go to safetensors and the rest to JSON, each written atomically (kernels/fileio.py): a run killed
-mid-write keeps the previous epoch's state. Resuming restores every random stream, so a resumed run
-ends bit-for-bit where an uninterrupted one would.
+One safetensors file holds the tensors and, in its metadata, the JSON bookkeeping, written atomically
+(kernels/fileio.py): a run killed mid-write keeps the previous epoch's state whole. Resuming restores every
+random stream, so a resumed run ends bit-for-bit where an uninterrupted one would.
 """
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ...kernels.fileio import atomic_write_json, fsync_file
+from ...kernels.fileio import atomic_path, json_default
 
-__all__ = ["STATE_TENSORS", "STATE_JSON", "save_state", "load_state"]
+__all__ = ["STATE_FILE", "save_state", "load_state"]
 
-STATE_TENSORS = "train_state.safetensors"
-STATE_JSON = "train_state.json"
+STATE_FILE = "train_state.safetensors"
 
 
 def save_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
@@ -32,20 +32,19 @@ def save_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
             tensors[f"opt.{index}.{name}"] = torch.as_tensor(value).contiguous()
     tensors["rng.generator"] = gen.get_state()
     tensors["rng.global"] = torch.get_rng_state()
-    tmp = folder / (STATE_TENSORS + ".tmp")
-    save_file(tensors, str(tmp))
-    fsync_file(tmp)
-    tmp.replace(folder / STATE_TENSORS)
-    atomic_write_json(folder / STATE_JSON, {**info, "param_groups": opt_state["param_groups"]}, indent=None)
+    meta = {"info": json.dumps({**info, "param_groups": opt_state["param_groups"]}, default=json_default)}
+    with atomic_path(folder / STATE_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
 
 
 def load_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
                gen: torch.Generator) -> dict[str, Any] | None:
     """Restore the saved state into ``model``, ``opt`` and the RNGs; returns its info, or None when there is none."""
-    if not (folder / STATE_JSON).is_file() or not (folder / STATE_TENSORS).is_file():
+    if not (folder / STATE_FILE).is_file():
         return None
-    info = json.loads((folder / STATE_JSON).read_text())
-    tensors = load_file(str(folder / STATE_TENSORS))
+    with safe_open(str(folder / STATE_FILE), framework="pt") as f:
+        info = json.loads(f.metadata()["info"])
+    tensors = load_file(str(folder / STATE_FILE))
     model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

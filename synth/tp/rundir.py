@@ -20,6 +20,7 @@ from .decompile import decompile
 from .discrete import DiscreteProgram, discretize
 from .model import ModelConfig, TransformerProgram
 from .train import TrainConfig, TrainResult
+from ...kernels.fileio import atomic_path, atomic_write_bytes
 
 FORMAT_VERSION = 1
 
@@ -41,9 +42,7 @@ class Run:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def save_run(result: TrainResult, out: str | Path) -> Path:
@@ -63,7 +62,8 @@ def save_run(result: TrainResult, out: str | Path) -> Path:
         },
     )
     state = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": str(FORMAT_VERSION), "task": data.name})
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": str(FORMAT_VERSION), "task": data.name})
     _write_json(out / "metrics.json", {**result.metrics, "history": result.history})
     write_program(load_run(out), out)
     return out

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .model import ModelConfig, TransformerProgram
-from .resume import STATE_JSON, load_state, save_state
+from .resume import STATE_FILE, load_state, save_state
 from .tasks import TASKS, Split, TaskData, make_task
 
 TASK_CONFIGS: dict[str, dict] = {
@@ -210,7 +210,7 @@ def train(
     folder = Path(state_dir) if state_dir is not None else None
     if folder is not None:
         saved = load_state(folder, model, opt, gen) if resume else None
-        if saved is None and (folder / STATE_JSON).exists() and not resume:
+        if saved is None and (folder / STATE_FILE).exists() and not resume:
             raise TrainStateError(f"{folder} already holds a training state: pass resume=True (--resume) to "
                                   "continue it, or choose another output folder")
         if saved is not None:
