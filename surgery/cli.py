@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kernels.argtypes import add_window_args
 from ..synth.errors import ProgramError, excerpt
+from .scorable import require_lm_head
 
 if TYPE_CHECKING:
     from ..synth.programset import ProgramSet
@@ -217,6 +218,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if programs is not None:
         require_trust(programs, args.trust_programs)
     handle, splits = _load(args)
+    if args.tasks:
+        require_lm_head(handle)  # before minutes of perplexity: lm-eval cannot score this model
     if not handle.has_lm_head:
         return _eval_headless(args, handle, splits, programs)
     base_losses = window_losses(handle, splits.test, progress=False)
@@ -251,8 +254,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
             lines.append(f"sweep plot: {args.sweep}")
     if args.tasks:
         report["downstream"] = _downstream(args, handle, programs, lines)
+        if args.sweep and programs is not None:
+            report["downstream_sweep"] = _downstream_sweep(args, handle, programs, report["sweep"], lines)
     print(json.dumps(report, indent=1) if args.json else "\n".join(lines))
     return 0
+
+
+def _downstream_sweep(args: argparse.Namespace, handle: Any, programs: Any, ppl_rows: list[dict],
+                      lines: list[str]) -> list[dict[str, Any]]:
+    """``eval --tasks --sweep``: task scores at 0/25/50/100% of heads replaced, plotted beside the ΔPPL sweep."""
+    from .downstream_sweep import downstream_sweep, plot_downstream_sweep
+
+    rows = downstream_sweep(handle, programs, args.tasks, order=programs.ranked("test"), seed=args.seed,
+                            limit=args.limit, include_path=args.include_path, batch_size=args.batch_size,
+                            progress=not args.json)
+    plot_downstream_sweep(rows, args.sweep, ppl_rows, title=f"{handle.name}: heads replaced in order of test IoU")
+    lines.append("downstream sweep (same examples at every step):")
+    lines.append(_table(rows, [("task", "task", ""), ("metric", "metric", ""), ("fraction", "replaced", ".0%"),
+                               ("n_heads", "heads", "d"), ("value", "IoU order", ".4f"),
+                               ("value_random_order", "random order", ".4f"),
+                               ("value_random_program", "random programs", ".4f")]))
+    lines.append(f"sweep plot (ΔPPL beside the tasks): {args.sweep}")
+    return rows
 
 
 def _downstream(args: argparse.Namespace, handle: Any, programs: Any, lines: list[str]) -> dict[str, Any]:
@@ -304,7 +327,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--which", choices=("replacement", "explanation"), default="replacement",
                    help="swap in each head's most faithful program, or its readable explanation")
     p.add_argument("--per-head", action="store_true", help="also ΔPPL with one head replaced at a time")
-    p.add_argument("--sweep", default=None, metavar="PNG", help="run the replacement sweep and plot it here")
+    p.add_argument("--sweep", default=None, metavar="PNG",
+                   help="run the replacement sweep (ΔPPL; with --tasks also task scores at 0/25/50/100%%) and plot it here")
     p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid on the same "
                                                   "examples (needs pip install 'headsurgeon[eval]')")
     p.add_argument("--limit", type=_limit, default=None, help="examples per task (or a fraction), for --tasks")

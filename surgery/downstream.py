@@ -3,17 +3,28 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from .loading import load_model
+from .scorable import require_lm_head
 from .replace import HybridModel
 
-__all__ = ["downstream", "paired_bootstrap"]
+__all__ = ["downstream", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for"]
+
+#: lm-eval task YAML files shipped with headsurgeon (the ``eaps6`` group); always on the include path
+TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 
 
-def _lm(model: Any, batch_size: int, **options: Any) -> Any:
+def task_folders(include_path: str | Path | list[str | Path] | None = None) -> list[str]:
+    """headsurgeon's task folder followed by the user's folders, as lm-eval's TaskManager takes them."""
+    extra = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
+    return [str(TASKS_DIR)] + [str(p) for p in extra]
+
+
+def lm_for(model: Any, batch_size: int, **options: Any) -> Any:
+    """The lm-eval model (surgery/lm_eval_model.py) for a handle, hybrid or spec."""
     from .lm_eval_model import HeadsurgeonLM
 
     return HeadsurgeonLM(model=model, batch_size=batch_size, **options)
@@ -45,18 +56,23 @@ def paired_bootstrap(base: list[Any], other: list[Any], aggregate: Callable[[lis
     return aggregate(other) - aggregate(base), float(low), float(high)
 
 
-def _evaluate(lm: Any, tasks: list[str], limit: int | float | None, include_path: Any, seed: int,
-              num_fewshot: int | None) -> dict:
+def evaluate_tasks(lm: Any, tasks: list[str], limit: int | float | None, include_path: Any, seed: int,
+                   num_fewshot: int | None = None) -> dict:
+    """lm-eval's ``simple_evaluate`` of ``lm`` on ``tasks`` with every seed fixed and per-example samples kept."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=[str(p) for p in include_path] if include_path else None)
+    manager = TaskManager(include_path=task_folders(include_path))
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ValueError(f"lm-eval knows no task {', '.join(map(repr, unknown))}: check the name (lm-eval ls "
+                         "tasks lists them) or give the folder of its YAML file with include_path / --include-path")
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager, log_samples=True,
                                    num_fewshot=num_fewshot, random_seed=seed, numpy_random_seed=seed,
                                    torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=1000)
 
 
-def _metrics(result: dict, task: str) -> list[tuple[str, str]]:
+def reported_metrics(result: dict, task: str) -> list[tuple[str, str]]:
     """(metric, filter) pairs lm-eval reported for a task, e.g. ("acc", "none")."""
     keys = [k for k in result["results"][task] if "," in k and "_stderr," not in k]
     return [tuple(k.split(",", 1)) for k in keys]  # type: ignore[misc]
@@ -77,8 +93,9 @@ def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, whic
     ``model`` is a spec or ModelHandle (with ``programs``: a ProgramSet, mapping or programs.json) or a
     HybridModel (its base is the handle it was built on). Without programs only the base is evaluated.
     """
-    tasks = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
-    include = [include_path] if isinstance(include_path, (str, Path)) else include_path
+    tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
+    if not tasks:
+        raise ValueError("no tasks given: name lm-eval tasks, e.g. tasks=['eaps6'] or --tasks hellaswag,piqa")
     if isinstance(model, HybridModel):
         if programs is not None:
             raise ValueError("pass either a HybridModel or programs, not both")
@@ -86,18 +103,19 @@ def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, whic
     else:
         handle = load_model(model, tokenizer=tokenizer, device=device)
         hybrid = None
-    base_run = _evaluate(_lm(handle, batch_size), tasks, limit, include, seed, num_fewshot)
+    require_lm_head(handle)
+    base_run = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
     runs = {"base": base_run}
     if hybrid is not None or programs is not None:
-        lm = (_lm(hybrid, batch_size) if hybrid is not None
-              else _lm(handle, batch_size, programs=programs, which=which, trust_programs=trust_programs))
+        lm = (lm_for(hybrid, batch_size) if hybrid is not None
+              else lm_for(handle, batch_size, programs=programs, which=which, trust_programs=trust_programs))
         hybrid = lm.model
-        runs["hybrid"] = _evaluate(lm, tasks, limit, include, seed, num_fewshot)
+        runs["hybrid"] = evaluate_tasks(lm, tasks, limit, include_path, seed, num_fewshot)
     rows = []
     for task in base_run["results"]:
         if task not in base_run.get("samples", {}):
             continue  # a group's summary row: its member tasks have their own rows
-        for metric, filt in _metrics(base_run, task):
+        for metric, filt in reported_metrics(base_run, task):
             row: dict[str, Any] = {"task": task, "metric": metric if filt == "none" else f"{metric},{filt}"}
             for label, run in runs.items():
                 res = run["results"][task]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence as Seq
+from typing import Any, Iterator, Mapping, Sequence as Seq
 
 import numpy as np
 import torch
@@ -22,8 +22,8 @@ from .replace import HybridModel, head_name, parse_head, replace_heads
 
 
 __all__ = ["EvaluationError", "check_batch_size", "perplexity", "window_losses", "delta_ppl_interval",
-           "per_head_delta_ppl", "replacement_sweep", "plot_sweep", "spearman_ci", "embedding_distance",
-           "sentence_embeddings", "EMBEDDING_METRIC"]
+           "per_head_delta_ppl", "replacement_sweep", "sweep_heads", "sweep_arms", "draw_sweep", "save_figure",
+           "plot_sweep", "spearman_ci", "embedding_distance", "sentence_embeddings", "EMBEDDING_METRIC"]
 
 
 def _handle_and_call(model: Any) -> tuple[ModelHandle, Any]:
@@ -139,6 +139,31 @@ def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[
     return out
 
 
+def sweep_heads(programs: Mapping[Any, Any], order: Seq[Any] | None) -> tuple[dict, list]:
+    """(head → program, heads in sweep order); every head in ``order`` must have a program."""
+    items = {parse_head(k): v for k, v in programs.items()}
+    heads = [parse_head(h) for h in order] if order is not None else list(items)
+    missing = [h for h in heads if h not in items]
+    if missing:
+        raise EvaluationError(f"sweep order names heads without programs: {[head_name(h) for h in missing][:20]}")
+    return items, heads
+
+
+def sweep_arms(items: Mapping[Any, Any], heads: list, steps: Seq[float],
+               seed: int) -> Iterator[tuple[float, int, dict[str, dict]]]:
+    """Per step: (fraction, heads replaced, {"": the first k heads in order, "_random_order": k heads in a seeded
+    random order, "_random_program": the first k heads, each given another head's program on a random cycle})."""
+    rng = np.random.default_rng(seed)
+    random_order = [heads[i] for i in rng.permutation(len(heads))]
+    cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
+    random_program = {heads[cycle[i]]: items[heads[cycle[(i + 1) % len(heads)]]] for i in range(len(heads))}
+    for frac in steps:
+        k = int(round(frac * len(heads)))
+        yield float(frac), k, {"": {h: items[h] for h in heads[:k]},
+                               "_random_order": {h: items[h] for h in random_order[:k]},
+                               "_random_program": {h: random_program[h] for h in heads[:k]}}
+
+
 def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                       order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                       seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
@@ -151,24 +176,14 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
     is measured by embedding distance: rows hold ``embedding_distance*`` and the same values as ``delta*``.
     """
     handle = load_model(model)
-    items = {parse_head(k): v for k, v in programs.items()}
-    heads = [parse_head(h) for h in order] if order is not None else list(items)
-    missing = [h for h in heads if h not in items]
-    if missing:
-        raise EvaluationError(f"sweep order names heads without programs: {[head_name(h) for h in missing][:20]}")
-    rng = np.random.default_rng(seed)
-    random_order = [heads[i] for i in rng.permutation(len(heads))]
-    cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
-    random_program = {heads[cycle[i]]: items[heads[cycle[(i + 1) % len(heads)]]] for i in range(len(heads))}
+    items, heads = sweep_heads(programs, order)
     headless = not handle.has_lm_head
     base = sentence_embeddings(handle, sequences) if headless else perplexity(handle, sequences, progress=False)
     rows = []
-    for frac in tqdm(list(steps), desc="replacement sweep", disable=not progress):
-        k = int(round(frac * len(heads)))
+    for frac, k, arms in tqdm(list(sweep_arms(items, heads, steps, seed)), desc="replacement sweep",
+                              disable=not progress):
         row = {"fraction": float(frac), "n_heads": k}
-        for label, chosen in (("", {h: items[h] for h in heads[:k]}),
-                              ("_random_order", {h: items[h] for h in random_order[:k]}),
-                              ("_random_program", {h: random_program[h] for h in heads[:k]})):
+        for label, chosen in arms.items():
             if headless:
                 row[EMBEDDING_METRIC + label] = row["delta" + label] = _distance_with(handle, chosen, sequences, base)
                 continue
@@ -195,6 +210,32 @@ def _distance_with(handle: ModelHandle, chosen: Mapping[Any, Any], sequences: li
         return embedding_distance(base, hybrid, sequences)
 
 
+def draw_sweep(ax: Any, rows: list[dict[str, float]], key: str, ylabel: str, title: str = "",
+               scale: float = 100.0) -> None:
+    """One sweep panel: ``key`` (and its ``_random_order`` / ``_random_program`` baselines) vs fraction replaced."""
+    x = [100 * r["fraction"] for r in rows]
+    for suffix, label, style in (("", "by IoU (chosen order)", "-o"), ("_random_order", "random order", "--s"),
+                                 ("_random_program", "random programs", ":^")):
+        ax.plot(x, [scale * r[key + suffix] for r in rows], style, label=label)
+    ax.set_xlabel("heads replaced (%)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def save_figure(fig: Any, out_png: str | Path) -> Path:
+    """Write a matplotlib figure to ``out_png`` (parents created) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png
+
+
 def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "",
                ylabel: str = "perplexity change (%)") -> Path:
     """Line plot of ΔPPL (or embedding distance) vs fraction replaced for the chosen order and both baselines."""
@@ -204,21 +245,8 @@ def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    x = [100 * r["fraction"] for r in rows]
-    for key, label, style in (("delta", "by IoU (chosen order)", "-o"), ("delta_random_order", "random order", "--s"),
-                              ("delta_random_program", "random programs", ":^")):
-        ax.plot(x, [100 * r[key] for r in rows], style, label=label)
-    ax.set_xlabel("heads replaced (%)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    plt.close(fig)
-    return out_png
+    draw_sweep(ax, rows, "delta", ylabel, title)
+    return save_figure(fig, out_png)
 
 
 def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,

@@ -1,10 +1,7 @@
-"""The ``headsurgeon`` model for EleutherAI's lm-evaluation-harness: a base model or a hybrid as an ``lm_eval`` LM.
+"""A base model or a hybrid as an lm-evaluation-harness ``LM`` (lm-eval's TemplateLM does the request logic).
 
-lm-eval (the optional extra ``eval``) has no plugin entry point for models, so importing this module registers
-the model; ``python -m headsurgeon.surgery.lm_eval_model ARGS`` is lm-eval's own command line with it registered::
-
-    python -m headsurgeon.surgery.lm_eval_model --model headsurgeon \\
-        --model_args model=tiny-stories,programs=programs.json --tasks hellaswag --limit 200
+headsurgeon/harness.py registers it with lm-eval as the model ``headsurgeon`` (adding ``checkpoint=DIR``, which
+needs the hub layer) and runs lm-eval's own command line; surgery/downstream.py uses it directly.
 """
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ import torch.nn.functional as F
 
 try:
     from lm_eval.api.model import TemplateLM
-    from lm_eval.api.registry import register_model
     from lm_eval.models.utils import Collator
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -26,30 +22,26 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from tqdm.auto import tqdm
 
 from ..synth.programset import ProgramSet
-from .loading import ModelHandle, load_model
+from .scorable import require_lm_head
+from .loading import load_model
 from .replace import HybridModel, replace_heads
 
-__all__ = ["HeadsurgeonLM", "main"]
+__all__ = ["HeadsurgeonLM", "model_flag"]
 
 
-def _flag(value: Any) -> bool:
+def model_flag(value: Any) -> bool:
     """A model-arg boolean: lm-eval passes True/False, or the strings of a hand-written arg string."""
     return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-@register_model("headsurgeon")
 class HeadsurgeonLM(TemplateLM):
     """A headsurgeon ModelHandle or HybridModel scored through lm-eval's TemplateLM (causal models only)."""
 
     def __init__(self, model: Any = "tiny-stories", tokenizer: Any = None, programs: Any = None,
-                 checkpoint: str | None = None, which: str = "replacement", trust_programs: Any = False,
+                 which: str = "replacement", trust_programs: Any = False,
                  device: str | None = None, batch_size: Any = 16, max_batch_size: Any = None,
                  max_length: Any = None, max_gen_toks: Any = 256, seed: Any = 0, **unused: Any) -> None:
         super().__init__()
-        if checkpoint is not None:
-            # hub/checkpoint/ sits above surgery/ (docs/architecture.md, Layers): load it there and pass the hybrid
-            raise ValueError("checkpoint=DIR is not available in --model_args yet: load it with "
-                             "hs.load_hybrid(DIR) and pass the hybrid to hs.downstream(...)")
         if isinstance(model, HybridModel):
             self.handle, self.model = model.handle, model
         else:
@@ -58,16 +50,14 @@ class HeadsurgeonLM(TemplateLM):
             self.handle = load_model(model if model is not None else "tiny-stories", tokenizer=tokenizer,
                                      device=device or "cpu")
             self.model = self.handle
-        if not self.handle.causal:
-            raise ValueError(f"{self.handle.name} is not a causal language model; lm-eval's loglikelihood and "
-                             "generation tasks need one (masked-LM models are not supported by this wrapper)")
+        require_lm_head(self.handle)
         if programs is not None:
             if isinstance(self.model, HybridModel):
                 raise ValueError("pass either a HybridModel or programs, not both")
             if isinstance(programs, (str, Path)):
                 programs = ProgramSet.load(programs)
             if isinstance(programs, ProgramSet):  # Python programs need trust, as in the CLI (surgery/cli.py)
-                programs.require_trusted(_flag(trust_programs))
+                programs.require_trusted(model_flag(trust_programs))
             self.model = replace_heads(self.handle, programs, which=which)
         self.tokenizer = self.handle.tokenizer
         self.batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size)
@@ -220,13 +210,3 @@ class HeadsurgeonLM(TemplateLM):
             active = still
         return [min((t.split(s)[0] for s in until if s), key=len, default=t) for t in texts]
 
-
-def main() -> None:
-    """lm-eval's command line (``lm_eval ...``) with the ``headsurgeon`` model registered."""
-    from lm_eval.__main__ import cli_evaluate
-
-    cli_evaluate()
-
-
-if __name__ == "__main__":
-    main()

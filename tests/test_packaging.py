@@ -38,6 +38,7 @@ def test_install_imports_from_outside_the_repository(tmp_path, editable):
         installed = location.parent.parent
         missing = [str(rel) for rel in repository_packages() if not (installed / rel / "__init__.py").is_file()]
         assert not missing, f"subpackages left out of the wheel (list them in pyproject.toml): {missing}"
+        assert (installed / "surgery" / "lm_eval_tasks" / "eaps6.yaml").is_file(), "the eaps6 task group is package data"
 
 
 def repository_packages() -> list[Path]:

@@ -13,6 +13,7 @@ from headsurgeon.synth.program import READABLE_CHARS
 from headsurgeon.synth.programset import ProgramSet, head_label
 
 from . import heads as hv
+from .downstream import downstream_table
 from . import words
 from .plots import CELL, DIVERGING, colour_css, frontier_svg, heatmap
 
@@ -177,13 +178,15 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
                  sweep_png: str | Path | None = None, sweep_rows: list[dict] | None = None,
                  title: str = "headsurgeon report", examples: int = 1, max_tokens: int = 24,
                  summary: dict | None = None, *, timings: dict[str, float] | None = None,
-                 notes: list[str] | None = None, vocab: Any = None, select_idx: list[int] | None = None) -> Path:
+                 notes: list[str] | None = None, vocab: Any = None, select_idx: list[int] | None = None,
+                 downstream: dict | None = None) -> Path:
     """Write the self-contained HTML report (images inlined) and return its path.
 
     ``summary``: extra facts shown in words (its "timings_s"/"timings" and "notes" keys are read as
     ``timings`` and ``notes``); ``vocab``: the tokenizer's ``Vocabulary`` (synth/vocab.py), to render token ids
     as strings where a stored text is missing or cut (ignored, with a note, when its fingerprint is not the set's);
-    ``select_idx``: choose the best template on select rather than test.
+    ``select_idx``: choose the best template on select rather than test; ``downstream``: ``hs.downstream``'s
+    result, shown as a table of task scores.
     ``examples`` is kept for callers; one example window is shown.
     """
     out = Path(out)
@@ -219,6 +222,7 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
            f"<style>{STYLE}{colour_css()}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
            f"<p class='metrics' id='metrics'>{words.METRICS_PARAGRAPH}</p>\n<h2>Summary</h2>\n"
            f"{summary_html(views, programs, timings, notes, extra, sweep_rows)}{sweep_img}\n"
+           + (f"<h2>Downstream tasks</h2>\n{downstream_table(downstream)}\n" if downstream else "") +
            "<h2>Heads, most trustworthy first</h2>\n<p class='small'>Ordered by the explanation's test IoU; heads "
            "without a readable explanation come last.</p>\n"
            f"{overview_table(views)}\n<h2>Per head</h2>\n{''.join(sections)}\n</body></html>\n")
