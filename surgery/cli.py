@@ -4,19 +4,11 @@ from __future__ import annotations
 import argparse
 import math
 import json
-import re
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..kernels.argtypes import add_window_args
-from ..synth.errors import ProgramError, excerpt
+from ..synth.errors import ProgramError
 from .scorable import require_lm_head
-
-if TYPE_CHECKING:
-    from ..synth.programset import ProgramSet
-
-MAX_PROGRAMS_BYTES = 64 << 20
-_HEAD = re.compile(r"\s*L\d{1,6}H\d{1,6}\s*", re.IGNORECASE)
 
 
 class UntrustedProgramsError(ProgramError):
@@ -42,78 +34,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _clip(text: str, limit: int = 500) -> str:
-    """``text`` cut to ``limit`` characters: messages from parsing hostile files may quote huge values."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+def load_programs(path: str) -> Any:
+    """The ProgramSet of a --programs file (checked before parsing; synth/programs_file.py)."""
+    from ..synth.programset import ProgramSet  # here: the CLI starts without the program stack
 
-
-def _read_programs_json(path: Path) -> Any:
-    """The parsed JSON of a programs file, or a ProgramError naming the file and what is wrong with it."""
-    if not path.is_file():
-        raise ProgramError(f"programs file not found: {path}; check the --programs path")
-    size = path.stat().st_size
-    if size > MAX_PROGRAMS_BYTES:
-        raise ProgramError(f"{path} is {size} bytes; a programs file may hold at most {MAX_PROGRAMS_BYTES} bytes")
-    try:
-        return json.loads(path.read_bytes())
-    except RecursionError:
-        raise ProgramError(f"{path} is nested too deeply to be a programs file; pass a file written by "
-                           "ProgramSet.save or `headsurgeon explain`") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProgramError(f"{path} is not valid JSON ({_clip(str(e), 200)}); pass a file written by ProgramSet.save "
-                           "or `headsurgeon explain`") from None
-
-
-def _check_programs_layout(path: Path, obj: Any) -> None:
-    """Refuse a document whose structure is not a program set before ProgramSet parses it."""
-    fix = "pass a programs.json written by ProgramSet.save or `headsurgeon explain`"
-    if not isinstance(obj, dict) or obj.get("format") != "headsurgeon.programset":
-        raise ProgramError(f"{path} is not a headsurgeon program set (no \"format\": \"headsurgeon.programset\"); "
-                           f"{fix}")
-    version = obj.get("version", 0)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ProgramError(f"{path}: \"version\" must be a whole number, got {excerpt(version)}; {fix}")
-    items = obj.get("programs", [])
-    if not isinstance(items, list):
-        raise ProgramError(f"{path}: \"programs\" must be a list of entries, got {excerpt(items)}; {fix}")
-    for n, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ProgramError(f"{path}: entry {n} of \"programs\" must be an object, got {excerpt(item)}; {fix}")
-        head = item.get("head")
-        if not isinstance(head, str) or not _HEAD.fullmatch(head):
-            raise ProgramError(f"{path}: entry {n} needs a \"head\" like \"L3H5\", got {excerpt(head)}; {fix}")
-        if "program" not in item:
-            raise ProgramError(f"{path}: entry {n} ({head.strip()}) has no \"program\"; {fix}")
-        scores = item.get("scores", {})
-        if not isinstance(scores, dict) or not all(isinstance(v, dict) for v in scores.values()):
-            raise ProgramError(f"{path}: entry {n} ({head.strip()}): \"scores\" must map each split to an object "
-                               f"of numbers, got {excerpt(scores)}; {fix}")
-        for key in ("source", "hypothesis"):
-            if not isinstance(item.get(key, ""), str):
-                raise ProgramError(f"{path}: entry {n} ({head.strip()}): \"{key}\" must be text; {fix}")
-    if not isinstance(obj.get("meta", {}), dict) or not isinstance(obj.get("model", ""), str):
-        raise ProgramError(f"{path}: \"meta\" must be an object and \"model\" text; {fix}")
-
-
-def load_programs(path: str | Path) -> "ProgramSet":
-    """A ProgramSet from a programs.json given on the command line; every failure is a one-line ProgramError.
-
-    Python programs are only parsed and AST-validated here, never run.
-    """
-    from ..synth.programset import ProgramSet
-
-    from ..synth import programtables
-
-    path = Path(path)
-    obj = _read_programs_json(path)
-    _check_programs_layout(path, obj)
-    try:
-        tables = programtables.load_tables(path, obj["tables"]) if obj.get("tables") is not None else None
-        return ProgramSet.from_json(obj, tables)
-    except ProgramError as e:
-        raise ProgramError(f"{path}: {_clip(str(e))}") from None
-    except (ValueError, TypeError, KeyError, RecursionError) as e:
-        raise ProgramError(f"{path} is not a usable program set ({type(e).__name__}: {_clip(str(e), 200)})") from None
+    return ProgramSet.load(path)
 
 
 def require_trust(programs: Any, trust: bool) -> None:

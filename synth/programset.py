@@ -22,6 +22,7 @@ from .backends import get_backend
 from .candidate import Choice
 from .errors import ProgramError
 from .program import Program
+from .programs_file import clip, read_programs_file
 
 FORMAT = "headsurgeon.programset"
 VERSION = 2  # 2: tables in a side file; files without one are still written as version 1
@@ -263,18 +264,17 @@ class ProgramSet:
 
     @classmethod
     def load(cls, path: str | Path) -> "ProgramSet":
-        """Read programs.json (and its tables side file when it names one)."""
+        """Read programs.json (and its tables side file when it names one). The file may be hostile: its size and
+        layout are checked first (synth/programs_file.py) and every failure is a one-line ProgramError."""
         path = Path(path)
+        obj = read_programs_file(path)
         try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ProgramError(f"{path} is not valid JSON ({e})") from e
-        tables = None
-        if isinstance(obj, dict) and obj.get("tables") is not None:
-            tables = programtables.load_tables(path, obj["tables"])
-        return cls.from_json(obj, tables)
+            tables = programtables.load_tables(path, obj["tables"]) if obj.get("tables") is not None else None
+            return cls.from_json(obj, tables)
+        except ProgramError as e:
+            raise ProgramError(f"{path}: {clip(str(e))}") from None
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            raise ProgramError(f"{path} is not a usable program set ({type(e).__name__}: {clip(str(e), 200)})") from None
 
     def __repr__(self) -> str:
         """One line: heads, readable explanations, mean test IoU of replacements and explanations."""

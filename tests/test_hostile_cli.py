@@ -196,6 +196,18 @@ def test_malformed_programs_json_is_one_clean_error(capsys, tmp_path, case):
     assert len(line) < 1200  # never echoes a 10 MB value
 
 
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_programs_json_through_the_api_is_a_program_error(tmp_path, case):
+    """ProgramSet.load is the same checked reader the CLI uses (synth/programs_file.py): no raw exception escapes."""
+    from headsurgeon.synth.errors import ProgramError
+    from headsurgeon.synth.programset import ProgramSet
+
+    path = write(tmp_path, MALFORMED[case])
+    with pytest.raises(ProgramError) as caught:
+        ProgramSet.load(path)
+    assert "programs.json" in str(caught.value) and len(str(caught.value)) < 1200
+
+
 def test_missing_programs_file(capsys, tmp_path):
     line = one_clean_error(capsys, eval_args("--programs", str(tmp_path / "none.json")), "eval")
     assert "none.json" in line and "--programs" in line
