@@ -7,7 +7,9 @@ head-specific structure (previous-token, BOS sink, local decay, content noise), 
 heads. Program patterns come from 10 families x 20 parameter settings: prev(k), self, first,
 prev+first mixes, windows, same-token, induction-like, a prev+decay mix, decay(rate) and
 uniform-causal; the last three are dense (30% of programs, a pessimistic mix). Candidates are
-generated and scored in blocks of programs (the full float32 [200,500,128,128] would be 6.5 GB).
+generated and scored in blocks of programs (the full float32 [200,500,128,128] would be 6.5 GB). The
+sparse families reach ``score`` as compressed rows (``SparseRows``, the form ``program_rows`` gives DSL
+programs of small support; converted outside the timings), the dense ones as arrays.
 The numpy baseline scores random (head, program, sequence) triples one at a time (IoU, JSD, top-q like the reference
 implementation) on a subsample and is extrapolated to all triples; the output says so.
 
@@ -27,6 +29,7 @@ import numpy as np
 
 from headsurgeon.kernels.cache import TensorCache
 from headsurgeon.kernels.metrics_kernels import kernel_threads
+from headsurgeon.kernels.sparse import from_dense
 from headsurgeon.synth.metrics import RealPatterns, score_many, topq_count, visible_cells
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.tensors import program_tensors
@@ -125,6 +128,11 @@ def program_block(families: list[tuple[str, float]], ids: list[np.ndarray], leng
     return out
 
 
+def as_consumed(cand: np.ndarray, fams: list[tuple[str, float]], lengths: np.ndarray) -> list:
+    """Per program, what ``score`` receives: compressed rows for the sparse families, the array for dense ones."""
+    return [cand[p] if fam in DENSE else from_dense(cand[p], lengths) for p, (fam, _) in enumerate(fams)]
+
+
 _PARAMS: dict[str, list[float]] = {
     "prev": [1, 2, 3, 4, 5, 6, 7, 8], "window": [1, 2, 3, 4, 6, 8, 12, 16],
     "prev+first": [0.1, 0.3, 0.5, 0.7, 0.9], "prev+decay": [0.1, 0.2, 0.5, 0.8, 1.5, 3.0],
@@ -196,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     t = time.perf_counter()
     small = program_block(fams[:2], ids[:3], lengths[:3])
     score_many(np.ascontiguousarray(real[:2, :3]), small, lengths[:3], True)  # same array types as below
+    score_many(np.ascontiguousarray(real[:2, :3]), as_consumed(small, fams[:2], lengths[:3]), lengths[:3], True)
     print(f"kernel compile/load: {time.perf_counter() - t:.1f} s (one-off; cached on disk by numba)")
 
     # ---- batched metrics
@@ -212,12 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     for p0 in range(0, P, args.block):
         cand = program_block(fams[p0:p0 + args.block], ids, lengths)
         nnz += int(np.count_nonzero(cand))
+        forms = as_consumed(cand, fams[p0:p0 + args.block], lengths)
         t, c = time.perf_counter(), time.process_time()
-        res = prepared.score(cand)
+        res = prepared.score(forms)
         t_score += time.perf_counter() - t
         c_score += time.process_time() - c
         t = time.perf_counter()
-        prepared.score(cand, metrics=("iou", "jsd"))
+        prepared.score(forms, metrics=("iou", "jsd"))
         t_sparse += time.perf_counter() - t
         iou[:, p0:p0 + args.block], jsd[:, p0:p0 + args.block] = res["iou"], res["jsd"]
         tq[:, p0:p0 + args.block] = res["topq"]
@@ -254,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     # where the time goes: the first block's sparse and dense programs scored separately
     for label, members in (("sparse", [p for p in range(len(cand0)) if fams[p][0] not in DENSE]),
                            ("dense", [p for p in range(len(cand0)) if fams[p][0] in DENSE])):
-        sub = np.ascontiguousarray(cand0[members])
+        sub = as_consumed(np.ascontiguousarray(cand0[members]), [fams[p] for p in members], lengths)
         t = time.perf_counter()
         prepared.score(sub)
         dt = (time.perf_counter() - t) / (H * len(members) * B)

@@ -14,6 +14,11 @@ timing and shared by both sides. Each program is timed side by side in one proce
 Both outputs are checked equal (max |diff| printed). Timings: medians over ``--repeats`` interleaved
 runs (numba gets a warm-up call first, so compile / cache load is excluded).
 
+EAPS-style section (``bench_eaps``, first 400 sequences): prev(1), first(), window(1, 3), same_token()
+(sparse: evaluated to compressed rows) and decay(0.8), uniform() (dense) vs the same programs written as
+the seed's (EAPS) programs are: a Python loop per sequence filling a dense np.zeros matrix, then
+row-normalized; and the tensor cache's bytes per program (sparse programs are cached packed).
+
 Second section (``bench_metrics_scoring``): the 20 programs' patterns scored against the 40 real
 heads of stories260K (5 layers x 8 query heads) on the first 200 sequences with
 ``headsurgeon.synth.metrics.score_many`` (IoU + JSD) vs a per-triple numpy loop, with the best
@@ -441,6 +446,155 @@ def bench_programs(sequences: list[Sequence], feats: dict[str, np.ndarray], prog
     return patterns
 
 
+# ============================================================================ section 1b: EAPS-style programs
+# The seed's programs (EAPS, tests/test_eaps_library.py): one Python function per sequence that loops over
+# its tokens (a dict for repeats), fills a dense float64 n x n matrix with np.zeros + item assignment, and
+# the framework then row-normalizes that matrix per sequence (``reference_normalize``). The numba side is
+# what consumers get: sparse programs as compressed rows (``dsl.evaluate_sparse``), dense ones as a
+# float32 [B, N, N] (``dsl.evaluate``); each fresh ("numba") and into reused buffers ("reused": a RowsBuffer,
+# or an ``out=`` array). Both sides get their inputs
+# prepared before timing (token lists here, padded arrays there).
+
+def e_prev(s: dict) -> np.ndarray:
+    n = len(s["ids"])
+    out = np.zeros((n, n))
+    for i in range(1, n):
+        out[i, i - 1] = 1.0
+    return out
+
+
+def e_first(s: dict) -> np.ndarray:
+    n = len(s["ids"])
+    out = np.zeros((n, n))
+    for i in range(n):
+        out[i, 0] = 1.0
+    return out
+
+
+def e_window(lo: int, hi: int) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        n = len(s["ids"])
+        out = np.zeros((n, n))
+        for i in range(n):
+            for d in range(lo, hi + 1):
+                if 0 <= i - d:
+                    out[i, i - d] = 1.0
+        return out
+    return f
+
+
+def e_same_token(s: dict) -> np.ndarray:
+    ids = s["ids"]
+    n = len(ids)
+    out = np.zeros((n, n))
+    seen: dict[int, list[int]] = {}
+    for i, t in enumerate(ids):
+        for j in seen.get(t, ()):
+            out[i, j] = 1.0
+        seen.setdefault(t, []).append(i)
+    return out
+
+
+def e_decay(rate: float) -> Ref:
+    def f(s: dict) -> np.ndarray:
+        n = len(s["ids"])
+        out = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1):
+                out[i, j] = rate ** (i - j)
+        return out
+    return f
+
+
+def e_uniform(s: dict) -> np.ndarray:
+    n = len(s["ids"])
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1):
+            out[i, j] = 1.0
+    return out
+
+
+EAPS_SPARSE = [("prev(1)", e_prev), ("first()", e_first), ("window(1, 3)", e_window(1, 3)),
+               ("same_token()", e_same_token)]
+EAPS_DENSE = [("decay(0.8)", e_decay(0.8)), ("uniform()", e_uniform)]
+
+
+def bench_eaps(sequences: list[Sequence], feats: dict[str, np.ndarray], repeats: int) -> dict[str, float]:
+    """Sparse and dense DSL programs vs the same programs written EAPS-style, CPU time on one thread."""
+    import numba
+
+    from headsurgeon.kernels.sparse import RowsBuffer
+    from headsurgeon.synth import dsl
+    from headsurgeon.synth.sequence import pad_ids
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    inputs = per_sequence_inputs(sequences, {})
+    ids, lengths = pad_ids(sequences)
+    width = ids.shape[1]
+    block = np.empty((len(sequences), width, width), dtype=np.float32)
+    print(f"\n== EAPS-style: {len(sequences)} windows (mean length {lengths.mean():.1f}), causal, CPU time on 1 "
+          f"thread, medians of {repeats} interleaved runs, ms ==")
+    print(f"{'program':<16} {'form':<7} {'numba':>8} {'reused':>8} {'EAPS':>8} {'x':>6} {'x reused':>9}  "
+          f"{'nnz/row':>7} {'max|diff|':>9}")
+    ratios: dict[str, float] = {}
+    for group, progs in (("sparse", EAPS_SPARSE), ("dense", EAPS_DENSE)):
+        for text, fn in progs:
+            node = dsl.parse(text)
+            if dsl.is_sparse(node):
+                rows = RowsBuffer()
+                run = lambda: dsl.evaluate_sparse(node, ids, lengths, feats)  # noqa: E731
+                reuse = lambda: dsl.evaluate_sparse(node, ids, lengths, feats, out=rows)  # noqa: E731
+            else:
+                run = lambda: dsl.evaluate(node, ids, lengths, feats)  # noqa: E731
+                reuse = lambda: dsl.evaluate(node, ids, lengths, feats, out=block)  # noqa: E731
+            run(), reuse()
+            times: dict[str, list[float]] = {"numba": [], "reused": [], "eaps": []}
+            for _ in range(repeats):
+                times["numba"].append(_timed(run)[1])
+                times["reused"].append(_timed(reuse)[1])
+                times["eaps"].append(_timed(lambda: [reference_normalize(fn(x)) for x in inputs])[1])
+            got = run()
+            dense = got.to_dense() if hasattr(got, "to_dense") else got
+            want = [reference_normalize(fn(x)) for x in inputs]
+            diff = max(float(np.abs(dense[b, :n, :n] - w).max()) for b, (n, w) in enumerate(zip(lengths, want)))
+            m = {k: statistics.median(v) for k, v in times.items()}
+            ratios[text] = m["eaps"] / m["reused"]
+            nnz = got.nnz / lengths.sum() if hasattr(got, "nnz") else float(np.mean(lengths + 1) / 2)
+            print(f"{text:<16} {group:<7} {m['numba'] * 1e3:8.2f} {m['reused'] * 1e3:8.2f} {m['eaps'] * 1e3:8.1f} "
+                  f"{m['eaps'] / m['numba']:5.0f}x {m['eaps'] / m['reused']:8.0f}x  {nnz:7.2f} {diff:9.1e}")
+    numba.set_num_threads(threads)
+    geo = lambda names: math.exp(statistics.fmean(math.log(ratios[t]) for t, _ in names))  # noqa: E731
+    print(f"sparse programs vs EAPS-style (geometric mean over {', '.join(t for t, _ in EAPS_SPARSE)}): "
+          f"{geo(EAPS_SPARSE):.0f}x (goal >= 50x); dense programs into a reused buffer: {geo(EAPS_DENSE):.0f}x "
+          f"(goal >= 10x)")
+    return ratios
+
+
+def bench_cache_bytes(sequences: list[Sequence], programs: list[str]) -> None:
+    """Bytes the tensor cache holds per program (sparse: packed rows) vs the dense n x n float32 it replaces."""
+    from headsurgeon.kernels.cache import TensorCache
+    from headsurgeon.synth.tensors import is_sparse_program, program_rows
+
+    progs = [Program.parse(t) for t in programs]
+    dense_bytes = sum(4 * s.n * s.n for s in sequences)
+    print(f"\n== tensor cache: bytes per program over {len(sequences)} windows, vs dense float32 "
+          f"({dense_bytes / 2**20:.1f} MiB per program) ==")
+    total_sparse, n_sparse = 0, 0
+    for prog in progs:
+        cache = TensorCache(max_bytes=1 << 32)
+        program_rows([prog], sequences, True, cache)
+        held = cache.stats.bytes
+        kind = "sparse" if is_sparse_program(prog) else "dense"
+        if kind == "sparse":
+            total_sparse, n_sparse = total_sparse + held, n_sparse + 1
+        print(f"  {prog.text[:46]:<46} {kind:<6} {held / 2**10:9.1f} KiB  {held / dense_bytes:6.1%} of dense")
+    if n_sparse:
+        print(f"sparse programs together: {total_sparse / (n_sparse * dense_bytes):.1%} of their dense bytes "
+              "(goal <= 10%)")
+
+
 # ============================================================================ section 2: metrics scoring
 # Scores the programs' patterns against real heads with headsurgeon.synth.metrics.score_many (written
 # by the metrics engineer) vs a per-triple numpy loop in the reference implementation's style.
@@ -484,10 +638,16 @@ def real_head_patterns(sequences: list[Sequence]) -> np.ndarray | None:
 
 
 def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndarray], repeats: int,
-                          sample: int = 400) -> None:
-    """score_many over 40 real heads x the programs x sequences vs a per-triple numpy loop."""
+                          feats: dict[str, np.ndarray] | None = None, sample: int = 400) -> None:
+    """score_many over 40 real heads x the programs x sequences vs a per-triple numpy loop.
+
+    Sparse programs go to ``score_many`` as compressed rows (what ``program_rows`` gives consumers), the
+    others dense; the numpy loop reads dense patterns. Timed for all programs, then per group.
+    """
     try:
+        from headsurgeon.synth import dsl
         from headsurgeon.synth.metrics import score_many
+        from headsurgeon.synth.sequence import pad_ids
     except ImportError as e:
         print(f"\n== metrics scoring: skipped (headsurgeon.synth.metrics unavailable: {e}) ==")
         return
@@ -498,36 +658,50 @@ def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndar
     names = list(patterns)
     B = len(sequences)
     width = real.shape[-1]
-    cand = np.stack([patterns[k][:B, :width, :width] for k in names])  # [P, B, N, N] float32
+    cand = np.stack([patterns[k][:B, :width, :width] for k in names])  # [P, B, N, N] float32, for the loop
     lengths = np.array([s.n for s in sequences], dtype=np.int64)
+    ids, _ = pad_ids(sequences)
+    feats = {k: v[:B, :width] for k, v in (feats or {}).items()}
+    forms = [dsl.evaluate_sparse(dsl.parse(k), ids, lengths, feats) if dsl.is_sparse(dsl.parse(k)) else cand[p]
+             for p, k in enumerate(names)]
+    sparse = [p for p, f in enumerate(forms) if not isinstance(f, np.ndarray)]
     H, P = real.shape[0], cand.shape[0]
-    print(f"\n== metrics scoring: {H} real heads (stories260K) x {P} programs x {B} sequences "
+    print(f"\n== metrics scoring: {H} real heads (stories260K) x {P} programs ({len(sparse)} sparse) x {B} sequences "
           f"= {H * P * B:,} triples, IoU + JSD ==")
     import numba
 
     threads = numba.get_num_threads()
-    score_many(real[:, :2], cand[:, :2], lengths[:2], True, metrics=("iou", "jsd"))  # compile/load
-    t_wall, t_cpu1 = [], []
-    for _ in range(repeats):
-        numba.set_num_threads(1)
-        t_cpu1.append(_timed(lambda: score_many(real, cand, lengths, True, metrics=("iou", "jsd")))[1])
-        numba.set_num_threads(threads)
-        t_wall.append(_timed(lambda: score_many(real, cand, lengths, True, metrics=("iou", "jsd")))[0])
-    res = score_many(real, cand, lengths, True, metrics=("iou", "jsd"), per_sequence=True)
+    score_many(real[:, :2], [f if isinstance(f, np.ndarray) else f.take([0, 1]) for f in forms][:2],
+               lengths[:2], True, metrics=("iou", "jsd"))  # compile/load
+    score_many(real[:, :2], cand[:, :2], lengths[:2], True, metrics=("iou", "jsd"))
+    groups = {"all": list(range(P)), "sparse": sparse, "dense": [p for p in range(P) if p not in sparse]}
     rng = random.Random(0)
-    triples = [(rng.randrange(H), rng.randrange(P), rng.randrange(B)) for _ in range(sample)]
-    loop_wall, loop_cpu = _timed(lambda: [numpy_triple(real[h, b], cand[p, b], int(lengths[b])) for h, p, b in triples])
-    scale = H * P * B / sample
-    loop = [numpy_triple(real[h, b], cand[p, b], int(lengths[b])) for h, p, b in triples]
-    err = max(max(abs(res["iou"][h, p, b] - i), abs(res["jsd"][h, p, b] - j))
-              for (h, p, b), (i, j) in zip(triples, loop))
-    mc, mw = statistics.median(t_cpu1), statistics.median(t_wall)
-    print(f"score_many (batched)  : CPU {mc:7.2f} s on 1 thread; wall {mw:7.2f} s with {threads} threads")
-    print(f"numpy per-triple loop : CPU {loop_cpu * scale:7.2f} s, wall {loop_wall * scale:7.2f} s "
-          f"(extrapolated from {sample} random triples)")
-    print(f"speedup               : CPU {loop_cpu * scale / mc:5.0f}x per core; wall {loop_wall * scale / mw:5.0f}x   "
-          f"(max |diff| on the sample {err:.1e})")
-    iou = res["iou"].mean(axis=2)
+    for label, members in groups.items():
+        if not members:
+            continue
+        chosen = [forms[p] for p in members]
+        t_wall, t_cpu1 = [], []
+        for _ in range(repeats):
+            numba.set_num_threads(1)
+            t_cpu1.append(_timed(lambda: score_many(real, chosen, lengths, True, metrics=("iou", "jsd")))[1])
+            numba.set_num_threads(threads)
+            t_wall.append(_timed(lambda: score_many(real, chosen, lengths, True, metrics=("iou", "jsd")))[0])
+        res = score_many(real, chosen, lengths, True, metrics=("iou", "jsd"), per_sequence=True)
+        triples = [(rng.randrange(H), rng.randrange(len(members)), rng.randrange(B)) for _ in range(sample)]
+        loop_wall, loop_cpu = _timed(lambda: [numpy_triple(real[h, b], cand[members[p], b], int(lengths[b]))
+                                              for h, p, b in triples])
+        loop = [numpy_triple(real[h, b], cand[members[p], b], int(lengths[b])) for h, p, b in triples]
+        err = max(max(abs(res["iou"][h, p, b] - i), abs(res["jsd"][h, p, b] - j))
+                  for (h, p, b), (i, j) in zip(triples, loop))
+        scale = H * len(members) * B / sample
+        mc, mw = statistics.median(t_cpu1), statistics.median(t_wall)
+        print(f"{label:>6} ({len(members):2d} programs): score_many CPU {mc:6.2f} s on 1 thread, wall {mw:6.2f} s "
+              f"with {threads} threads; numpy loop CPU {loop_cpu * scale:7.2f} s (extrapolated from {sample} "
+              f"triples) -> {loop_cpu * scale / mc:4.0f}x per core, {loop_wall * scale / mw:4.0f}x wall "
+              f"(max |diff| {err:.1e})")
+        if label == "all":
+            iou = res["iou"].mean(axis=2)
+    print("goal: score_many >= 100x the per-triple loop overall")
     print("best program per head by soft IoU on these sequences (benchmark only: selected and reported "
           "on the same data):")
     for h in range(H):
@@ -611,6 +785,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--metric-sequences", type=int, default=200, help="0 skips the metrics section")
     ap.add_argument("--sandbox-before", default="367a794", help="git revision the sandbox is compared with")
     ap.add_argument("--sandbox-only", action="store_true", help="run only the sandbox section")
+    ap.add_argument("--eaps-only", action="store_true", help="run only the EAPS-style and cache-bytes sections")
     args = ap.parse_args(argv)
     import numba
 
@@ -622,10 +797,18 @@ def main(argv: list[str] | None = None) -> None:
     feats, spacy = load_features(sequences)
     print(f"{len(sequences)} sequences, features {sorted(feats)} in {time.perf_counter() - t0:.1f} s; "
           f"numba {numba.__version__}, {numba.get_num_threads()} threads")
-    patterns = bench_programs(sequences, feats, build_programs(sp, spacy), args.repeats)
+    k = min(400, len(sequences))
+    bench_eaps(sequences[:k], {name: v[:k, : max(q.n for q in sequences[:k])] for name, v in feats.items()},
+               args.repeats)
+    progs = build_programs(sp, spacy)
+    bench_cache_bytes(sequences[:k], [t for t, _ in progs])
+    if args.eaps_only:
+        return
+    patterns = bench_programs(sequences, feats, progs, args.repeats)
     if args.metric_sequences:
         k = min(args.metric_sequences, len(sequences))
-        bench_metrics_scoring(sequences[:k], {t: p[:k] for t, p in patterns.items()}, args.repeats)
+        bench_metrics_scoring(sequences[:k], {t: p[:k] for t, p in patterns.items()}, args.repeats,
+                              {name: v[:k] for name, v in feats.items()})
     bench_sandbox(sequences[:400], args.repeats, args.sandbox_before)
 
 

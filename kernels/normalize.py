@@ -12,7 +12,8 @@ Python) becomes a pattern by exactly the same rule:
    as in Transformer Programs);
 6. padded query rows (``i >= length``) are all zero.
 
-``normalize_scores`` is the numpy/numba implementation the whole library uses.
+``normalize_scores`` is the numpy/numba implementation the whole library uses; ``normalize_rows`` applies
+the same rules to the sparse form (kernels/sparse.py) without densifying it.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import numpy as np
 from numba import njit, prange
 
 from .primitives import threads_for
+from .sparse import RowsBuffer, SparseRows
 
-__all__ = ["normalize_scores", "visible_mask"]
+__all__ = ["normalize_scores", "normalize_rows", "visible_mask"]
 
 
 def _check_inputs(shape: tuple[int, ...], lengths: np.ndarray) -> np.ndarray:
@@ -147,3 +149,94 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
             "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"
         )
     return out
+
+
+@njit(parallel=True, cache=True)
+def _normalize_rows_kernel(rowptr, cols, vals, lengths, n, causal, fill, optr, ocols, ovals, bad,
+                           bad_value):  # pragma: no cover - compiled
+    """The rules of ``_normalize_kernel`` per stored key: count (``fill`` False) or write the normalized rows."""
+    nb = lengths.shape[0]
+    for b in prange(nb):
+        length = lengths[b]
+        if not fill:
+            bad[b] = -1
+        for i in range(length):
+            r = b * n + i
+            jmax = i + 1 if causal else length
+            raw = 0.0
+            total = 0.0
+            m = 0
+            for k in range(rowptr[r], rowptr[r + 1]):
+                if cols[k] < jmax:
+                    v = np.float64(vals[k])
+                    raw += v
+                    total += max(v, 0.0)
+                    m += 1
+            scale = 1.0
+            if not (np.isfinite(raw) and np.isfinite(total)):
+                peak = 0.0
+                for k in range(rowptr[r], rowptr[r + 1]):
+                    if cols[k] < jmax:
+                        v = vals[k]
+                        if not np.isfinite(v):
+                            if bad[b] < 0 and not fill:
+                                bad[b] = i * n + cols[k]
+                                bad_value[b] = v
+                        elif v > peak:
+                            peak = v
+                if bad[b] >= 0:
+                    continue
+                scale = 1.0 / peak
+                total = 0.0
+                for k in range(rowptr[r], rowptr[r + 1]):
+                    if cols[k] < jmax:
+                        total += max(np.float64(vals[k]) * scale, 0.0)
+            if not fill:
+                optr[r + 1] = m if total > 0.0 else 1
+                continue
+            d = optr[r]
+            if total > 0.0:
+                inv = scale / total
+                for k in range(rowptr[r], rowptr[r + 1]):
+                    if cols[k] < jmax:
+                        ocols[d] = cols[k]
+                        ovals[d] = np.float32(max(np.float64(vals[k]), 0.0) * inv)
+                        d += 1
+            else:
+                ocols[d] = 0
+                ovals[d] = 1.0
+
+
+def normalize_rows(rows: SparseRows, causal: bool, out: RowsBuffer | None = None) -> SparseRows:
+    """``normalize_scores`` on compressed rows (kernels/sparse.py): the same six rules, a new ``SparseRows``.
+
+    Keys outside the visible grid are dropped, an empty visible row becomes the single key 0 with weight
+    1, padded rows stay empty; ``to_dense()`` of the result equals ``normalize_scores`` of the dense scores.
+    ``out``: a ``RowsBuffer`` the result is written into (valid until its next use), else new arrays.
+    """
+    lengths = _check_inputs(rows.shape, rows.lengths)
+    B, n = rows.shape[0], rows.n
+    optr = np.zeros(B * n + 1, dtype=np.int64) if out is None else out.zeros("rowptr", B * n + 1, np.int64)
+    bad = np.full(B, -1, dtype=np.int64)
+    bad_value = np.zeros(B, dtype=np.float64)
+    none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    if B and n:
+        _normalize_rows_kernel(rows.rowptr, rows.cols, rows.vals, lengths, n, bool(causal), False, optr, none_i,
+                               none_f, bad, bad_value)
+    hit = np.flatnonzero(bad >= 0)
+    if hit.size:
+        b = int(hit[0])
+        i, j = divmod(int(bad[b]), n)
+        raise ValueError(
+            f"scores contain a non-finite value ({float(bad_value[b])!r}) at sequence {b}, query {i}, "
+            f"key {j} ({hit.size} sequence(s) affected); a program must return finite scores "
+            "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"
+        )
+    np.cumsum(optr, out=optr)
+    nnz = int(optr[-1])
+    ocols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
+    ovals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)
+    if nnz:
+        _normalize_rows_kernel(rows.rowptr, rows.cols, rows.vals, lengths, n, bool(causal), True, optr, ocols,
+                               ovals, bad, bad_value)
+    return SparseRows(optr, ocols, ovals, lengths, n, True)

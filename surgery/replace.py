@@ -4,7 +4,8 @@ The substitution happens at ``blocks.{l}.attn.hook_pattern`` ([batch, head, quer
 backend honours pattern edits, and otherwise (TransformerBridge on BERT discards them) by recomputing
 the head's ``z`` from ``hook_v``: ``z_h = A_h · v_kv(h)``. Never at the attention output, where heads are
 already mixed by W_O. Patterns come from the programs through the content-addressed tensor cache plus a
-per-batch cache, so a repeated batch costs a dictionary lookup.
+per-batch cache, so a repeated batch costs a dictionary lookup. Programs of small support arrive as
+compressed rows and are scattered into the head's slice, never densified (surgery/headpatterns.py).
 """
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ import torch
 from torch import nn
 
 from ..kernels.cache import TensorCache
+from ..kernels.sparse import SparseRows
 from ..synth.program import Program
 from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
+from ..synth.tensors import is_sparse_program, program_rows
 from ..synth.vocab import Vocabulary, VocabularyError
+from .headpatterns import LayerPatterns
 from .ids import SequenceRegistry
 from .loading import ModelHandle, load_model
 from .providers import ProgramPatterns, as_provider
@@ -83,6 +87,18 @@ class ProgramHead(nn.Module):
             raise SurgeryError(f"the program for {head_name((self.layer, self.head))} returned NaN/inf")
         return out
 
+    def pattern_rows(self, sequences: list[Sequence], causal: bool) -> SparseRows | np.ndarray:
+        """The batch's attention as the hybrid's hook takes it: compressed rows for sparse DSL programs
+        (through the tensor cache), else :meth:`patterns`."""
+        provider = self.provider
+        if not (isinstance(provider, ProgramPatterns) and is_sparse_program(provider.program)):
+            return self.patterns(sequences, causal)
+        try:
+            return program_rows([provider.program], sequences, causal, provider.cache)[0]
+        except Exception as e:
+            raise SurgeryError(f"the program for {head_name((self.layer, self.head))} failed on a batch of "
+                               f"{len(sequences)} sequences: {type(e).__name__}: {e}") from e
+
     def blend(self, neural: torch.Tensor, program: torch.Tensor) -> torch.Tensor:
         if self.alpha >= 1.0:
             return program
@@ -134,10 +150,10 @@ class HybridModel(nn.Module):
         self.cache = cache
         self.registry = SequenceRegistry(handle.tokenizer, handle.bos_id)
         self.mode = "pattern" if pattern_edits_take_effect(handle) else "z"
-        self._batch_cache: OrderedDict[str, dict[HeadKey, torch.Tensor]] = OrderedDict()
+        self._batch_cache: OrderedDict[str, dict[int, LayerPatterns]] = OrderedDict()
         self._batch_cache_items = batch_cache_items
         self._ids: torch.Tensor | None = None
-        self._batch: dict[int, tuple[list[ProgramHead], torch.Tensor]] | None = None
+        self._batch: dict[int, LayerPatterns] | None = None
         # decode ids to text only if some program reads text, offsets or linguistic features
         self._need_text = any(getattr(ph.provider, "needs_text", True) for ph in heads.values())
         self._lengths: torch.Tensor | None = None
@@ -274,8 +290,8 @@ class HybridModel(nn.Module):
         self._ids = output.detach()
         self._batch = None  # this forward's program patterns, computed at the first hooked layer
 
-    def _batch_patterns(self, query_len: int, key_len: int) -> dict[int, tuple[list[ProgramHead], torch.Tensor]]:
-        """Per layer: the attention-level program heads and their patterns stacked [B, k, N, N] for this batch."""
+    def _batch_patterns(self, query_len: int, key_len: int) -> dict[int, LayerPatterns]:
+        """Per layer: the attention-level program heads and their patterns for this batch (sparse or dense)."""
         ids = self._ids
         if ids is None or ids.ndim != 2:
             raise SurgeryError("program heads need token ids (embed.hook_in did not fire with [batch, pos] ids)")
@@ -298,17 +314,19 @@ class HybridModel(nn.Module):
         seqs = [self.registry.get(ids_np[b, : int(lengths[b])], self._need_text) for b in range(ids_np.shape[0])]
         width = ids_np.shape[1]
         found = {}
+        shared: dict[Any, Any] = {}  # heads running the same program share its patterns for this batch
+
+        def rows_of(ph: ProgramHead) -> Any:
+            key = ph.provider.program.hash if isinstance(ph.provider, ProgramPatterns) else id(ph)
+            if key not in shared:
+                shared[key] = ph.pattern_rows(seqs, self.handle.causal)
+            return shared[key]
+
         for layer, heads in self._by_layer().items():
             heads = [ph for ph in heads if not getattr(ph.provider, "output_level", False)]
             if not heads:
                 continue
-            stacked = []
-            for ph in heads:
-                pats = ph.patterns(seqs, self.handle.causal)
-                if pats.shape[-1] < width:  # padded batch: programs saw only the real tokens
-                    pats = np.pad(pats, ((0, 0), (0, width - pats.shape[1]), (0, width - pats.shape[2])))
-                stacked.append(pats)
-            found[layer] = (heads, torch.from_numpy(np.stack(stacked, axis=1)).to(self.handle.device))
+            found[layer] = LayerPatterns(heads, [rows_of(ph) for ph in heads], width)
         self._batch_cache[key] = found
         while len(self._batch_cache) > self._batch_cache_items:
             self._batch_cache.popitem(last=False)
@@ -319,16 +337,12 @@ class HybridModel(nn.Module):
         def hook(module: nn.Module, inputs: Any, pattern: torch.Tensor) -> torch.Tensor | None:
             if self.mode == "z" and len(module._forward_hooks) == 1:
                 return None  # the backend ignores pattern edits; only observers (hooks after this one) need it
-            order, stacked = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])[layer]
-            idx = torch.tensor([ph.head for ph in order], device=pattern.device)
-            new = stacked.to(pattern.dtype)
-            if any(ph.alpha < 1.0 for ph in order):
-                a = torch.tensor([ph.alpha for ph in order], dtype=pattern.dtype, device=pattern.device).view(1, -1, 1, 1)
-                new = a * new + (1 - a) * pattern.index_select(1, idx)
+            found = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])[layer]
             if self.mode == "pattern" and not pattern.requires_grad and len(module._forward_hooks) == 1:
-                pattern.index_copy_(1, idx, new)  # inference, nobody else watching: no new [B, H, N, N] buffer
+                found.apply(pattern, in_place=True)  # inference, nobody else watching: no new [B, H, N, N] buffer
                 return None
-            return pattern.index_copy(1, idx, new)  # autograd keeps the softmax output; no grad into replaced heads
+            # out of place: autograd keeps the softmax output; no grad into replaced heads
+            return found.apply(pattern, in_place=False)
         return hook
 
     def _v_hook(self, layer: int):
@@ -348,10 +362,7 @@ class HybridModel(nn.Module):
                 if v is None:
                     raise SurgeryError(f"layer {layer}: hook_v did not fire before hook_z; cannot recompute z")
                 v4 = v if v.ndim == 4 else v.reshape(v.shape[0], v.shape[1], -1, d)
-                order, stacked = self._batch_patterns(z4.shape[1], v4.shape[1])[layer]
-                for j, ph in enumerate(order):
-                    a = stacked[:, j].to(v4.dtype)
-                    program_z = torch.einsum("bqk,bkd->bqd", a, v4[:, :, ph.head // group])
+                for ph, program_z in self._batch_patterns(z4.shape[1], v4.shape[1])[layer].head_z(v4, group):
                     out[:, :, ph.head] = ph.blend(z4[:, :, ph.head], program_z)
             for ph in outputs:
                 fixed = ph.provider.outputs(z4.shape[1]).to(device=z4.device, dtype=z4.dtype)

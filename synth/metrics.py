@@ -21,6 +21,11 @@ sequences (each sequence weighs the same, whatever its length). Inputs are expec
 patterns: non-negative, finite (checked), rows summing to 1 over the grid (not enforced, not rescaled).
 float16 and float32 inputs are read in place (float16 is never copied to float32 as a whole); float64
 inputs are cast to float32 once (the kernels are compiled for float16 and float32 only).
+
+Candidates may also come as a list with one entry per program: a dense [B,N,N] array or a sparse
+``SparseRows`` (kernels/sparse.py, what ``synth.tensors.program_rows`` returns for programs of small
+support). Sparse ones are scored from their stored keys in O(nnz + n) per triple
+(kernels/sparse_metrics.py), never densified; the numbers equal the dense path's to float tolerance.
 """
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ from collections.abc import Sequence as _Seq
 
 import numpy as np
 
-from ..kernels import metrics_kernels
+from ..kernels import metrics_kernels, sparse_metrics
+from ..kernels.sparse import SparseRows, stack_rows
 
 __all__ = ["METRICS", "TOPQ_FRAC", "RealPatterns", "score_many", "soft_iou", "jsd_distance", "topq_iou",
            "topq_count", "visible_cells"]
@@ -159,10 +165,74 @@ class RealPatterns:
         return metrics_kernels.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, b0, b1, self.qs,
                             int(self.qs[b0:b1].max()))
 
-    def score(self, cand: np.ndarray, metrics: _Seq[str] = METRICS, *, per_sequence: bool = False,
-              max_nnz: int = DEFAULT_MAX_NNZ) -> dict[str, np.ndarray]:
-        """Score candidates ``[P,B,N',N']`` against every head -> ``{metric: [H,P]}`` (``[H,P,B]`` per sequence)."""
+    def score(self, cand: np.ndarray | _Seq[np.ndarray | SparseRows], metrics: _Seq[str] = METRICS, *,
+              per_sequence: bool = False, max_nnz: int = DEFAULT_MAX_NNZ) -> dict[str, np.ndarray]:
+        """Score candidates against every head -> ``{metric: [H,P]}`` (``[H,P,B]`` per sequence).
+
+        ``cand``: dense patterns ``[P,B,N',N']``, or a list of P programs each a dense ``[B,N',N']`` array or
+        a ``SparseRows`` (scored without densifying).
+        """
         wanted = _metric_names(metrics)
+        if isinstance(cand, np.ndarray) or not any(isinstance(c, SparseRows) for c in cand):
+            return self._score_dense(cand if isinstance(cand, np.ndarray) else _stack(cand), wanted,
+                                     per_sequence, max_nnz)
+        P, B = len(cand), self.lengths.shape[0]
+        H = self.real.shape[0]
+        results = {m: np.zeros((H, P, B) if per_sequence else (H, P), dtype=np.float64) for m in wanted}
+        sparse = [k for k, c in enumerate(cand) if isinstance(c, SparseRows)]
+        dense = [k for k, c in enumerate(cand) if not isinstance(c, SparseRows)]
+        parts = [(sparse, self._score_sparse([cand[k] for k in sparse], wanted, per_sequence))]
+        if dense:
+            parts.append((dense, self._score_dense(_stack([cand[k] for k in dense]), wanted, per_sequence, max_nnz)))
+        for cols, got in parts:
+            for m in wanted:
+                results[m][:, cols] = got[m]
+        return results
+
+    def _score_sparse(self, rows: list[SparseRows], wanted: tuple[str, ...], per_sequence: bool
+                      ) -> dict[str, np.ndarray]:
+        """Metrics of sparse programs from their stored keys (kernels/sparse_metrics.py)."""
+        lens, causal = self.lengths, self.causal
+        H, B, P = self.real.shape[0], lens.shape[0], len(rows)
+        rowptr, cols, vals, N = stack_rows(rows, lens)
+        out = {m: np.zeros((H, P, B), dtype=np.float64) for m in wanted}
+        if H == 0 or B == 0:
+            return out if per_sequence else {m: np.full((H, P), np.nan) for m in wanted}
+        do_iou, do_jsd, do_topq = "iou" in wanted, "jsd" in wanted, "topq" in wanted
+        qmax_all = int(self.qs.max()) if do_topq else 1
+        b_step = max(1, min(B, _BLOCK_CELLS // (H * self.N), _BLOCK_CELLS // (max(H, P) * qmax_all)))
+        dummy = np.zeros((1, 1, 1))
+        vlog = sparse_metrics.entry_terms(vals) if do_jsd else np.zeros(vals.shape[0])
+        for b0 in range(0, B, b_step):
+            b1 = min(B, b0 + b_step)
+            ctot, bad = sparse_metrics.sparse_totals(rowptr, cols, vals, lens, causal, N, b0, b1)
+            if self.check and bad.any():
+                _raise_bad(bad, "cand", b0)
+            if do_iou or do_jsd:
+                b_iou = np.zeros((H, P, b1 - b0)) if do_iou else dummy
+                b_jsd = np.zeros((H, P, b1 - b0)) if do_jsd else dummy
+                sparse_metrics.score_sparse_block(self._rx, self._rlut, lens, causal, b0, b1, N, rowptr, cols, vals,
+                                                  vlog, ctot, do_iou, do_jsd, b_iou, b_jsd)
+                for m, buf in (("iou", b_iou), ("jsd", b_jsd)):
+                    if m in out:
+                        out[m][:, :, b0:b1] = buf
+            if do_topq:
+                qs = self.qs
+                c_idx, c_cnt = sparse_metrics.topq_sets_sparse(rowptr, cols, vals, lens, causal, N, b0, b1, qs,
+                                                               int(qs[b0:b1].max()))
+                r_idx, r_cnt = self._real_topq(b0, b1)
+                buf = np.zeros((H, P, b1 - b0))
+                empty_i = np.zeros(0, dtype=np.int32)
+                metrics_kernels.score_block(self._rx, self._rlut, lens, causal, b0, b1, P, N, np.zeros(1, np.int64),
+                                            empty_i, np.zeros(0, np.float32), np.zeros(0), np.zeros((b1 - b0, P)),
+                                            False, False, True, r_idx, r_cnt, c_idx, c_cnt,
+                                            dummy, dummy, buf, 8 * metrics_kernels.kernel_threads())
+                out["topq"][:, :, b0:b1] = buf
+        return out if per_sequence else {m: v.mean(axis=2) for m, v in out.items()}
+
+    def _score_dense(self, cand: np.ndarray, wanted: tuple[str, ...], per_sequence: bool, max_nnz: int
+                     ) -> dict[str, np.ndarray]:
+        """Metrics of dense candidates [P,B,N',N'] (packed to their visible non-zeros block by block)."""
         cand = np.asarray(cand)
         if cand.ndim != 4 or cand.shape[2] != cand.shape[3]:
             raise ValueError(f"candidate patterns must be [P,B,N,N]; got shape {cand.shape}")
@@ -247,9 +317,22 @@ class RealPatterns:
         return results
 
 
+def _stack(cands: _Seq[np.ndarray]) -> np.ndarray:
+    """Dense per-program patterns [B,N,N] (possibly of different widths) as one [P,B,N,N] array."""
+    if not len(cands):
+        return np.zeros((0, 0, 0, 0), dtype=np.float32)
+    width = max(np.asarray(c).shape[-1] for c in cands)
+    if all(np.asarray(c).shape[-1] == width for c in cands):
+        return np.stack([np.asarray(c) for c in cands])
+    out = np.zeros((len(cands),) + tuple(np.asarray(cands[0]).shape[:-2]) + (width, width), dtype=np.float32)
+    for k, c in enumerate(cands):
+        out[k, ..., : c.shape[-2], : c.shape[-1]] = c
+    return out
+
+
 def score_many(
     real: np.ndarray,
-    cand: np.ndarray,
+    cand: np.ndarray | _Seq[np.ndarray | SparseRows],
     lengths,
     causal: bool,
     metrics: _Seq[str] = METRICS,
@@ -271,6 +354,9 @@ def score_many(
     """
     wanted = _metric_names(metrics)
     real = np.asarray(real)
+    if not isinstance(cand, np.ndarray) and any(isinstance(c, SparseRows) for c in cand):
+        prepared = RealPatterns(real, lengths, causal, topq_frac=topq_frac, topq_q=topq_q, check=check)
+        return prepared.score(cand, wanted, per_sequence=per_sequence, max_nnz=max_nnz)
     cand = np.asarray(cand)
     if real.ndim != 4 or cand.ndim != 4:
         raise ValueError(

@@ -21,7 +21,7 @@ from .candidate import Candidate, Choice
 from .metrics import score_many
 from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import ProgramSet
-from .tensors import program_tensors
+from .tensors import program_rows
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
 ROUND_DIGITS = (2, 3, 4)
@@ -32,7 +32,10 @@ Key = tuple[int, int]
 
 def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Program], indices: list[int],
                    cache: TensorCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
-    """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P]."""
+    """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P].
+
+    Sparse programs are scored from their compressed rows (``program_rows``), never densified.
+    """
     if not indices:
         raise ValueError("cannot score on an empty split")
     totals = {m: np.zeros((len(heads), len(programs))) for m in ("iou", "jsd", "topq")}
@@ -40,7 +43,7 @@ def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Prog
     for start in range(0, len(indices), chunk):
         idx = indices[start: start + chunk]
         real, lengths = store.batch(idx, heads)
-        cand = program_tensors(programs, seqs[start: start + chunk], causal=store.causal, cache=cache)
+        cand = program_rows(programs, seqs[start: start + chunk], causal=store.causal, cache=cache)
         got = score_many(real, cand, lengths, store.causal)
         for m in totals:
             totals[m] += got[m] * len(idx)

@@ -13,7 +13,9 @@ turns them into attention.
 * ``tokens``: same_token, same_token_recent, induction, keys, recent, match, class_table, value_index;
 * ``structure``: group_start, same_group, same_value, dep_head, dep_children (word, sentence, dependency arrays);
 * ``combinators``: mix, raw sums, fallback, gate, sharpen, multiply, row normalization (in place on whole batches);
-* ``buffers``: output buffers, offset clipping and ``threads_for``.
+* ``buffers``: output buffers, offset clipping and ``threads_for``;
+* ``sparse_prims``, ``sparse_tokens``, ``sparse_combinators``: the same primitives (those of small support) and combinators
+  writing compressed rows (kernels/sparse.py) instead of dense [B, N, N] arrays.
 
 All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences; batches below
 ``SMALL_WORK`` cells run single-threaded (``threads_for``).
@@ -25,6 +27,13 @@ from .combinators import (empty_rows, fallback_rows, gate_rows, mix_accumulate, 
                           raw_scale, row_normalize, sharpen_rows, sharpen_rows_by)
 from .positional import (score_decay, score_first, score_next, score_none, score_prev, score_profile,
                          score_self, score_uniform, score_window)
+from .sparse_combinators import (sparse_empty_rows, sparse_fallback, sparse_gate, sparse_mix_add, sparse_mix_scale,
+                                 sparse_mul, sparse_raw_add, sparse_raw_scale, sparse_row_normalize, sparse_sharpen,
+                                 sparse_sharpen_by)
+from .sparse_prims import (sparse_dep_children, sparse_dep_head, sparse_first, sparse_group_start, sparse_next,
+                           sparse_none, sparse_prev, sparse_same_group, sparse_same_value, sparse_self, sparse_window)
+from .sparse_tokens import (sparse_induction, sparse_keys, sparse_match, sparse_recent, sparse_same_token,
+                            sparse_same_token_recent)
 from .structure import score_dep_children, score_dep_head, score_group_start, score_same_group, score_same_value
 from .tokens import (score_class_table, score_induction, score_keys, score_match, score_recent, score_same_token,
                      score_same_token_recent, value_index)
@@ -39,4 +48,9 @@ __all__ = [
     "sharpen_rows_by", "multiply",
     "row_normalize",
     "empty_rows", "threads_for", "SMALL_WORK", "out_buffer", "clip_offset",
+    "sparse_self", "sparse_prev", "sparse_next", "sparse_first", "sparse_window", "sparse_none", "sparse_same_token",
+    "sparse_same_token_recent", "sparse_induction", "sparse_keys", "sparse_recent", "sparse_match",
+    "sparse_group_start", "sparse_same_group", "sparse_same_value", "sparse_dep_head", "sparse_dep_children",
+    "sparse_mix_scale", "sparse_mix_add", "sparse_raw_scale", "sparse_raw_add", "sparse_row_normalize",
+    "sparse_fallback", "sparse_gate", "sparse_sharpen", "sparse_sharpen_by", "sparse_mul", "sparse_empty_rows",
 ]

@@ -24,8 +24,9 @@ built in code.
 Modules: ``nodes`` (the tree), ``bounds`` (limits and checks; ``quote`` clips hostile values in
 messages), ``spec`` (the declarations' types and registries), ``catalog`` (every primitive and
 combinator), ``build`` (binding and whole-tree checks), ``text`` and ``printer`` (with ``tokens``: token
-strings), ``jsonform``, ``context`` and ``evaluate`` (the reference evaluator), ``docs`` (tables, the prompt
-reference, ``gloss``), ``labels`` (dependency labels), ``size`` and ``rounding``. The tables
+strings), ``jsonform``, ``context`` and ``evaluate`` (the reference evaluator), ``sparse`` and
+``sparse_combinators`` (the same evaluation into compressed rows for trees of small support), ``docs``
+(tables, the prompt reference, ``gloss``), ``labels`` (dependency labels), ``size`` and ``rounding``. The tables
 below are generated from the spec when the module loads.
 """
 from __future__ import annotations
@@ -48,13 +49,15 @@ from .spec import (COMBINATOR_BOUNDS, COMBINATOR_COST, COMBINATOR_SPECS, KIND_BO
                    PRIMITIVE_SPECS, PRIMITIVES, REQUIRED, CombinatorSpec, Param, PrimitiveSpec, register_primitive,
                    unregister_primitive)
 from .size import size
+from .sparse import evaluate_sparse, evaluate_sparse_scores, is_sparse, row_support
 from .text import parse, to_text
 
 __all__ = [
     "size", "round_numbers", "make_sum", "dep_labels",
     "Prim", "Mix", "Sum", "Fallback", "Gate", "Sharpen", "Mul", "Pred", "Node",
     "parse", "to_text", "from_json", "to_json", "canonical_json", "json_loads", "validate", "cost",
-    "features_needed", "evaluate_scores", "evaluate", "PRIMITIVES", "COMBINATORS", "FLAGS", "MATCH_FEATURES",
+    "features_needed", "evaluate_scores", "evaluate", "evaluate_sparse", "evaluate_sparse_scores", "is_sparse",
+    "row_support", "PRIMITIVES", "COMBINATORS", "FLAGS", "MATCH_FEATURES",
     "KNOWN_POS_TAGS", "SELECTS", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "PRIMITIVE_COST", "COMBINATOR_COST",
     "MAX_OFFSET", "MAX_VALUE", "MAX_IDS", "MAX_CLASSES", "MAX_PAIRS", "MAX_PROFILE", "MAX_WEIGHT",
     "MAX_EXPONENT", "MAX_TEXT_CHARS", "MAX_LITERAL_CHARS", "MAX_DEPTH", "MAX_LIST_DEPTH", "MAX_NODES",

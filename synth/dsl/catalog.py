@@ -4,7 +4,9 @@ Every other part of the DSL (parser checks, reference evaluator, JSON, docs tabl
 reference, ``gloss``) reads these declarations through the registries of synth/dsl/spec.py. Each kernel
 adapter turns a node and the evaluation context into a call of a numba kernel in
 ``headsurgeon.kernels.primitives``; ``causal`` is the model's mask policy and every kernel scores only
-visible keys.
+visible keys. Primitives of small ``support`` (a bound on the keys of a row, or ``COUNTED``) also give a
+``sparse`` adapter writing compressed rows (kernels/primitives/sparse_prims.py); the combinators' ``sparse``
+kernels combine those (synth/dsl/sparse.py decides which form a tree takes).
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from headsurgeon.kernels import primitives as kernels
 from .bounds import _err
 from .context import Context
 from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
-from .spec import CombinatorSpec, Param, PrimitiveSpec, register_combinator, register_primitive
+from .sparse_combinators import fallback_sparse, gate_sparse, mix_sparse, mul_sparse, sharpen_sparse, sum_sparse
+from .spec import COUNTED, CombinatorSpec, Param, PrimitiveSpec, register_combinator, register_primitive
 
 __all__ = ["class_tables", "sharpen_exponents"]
 
@@ -33,17 +36,21 @@ def _primitive(name: str, params: tuple[Param, ...], kernel: Callable[[Prim, Con
 # --------------------------------------------------------------------------------------------
 
 _primitive("self", (), lambda node, ctx: kernels.score_self(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
-           "the query itself", "attends to itself")
+           "the query itself", "attends to itself", support=1,
+           sparse=lambda node, ctx: kernels.sparse_self(ctx.lengths, ctx.n, ctx.causal, *ctx.leaf()))
 _primitive("prev", (Param("k", "offset", 1),),
            lambda node, ctx: kernels.score_prev(ctx.lengths, ctx.n, node.param("k"), ctx.causal, out=ctx.buf()),
            "key i-k", "attends to the token {k} positions back", json_scalar=True,
-           gloss_cases=(((("k", 1),), "attends to the previous token"),))
+           gloss_cases=(((("k", 1),), "attends to the previous token"),), support=1,
+           sparse=lambda node, ctx: kernels.sparse_prev(ctx.lengths, ctx.n, node.param("k"), ctx.causal, *ctx.leaf()))
 _primitive("next", (Param("k", "offset", 1),),
            lambda node, ctx: kernels.score_next(ctx.lengths, ctx.n, node.param("k"), ctx.causal, out=ctx.buf()),
            "key i+k (sees anything only without a causal mask)", "attends to the token {k} positions ahead",
-           json_scalar=True, gloss_cases=(((("k", 1),), "attends to the next token"),))
+           json_scalar=True, gloss_cases=(((("k", 1),), "attends to the next token"),), support=1,
+           sparse=lambda node, ctx: kernels.sparse_next(ctx.lengths, ctx.n, node.param("k"), ctx.causal, *ctx.leaf()))
 _primitive("first", (), lambda node, ctx: kernels.score_first(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
-           "position 0 (BOS)", "attends to the first token")
+           "position 0 (BOS)", "attends to the first token", support=1,
+           sparse=lambda node, ctx: kernels.sparse_first(ctx.lengths, ctx.n, ctx.causal, *ctx.leaf()))
 
 
 def _window_order(params: Mapping[str, Any]) -> None:
@@ -55,7 +62,10 @@ _primitive("window", (Param("a", "int"), Param("b", "int")),
            lambda node, ctx: kernels.score_window(ctx.lengths, ctx.n, node.param("a"), node.param("b"), ctx.causal,
                                                   out=ctx.buf()),
            "keys at offsets a..b behind the query (j = i-d, a <= d <= b; d < 0 looks ahead)",
-           "attends to the tokens {a} to {b} positions back", check=_window_order)
+           "attends to the tokens {a} to {b} positions back", check=_window_order,
+           support=lambda node: node.param("b") - node.param("a") + 1,
+           sparse=lambda node, ctx: kernels.sparse_window(ctx.lengths, ctx.n, node.param("a"), node.param("b"),
+                                                          ctx.causal, *ctx.leaf()))
 _primitive("decay", (Param("rate", "rate"),),
            lambda node, ctx: kernels.score_decay(ctx.lengths, ctx.n, node.param("rate"), ctx.causal, out=ctx.buf()),
            "rate**|i-j| over visible keys, 0 < rate <= 1",
@@ -63,7 +73,8 @@ _primitive("decay", (Param("rate", "rate"),),
 _primitive("uniform", (), lambda node, ctx: kernels.score_uniform(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
            "every visible key", "attends evenly to every token it sees")
 _primitive("none", (), lambda node, ctx: kernels.score_none(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
-           "nothing (the row falls back to position 0)", "attends to nothing (so to the first token)")
+           "nothing (the row falls back to position 0)", "attends to nothing (so to the first token)", support=0,
+           sparse=lambda node, ctx: kernels.sparse_none(ctx.lengths, ctx.n, ctx.causal, *ctx.leaf()))
 
 
 def _profile(node: Prim, ctx: Context) -> np.ndarray:
@@ -85,24 +96,31 @@ _primitive("profile", (Param("w", "weights"), Param("tail", "nonneg", 0.0), Para
 _primitive("same_token", (),
            lambda node, ctx: kernels.score_same_token(ctx.ids, ctx.lengths, ctx.causal, out=ctx.buf()),
            "earlier occurrences of the query's token (non-causal: all other occurrences)",
-           "attends to earlier occurrences of its own token")
+           "attends to earlier occurrences of its own token", support=COUNTED,
+           sparse=lambda node, ctx: kernels.sparse_same_token(ctx.ids, ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("same_token_recent", (),
            lambda node, ctx: kernels.score_same_token_recent(ctx.ids, ctx.lengths, ctx.causal, out=ctx.buf()),
            "the most recent earlier occurrence of the query's token",
-           "attends to the most recent earlier occurrence of its own token")
+           "attends to the most recent earlier occurrence of its own token", support=1,
+           sparse=lambda node, ctx: kernels.sparse_same_token_recent(ctx.ids, ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("induction", (),
            lambda node, ctx: kernels.score_induction(ctx.ids, ctx.lengths, ctx.causal, out=ctx.buf()),
            "the key right after an earlier occurrence of the query's token",
-           "attends to the token that followed an earlier occurrence of its own token")
+           "attends to the token that followed an earlier occurrence of its own token", support=COUNTED,
+           sparse=lambda node, ctx: kernels.sparse_induction(ctx.ids, ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("key_in_set", (Param("ids", "ids"),),
            lambda node, ctx: kernels.score_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), ctx.lengths,
                                                 ctx.causal, out=ctx.buf()),
            "every visible key whose token id is in the set (tokens=[..]: by token strings)", "attends to every {ids}",
-           keywords=True)
+           keywords=True, support=COUNTED,
+           sparse=lambda node, ctx: kernels.sparse_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), ctx.lengths,
+                                                        ctx.causal, *ctx.leaf()))
 _primitive("recent", (Param("pred", "pred"),),
            lambda node, ctx: kernels.score_recent(ctx.pred_mask(node.param("pred")), ctx.lengths, ctx.causal,
                                                   out=ctx.buf()),
-           "the most recent key j <= i satisfying PRED", "attends to the most recent {pred}")
+           "the most recent key j <= i satisfying PRED", "attends to the most recent {pred}", support=1,
+           sparse=lambda node, ctx: kernels.sparse_recent(ctx.pred_mask(node.param("pred")),
+                                                          ctx.lengths, ctx.causal, *ctx.leaf()))
 
 
 def _key_weight(node: Prim, ctx: Context) -> np.ndarray:
@@ -150,7 +168,8 @@ _primitive("class_weight", (Param("q", "idclasses"), Param("k", "idclasses"), Pa
            cost=2, keywords=True)
 
 
-def _match(node: Prim, ctx: Context) -> np.ndarray:
+def _match_args(node: Prim, ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """``match``'s query and key value indices, its pair table and whether it keeps only the closest key."""
     qf, kf = node.param("q"), node.param("k")
     pairs = np.array([(ctx.value_id(qf, a), ctx.value_id(kf, b)) for a, b in node.param("pairs")],
                      dtype=np.int64).reshape(-1, 2)
@@ -160,15 +179,25 @@ def _match(node: Prim, ctx: Context) -> np.ndarray:
     table[qinv.reshape(-1), kinv.reshape(-1)] = True
     qidx = kernels.value_index(ctx.feature(node.param("q")), qvocab)
     kidx = kernels.value_index(ctx.feature(node.param("k")), kvocab)
-    closest = node.param("select") == "closest"
+    return qidx, kidx, table, node.param("select") == "closest"
+
+
+def _match(node: Prim, ctx: Context) -> np.ndarray:
+    qidx, kidx, table, closest = _match_args(node, ctx)
     return kernels.score_match(qidx, kidx, table, ctx.lengths, closest, ctx.causal, out=ctx.buf())
+
+
+def _match_sparse(node: Prim, ctx: Context) -> Any:
+    qidx, kidx, table, closest = _match_args(node, ctx)
+    return kernels.sparse_match(qidx, kidx, table, ctx.lengths, closest, ctx.causal, *ctx.leaf())
 
 
 _primitive("match", (Param("q", "feature"), Param("k", "feature"), Param("pairs", "pairs"),
                      Param("select", "select", "closest")), _match,
            "keys whose (query value, key value) pair is listed; closest keeps only the nearest (largest j <= i "
            "when causal, else smallest |i-j|, ties to the left); pos values may be tag names, dep values label names",
-           "attends to the {select} token whose {k} pairs with its own {q} as in {pairs}", cost=2, keywords=True)
+           "attends to the {select} token whose {k} pairs with its own {q} as in {pairs}", cost=2, keywords=True,
+           support=lambda node: 1 if node.param("select") == "closest" else COUNTED, sparse=_match_sparse)
 
 # --------------------------------------------------------------------------------------------
 # structure primitives (word, sentence and dependency arrays)
@@ -176,27 +205,41 @@ _primitive("match", (Param("q", "feature"), Param("k", "feature"), Param("pairs"
 
 _primitive("sentence_start", (),
            lambda node, ctx: kernels.score_group_start(ctx.feature("sent"), ctx.lengths, ctx.causal, out=ctx.buf()),
-           "the first token of the query's sentence", "attends to the start of its sentence", features=("sent",))
+           "the first token of the query's sentence", "attends to the start of its sentence", features=("sent",),
+           support=1,
+           sparse=lambda node, ctx: kernels.sparse_group_start(ctx.feature("sent"),
+                                                               ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("word_start", (),
            lambda node, ctx: kernels.score_group_start(ctx.feature("word"), ctx.lengths, ctx.causal, out=ctx.buf()),
-           "the first token of the query's word", "attends to the start of its word", features=("word",))
+           "the first token of the query's word", "attends to the start of its word", features=("word",),
+           support=1,
+           sparse=lambda node, ctx: kernels.sparse_group_start(ctx.feature("word"),
+                                                               ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("same_word", (),
            lambda node, ctx: kernels.score_same_group(ctx.feature("word"), ctx.lengths, ctx.causal, out=ctx.buf()),
            "every visible token of the query's word (the query included)", "attends to the tokens of its own word",
-           features=("word",))
+           features=("word",), support=COUNTED,
+           sparse=lambda node, ctx: kernels.sparse_same_group(ctx.feature("word"),
+                                                              ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("same_lemma", (),
            lambda node, ctx: kernels.score_same_value(ctx.feature("lemma"), ctx.lengths, ctx.causal, out=ctx.buf()),
            "the other visible tokens with the query's lemma (earlier ones when causal; tokens without a lemma "
-           "match nothing)", "attends to other tokens with its own lemma", features=("lemma",))
+           "match nothing)", "attends to other tokens with its own lemma", features=("lemma",), support=COUNTED,
+           sparse=lambda node, ctx: kernels.sparse_same_value(ctx.feature("lemma"),
+                                                              ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("dep_head", (),
            lambda node, ctx: kernels.score_dep_head(ctx.feature("dep_head"), ctx.lengths, ctx.causal, out=ctx.buf()),
            "the token holding the query's dependency head", "attends to its dependency head",
-           features=("dep_head",))
+           features=("dep_head",), support=1,
+           sparse=lambda node, ctx: kernels.sparse_dep_head(ctx.feature("dep_head"),
+                                                            ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("dep_children", (),
            lambda node, ctx: kernels.score_dep_children(ctx.feature("dep_head"), ctx.lengths, ctx.causal,
                                                         out=ctx.buf()),
            "the tokens whose dependency head is the query", "attends to its dependency children",
-           features=("dep_head",))
+           features=("dep_head",), support=COUNTED,
+           sparse=lambda node, ctx: kernels.sparse_dep_children(ctx.feature("dep_head"),
+                                                                ctx.lengths, ctx.causal, *ctx.leaf()))
 
 # --------------------------------------------------------------------------------------------
 # combinators
@@ -322,26 +365,26 @@ register_combinator(CombinatorSpec(
     "mix", Mix, "w1*A + w2*B + ...", "1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)", _mix,
     "the sum of the row-normalized components, weights finite and > 0 (0.7*prev(1) + 0.3*first() puts 0.7 on "
     "the previous token and 0.3 on BOS whatever the components' scales; an empty row contributes nothing)",
-    "{terms}", _mix_gloss, cost=1, cost_per_child=True))
+    "{terms}", _mix_gloss, cost=1, cost_per_child=True, sparse=mix_sparse))
 register_combinator(CombinatorSpec(
     "sum", Sum, "sum(w1*A, w2*B, ...)", "1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)", _sum,
     "the weighted sum of the components' raw scores, each row normalized once at the end (EAPS's \"add raw "
     "weights, then normalize each row\"; a weight of 1 may be left out: sum(2*prev(1), first()))",
-    "{terms}, adding up raw scores", _sum_gloss, cost=1, cost_per_child=True))
+    "{terms}, adding up raw scores", _sum_gloss, cost=1, cost_per_child=True, sparse=sum_sparse))
 register_combinator(CombinatorSpec(
     "fallback", Fallback, "fallback(A, B, ...)", "2 to MAX_NODES arguments", _fallback,
     "per row, the first argument whose row is non-empty",
     "{first}, otherwise {rest}",
     lambda node, gloss: {"first": gloss(node.args[0]),
                          "rest": ", otherwise ".join(_tail(gloss(a)) for a in node.args[1:])}, cost=2,
-    cost_per_child=True))
+    cost_per_child=True, sparse=fallback_sparse, support=max))
 register_combinator(CombinatorSpec(
     "gate", Gate, "gate(PRED, A, B)", "PRED as for recent; ids=[..]: 1 to MAX_IDS (65536) token ids", _gate,
     "rows whose query satisfies PRED take A, the others B (gate(tok(\"Lily\"), A, B) / gate(ids=[..], A, B) is the "
     "query-in-set gate)",
     "when the query is {pred}, {then}; otherwise {other}",
     lambda node, gloss: {"pred": _article(gloss(node.pred)), "then": gloss(node.then),
-                         "other": _tail(gloss(node.other))}, cost=2))
+                         "other": _tail(gloss(node.other))}, cost=2, sparse=gate_sparse, support=max))
 register_combinator(CombinatorSpec(
     "sharpen", Sharpen, "sharpen(A, t) / sharpen(A, t, by=[[t1, [ids..]], ..])",
     "0 < t <= MAX_EXPONENT (1e6); by: 1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) ids in all",
@@ -351,11 +394,11 @@ register_combinator(CombinatorSpec(
     "{arg}, sharpened to the power {t}",
     lambda node, gloss: {"arg": gloss(node.arg),
                          "t": f"{float(f'{node.t:.2g}'):g}" + (" (per query token class)" if node.by else "")},
-    cost=4))
+    cost=4, sparse=lambda node, ctx: sharpen_sparse(node, ctx, sharpen_exponents), support=max))
 register_combinator(CombinatorSpec(
     "mul", Mul, "mul(A, B, ...)", "2 to MAX_NODES arguments", _mul,
     "elementwise product (intersection of supports); mul(profile, key_weight, class_weight) adds them as logits",
     "{args}, the scores multiplied",
     lambda node, gloss: {"args": _and([gloss(a) if k == 0 else _tail(gloss(a)) for k, a in enumerate(node.args)])},
-    cost=1, cost_per_child=True))
+    cost=1, cost_per_child=True, sparse=mul_sparse, support=min))
 

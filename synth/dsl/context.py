@@ -1,7 +1,8 @@
 """The evaluation context: one evaluation's padded arrays, feature lookups, recycled buffers and dispatch.
 
 ``Context.eval`` is the reference evaluator's dispatch: a primitive goes to its spec's kernel, a
-combinator to its spec's kernel (synth/dsl/spec.py), by table lookup.
+combinator to its spec's kernel (synth/dsl/spec.py), by table lookup; ``Context.eval_sparse`` the same
+through the specs' ``sparse`` kernels (synth/dsl/sparse.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class Context:
         self._pos_tags = pos_tags
         self._cache: dict[str, np.ndarray] = {}
         self.free: list[np.ndarray] = []  # finished intermediate [B,N,N] buffers, reused (no page faults)
+        self.normalize_leaf = False  # sparse evaluation of a lone primitive: its kernel normalizes the rows
+        self.leaf_out: Any = None  # ... into this RowsBuffer (headsurgeon.kernels.sparse), when given
 
     def buf(self) -> np.ndarray | None:
         """A recycled [B,N,N] float32 buffer for a kernel to overwrite, or None (the kernel allocates)."""
@@ -91,6 +94,16 @@ class Context:
             return np.ascontiguousarray(self.feature("dep") == dep_index(pred.value))
         return np.ascontiguousarray(np.isin(self.ids, np.asarray(pred.value, dtype=np.int64)))
 
+
+    def leaf(self) -> tuple[bool, Any]:
+        """``(normalized, out)`` for a sparse primitive kernel: whether it writes the final rows, and where."""
+        return self.normalize_leaf, self.leaf_out
+
+    def eval_sparse(self, node: Node) -> Any:
+        """Raw scores of a subtree as compressed rows (``SparseRows``; synth/dsl/sparse.py checks it can be)."""
+        if isinstance(node, Prim):
+            return PRIMITIVE_SPECS[node.name].sparse(node, self)
+        return combinator_for(node).sparse(node, self)
 
     def eval(self, node: Node) -> np.ndarray:
         """Raw scores of a subtree: a fresh or recycled buffer the caller owns."""

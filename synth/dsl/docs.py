@@ -35,10 +35,21 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
+def _support(spec: Any) -> str:
+    """A primitive's declared keys per query row, as the table shows it (synth/dsl/sparse.py uses it)."""
+    if spec.support is None:
+        return "all (dense)"
+    if callable(spec.support):
+        return "set by its parameters"
+    return "few (counted)" if isinstance(spec.support, str) else str(spec.support)
+
+
 def primitives_table() -> str:
-    """A markdown table of every primitive: its call, what it attends to, the features it reads, its cost."""
-    rows = [(f"``{s.signature}``", s.doc, ", ".join(s.features), str(s.cost)) for s in PRIMITIVE_SPECS.values()]
-    return _table(("primitive", "attends to", "reads", "cost"), rows)
+    """A markdown table of every primitive: its call, what it attends to, the features it reads, its keys per
+    row (sparse evaluation follows from it) and its cost."""
+    rows = [(f"``{s.signature}``", s.doc, ", ".join(s.features), _support(s), str(s.cost))
+            for s in PRIMITIVE_SPECS.values()]
+    return _table(("primitive", "attends to", "reads", "keys per row", "cost"), rows)
 
 
 def combinators_table() -> str:

@@ -22,8 +22,12 @@ Kernel = Callable[[Any, Any], np.ndarray]
 __all__ = [
     "REQUIRED", "Kernel", "Param", "PrimitiveSpec", "CombinatorSpec", "PRIMITIVE_SPECS", "COMBINATOR_SPECS",
     "register_primitive", "unregister_primitive", "register_combinator", "combinator_for",
-    "PRIMITIVES", "PRIMITIVE_COST", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "COMBINATOR_COST",
+    "PRIMITIVES", "PRIMITIVE_COST", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "COMBINATOR_COST", "COUNTED",
 ]
+
+#: ``support`` of a primitive whose keys pass a token test (same token, key sets, match): at most N per row,
+#: few in text, counted by its sparse kernel at run time.
+COUNTED = "counted"
 
 
 class _Required:
@@ -56,6 +60,10 @@ class PrimitiveSpec:
     ``check(params)`` checks relations between parameters (after each one passed its own bound);
     ``gloss_cases`` lists ``((("k", 1),), "attends to the previous token")`` sentences used instead of
     ``gloss`` when the node's parameters hold those values.
+    ``support`` bounds the keys a query row can score: an int or ``support(node) -> int`` (prev: 1,
+    window(a, b): b-a+1), ``COUNTED``, or None (every visible key: dense); with it, ``sparse(node, ctx)``
+    returns the scores as compressed rows (``headsurgeon.kernels.sparse.SparseRows``), which is how
+    trees of such primitives are evaluated (synth/dsl/sparse.py).
     """
 
     name: str
@@ -69,6 +77,8 @@ class PrimitiveSpec:
     json_scalar: bool = False
     check: Callable[[Mapping[str, Any]], None] | None = None
     gloss_cases: tuple[tuple[tuple[tuple[str, Any], ...], str], ...] = ()
+    support: int | str | Callable[[Any], int] | None = None
+    sparse: Kernel | None = None
 
     @property
     def takes_pred(self) -> bool:
@@ -92,7 +102,9 @@ class CombinatorSpec:
     """The one declaration of a combinator: its node type, syntax, bound, cost, kernel, doc and gloss.
 
     ``cost`` counts per term or argument when ``cost_per_child``; ``gloss_fields(node, gloss)`` gives the
-    values of the ``gloss`` template's placeholders (``gloss`` renders a child).
+    values of the ``gloss`` template's placeholders (``gloss`` renders a child). ``sparse(node, ctx)`` is
+    the kernel on compressed rows (its children evaluated sparse), ``support(bounds)`` the children's
+    per-row key bounds combined (mix: their sum; fallback, gate: the largest; mul: the smallest).
     """
 
     name: str
@@ -105,6 +117,8 @@ class CombinatorSpec:
     gloss_fields: Callable[[Any, Callable[[Any], str]], dict[str, str]]
     cost: int
     cost_per_child: bool = False
+    sparse: Kernel | None = None
+    support: Callable[[list[float]], float] = sum
 
 
 PRIMITIVE_SPECS: dict[str, PrimitiveSpec] = {}
@@ -116,6 +130,8 @@ def register_primitive(spec: PrimitiveSpec) -> PrimitiveSpec:
     """Add a primitive to the DSL (parser, evaluator, JSON, docs and gloss all see it at once)."""
     if spec.name in PRIMITIVE_SPECS or spec.name in COMBINATOR_SPECS:
         raise ValueError(f"DSL name {spec.name!r} is already declared")
+    if spec.support is not None and spec.sparse is None:
+        raise ValueError(f"{spec.name} declares support {spec.support!r} but no sparse kernel; give both or neither")
     for p in spec.params:
         if p.kind not in KINDS:
             raise ValueError(f"{spec.name}({p.name}=...) has unknown kind {p.kind!r}; kinds: {', '.join(KINDS)}")

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ...candidate import Candidate
 from ...features import SPACY_FEATURES
 from ...metrics import score_many
+from ...tensors import program_patterns
 from ...program import Program
 from ...sequence import Sequence as TokenSequence, pad_ids
 from ..base import CandidateMap, Head, PatternSource, StopCheck, check_splits
@@ -59,7 +60,7 @@ def _score_chunk(store: PatternSource, heads: list[tuple[int, int]], programs: l
         real, lengths = _read_patterns(store, idx, heads)
         feats = feature_arrays(seqs, [n for n in names if n in ARRAY_FEATURES])
         for h in range(len(heads)):
-            cand = np.stack([p.evaluate(seqs, causal=store.causal, features=feats) for p in programs[h]])
+            cand = [program_patterns(p, seqs, store.causal, feats) for p in programs[h]]  # sparse where it can
             got = score_many(real[h: h + 1], cand, lengths, store.causal, ("iou", "jsd"))
             tot[h][0] += got["iou"][0] * len(idx)
             tot[h][1] += got["jsd"][0] * len(idx)

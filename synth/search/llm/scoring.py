@@ -10,12 +10,14 @@ from typing import Any
 import numpy as np
 
 from ....kernels.normalize import normalize_scores
+from ....kernels.sparse import SparseRows
 from ... import prompts
 from ...candidate import Candidate
 from ...errors import ProgramExecutionError
 from ...metrics import score_many
 from ...program import Program
 from ...sequence import Sequence
+from ...tensors import ProgramTensor, program_patterns
 from .config import SOURCE
 from .transport import excerpt
 
@@ -27,11 +29,11 @@ NUMBA_LOCK = threading.Lock()
 @dataclass
 class SynthFit:
     """A candidate scored on synth, with what its feedback needs: JSD per synth sequence and (for the programs
-    shown as feedback) its synth patterns [B, N, N]."""
+    shown as feedback) its synth patterns [B, N, N], dense or sparse (``synth.tensors.program_patterns``)."""
 
     candidate: Candidate
     seq_jsd: np.ndarray
-    pattern: np.ndarray | None
+    pattern: ProgramTensor | None
 
     @property
     def program(self) -> Program:
@@ -72,18 +74,19 @@ class ProgramScoring:
     """The scoring side of :class:`~headsurgeon.synth.search.llm.agent.LLMAgent` (a mixin: it uses the agent's
     ``config``, ``stats``, ``_lock``, ``_store_lock`` and ``_event``)."""
 
-    def _patterns(self, program: Program, seqs: list[Sequence], causal: bool) -> np.ndarray:
-        """Normalized patterns [B, N, N]; Python programs run in the sandbox outside the numba lock."""
+    def _patterns(self, program: Program, seqs: list[Sequence], causal: bool) -> ProgramTensor:
+        """Normalized patterns [B, N, N] (sparse DSL programs as ``SparseRows``); Python programs run in the
+        sandbox outside the numba lock."""
         if program.kind == "python":
             scores = program.evaluate_scores(seqs, causal, timeout=self.config.program_timeout)
             lengths = np.array([s.n for s in seqs], dtype=np.int64)
             with NUMBA_LOCK:
                 return np.asarray(normalize_scores(scores, lengths, causal), dtype=np.float32)
         with NUMBA_LOCK:
-            return np.asarray(program.evaluate(seqs, causal), dtype=np.float32)
+            return program_patterns(program, seqs, causal)
 
     def _try_patterns(self, program: Program, seqs: list[Sequence], causal: bool, head: tuple[int, int],
-                      failures: list[dict[str, Any]], split: str) -> np.ndarray | None:
+                      failures: list[dict[str, Any]], split: str) -> ProgramTensor | None:
         try:
             return self._patterns(program, seqs, causal)
         except Exception as e:  # noqa: BLE001 - e.g. a feature view that needs a missing spaCy model
@@ -101,14 +104,14 @@ class ProgramScoring:
 
     def _score_synth(self, programs: list[tuple[Program, str]], real: np.ndarray, lengths: np.ndarray,
                      ctx: HeadContext, head: tuple[int, int], failures: list[dict[str, Any]]) -> list[SynthFit]:
-        ok: list[tuple[Program, str, np.ndarray]] = []
+        ok: list[tuple[Program, str, ProgramTensor]] = []
         for prog, hyp in programs:
             pat = self._try_patterns(prog, ctx.synth_seqs, ctx.causal, head, failures, "synth")
             if pat is not None:
                 ok.append((prog, hyp, pat))
         if not ok:
             return []
-        cand = np.stack([pad_to(p, real.shape[-1]) for _, _, p in ok])
+        cand = [pad_to(p, real.shape[-1]) for _, _, p in ok]
         with NUMBA_LOCK:
             sc = score_many(real, cand, lengths, ctx.causal, metrics=("jsd", "iou"), per_sequence=True)
         out = []
@@ -125,14 +128,14 @@ class ProgramScoring:
         with self._store_lock:
             real, lengths = ctx.store.batch(ctx.select_idx, [head])
         real = np.asarray(real, dtype=np.float32)
-        ok: list[tuple[SynthFit, np.ndarray]] = []
+        ok: list[tuple[SynthFit, ProgramTensor]] = []
         for a in attempts:
             pat = self._try_patterns(a.program, ctx.select_seqs, ctx.causal, head, failures, "select")
             if pat is not None:
                 ok.append((a, pat))
         if not ok:
             return []
-        cand = np.stack([pad_to(p, real.shape[-1]) for _, p in ok])
+        cand = [pad_to(p, real.shape[-1]) for _, p in ok]
         with NUMBA_LOCK:
             sc = score_many(real, cand, lengths, ctx.causal, metrics=("iou", "jsd"))
         cands = []
@@ -155,7 +158,7 @@ class ProgramScoring:
             seqs = []
             for b in worst:
                 n = int(lengths[b])
-                p, q = real[0, b, :n, :n], a.pattern[b, :n, :n]
+                p, q = real[0, b, :n, :n], _sequence(a.pattern, int(b))[:n, :n]
                 if ctx.causal:
                     p, q = np.tril(p), np.tril(q)
                 rows_jsd = prompts.row_jsd(p, q)
@@ -169,8 +172,15 @@ class ProgramScoring:
         return prompts.feedback_section(shown, failures, others, cfg.max_tokens_shown)
 
 
-def pad_to(pattern: np.ndarray, width: int) -> np.ndarray:
+def _sequence(pattern: ProgramTensor, b: int) -> np.ndarray:
+    """Sequence ``b`` of a pattern batch as a dense array (feedback shows a few sequences' rows)."""
+    return pattern.take([b]).to_dense()[0] if isinstance(pattern, SparseRows) else pattern[b]
+
+
+def pad_to(pattern: ProgramTensor, width: int) -> ProgramTensor:
     """Zero-pad a [B, n, n] pattern to [B, width, width] (programs pad to their own batch's longest)."""
+    if isinstance(pattern, SparseRows):
+        return pattern.widen(width) if pattern.n <= width else pattern
     if pattern.shape[-1] == width:
         return pattern
     out = np.zeros(pattern.shape[:-2] + (width, width), dtype=np.float32)
