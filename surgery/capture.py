@@ -1,15 +1,19 @@
 """capture: batched forward passes with pattern hooks only, streamed into an :class:`AttentionStore`.
 
-Memory is bounded by one shard (``shard_size`` sequences), not by the corpus. A capture into a
-directory that was interrupted resumes at the first unfinished shard; finished shards that are missing or
-damaged (size or sha256 differs from the manifest's record) are recomputed.
+The hooks build each sequence's float16 or top-q entry in torch (surgery/pattern_entries.py) and a background thread
+writes each finished shard while the next one is built (surgery/shard_writer.py), so memory is bounded by two shards
+(``shard_size`` sequences each: one being built, one being written), not by the corpus. A capture into a
+directory that was interrupted resumes at the first unfinished shard; finished shards that are missing or damaged (size
+or sha256 differs from the manifest's record) are recomputed.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 import warnings
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -19,8 +23,10 @@ from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from .batches import padded_batch
 from .loading import ModelHandle, load_model
+from .pattern_entries import EntryBuilder
 from .replace import HybridModel
-from .store import AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
+from .shard_writer import ShardWriter
+from .store import SEQUENCES_FILE, AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
 
 RESUME_KEYS = ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size", "n_sequences", "sequences_key")
 
@@ -68,6 +74,7 @@ def _resume(store: AttentionStore) -> set[int]:
         raise StoreError(f"{store.directory} already holds a different capture ({shown}); use the same settings "
                          "to resume, or choose another output directory")
     store.adopt_records(old)
+    _remove_stale_temporaries(store.directory)
     damaged = store.damaged_shards()
     for shard, problem in damaged.items():
         warnings.warn(f"{store.shard_path(shard)} is damaged or missing ({problem}); recomputing it", stacklevel=3)
@@ -75,6 +82,13 @@ def _resume(store: AttentionStore) -> set[int]:
     if not _sequences_file_ok(store):
         store.save_sequences()
     return store.done_shards() - set(damaged)
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete temporaries a killed capture left mid-write (kernels/fileio.py names them ``.<file>.<random>.tmp``)."""
+    for path in directory.glob(".*.tmp"):
+        if path.name.startswith((".shard_", ".manifest.json.", f".{SEQUENCES_FILE}.")):
+            path.unlink(missing_ok=True)
 
 
 def _sequences_file_ok(store: AttentionStore) -> bool:
@@ -85,17 +99,19 @@ def _sequences_file_ok(store: AttentionStore) -> bool:
         return False
 
 
-def forward_patterns(handle: ModelHandle, sequences: list[Sequence], call: Any = None) -> list[np.ndarray]:
-    """One batched forward; returns per sequence the float32 patterns [L, H, n, n] (pattern hooks only).
+def _hooked_forward(handle: ModelHandle, sequences: list[Sequence], take: Callable[[int, torch.Tensor], None],
+                    call: Any = None) -> None:
+    """One batched forward under no_grad that hands every layer's pattern [B, H, N, N] to ``take(layer, pattern)``.
 
     ``call`` (a HybridModel) runs the forward instead of the base, so the patterns are the hybrid's.
     """
     ids, mask = padded_batch(sequences)
-    captured: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
 
     def make_hook(layer: int):
         def hook(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
-            captured[layer] = pattern.detach().to("cpu", torch.float32)
+            take(layer, pattern)
+            seen.add(layer)
             return pattern
         return hook
 
@@ -113,12 +129,38 @@ def forward_patterns(handle: ModelHandle, sequences: list[Sequence], call: Any =
             finally:
                 for r in removers:
                     r.remove()
-    if len(captured) != handle.n_layers:
-        raise RuntimeError(f"pattern hooks fired for layers {sorted(captured)} only; expected all "
+    if len(seen) != handle.n_layers:
+        raise RuntimeError(f"pattern hooks fired for layers {sorted(seen)} only; expected all "
                            f"{handle.n_layers}. Load the model with eager attention")
+
+
+def forward_patterns(handle: ModelHandle, sequences: list[Sequence], call: Any = None) -> list[np.ndarray]:
+    """One batched forward; returns per sequence the float32 patterns [L, H, n, n] (pattern hooks only).
+
+    ``call`` (a HybridModel) runs the forward instead of the base, so the patterns are the hybrid's.
+    """
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int, pattern: torch.Tensor) -> None:
+        captured[layer] = pattern.detach().to("cpu", torch.float32)
+
+    _hooked_forward(handle, sequences, keep, call)
     # stack only each sequence's real n×n block, never the whole padded batch
     return [torch.stack([captured[layer][b, :, : s.n, : s.n] for layer in range(handle.n_layers)]).numpy()
             for b, s in enumerate(sequences)]
+
+
+def forward_entries(handle: ModelHandle, store: AttentionStore, indices: list[int], call: Any = None,
+                    executor: Executor | None = None) -> dict[int, dict[str, np.ndarray]]:
+    """One batched forward over ``store.sequences[indices]``; returns each index's store entry, built in the hooks.
+
+    Bit-identical to ``store.put(i, pattern)`` on :func:`forward_patterns`' output (surgery/pattern_entries.py). With
+    an ``executor``, top-q selections run there while the forward goes on.
+    """
+    sequences = [store.sequences[i] for i in indices]
+    builder = EntryBuilder(store.mode, store.q_frac, store.n_layers, store.n_heads, sequences, indices, executor)
+    _hooked_forward(handle, sequences, builder.take, call)
+    return builder.entries()
 
 
 def capture(
@@ -153,19 +195,32 @@ def capture(
         store.save_manifest(done)
     todo = [shard for shard in range(store.n_shards) if shard not in done]
     total = sum(min(store.shard_size, len(sequences) - shard * store.shard_size) for shard in todo)
-    bar = tqdm(total=total, desc=f"capture {handle.name}", unit="seq", disable=not progress)
-    for shard in todo:
-        lo, hi = shard * store.shard_size, min((shard + 1) * store.shard_size, len(sequences))
-        order = sorted(range(lo, hi), key=lambda i: sequences[i].n)  # similar lengths → little padding
-        entries: dict[str, np.ndarray] = {}
-        for start in range(0, len(order), batch_size):
-            idx = order[start: start + batch_size]
-            for i, pattern in zip(idx, forward_patterns(handle, [sequences[i] for i in idx], hybrid)):
-                entries.update(store.put(i, pattern))
-            bar.update(len(idx))
-        if store.directory is not None:
-            store.write_shard(shard, entries)
-            done.add(shard)
-            store.save_manifest(done)
-    bar.close()
+    # top-q selections run in one worker thread beside the forward (torch.topk releases the GIL)
+    selector = ThreadPoolExecutor(1, "headsurgeon topq") if mode == "topq" else None
+    try:
+        with tqdm(total=total, desc=f"capture {handle.name}", unit="seq", disable=not progress) as bar:
+            _capture_shards(handle, store, todo, done, batch_size, hybrid, bar, selector)
+    finally:
+        if selector is not None:
+            selector.shutdown(wait=True, cancel_futures=True)
     return store
+
+
+def _capture_shards(handle: ModelHandle, store: AttentionStore, todo: list[int], done: set[int], batch_size: int,
+                    hybrid: HybridModel | None, bar: Any, selector: Executor | None) -> None:
+    """Run the shards in ``todo``: batches by length, entries kept in memory or handed to the shard writer."""
+    sequences = store.sequences
+    # a directory store writes each finished shard in a background thread while the next batches run
+    with ShardWriter(store, done) if store.directory is not None else contextlib.nullcontext() as writer:
+        for shard in todo:
+            lo, hi = shard * store.shard_size, min((shard + 1) * store.shard_size, len(sequences))
+            order = sorted(range(lo, hi), key=lambda i: sequences[i].n)  # similar lengths → little padding
+            entries: dict[str, np.ndarray] = {}
+            for start in range(0, len(order), batch_size):
+                idx = order[start: start + batch_size]
+                for i, entry in forward_entries(handle, store, idx, hybrid, selector).items():
+                    store.keep(i, entry)
+                    entries.update(entry)
+                bar.update(len(idx))
+            if writer is not None:
+                writer.submit(shard, entries)

@@ -160,9 +160,13 @@ class AttentionStore:
             q = topq_count(n, self.q_frac)
             val, idx = torch.topk(t.reshape(self.n_layers, self.n_heads, n * n).float(), q, dim=-1, sorted=True)
             entry = {f"s{index}.index": idx.to(torch.int32).numpy(), f"s{index}.value": val.to(torch.float16).numpy()}
+        self.keep(index, entry)
+        return entry
+
+    def keep(self, index: int, entry: dict[str, np.ndarray]) -> None:
+        """Hold sequence ``index``'s entry in an in-memory store (a store with a directory keeps shards on disk)."""
         if self.directory is None:
             self._memory[index] = entry
-        return entry
 
     def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> dict:
         """Stream the shard to disk atomically (kernels/fileio.py ``atomic_path``: safetensors writes straight from

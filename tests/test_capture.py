@@ -95,15 +95,15 @@ def test_streaming_store_on_disk_matches_memory(stories, story_seqs, tmp_path):
 def test_killed_capture_resumes_to_the_same_store(stories, story_seqs, tmp_path, monkeypatch):
     reference = capture(stories, story_seqs, out=tmp_path / "ref", shard_size=4, progress=False)
     calls = {"n": 0}
-    real = capture_mod.forward_patterns
+    real = capture_mod.forward_entries
 
-    def dying(handle, seqs, call=None):
+    def dying(handle, store, idx, call=None, executor=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt("killed")
-        return real(handle, seqs, call)
+        return real(handle, store, idx, call, executor)
 
-    monkeypatch.setattr(capture_mod, "forward_patterns", dying)
+    monkeypatch.setattr(capture_mod, "forward_entries", dying)
     with pytest.raises(KeyboardInterrupt):
         capture(stories, story_seqs, out=tmp_path / "run", shard_size=4, batch_size=4, progress=False)
     with pytest.raises(StoreError, match="incomplete"):
@@ -112,7 +112,8 @@ def test_killed_capture_resumes_to_the_same_store(stories, story_seqs, tmp_path,
     assert done_before == {0, 1}
     calls["n"] = -100
     seen = []
-    monkeypatch.setattr(capture_mod, "forward_patterns", lambda h, s, c=None: seen.append(len(s)) or real(h, s, c))
+    monkeypatch.setattr(capture_mod, "forward_entries",
+                        lambda h, st, ix, c=None, e=None: seen.append(len(ix)) or real(h, st, ix, c, e))
     capture(stories, story_seqs, out=tmp_path / "run", shard_size=4, batch_size=4, progress=False)
     assert sum(seen) == len(story_seqs) - 8  # finished shards were not recomputed
     resumed = AttentionStore.load(tmp_path / "run")
