@@ -78,7 +78,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         library = load_library(args.library)
     result = explain(args.model, args.corpus, args.out, tokenizer=args.tokenizer, max_len=args.max_len,
                      max_sequences=args.max_sequences, seed=args.seed, searchers=args.searchers,
-                     agent_config=agent_config, library=library)
+                     agent_config=agent_config, library=library,
+                     executor="serial" if args.ray is None else "ray", address=args.ray or None,
+                     heads_per_task=args.heads_per_task, delta_ppl=args.delta_ppl, store_url=args.store_url)
     print(result.summary_table())
     for note in result.notes:
         print(note)
@@ -153,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--library", action="append", default=[], metavar="FILE.py",
                    help="program file in EAPS's style (prog(sentence, tokenizer) -> (label, matrix)); repeatable. "
                         "Its functions compete for every head; they run only in the sandbox")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="search and select on Ray: on the cluster at ADDRESS (HOST:PORT, e.g. 10.0.0.1:6379), or on a "
+                        "local Ray runtime when no ADDRESS follows (pip install 'headsurgeon[ray]')")
+    p.add_argument("--heads-per-task", type=positive_int, default=None,
+                   help="heads per task (default: 64 serially; on Ray, the heads spread over the cluster's CPUs)")
+    p.add_argument("--delta-ppl", action="store_true", help="also measure each head's ΔPPL on the test windows")
+    p.add_argument("--store-url", default=None, metavar="URL",
+                   help="where Ray workers read OUT/store (a shared path or an fsspec URL) when not at OUT/store")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from headsurgeon.scaleout import explain_store, preflight
 from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import load_corpus
 from headsurgeon.surgery.evaluate import replacement_sweep
 from headsurgeon.surgery.loading import load_model
 from headsurgeon.synth.programset import ProgramSet, head_label
-from headsurgeon.synth.search import SearchSettings, run_searchers
-from headsurgeon.synth.select import select_programs
 from headsurgeon.synth.vocab import Vocabulary
 
 #: the searchers explain runs by default (any registered name may be asked for; see docs/architecture.md)
@@ -35,6 +34,7 @@ class ExplainResult:
     splits: Any
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    delta_ppl: dict[tuple[int, int], float] = field(default_factory=dict)  # per head, when explain(delta_ppl=True)
 
     def summary_table(self) -> str:
         """Per head: the replacement's test IoU/JSD and size beside the explanation's IoU, chars and gloss."""
@@ -72,15 +72,20 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
             fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0,
             searchers: Iterable[str] = SEARCHERS, library: Iterable[Any] = (),
             agent_config: Any = None, sweep_steps: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0),
-            progress: bool = True) -> ExplainResult:
+            progress: bool = True, executor: str = "serial", address: str | None = None,
+            heads_per_task: int | None = None, delta_ppl: bool = False, store_url: str | None = None) -> ExplainResult:
     """Run the whole pipeline and write OUT/programs.json, OUT/sweep.png and OUT/report.html.
 
     ``searchers``: registered searcher names (``headsurgeon.synth.search.searchers()``), run in order;
     ``library``: programs that compete for every head (run last, as the ``library`` searcher);
     ``agent_config``: the LLM agent's ``AgentConfig``.
+    Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/):
+    ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime; ``store_url``: where
+    workers read OUT/store when not at the same path); ``delta_ppl``: also each head's ΔPPL on ``test``.
     """
     from headsurgeon.report import write_report
 
+    preflight(executor, address, heads_per_task)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -101,21 +106,23 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     timings["capture"] = time.perf_counter() - t0
     library, searchers = list(library), list(searchers)
     names = searchers + (["library"] if library and "library" not in searchers else [])
-    settings = SearchSettings(seed=seed, progress=progress, out=out, options={"llm": agent_config, "library": library})
-    pool = run_searchers(store, names, synth_idx=idx["synth"], select_idx=idx["select"], settings=settings,
-                         notes=notes, timings=timings)
-    t0 = time.perf_counter()
     vocab = None
     try:  # programs are rendered (and budgets counted) in the tokenizer's token strings
         vocab = Vocabulary.from_tokenizer(handle.tokenizer)
     except Exception as e:  # a tokenizer without an id → token table: programs show ids instead
         notes.append(f"no vocabulary from the tokenizer ({type(e).__name__}: {e}); programs are shown with token ids")
-    programs = select_programs(store, pool, idx["select"], idx["test"], synth_idx=idx["synth"], progress=progress,
-                               model=handle.name, vocab=vocab)
+    heads = explain_store(store, handle, idx, names, options={"llm": agent_config, "library": library}, seed=seed,
+                          vocab=vocab, out=out, executor=executor, address=address, heads_per_task=heads_per_task,
+                          delta_ppl=delta_ppl, model_spec=model, tokenizer=tokenizer, store_url=store_url,
+                          progress=progress)
+    programs = heads.programs
+    timings.update(heads.timings)
+    notes.extend(heads.notes)
+    t0 = time.perf_counter()
     programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>", "max_len": max_len,
                           "splits": splits.sizes(), "seed": seed})
     programs.save(out / "programs.json")
-    timings["select"] = time.perf_counter() - t0
+    timings["save"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     sweep = replacement_sweep(handle, programs, splits.test, order=programs.ranked("select"), steps=sweep_steps,
                               seed=seed, out_png=out / "sweep.png", progress=progress,
@@ -124,6 +131,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     write_report(out / "report.html", programs, store, idx["test"], out / "sweep.png", sweep,
                  title=f"headsurgeon: {handle.name}", timings=timings, notes=notes, vocab=vocab,
                  select_idx=idx["select"])
-    (out / "summary.json").write_text(json.dumps({"summary": programs.summary("test"), "sweep": sweep,
-                                                   "timings_s": timings, "notes": notes}, indent=1))
-    return ExplainResult(programs, sweep, out, store, splits, timings, notes)
+    summary = {"summary": programs.summary("test"), "sweep": sweep, "timings_s": timings, "notes": notes}
+    if delta_ppl:
+        summary["delta_ppl"] = {head_label(h): d for h, d in heads.delta_ppl.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return ExplainResult(programs, sweep, out, store, splits, timings, notes, heads.delta_ppl)

@@ -22,7 +22,8 @@ from ..sequence import Sequence as TokenSequence
 
 __all__ = [
     "Head", "CandidateMap", "PatternSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
-    "SearcherFactory", "register_searcher", "unregister_searcher", "searchers", "make_searcher", "run_searchers",
+    "SearcherFactory", "register_searcher", "unregister_searcher", "searchers", "searcher_factory", "make_searcher",
+    "run_searchers",
     "check_splits", "merge_candidates",
 ]
 
@@ -140,6 +141,14 @@ def unregister_searcher(name: str) -> None:
 def searchers() -> tuple[str, ...]:
     """The registered searcher names, in registration order."""
     return tuple(_REGISTRY)
+
+
+def searcher_factory(name: str) -> SearcherFactory:
+    """The factory registered under ``name`` (headsurgeon/scaleout ships it to workers, whose registries may differ)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown searcher {name!r}; choose from {searchers()}")
+    return factory
 
 
 def make_searcher(name: str, settings: SearchSettings | None = None) -> Searcher:

@@ -1,0 +1,12 @@
+"""Scale explain out: per-head tasks (search, select, ΔPPL) run serially or on a Ray cluster, journaled per head
+so a killed run resumes. Ray is imported only when ``executor="ray"`` is used (headsurgeon/scaleout/ray_run.py)."""
+from __future__ import annotations
+
+from .headstore import HeadStore, StoreUnreachable, store_location
+from .journal import HeadJournal, JournalMismatchError
+from .run import EXECUTORS, chunked, run_heads
+from .stage import HeadsResult, explain_store, preflight
+from .task import DeltaJob, HeadJob, explain_heads
+
+__all__ = ["EXECUTORS", "DeltaJob", "HeadJob", "HeadJournal", "HeadStore", "HeadsResult", "JournalMismatchError",
+           "StoreUnreachable", "chunked", "explain_heads", "explain_store", "preflight", "run_heads", "store_location"]

@@ -1,0 +1,64 @@
+"""Run explain's per-head work serially or on Ray, journaled per head (journal.py) so a killed run resumes.
+
+Both executors run the same task (task.py ``explain_heads``) over the same chunks of heads and write the same
+records, so they select the same programs with the same scores.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from .journal import HeadJournal
+from .task import HeadJob, explain_heads
+
+EXECUTORS = ("serial", "ray")
+#: most heads per task by default: a task pays a fixed cost (the searchers' shared work: the enumerative
+#: searcher's primitives on its fit set, sequence features) before its heads, so big tasks amortize it, while a
+#: killed run loses at most one task's heads (benchmarks/scaleout.py measures both costs)
+MAX_HEADS_PER_TASK = 64
+
+
+def chunked(heads: list[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
+    """``heads`` in consecutive chunks of at most ``size`` (the unit of work a task gets)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"heads_per_task must be a whole number >= 1; got {size!r}")
+    return [heads[i: i + size] for i in range(0, len(heads), size)]
+
+
+def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *, fingerprint: dict[str, Any],
+              executor: str = "serial", address: str | None = None, heads_per_task: int | None = None,
+              handle: Any = None, progress: bool = True, ray_options: dict[str, Any] | None = None,
+              on_record: Callable[[dict], None] | None = None) -> tuple[dict[tuple[int, int], dict], int]:
+    """Explain every head not yet in ``journal``; return all heads' records (head → record) and how many heads
+    were already journaled (resumed, not redone).
+
+    ``executor``: "serial" (in this process) or "ray" (``address``: a running cluster; None: a local
+    runtime started here). ``heads_per_task``: heads per task (None: ``MAX_HEADS_PER_TASK`` serially; on Ray, the heads
+    spread evenly over the cluster's CPUs, at most ``MAX_HEADS_PER_TASK`` a task). ``on_record`` sees each record as
+    it is journaled.
+    """
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}; got {executor!r}")
+    book = HeadJournal(journal)
+    done = book.start(fingerprint)
+    todo = [h for h in heads if h not in done]
+    with tqdm(total=len(heads), initial=len(heads) - len(todo), desc=f"explain heads ({executor})", unit="head",
+              disable=not progress) as bar:
+        def finished(records: list[dict]) -> None:
+            for rec in records:
+                book.write(rec)
+                if on_record is not None:
+                    on_record(rec)
+            bar.update(len(records))
+
+        if executor == "serial":
+            for chunk in chunked(todo, heads_per_task or MAX_HEADS_PER_TASK):
+                finished(explain_heads(job, chunk, handle=handle))
+        elif todo:
+            from .ray_run import ray_map
+
+            ray_map(job, todo, finished, address=address, heads_per_task=heads_per_task, **(ray_options or {}))
+    records = book.records()
+    return {h: records[h] for h in heads}, len(heads) - len(todo)

@@ -1,0 +1,144 @@
+"""One unit of explain work, the same on the driver and on a Ray worker: for a few heads, run every requested
+searcher with ``heads=`` (from the driver's registry factories, as synth/search/base.py ``run_searchers``
+does), select among their candidates
+(synth/select.py ``select_programs`` over a store view of just those heads) and, when asked, measure each
+head's ΔPPL (surgery/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence as Seq
+
+from ..synth.programset import head_label
+from ..synth.search.base import SearcherUnavailable, SearchSettings, merge_candidates
+from ..synth.select import select_programs
+from .headstore import HeadStore
+
+
+@dataclass(frozen=True)
+class DeltaJob:
+    """How a worker measures ΔPPL: a model spec it can load itself, and the base perplexity on ``test``."""
+
+    model: Any
+    tokenizer: Any
+    base_ppl: float
+
+
+@dataclass(frozen=True)
+class HeadJob:
+    """Everything a task needs besides its heads: the store's location, the splits, searchers and settings."""
+
+    store: str
+    synth_idx: tuple[int, ...]
+    select_idx: tuple[int, ...]
+    test_idx: tuple[int, ...]
+    searchers: tuple[tuple[str, Any], ...]  # (name, factory): the driver's registry entries (base.searcher_factory)
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    vocab: Any = None
+    model: str = ""
+    delta: DeltaJob | None = None
+    out: str | None = None  # a folder searchers may write to (SearchSettings.out; serial runs only: the LLM journal)
+    llm_gate: str | None = None  # name of the cluster's LLM gate actor (llmgate.py); None: the agent's own caps
+
+    def fingerprint(self, store: Any) -> dict[str, Any]:
+        """What a journal is bound to: the store's sequences, splits, seed, searchers, options, ΔPPL on/off."""
+        def digest(obj: Any) -> str:
+            text = json.dumps(obj, sort_keys=True, default=lambda o: getattr(o, "hash", None) or repr(o))
+            return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+        from ..synth.sequence import sequences_key
+
+        return {"sequences": sequences_key(store.sequences), "model": getattr(store, "model_name", ""),
+                "heads": [store.n_layers, store.n_heads],
+                "splits": digest([self.synth_idx, self.select_idx, self.test_idx]), "seed": self.seed,
+                "searchers": [name for name, _ in self.searchers], "options": digest(_public(self.options)),
+                "delta_ppl": self.delta is not None}
+
+
+def _public(options: dict[str, Any]) -> dict[str, Any]:
+    """Searcher options as fingerprinted: programs by hash, an AgentConfig by its public fields (no API key)."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if hasattr(value, "public"):
+            out[name] = value.public()
+        elif isinstance(value, (list, tuple)):
+            out[name] = [getattr(v, "hash", v) for v in value]
+        else:
+            out[name] = value
+    return out
+
+
+def _search(job: HeadJob, store: HeadStore, heads: list[tuple[int, int]], notes: list[str],
+            timings: dict[str, float]) -> dict[tuple[int, int], list[Any]]:
+    """Every searcher of ``job`` on ``heads``, pooled in order, as synth/search/base.py ``run_searchers`` does
+    (an unavailable one is noted and skipped); the LLM agent asks the cluster's gate when there is one."""
+    settings = SearchSettings(seed=job.seed, progress=False, out=None if job.out is None else Path(job.out),
+                              options=dict(job.options))
+    pool: dict[tuple[int, int], list[Any]] = {}
+    for name, factory in job.searchers:
+        t0 = time.perf_counter()
+        try:
+            searcher = _gated_llm(job) if name == "llm" and job.llm_gate else factory(settings)
+        except SearcherUnavailable as e:
+            notes.append(str(e))
+            continue
+        merge_candidates(pool, searcher.search(store, synth_idx=job.synth_idx, select_idx=job.select_idx,
+                                               heads=heads, progress=False))
+        line = searcher.report() if hasattr(searcher, "report") else ""
+        if line:
+            notes.append(line)
+        timings[name] = time.perf_counter() - t0
+    return pool
+
+
+def _gated_llm(job: HeadJob) -> Any:
+    """The LLM searcher whose requests take slots from the cluster's gate (llmgate.py)."""
+    from ..synth.search.llm.agent import LLMSearcher
+    from ..synth.search.llm.config import AgentConfig
+    from .llmgate import GatedClient
+
+    config = job.options.get("llm") or AgentConfig(progress=False)
+    return LLMSearcher(config, client=GatedClient(job.llm_gate, config))
+
+
+def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None) -> list[dict[str, Any]]:
+    """Search, select and (with ``job.delta``) measure ΔPPL for ``heads``; one journal record per head.
+
+    ``handle``: a loaded model for ΔPPL (the driver passes its own; a worker loads ``job.delta.model``).
+    """
+    heads = [(int(a), int(b)) for a, b in heads]
+    store = HeadStore(job.store, heads)
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    pool = _search(job, store, heads, notes, timings)
+    t0 = time.perf_counter()
+    chosen = select_programs(store, {h: pool.get(h, []) for h in heads}, list(job.select_idx), list(job.test_idx),
+                             synth_idx=list(job.synth_idx), progress=False, model=job.model, vocab=job.vocab)
+    t_select = time.perf_counter() - t0
+    deltas: dict[tuple[int, int], float] = {}
+    t_delta = 0.0
+    if job.delta is not None and len(chosen):
+        from ..surgery.evaluate import per_head_delta_ppl
+        from ..surgery.loading import load_model
+
+        t0 = time.perf_counter()
+        model = handle if handle is not None else load_model(job.delta.model, tokenizer=job.delta.tokenizer)
+        seqs = [store.sequences[i] for i in job.test_idx]
+        deltas = per_head_delta_ppl(model, chosen.programs(), seqs, base_ppl=job.delta.base_ppl, progress=False)
+        t_delta = time.perf_counter() - t0
+    share = 1.0 / len(heads)
+    records = []
+    for h in heads:
+        entry = chosen.entries.get(h)
+        records.append({
+            "head": head_label(h), "entry": None if entry is None else entry.to_json(h), "meta": chosen.meta,
+            "candidates": len(pool.get(h, [])), "delta_ppl": deltas.get(h), "notes": notes,
+            "seconds": {"search": {k: v * share for k, v in timings.items()}, "select": t_select * share,
+                        "delta_ppl": t_delta * share},
+        })
+    return records

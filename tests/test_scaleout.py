@@ -1,0 +1,139 @@
+"""headsurgeon/scaleout without a cluster: the per-head journal, the head-slice store reader (paths and fsspec
+URLs), the executor's checks before the capture, and the ``explain --ray`` options."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import CORPUS, need
+from headsurgeon.scaleout import HeadJournal, HeadStore, JournalMismatchError, StoreUnreachable, chunked, preflight
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, stories):
+    """A dense and a top-q store of 6 stories260K windows (two shards each)."""
+    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.corpus import load_corpus
+
+    seqs = load_corpus(stories, need(CORPUS), max_len=16, max_sequences=12, seed=0).all[:6]
+    root = tmp_path_factory.mktemp("stores")
+    return {mode: capture(stories, seqs, out=root / mode, mode=mode, shard_size=4, progress=False)
+            for mode in ("dense", "topq")}
+
+
+@pytest.mark.parametrize("mode", ["dense", "topq"])
+def test_head_store_reads_exactly_what_the_store_reads(stores, mode):
+    store = stores[mode]
+    heads = [(0, 1), (3, 7), (4, 0)]
+    view = HeadStore(store.directory, heads)
+    assert view.heads == heads and view.causal == store.causal and len(view.sequences) == len(store.sequences)
+    for dtype in (np.float32, np.float16):
+        want, want_len = store.batch([5, 0, 3], heads, dtype=dtype)
+        got, got_len = view.batch([5, 0, 3], heads, dtype=dtype)
+        assert got.dtype == want.dtype and np.array_equal(got, want) and np.array_equal(got_len, want_len)
+    assert view.batch()[0].shape[0] == len(heads)  # default: the view's heads only
+
+
+def test_head_store_reads_through_an_fsspec_url(stores):
+    import fsspec
+
+    store = stores["dense"]
+    fs = fsspec.filesystem("memory")
+    for path in store.directory.iterdir():
+        fs.pipe(f"/hs-test-store/{path.name}", path.read_bytes())
+    try:
+        view = HeadStore("memory://hs-test-store", [(2, 5)])
+        assert np.array_equal(view.batch([1, 4])[0], store.batch([1, 4], [(2, 5)])[0])
+    finally:
+        fs.rm("/hs-test-store", recursive=True)
+
+
+def test_head_store_names_the_location_and_the_fix_when_it_cannot_read(tmp_path):
+    with pytest.raises(StoreUnreachable, match="cannot read the attention store.*fsspec URL"):
+        HeadStore(tmp_path / "absent")
+
+
+def test_head_store_refuses_a_shard_of_the_wrong_size(stores, tmp_path):
+    import shutil
+
+    from headsurgeon.surgery.store import StoreError
+
+    copy = tmp_path / "store"
+    shutil.copytree(stores["dense"].directory, copy)
+    with open(copy / "shard_00001.safetensors", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(StoreError, match="shard_00001.*bytes, the manifest recorded"):
+        HeadStore(copy, [(0, 0)]).batch([5])
+
+
+def test_journal_keeps_the_first_record_and_refuses_other_inputs(tmp_path):
+    book = HeadJournal(tmp_path / "heads")
+    assert book.start({"seed": 0, "searchers": ["enumerative"]}) == {}
+    book.write({"head": "L1H2", "entry": None, "value": 1})
+    book.write({"head": "L1H2", "entry": None, "value": 2})  # a head is journaled once
+    (tmp_path / "heads" / ".L0H0.json.abc.tmp").write_text("{half")  # a writer killed before its rename
+    again = HeadJournal(tmp_path / "heads").start({"seed": 0, "searchers": ["enumerative"]})
+    assert list(again) == [(1, 2)] and again[(1, 2)]["value"] == 1
+    with pytest.raises(JournalMismatchError, match="differs in: seed.*delete"):
+        HeadJournal(tmp_path / "heads").start({"seed": 1, "searchers": ["enumerative"]})
+
+
+def test_journal_keeps_nan_scores(tmp_path):
+    book = HeadJournal(tmp_path)
+    book.start({})
+    book.write({"head": "L0H0", "score": float("nan")})
+    assert np.isnan(book.records()[(0, 0)]["score"])
+
+
+def test_chunks_and_bad_heads_per_task():
+    heads = [(0, h) for h in range(5)]
+    assert chunked(heads, 2) == [heads[:2], heads[2:4], heads[4:]]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="heads_per_task"):
+            chunked(heads, bad)
+
+
+def test_preflight_refuses_bad_executors_and_unreachable_clusters():
+    with pytest.raises(ValueError, match="executor must be one of"):
+        preflight("dask")
+    with pytest.raises(ValueError, match="executor='ray'"):
+        preflight("serial", "127.0.0.1:6379")
+    port = _free_port()
+    with pytest.raises(ConnectionError, match=f"cannot reach a Ray cluster at 127.0.0.1:{port}.*ray start --head"):
+        preflight("ray", f"127.0.0.1:{port}")
+    with pytest.raises(ConnectionError, match="not HOST:PORT"):
+        preflight("ray", "nowhere")
+
+
+def test_cli_explain_reports_an_unreachable_cluster_in_one_line(tmp_path):
+    port = _free_port()
+    r = subprocess.run([sys.executable, "-m", "headsurgeon.cli", "explain", "tiny-stories", str(need(CORPUS)),
+                        str(tmp_path / "out"), "--ray", f"127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "store").exists()  # refused before the capture
+
+
+def test_cli_explain_ray_options_parse():
+    from headsurgeon.cli import build_parser, parse
+
+    parser = build_parser()
+    plain = parse(parser, ["explain", "tiny-stories"])
+    assert plain.ray is None and plain.heads_per_task is None and not plain.delta_ppl
+    local = parse(parser, ["explain", "tiny-stories", "corpus.txt", "out", "--ray"])
+    assert local.ray == "" and local.out == "out"
+    remote = parse(parser, ["explain", "tiny-stories", "--ray", "10.0.0.1:6379", "--heads-per-task", "4",
+                            "--delta-ppl", "--store-url", "s3://b/store"])
+    assert (remote.ray, remote.heads_per_task, remote.delta_ppl, remote.store_url) == ("10.0.0.1:6379", 4, True,
+                                                                                       "s3://b/store")
