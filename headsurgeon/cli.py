@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Callable
 
-from .kernels.argtypes import add_window_args, fraction, non_negative_float, positive_int
+from .kernels.argtypes import add_window_args, fraction, non_negative_float, positive_int, task_limit
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 MESSAGE_LIMIT = 1000
@@ -80,7 +80,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
                      max_sequences=args.max_sequences, seed=args.seed, searchers=args.searchers,
                      agent_config=agent_config, library=library,
                      executor="serial" if args.ray is None else "ray", address=args.ray or None,
-                     heads_per_task=args.heads_per_task, delta_ppl=args.delta_ppl, store_url=args.store_url)
+                     heads_per_task=args.heads_per_task, delta_ppl=args.delta_ppl, store_url=args.store_url,
+                     tasks=args.tasks, task_limit=args.limit, include_path=args.include_path)
     print(result.summary_table())
     for note in result.notes:
         print(note)
@@ -161,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads-per-task", type=positive_int, default=None,
                    help="heads per task (default: 64 serially; on Ray, the heads spread over the cluster's CPUs)")
     p.add_argument("--delta-ppl", action="store_true", help="also measure each head's ΔPPL on the test windows")
+    p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid scores in "
+                                                  "report.html (needs pip install 'headsurgeon[eval]')")
+    p.add_argument("--limit", type=task_limit, default=None, help="examples per task (or a fraction), for --tasks")
+    p.add_argument("--include-path", action="append", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files, for --tasks (repeatable)")
     p.add_argument("--store-url", default=None, metavar="URL",
                    help="where Ray workers read OUT/store (a shared path or an fsspec URL) when not at OUT/store")
     p.set_defaults(func=cmd_explain)

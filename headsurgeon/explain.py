@@ -73,7 +73,9 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
             searchers: Iterable[str] = SEARCHERS, library: Iterable[Any] = (),
             agent_config: Any = None, sweep_steps: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0),
             progress: bool = True, executor: str = "serial", address: str | None = None,
-            heads_per_task: int | None = None, delta_ppl: bool = False, store_url: str | None = None) -> ExplainResult:
+            heads_per_task: int | None = None, delta_ppl: bool = False, store_url: str | None = None,
+            tasks: Iterable[str] | str | None = None, task_limit: int | float | None = None,
+            include_path: Any = None) -> ExplainResult:
     """Run the whole pipeline and write OUT/programs.json, OUT/sweep.png and OUT/report.html.
 
     ``searchers``: registered searcher names (``headsurgeon.synth.search.searchers()``), run in order;
@@ -82,16 +84,24 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/):
     ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime; ``store_url``: where
     workers read OUT/store when not at the same path); ``delta_ppl``: also each head's ΔPPL on ``test``.
+    ``tasks``: lm-eval tasks (``task_limit`` examples each, local task folders in ``include_path``) scored on the
+    base and the hybrid of all replacements, shown in report.html (surgery/downstream.py).
     """
     from headsurgeon.report import write_report
 
     preflight(executor, address, heads_per_task)
+    if tasks:  # before minutes of capture and search: lm-eval must be installed and the model scorable
+        from headsurgeon.surgery.downstream import downstream
+        from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM  # noqa: F401 - a clear ImportError without lm-eval
+        from headsurgeon.surgery.scorable import require_lm_head
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     notes: list[str] = []
     t0 = time.perf_counter()
     handle = load_model(model, tokenizer=tokenizer)
+    if tasks:
+        require_lm_head(handle)
     if corpus is None:
         from headsurgeon.hub.zoo import demo_corpus_path
 
@@ -128,10 +138,17 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
                               seed=seed, out_png=out / "sweep.png", progress=progress,
                               title=f"{handle.name}: heads replaced in order of select IoU")
     timings["sweep"] = time.perf_counter() - t0
+    tasks_result = None
+    if tasks:
+        t0 = time.perf_counter()
+        tasks_result = downstream(handle, tasks, programs, limit=task_limit, include_path=include_path, seed=seed)
+        timings["downstream"] = time.perf_counter() - t0
     write_report(out / "report.html", programs, store, idx["test"], out / "sweep.png", sweep,
                  title=f"headsurgeon: {handle.name}", timings=timings, notes=notes, vocab=vocab,
-                 select_idx=idx["select"])
+                 select_idx=idx["select"], downstream=tasks_result)
     summary = {"summary": programs.summary("test"), "sweep": sweep, "timings_s": timings, "notes": notes}
+    if tasks_result is not None:
+        summary["downstream"] = tasks_result
     if delta_ppl:
         summary["delta_ppl"] = {head_label(h): d for h, d in heads.delta_ppl.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -9,7 +9,7 @@ import argparse
 import math
 from typing import Callable
 
-__all__ = ["int_at_least", "positive_int", "non_negative_int", "fraction", "positive_float", "non_negative_float",
+__all__ = ["task_limit", "int_at_least", "positive_int", "non_negative_int", "fraction", "positive_float", "non_negative_float",
            "DEFAULT_MAX_LEN", "DEFAULT_MAX_SEQUENCES", "DEFAULT_SEED", "add_window_args"]
 
 
@@ -77,6 +77,15 @@ def non_negative_float(text: str) -> float:
 DEFAULT_MAX_LEN = 64
 DEFAULT_MAX_SEQUENCES = 300
 DEFAULT_SEED = 0
+
+
+def task_limit(text: str) -> int | float:
+    """--limit for lm-eval tasks: a whole number of examples, or a fraction below 1 (as lm-eval reads it)."""
+    value = _finite_float(text)
+    if not value > 0 or (value >= 1 and value != int(value)):
+        raise argparse.ArgumentTypeError(f"--limit must be a whole number of examples or a fraction in (0, 1), "
+                                         f"got {_quote(text)}")
+    return int(value) if value >= 1 else value
 
 
 def add_window_args(parser: argparse.ArgumentParser, max_sequences: int | None = DEFAULT_MAX_SEQUENCES) -> None:

@@ -6,7 +6,7 @@ import math
 import json
 from typing import Any
 
-from ..kernels.argtypes import add_window_args
+from ..kernels.argtypes import add_window_args, task_limit
 from ..synth.errors import ProgramError
 from .scorable import require_lm_head
 
@@ -224,15 +224,6 @@ def _downstream(args: argparse.Namespace, handle: Any, programs: Any, lines: lis
     return result
 
 
-def _limit(text: str) -> int | float:
-    """--limit: a whole number of examples, or a fraction below 1 (as lm-eval reads it)."""
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)) or (value >= 1 and value != int(value)):
-        raise argparse.ArgumentTypeError(f"--limit must be a whole number of examples or a fraction in (0, 1), "
-                                         f"got {text!r}")
-    return int(value) if value >= 1 else value
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ablate", help="perplexity with heads ablated (zero, mean, mean_output, uniform, resample, program)")
     _common(p)
@@ -256,7 +247,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the replacement sweep (ΔPPL; with --tasks also task scores at 0/25/50/100%%) and plot it here")
     p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid on the same "
                                                   "examples (needs pip install 'headsurgeon[eval]')")
-    p.add_argument("--limit", type=_limit, default=None, help="examples per task (or a fraction), for --tasks")
+    p.add_argument("--limit", type=task_limit, default=None, help="examples per task (or a fraction), for --tasks")
     p.add_argument("--include-path", action="append", default=None, metavar="DIR",
                    help="folder of local lm-eval task YAML files, for --tasks (repeatable)")
     p.add_argument("--batch-size", type=int, default=16, help="requests per forward pass, for --tasks")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,8 @@ def explained(tmp_path_factory, stories):
     out = tmp_path_factory.mktemp("explain")
     return explain(stories, need(CORPUS), out, max_len=24, max_sequences=40, searchers=(),
                    library=["0.5*prev(1) + 0.5*first()", "same_token_recent()"],
-                   sweep_steps=(0.0, 0.5, 1.0), progress=False)
+                   sweep_steps=(0.0, 0.5, 1.0), progress=False,
+                   tasks=["hs_cloze"], task_limit=8, include_path=Path(__file__).parent / "lm_eval_tasks")
 
 
 def test_explain_writes_programs_report_and_sweep(explained):
@@ -34,6 +36,11 @@ def test_explain_writes_programs_report_and_sweep(explained):
     # real, explanation and/or replacement, and a difference map per head, on one test window
     assert html.count("class='heatmap'") >= 40 * 3 and "id='sweep'" in html
     assert "L0H0" in html
+    # explain --tasks: the downstream table (base and hybrid on the same 8 cloze questions)
+    (row,) = summary["downstream"]["rows"]
+    assert row["task"] == "hs_cloze" and row["n"] == 8 and {"base", "hybrid", "delta_ci95"} <= set(row)
+    table = html[html.index("id='downstream'"):]
+    assert "<td>hs_cloze</td><td>acc</td><td class='num'>8</td>" in table
 
 
 def test_explain_keeps_explanations_and_the_vocabulary_fingerprint(explained, stories):
