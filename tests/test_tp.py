@@ -180,7 +180,8 @@ def test_model_config_errors_and_shapes():
 
 def test_default_configs_follow_table1():
     shape, tc = default_configs("sort")
-    assert shape == TASK_CONFIGS["sort"] and (tc.lr, tc.batch_size, tc.epochs) == (5e-2, 512, 250)
+    assert shape == {k: v for k, v in TASK_CONFIGS["sort"].items() if k != "source"}
+    assert (tc.lr, tc.batch_size, tc.epochs) == (5e-2, 512, 250)
     assert (tc.tau_init, tc.tau_end) == (3.0, 0.01)
     # Table 1 heads / MLPs columns are categorical + numerical
     table1 = {"reverse": (3, 8, 2), "hist": (1, 4, 2), "double_hist": (3, 8, 2), "sort": (3, 8, 4),
@@ -190,6 +191,10 @@ def test_default_configs_follow_table1():
         assert (c["n_layers"], c["n_heads_cat"] + c["n_heads_num"], c["n_cat_mlps"] + c["n_num_mlps"]) == (
             layers, heads, mlps)
         assert task in PAPER_ACCURACY
+        # one model for every task: shapes differ, the mechanism does not; each shape names its source
+        assert set(c) == {"n_layers", "n_heads_cat", "n_heads_num", "n_cat_mlps", "n_num_mlps", "source"}
+        assert f"programs/rasp/{task}/{task}.py" in c["source"] and "recipe:" in c["source"]
+        assert ModelConfig(8, 8, 8, 8, **default_configs(task)[0]).num_value_gate
     with pytest.raises(ValueError, match="unknown config fields"):
         default_configs("hist", n_heads=3)
 
@@ -213,6 +218,7 @@ def test_tiny_hist_learns(tiny_hist):
     prog = discretize(tiny_hist.model, tiny_hist.data.vocab, tiny_hist.data.labels)
     assert m["test_acc"] == pytest.approx(accuracy(prog.predict(tiny_hist.data.test.x), y))
     assert m["torch_program_agreement"] > 0.999
+    assert 0 < m["train_cpu_seconds"] and 0 < m["train_seconds"]
 
 
 def test_discretized_numpy_program_equals_hard_torch_model(tiny_hist):
@@ -380,7 +386,14 @@ def test_cli_train_decompile_eval_and_help(tmp_path, capsys):
     assert len(ns["run"](["<s>", "1", "1", "2"])) == 4
     args = parser.parse_args(["tp", "eval", str(run_dir), "--split", "val"])
     assert args.func(args) == 0
-    assert json.loads(capsys.readouterr().out)["split"] == "val"
+    out = json.loads(capsys.readouterr().out)
+    assert out["split"] == "val"
+    args = parser.parse_args(["tp", "failures", str(run_dir), "--split", "val", "--top", "2"])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    wrong, n = re.match(r"(\d+) wrong of (\d+) scored", text).groups()
+    assert int(wrong) / int(n) == pytest.approx(1 - out["acc"])  # the program's own errors, all grouped
+    assert len([ln for ln in text.splitlines() if "wrong  counts=" in ln]) <= 2
     args = parser.parse_args(["tp", "train", "sort", "--layers", "1", "--heads-num", "0", "--epochs", "1",
                               "--dataset-size", "200", "--out", str(tmp_path / "s"), "--no-progress"])
     assert args.func(args) == 0

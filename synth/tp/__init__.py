@@ -10,7 +10,8 @@ Transformers constrained so that, after training, they map deterministically to 
 * ``decompile``: ``DiscreteProgram`` -> standalone Python source (``decompile``);
 * ``rundir``: run directories (config.json, model.safetensors, metrics.json, program.json/.py);
 * ``export``: categorical heads as DSL ``Program`` objects (``export_heads``);
-* ``cli``: ``register(subparsers)`` for ``headsurgeon tp train|decompile|eval|tasks``.
+* ``failures``: a program's wrong answers grouped by the input pattern a correct algorithm needs;
+* ``cli``: ``register(subparsers)`` for ``headsurgeon tp train|decompile|eval|failures|tasks``.
 
 Names are imported lazily so that ``headsurgeon tp --help`` does not pay for torch. The functions
 ``train`` and ``decompile`` share their modules' names: use ``from headsurgeon.synth.tp.train import
@@ -39,6 +40,8 @@ _LAZY = {
     "load_program": "rundir",
     "export_heads": "export",
     "skipped_heads": "export",
+    "failure_groups": "failures",
+    "format_failures": "failures",
     "register": "cli",
 }
 

@@ -90,6 +90,19 @@ def cmd_decompile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_failures(args: argparse.Namespace) -> int:
+    """A run's wrong answers on a split, grouped by the input pattern a correct algorithm needs."""
+    from .failures import failure_groups, format_failures
+    from .rundir import load_program, load_run
+    from .tasks import make_task
+
+    run = load_run(args.run_dir)
+    tc = run.train_config
+    data = make_task(run.task, size=tc.dataset_size, seed=tc.seed if tc.data_seed is None else tc.data_seed)
+    print(format_failures(failure_groups(load_program(args.run_dir), data, args.split), top=args.top))
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     """List the tasks with their default (paper Table 1) shapes."""
     print(_defaults_table())
@@ -119,7 +132,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Learning Transformer Programs (Friedman, Wettig & Chen 2023): train programs on the RASP "
         "tasks and decompile them to standalone Python.",
     )
-    sub = tp.add_subparsers(dest="tp_command", metavar="{train,decompile,eval,tasks}")
+    sub = tp.add_subparsers(dest="tp_command", metavar="{train,decompile,eval,failures,tasks}")
     sub.required = True
 
     tr = sub.add_parser(
@@ -154,8 +167,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--num-mlps", type=non_negative_int, default=None, help="override numerical MLPs per layer")
     tr.add_argument("--d-mlp", type=positive_int, default=None, help="MLP hidden width (default 64)")
     tr.add_argument("--count-only", action="store_true",
-                    help="numerical heads only count matching keys (default: per task, the variant "
-                         "benchmarks/tp.py measured; most_freq and dyck2 sum a gated numerical variable)")
+                    help="ablation: numerical heads only count matching keys (default: they sum a gated "
+                         "numerical variable, the same model for every task)")
     tr.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     tr.set_defaults(func=cmd_train)
@@ -175,6 +188,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     ev.add_argument("run_dir", metavar="RUN_DIR")
     ev.add_argument("--split", choices=("train", "val", "test"), default="test")
     ev.set_defaults(func=cmd_eval)
+
+    fa = sub.add_parser("failures", help="a run's wrong answers grouped by input pattern",
+                        description=cmd_failures.__doc__)
+    fa.add_argument("run_dir", metavar="RUN_DIR")
+    fa.add_argument("--split", choices=("train", "val", "test"), default="test")
+    fa.add_argument("--top", type=positive_int, default=15, help="patterns to print (default 15)")
+    fa.set_defaults(func=cmd_failures)
 
     ta = sub.add_parser("tasks", help="list tasks and default shapes", description=cmd_tasks.__doc__)
     ta.set_defaults(func=cmd_tasks)

@@ -1,9 +1,9 @@
 """Training a Transformer Program: Adam, Gumbel temperature annealed geometrically per step, then argmax.
 
 Defaults are the paper's (Adam lr 5e-2, batch 512, 250 epochs, tau 3.0 -> 0.01 geometric, d_mlp 64) and
-its Table 1 shapes per task (``TASK_CONFIGS``: layers, categorical/numerical heads and MLPs; the Table's
-"heads" and "MLPs" columns are the sums of the categorical and numerical ones). Double hist uses 4+4
-heads per layer, as in the authors' published double_hist program (a 2+2 model got stuck at 65-86%).
+its Table 1 shapes per task (``TASK_CONFIGS``: layers, categorical/numerical heads and MLPs, each shape
+read off the authors' published program for the task; its ``source`` field names the files). Every task
+uses the same model: numerical heads sum a gated numerical variable, as the published programs do.
 """
 from __future__ import annotations
 
@@ -22,19 +22,36 @@ from .model import ModelConfig, TransformerProgram
 from .resume import STATE_FILE, load_state, save_state
 from .tasks import TASKS, Split, TaskData, make_task
 
+_RECIPE = (
+    "recipe: princeton-nlp/TransformerPrograms scripts/rasp.sh (vocab_size 8, max_length 8, d_var 8, lr 5e-2, "
+    "batch 512, 250 epochs, tau 3.0->0.01 geomspace, d_mlp 64, mlp_vars_in 2, count_only, selector_width 0, "
+    "seed 0, unique 1)"
+)
+_DYCK_RECIPE = _RECIPE.replace("scripts/rasp.sh (vocab_size 8, max_length 8, d_var 8",
+                               "scripts/dyck.sh (max_length 16, d_var 16")
+
+
+def _shape(task: str, layers: int, heads: tuple[int, int], mlps: tuple[int, int], recipe: str = _RECIPE) -> dict:
+    """A Table 1 shape with its provenance: the authors' published program for the task and the run recipe."""
+    return dict(
+        n_layers=layers, n_heads_cat=heads[0], n_heads_num=heads[1], n_cat_mlps=mlps[0], n_num_mlps=mlps[1],
+        source=f"shape: princeton-nlp/TransformerPrograms programs/rasp/{task}/{task}.py ({layers} layers, "
+        f"{heads[0]}+{heads[1]} heads, {mlps[0]}+{mlps[1]} MLPs per layer); {recipe}",
+    )
+
+
 TASK_CONFIGS: dict[str, dict] = {
-    # task:        layers, cat heads, num heads, cat MLPs, num MLPs (paper Table 1 / its scripts), and
-    # whether numerical heads sum a gated numerical variable (the paper's code) or only count matching
-    # keys: each task keeps the variant benchmarks/tp.py measured (seed 0). double_hist: counting 85.68,
-    # gated 65.75; most_freq: counting 69.62, gated 75.88; dyck2 measured gated only; the others counting only.
-    "reverse": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=1, n_num_mlps=1, num_value_gate=False),
-    "hist": dict(n_layers=1, n_heads_cat=2, n_heads_num=2, n_cat_mlps=1, n_num_mlps=1, num_value_gate=False),
-    "double_hist": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=1, n_num_mlps=1, num_value_gate=False),
-    "sort": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=2, n_num_mlps=2, num_value_gate=False),
-    "most_freq": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=2, n_num_mlps=2, num_value_gate=True),
-    "dyck1": dict(n_layers=3, n_heads_cat=4, n_heads_num=4, n_cat_mlps=1, n_num_mlps=1, num_value_gate=False),
-    "dyck2": dict(n_layers=3, n_heads_cat=2, n_heads_num=2, n_cat_mlps=2, n_num_mlps=2, num_value_gate=True),
-    "induction": dict(n_layers=2, n_heads_cat=1, n_heads_num=0, n_cat_mlps=0, n_num_mlps=0),
+    # One model for every task: numerical heads sum a gated numerical variable (synth/tp/model.py,
+    # NumAttention); only the shape differs per task. ``source`` says where each shape and recipe comes from.
+    "reverse": _shape("reverse", 3, (4, 4), (1, 1)),
+    "hist": _shape("hist", 1, (2, 2), (1, 1)),
+    "double_hist": _shape("double_hist", 3, (4, 4), (1, 1)),
+    "sort": _shape("sort", 3, (4, 4), (2, 2)),
+    "most_freq": _shape("most_freq", 3, (4, 4), (2, 2)),
+    "dyck1": _shape("dyck1", 3, (4, 4), (1, 1), _DYCK_RECIPE),
+    "dyck2": _shape("dyck2", 3, (2, 2), (2, 2), _DYCK_RECIPE),
+    "induction": dict(n_layers=2, n_heads_cat=1, n_heads_num=0, n_cat_mlps=0, n_num_mlps=0,
+                      source="shape: this repository's choice (not in the paper's Table 1)"),
 }
 """Per-task default model shapes."""
 
@@ -96,7 +113,7 @@ def default_configs(task: str, **overrides) -> tuple[dict, TrainConfig]:
     for k, v in overrides.items():
         if k in train_names and v is not None:
             setattr(tc, k, v)
-    shape = dict(TASK_CONFIGS[task])
+    shape = {k: v for k, v in TASK_CONFIGS[task].items() if k in model_names}
     shape.update({k: v for k, v in overrides.items() if k in model_names and v is not None})
     return shape, tc
 
@@ -205,7 +222,7 @@ def train(
     total = steps_per_epoch * tc.epochs
     gen = torch.Generator().manual_seed(tc.seed)
     history: list[dict] = []
-    step, start_epoch, seconds_before = 0, 0, 0.0
+    step, start_epoch, seconds_before, cpu_before = 0, 0, 0.0, 0.0
     fingerprint = {"task": name, "train": tc.to_dict(), "model": mc.to_dict()}
     folder = Path(state_dir) if state_dir is not None else None
     if folder is not None:
@@ -218,8 +235,8 @@ def train(
                 raise TrainStateError(f"the training state in {folder} is for other settings than this run; "
                                       "resume with the same task and settings, or choose another output folder")
             step, start_epoch, history = saved["step"], saved["epoch"] + 1, saved["history"]
-            seconds_before = saved["seconds"]
-    t0 = time.perf_counter()
+            seconds_before, cpu_before = saved["seconds"], saved.get("cpu_seconds", 0.0)
+    t0, c0 = time.perf_counter(), time.process_time()
     bar = tqdm(range(start_epoch, tc.epochs), desc=f"tp {name}", disable=not progress, leave=False,
                initial=start_epoch, total=tc.epochs)
     for epoch in bar:
@@ -249,6 +266,7 @@ def train(
         if folder is not None:
             save_state(folder, model, opt, gen, {"epoch": epoch, "step": step, "history": history,
                                                  "seconds": seconds_before + time.perf_counter() - t0,
+                                                 "cpu_seconds": cpu_before + time.process_time() - c0,
                                                  "fingerprint": fingerprint})
         if progress and epoch == start_epoch:
             per_epoch = time.perf_counter() - t0
@@ -259,6 +277,7 @@ def train(
         if callback is not None:
             callback(rec)
     train_seconds = seconds_before + time.perf_counter() - t0
+    train_cpu_seconds = cpu_before + time.process_time() - c0
     from .discrete import discretize
 
     program = discretize(model, data.vocab, data.labels, name)
@@ -275,6 +294,8 @@ def train(
         "torch_hard_test_acc": accuracy(torch_test, data.test.y),
         "torch_program_agreement": float((torch_test == preds["test"])[real].mean()),
         "train_seconds": train_seconds,
+        # process CPU time of the training loop (all threads), summed over resumed sessions
+        "train_cpu_seconds": train_cpu_seconds,
         "steps": total,
         "n_train": len(data.train),
         "n_val": len(data.val),
