@@ -81,7 +81,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
                      agent_config=agent_config, library=library,
                      executor="serial" if args.ray is None else "ray", address=args.ray or None,
                      heads_per_task=args.heads_per_task, delta_ppl=args.delta_ppl, store_url=args.store_url,
-                     tasks=args.tasks, task_limit=args.limit, include_path=args.include_path)
+                     tasks=args.tasks, task_limit=args.limit, include_path=args.include_path, device=args.device,
+                     capture_only=args.capture_only)
+    if args.capture_only:
+        print(f"captured {len(result.store)} windows into {result.out / 'store'}; run the same command without "
+              "--capture-only (on this machine or a Ray driver that sees OUT) to search, select and report")
+        return 0
     print(result.summary_table())
     for note in result.notes:
         print(note)
@@ -147,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corpus", nargs="?", default=None, help="text file (default: the embedded demo corpus)")
     p.add_argument("out", nargs="?", default="headsurgeon-explain", help="output directory")
     p.add_argument("--tokenizer", default=None)
+    p.add_argument("--device", default="cpu", help="where the model runs (capture, sweep), e.g. cuda")
+    p.add_argument("--capture-only", action="store_true",
+                   help="stop once OUT/store is complete; the same command without it later goes on from there")
     add_window_args(p)
     p.add_argument("--searchers", nargs="+", default=["enumerative", "learned", "llm"],
                    help="which searchers run (llm only when an endpoint is configured)")

@@ -75,7 +75,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
             progress: bool = True, executor: str = "serial", address: str | None = None,
             heads_per_task: int | None = None, delta_ppl: bool = False, store_url: str | None = None,
             tasks: Iterable[str] | str | None = None, task_limit: int | float | None = None,
-            include_path: Any = None) -> ExplainResult:
+            include_path: Any = None, device: str = "cpu", capture_only: bool = False) -> ExplainResult:
     """Run the whole pipeline and write OUT/programs.json, OUT/sweep.png and OUT/report.html.
 
     ``searchers``: registered searcher names (``headsurgeon.synth.search.searchers()``), run in order;
@@ -86,6 +86,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     workers read OUT/store when not at the same path); ``delta_ppl``: also each head's ΔPPL on ``test``.
     ``tasks``: lm-eval tasks (``task_limit`` examples each, local task folders in ``include_path``) scored on the
     base and the hybrid of all replacements, shown in report.html (surgery/downstream.py).
+    ``capture_only``: stop once OUT/store is complete (e.g. on the GPU box); the same call without it later
+    (e.g. with ``executor="ray"`` on the cluster) finds the store complete and goes on from there.
     """
     from headsurgeon.report import write_report
 
@@ -99,7 +101,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     timings: dict[str, float] = {}
     notes: list[str] = []
     t0 = time.perf_counter()
-    handle = load_model(model, tokenizer=tokenizer)
+    handle = load_model(model, tokenizer=tokenizer, device=device)
     if tasks:
         require_lm_head(handle)
     if corpus is None:
@@ -114,6 +116,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     t0 = time.perf_counter()
     store = capture(handle, sequences, out=out / "store", progress=progress)
     timings["capture"] = time.perf_counter() - t0
+    if capture_only:
+        return ExplainResult(ProgramSet(model=handle.name), [], out, store, splits, timings, notes)
     library, searchers = list(library), list(searchers)
     names = searchers + (["library"] if library and "library" not in searchers else [])
     vocab = None

@@ -87,3 +87,17 @@ def test_report_renders_in_headless_chromium(explained, tmp_path):
     img = mpimg.imread(shot)
     colours = np.unique((img[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colours) > 200
+
+
+def test_capture_only_then_the_same_call_goes_on_from_the_store(tmp_path, stories):
+    """Capture on one machine (--capture-only), search on another: the second call reuses every shard."""
+    from headsurgeon.explain import explain
+
+    kwargs = dict(max_len=24, max_sequences=30, searchers=(), library=["prev(1)"], sweep_steps=(0.0, 1.0),
+                  progress=False)
+    first = explain(stories, need(CORPUS), tmp_path, capture_only=True, **kwargs)
+    shards = {p: p.stat().st_mtime_ns for p in (tmp_path / "store").glob("*.safetensors")}
+    assert shards and len(first.programs) == 0 and not (tmp_path / "programs.json").exists()
+    second = explain(stories, need(CORPUS), tmp_path, **kwargs)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "store").glob("*.safetensors")} == shards
+    assert len(second.programs) == 40 and (tmp_path / "report.html").exists()
