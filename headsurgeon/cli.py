@@ -75,7 +75,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.library:  # untrusted files: parsed and validated here, run only in the sandbox (synth/eaps.py)
         from headsurgeon.synth.eaps import load_library
 
-        library = load_library(args.library)
+        library = load_library(args.library, budget=args.library_budget)
     result = explain(args.model, args.corpus, args.out, tokenizer=args.tokenizer, max_len=args.max_len,
                      max_sequences=args.max_sequences, seed=args.seed, searchers=args.searchers,
                      agent_config=agent_config, library=library,
@@ -163,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-cost-cap", type=non_negative_float, default=None, help="stop LLM requests past this many USD")
     p.add_argument("--library", action="append", default=[], metavar="FILE.py",
                    help="program file in EAPS's style (prog(sentence, tokenizer) -> (label, matrix)); repeatable. "
-                        "Its functions compete for every head; they run only in the sandbox")
+                        "Its functions compete for every head; they run only in the sandbox. At most 256 programs "
+                        "per file; the library search stops after --library-budget seconds")
+    p.add_argument("--library-budget", type=non_negative_float, default=600.0, metavar="SECONDS",
+                   help="time for the --library programs, in total across heads (default 600); past it the "
+                        "programs scored so far compete and the report notes the rest")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="search and select on Ray: on the cluster at ADDRESS (HOST:PORT, e.g. 10.0.0.1:6379), or on a "
                         "local Ray runtime when no ADDRESS follows (pip install 'headsurgeon[ray]')")
@@ -225,6 +229,8 @@ LIBRARY_ERRORS = (
     ("headsurgeon.hub.zoo", "ZooFilesMissingError"),
     ("headsurgeon.synth.agent", "AgentConfigError"),
     ("headsurgeon.synth.agent", "JournalMismatchError"),
+    ("headsurgeon.scaleout.journal", "JournalError"),
+    ("headsurgeon.kernels.fileio", "UnsafeFileError"),
 )
 # user-facing failures without a library type yet (bad paths, and checks that raise plain ValueError/LookupError)
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -246,6 +252,16 @@ def error_message(error: BaseException, limit: int = MESSAGE_LIMIT) -> str:
     text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else error
     text = " ".join(str(text).split("\n")).replace("\r", " ").strip() or type(error).__name__
     return text if len(text) <= limit else f"{text[:limit]}... (message cut at {limit} of {len(text)} characters)"
+
+
+def os_error_message(error: OSError) -> str:
+    """One line for a failure of the file system (an existing file where a folder goes, a read-only disk, no space)."""
+    where = f" {error.filename!s}" if error.filename else ""
+    what = error.strerror or error_message(error)
+    if isinstance(error, FileExistsError):
+        return (f"{what}:{where} (a file is in the way of a folder headsurgeon writes); pass another output path, "
+                "or move the file away")
+    return f"{what}:{where}; pass an output path you can write to (check its permissions, free space and mount)"
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -274,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except expected_errors() as e:
         print(f"headsurgeon {args.command}: error: {error_message(e)}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the file system refused (read-only, full, a file where a folder goes): no traceback
+        print(f"headsurgeon {args.command}: error: {error_message(OSError(os_error_message(e)))}", file=sys.stderr)
         return 1
 
 

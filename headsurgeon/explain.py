@@ -92,11 +92,21 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     from headsurgeon.report import write_report
 
     preflight(executor, address, heads_per_task)
+    searchers = list(searchers)
+    if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (synth/search/llm/endpoint.py)
+        from headsurgeon.synth.search.llm import check_endpoint
+
+        check_endpoint(agent_config)
     if tasks:  # before minutes of capture and search: lm-eval must be installed and the model scorable
-        from headsurgeon.surgery.downstream import downstream
+        from headsurgeon.surgery.downstream import check_tasks, downstream
         from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM  # noqa: F401 - a clear ImportError without lm-eval
         from headsurgeon.surgery.scorable import require_lm_head
+
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
+        check_tasks(tasks, include_path)  # the task names too, not only after the whole search
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"the output folder {out} is a file; pass a new or existing folder as OUT")
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     notes: list[str] = []

@@ -28,7 +28,8 @@ class HarnessLM(HeadsurgeonLM):
     """``--model_args model=SPEC[,tokenizer=...][,programs=programs.json|checkpoint=DIR][,which=...]``.
 
     ``checkpoint`` is a hybrid checkpoint folder or ``hf://org/name``; its Python programs run only with
-    ``trust_programs=true`` (its DSL programs need no trust), as with ``hs.load_hybrid``.
+    ``trust_programs=true`` or ``trust_programs=HASH1+HASH2`` (its DSL programs need no trust), as with
+    ``hs.load_hybrid``; ``programs=programs.json`` goes through the same trust gate (synth/trust.py), every slot.
     """
 
     def __init__(self, model: Any = None, checkpoint: str | None = None, programs: Any = None,

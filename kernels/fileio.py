@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import IO, Any
 
 __all__ = [
     "atomic_file", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
-    "sha256_bytes", "json_default", "json_bytes", "split_documents",
+    "sha256_bytes", "json_default", "json_bytes", "split_documents", "UnsafeFileError", "read_bounded",
 ]
 
 _CHUNK = 1 << 20
@@ -156,6 +157,55 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+class UnsafeFileError(ValueError):
+    """A file that must not be read: a symbolic link, not a regular file, or larger than its cap."""
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _refuse(path: Path, st: os.stat_result, limit: int, what: str) -> None:
+    """Raise UnsafeFileError unless ``st`` is a regular file of at most ``limit`` bytes."""
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeFileError(f"{path} is a symbolic link; {what} is read only from a regular file, never through a "
+                              "link: replace the link by a copy of the file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO, device or socket"
+        raise UnsafeFileError(f"{path} is not a regular file ({kind}); {what} must be a regular file")
+    if st.st_size > limit:
+        raise UnsafeFileError(f"{path} is {st.st_size} bytes; {what} may hold at most {limit} bytes, so this is not "
+                              "one (or it is damaged)")
+
+
+def read_bounded(path: str | Path, limit: int, what: str = "this file") -> bytes:
+    """The bytes of a file that may be hostile: symlinks and non-regular files refused, the size checked against
+    ``limit`` before a byte is read (lstat, then fstat of a descriptor opened with O_NOFOLLOW), never read past it.
+
+    A missing file raises FileNotFoundError; every other refusal is an UnsafeFileError naming the file and why.
+    """
+    path = Path(path)
+    _refuse(path, os.lstat(path), limit, what)
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as e:
+        if e.errno in (getattr(os, "ELOOP", -1), getattr(os, "EMLINK", -1)):  # swapped for a link since lstat
+            raise UnsafeFileError(f"{path} is a symbolic link; {what} is read only from a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        _refuse(path, st, limit, what)
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, _CHUNK))
+            if not chunk:
+                break  # the file shrank while we read it: what is there is what we return
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def split_documents(text: str) -> list[str]:

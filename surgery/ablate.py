@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
+from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from .batches import padded_batch
 from .capture import forward_patterns
@@ -67,13 +68,14 @@ def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: lis
 
 
 def ablate(model: Any, heads: Iterable[Any], kind: str = "zero", reference: list[Sequence] | None = None,
-           programs: Mapping[Any, Any] | None = None, seed: int = 0) -> HybridModel:
+           programs: Mapping[Any, Any] | None = None, seed: int = 0, trust_programs: Any = False) -> HybridModel:
     """Ablate ``heads`` (``"L3H5"`` or (3, 5)) by ``kind``; mean/mean_output/resample need ``reference`` sequences.
 
     zero: the head attends nowhere (output = bias only); mean: the mean pattern per position over
     ``reference``; mean_output: the mean head output z per position; uniform: uniform over visible keys
     (uniform-causal for decoders); resample: the head's pattern on another reference sequence;
-    program: ``programs[head]`` (same as replace_heads).
+    program: ``programs[head]`` (same as replace_heads; a ProgramSet read from a file passes the trust gate over
+    the ablated heads' programs first, ``trust_programs`` as in replace_heads).
     """
     if kind not in KINDS:
         raise SurgeryError(f"unknown ablation {kind!r}; choose one of {', '.join(KINDS)}")
@@ -84,6 +86,8 @@ def ablate(model: Any, heads: Iterable[Any], kind: str = "zero", reference: list
     if kind == "program":
         if programs is None:
             raise SurgeryError("kind='program' needs programs={head: program}")
+        if isinstance(programs, ProgramSet):  # the trust gate (synth/trust.py), over the heads ablated
+            programs.subset([h for h in keys if h in programs]).require_trusted(trust_programs)
         chosen = {}
         for h in keys:
             match = [p for k, p in programs.items() if parse_head(k) == h]

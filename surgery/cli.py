@@ -7,12 +7,7 @@ import json
 from typing import Any
 
 from ..kernels.argtypes import add_window_args, task_limit
-from ..synth.errors import ProgramError
 from .scorable import require_lm_head
-
-
-class UntrustedProgramsError(ProgramError):
-    """programs.json holds Python programs and the user did not pass --trust-programs."""
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -41,15 +36,11 @@ def load_programs(path: str) -> Any:
     return ProgramSet.load(path)
 
 
-def require_trust(programs: Any, trust: bool) -> None:
-    """Refuse Python programs unless the user passed --trust-programs: they are untrusted code even in the sandbox."""
-    from .replace import head_name
+def trusted(programs: Any, trust: bool) -> Any:
+    """``programs`` after the trust gate (synth/trust.py): Python programs in any slot need --trust-programs."""
+    from ..synth.trust import CLI_FLAG
 
-    python = [head_name(h) for h, program in programs.items() if program.kind == "python"]
-    if python and not trust:
-        raise UntrustedProgramsError(
-            f"the programs for {', '.join(python[:20])}{' ...' if len(python) > 20 else ''} are Python code; "
-            "Python programs run only with --trust-programs (pass it if you trust who wrote this file)")
+    return programs.trusted(trust, flag=CLI_FLAG)
 
 
 def _load(args: argparse.Namespace):
@@ -77,7 +68,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         if missing:
             raise SurgeryError(f"{args.programs} has no program for {', '.join(missing[:20])}; ablate only heads "
                                "it covers")
-        require_trust(programs.subset(heads), args.trust_programs)
+        programs = trusted(programs.subset(heads), args.trust_programs)
     handle, splits = _load(args)
     if not handle.has_lm_head:
         return _ablate_headless(args, handle, splits, groups, programs)
@@ -139,9 +130,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import delta_ppl_interval, per_head_delta_ppl, replacement_sweep, window_losses
     from .replace import head_name, replace_heads
 
-    programs = load_programs(args.programs) if args.programs else None
-    if programs is not None:
-        require_trust(programs, args.trust_programs)
+    programs = trusted(load_programs(args.programs), args.trust_programs) if args.programs else None
     handle, splits = _load(args)
     if args.tasks:
         require_lm_head(handle)  # before minutes of perplexity: lm-eval cannot score this model

@@ -1,6 +1,7 @@
 """Downstream tasks through lm-evaluation-harness: base and hybrid on the same examples, with a paired bootstrap."""
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -9,9 +10,11 @@ import numpy as np
 
 from .loading import load_model
 from .scorable import require_lm_head
+from .task_data import hub_data
 from .replace import HybridModel
 
-__all__ = ["downstream", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for"]
+__all__ = ["downstream", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for", "task_manager",
+           "check_tasks"]
 
 #: lm-eval task YAML files shipped with headsurgeon (the ``eaps6`` group); always on the include path
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -21,6 +24,25 @@ def task_folders(include_path: str | Path | list[str | Path] | None = None) -> l
     """headsurgeon's task folder followed by the user's folders, as lm-eval's TaskManager takes them."""
     extra = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
     return [str(TASKS_DIR)] + [str(p) for p in extra]
+
+
+def _folder_stamp(folder: str) -> tuple[str, float]:
+    """A folder with the newest modification time of its YAML files, so an edited task file is seen again."""
+    times = [f.stat().st_mtime for f in Path(folder).rglob("*.yaml")] if Path(folder).is_dir() else []
+    return folder, max(times, default=0.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_task_manager(stamps: tuple[tuple[str, float], ...]) -> Any:
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[folder for folder, _ in stamps])
+
+
+def task_manager(include_path: str | Path | list[str | Path] | None = None) -> Any:
+    """lm-eval's TaskManager over ``task_folders(include_path)``, built once per folders and their YAML files
+    (building one indexes every lm-eval task, 12–15 s, which each ``--tasks`` call would otherwise pay)."""
+    return _cached_task_manager(tuple(_folder_stamp(f) for f in task_folders(include_path)))
 
 
 def lm_for(model: Any, batch_size: int, **options: Any) -> Any:
@@ -56,20 +78,28 @@ def paired_bootstrap(base: list[Any], other: list[Any], aggregate: Callable[[lis
     return aggregate(other) - aggregate(base), float(low), float(high)
 
 
-def evaluate_tasks(lm: Any, tasks: list[str], limit: int | float | None, include_path: Any, seed: int,
-                   num_fewshot: int | None = None) -> dict:
-    """lm-eval's ``simple_evaluate`` of ``lm`` on ``tasks`` with every seed fixed and per-example samples kept."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager(include_path=task_folders(include_path))
+def check_tasks(tasks: list[str], include_path: Any = None) -> Any:
+    """lm-eval's task manager, after checking that it knows every name in ``tasks`` (callers check before long
+    work: ``explain`` before capture and search); an unknown name is a ValueError naming it and the fix."""
+    manager = task_manager(include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ValueError(f"lm-eval knows no task {', '.join(map(repr, unknown))}: check the name (lm-eval ls "
                          "tasks lists them) or give the folder of its YAML file with include_path / --include-path")
-    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager, log_samples=True,
-                                   num_fewshot=num_fewshot, random_seed=seed, numpy_random_seed=seed,
-                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=1000)
+    return manager
+
+
+def evaluate_tasks(lm: Any, tasks: list[str], limit: int | float | None, include_path: Any, seed: int,
+                   num_fewshot: int | None = None) -> dict:
+    """lm-eval's ``simple_evaluate`` of ``lm`` on ``tasks`` with every seed fixed and per-example samples kept."""
+    import lm_eval
+
+    manager = check_tasks(tasks, include_path)
+    with hub_data(tasks):  # offline: one clear TaskDataError in seconds, not retries and a traceback
+        return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager,
+                                       log_samples=True, num_fewshot=num_fewshot, random_seed=seed,
+                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                                       bootstrap_iters=1000)
 
 
 def reported_metrics(result: dict, task: str) -> list[tuple[str, str]]:

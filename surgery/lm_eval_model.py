@@ -22,6 +22,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from tqdm.auto import tqdm
 
 from ..synth.programset import ProgramSet
+from ..synth.trust import LM_EVAL_FLAG, trust_value
 from .scorable import require_lm_head
 from .loading import load_model
 from .replace import HybridModel, replace_heads
@@ -29,9 +30,9 @@ from .replace import HybridModel, replace_heads
 __all__ = ["HeadsurgeonLM", "model_flag"]
 
 
-def model_flag(value: Any) -> bool:
-    """A model-arg boolean: lm-eval passes True/False, or the strings of a hand-written arg string."""
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+def model_flag(value: Any) -> bool | frozenset[str]:
+    """``trust_programs`` from lm-eval's model args: True/False, "true"/"false", or program hashes (synth/trust.py)."""
+    return trust_value(value)
 
 
 class HeadsurgeonLM(TemplateLM):
@@ -56,8 +57,8 @@ class HeadsurgeonLM(TemplateLM):
                 raise ValueError("pass either a HybridModel or programs, not both")
             if isinstance(programs, (str, Path)):
                 programs = ProgramSet.load(programs)
-            if isinstance(programs, ProgramSet):  # Python programs need trust, as in the CLI (surgery/cli.py)
-                programs.require_trusted(model_flag(trust_programs))
+            if isinstance(programs, ProgramSet):  # the one trust gate (synth/trust.py), every slot of every head
+                programs = programs.trusted(model_flag(trust_programs), flag=LM_EVAL_FLAG)
             self.model = replace_heads(self.handle, programs, which=which)
         self.tokenizer = self.handle.tokenizer
         self.batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size)

@@ -9,13 +9,15 @@ compressed rows and are scattered into the head's slice, never densified (surger
 """
 from __future__ import annotations
 
+import contextlib
 import copy as _copy
 import dataclasses
 import hashlib
+import os
 import re
 import warnings
 from collections import OrderedDict
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from ..synth.tensors import is_sparse_program, program_rows
 from ..synth.vocab import Vocabulary, VocabularyError
+from .frozen_qk import FrozenQK, frozen_slices
 from .headpatterns import LayerPatterns
 from .ids import SequenceRegistry
 from .loading import ModelHandle, load_model
@@ -39,6 +42,10 @@ _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 class SurgeryError(ValueError):
     """A head swap cannot be applied (bad head key, duplicate, program failing on a batch, KV-cache use)."""
+
+
+class BypassError(SurgeryError, AttributeError):
+    """A bridge method that would run the base model without the programs; the message names what to call."""
 
 
 def parse_head(key: Any) -> HeadKey:
@@ -130,6 +137,14 @@ def pattern_edits_take_effect(handle: ModelHandle) -> bool:
     return works
 
 
+# bridge methods that would run the base without the program hooks, and what runs the hybrid instead
+_BYPASSING = {
+    "generate_stream": "hybrid.generate(...)", "hf_generate": "hybrid.generate(...)",
+    "diffusion_generate": "hybrid.generate(...)", "predict_next_sentence": "hybrid(ids)",
+    "encoder_output": "hybrid.run_with_cache(ids)", "original_model": "hybrid(ids)",
+}
+
+
 class HybridModel(nn.Module):
     """The model with some heads replaced, in its own calls only; the base model keeps computing as before.
 
@@ -162,6 +177,8 @@ class HybridModel(nn.Module):
         self._restored = False
         self.program_set: ProgramSet | None = None  # set by replace_heads when given one: scores for cards
         self._check_hook_points()
+        # Q/K slices of fully replaced heads: weight decay must not move them (surgery/frozen_qk.py)
+        self._frozen = FrozenQK(frozen_slices(handle, [k for k, ph in heads.items() if ph.alpha >= 1.0]))
 
     # ------------------------------------------------------------ public face
     @property
@@ -175,30 +192,72 @@ class HybridModel(nn.Module):
 
     def forward(self, input: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """Logits (or whatever the base returns) with program heads applied; pass attention_mask for padding."""
+        if attention_mask is not None and (not self.handle.causal or bool((attention_mask == 0).any())):
+            kwargs["attention_mask"] = attention_mask.to(self.handle.device)
+        with self._applied(attention_mask):
+            return self.base(self._on_device(input), **kwargs)
+
+    # TransformerLens habits: the bridge's own entry points, run on the hybrid (tests/test_hybrid_tl.py)
+    def run_with_cache(self, input: Any, *args: Any, **kwargs: Any) -> Any:
+        """TransformerLens' ``run_with_cache`` on the hybrid: the cache holds the patterns the hybrid uses."""
+        with self._applied(kwargs.get("attention_mask")):
+            return self.base.run_with_cache(self._on_device(input), *args, **kwargs)
+
+    def run_with_hooks(self, input: Any, *args: Any, **kwargs: Any) -> Any:
+        """TransformerLens' ``run_with_hooks`` on the hybrid: user hooks run after the program hooks."""
+        with self._applied(kwargs.get("attention_mask")):
+            return self.base.run_with_hooks(self._on_device(input), *args, **kwargs)
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Any = (), bwd_hooks: Any = (), reset_hooks_end: bool = True,
+              clear_contexts: bool = False) -> Iterator["HybridModel"]:
+        """TransformerLens' ``hooks`` context manager; yields the hybrid, whose calls inside run the user hooks too."""
+        with self.base.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), reset_hooks_end=reset_hooks_end,
+                             clear_contexts=clear_contexts):
+            yield self
+
+    @contextlib.contextmanager
+    def _applied(self, attention_mask: torch.Tensor | None = None) -> Iterator[None]:
+        """The program hooks, installed for one call of the base (first on each hook point) and removed after it."""
         if not self.active:
             raise SurgeryError("this hybrid was restored; call replace_heads again to re-apply the programs")
+        if self._handles:
+            raise SurgeryError("this hybrid is already running (a hybrid call inside a hook of the same hybrid?)")
         if attention_mask is not None:
             self._lengths = attention_mask.sum(-1).cpu()
-            if not self.handle.causal or bool((attention_mask == 0).any()):
-                kwargs["attention_mask"] = attention_mask.to(self.handle.device)
+        self._frozen.pending = self._frozen.pending or torch.is_grad_enabled()
         self._install()
         try:
-            if isinstance(input, torch.Tensor) and not input.is_floating_point():
-                input = input.to(self.handle.device)
-            return self.base(input, **kwargs)
+            yield
         finally:
             self._remove_hooks()
             self._lengths = None
             self._v.clear()
+
+    def _on_device(self, input: Any) -> Any:
+        if isinstance(input, torch.Tensor) and not input.is_floating_point():
+            return input.to(self.handle.device)
+        return input
 
     def register_sequences(self, sequences: list[Sequence]) -> None:
         """Tell the hybrid the exact Sequences (text, offsets) behind ids it will see; otherwise ids are decoded."""
         self.registry.register(sequences)
 
     @torch.no_grad()
-    def generate(self, ids: torch.Tensor, max_new_tokens: int = 32, temperature: float = 0.0,
-                 eos_id: int | None = None, seed: int | None = None) -> torch.Tensor:
-        """Greedy (temperature 0) or sampled continuation; full recompute per step (programs see whole sequences)."""
+    def generate(self, ids: torch.Tensor | str, max_new_tokens: int = 32, temperature: float = 0.0,
+                 eos_id: int | None = None, seed: int | None = None, **tl_options: Any) -> torch.Tensor | str:
+        """Greedy (temperature 0) or sampled continuation; full recompute per step (programs see whole sequences).
+
+        A string prompt is tokenized like TransformerLens does (``to_tokens``) and the text is returned.
+        TransformerLens' other ``generate`` options are refused rather than silently running the base model.
+        """
+        if tl_options:
+            raise SurgeryError(f"hybrid.generate does not take {sorted(tl_options)}: it recomputes every step with "
+                               "the programs; use hybrid.generate(ids_or_text, max_new_tokens=, temperature=, "
+                               "eos_id=, seed=)")
+        if isinstance(ids, str):
+            out = self.generate(self.base.to_tokens(ids), max_new_tokens, temperature, eos_id, seed)
+            return self.base.to_string(out[0])
         ids = ids if ids.ndim == 2 else ids[None]
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         for _ in range(max_new_tokens):
@@ -221,6 +280,7 @@ class HybridModel(nn.Module):
         ``replace_heads(..., copy=True)`` keeps the base's weights apart.
         """
         self._remove_hooks()
+        self._frozen.close()
         self._restored = True
         self._batch_cache.clear()
         self._v.clear()
@@ -237,6 +297,9 @@ class HybridModel(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             pass
+        if name in _BYPASSING:
+            raise BypassError(f"hybrid.{name} would run the base model without the programs; use "
+                               f"{_BYPASSING[name]} (or hybrid.base.{name} for the base on purpose)")
         handle = self.__dict__.get("handle")
         if handle is not None and hasattr(handle, name):
             return getattr(handle, name)
@@ -418,7 +481,8 @@ def _independent(handle: ModelHandle) -> ModelHandle:
 
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
-                  cache: TensorCache | None = None, which: str = "replacement", copy: bool = False) -> HybridModel:
+                  cache: TensorCache | None = None, which: str = "replacement", copy: bool = False,
+                  trust_programs: Any = False) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
     ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
@@ -427,8 +491,14 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     ProgramSet selected with another tokenizer is refused. ``alpha`` (per head via a mapping) blends neural
     (0) and program (1). The programs apply only inside the hybrid's own calls; the hybrid shares the
     model's weights (``model = replace_heads(model, ...)`` in training code trains them) unless
-    ``copy=True``, which gives the hybrid its own deep copy of the model.
+    ``copy=True``, which gives the hybrid its own deep copy of the model. A ProgramSet read from a file (or a
+    programs.json path) is someone else's: its Python programs, in any slot, run only with ``trust_programs=True``
+    or their hashes (synth/trust.py); programs you built in this process need no trust.
     """
+    if isinstance(programs, (str, os.PathLike)):
+        programs = ProgramSet.load(programs)
+    if isinstance(programs, ProgramSet):  # the one trust gate (synth/trust.py), before anything is built
+        programs = programs.trusted(trust_programs)
     if which not in ("replacement", "explanation"):
         raise SurgeryError(f"which must be 'replacement' or 'explanation', got {which!r}")
     if which != "replacement" and not isinstance(programs, ProgramSet):

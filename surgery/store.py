@@ -18,7 +18,8 @@ from typing import Iterable
 import numpy as np
 from safetensors.numpy import load, save_file
 
-from ..kernels.fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
+from ..kernels.fileio import (atomic_path, atomic_write_bytes, atomic_write_json, read_bounded, sha256_bytes,
+                              sha256_file)
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 
@@ -45,10 +46,15 @@ def topq_count(n: int, q_frac: float) -> int:
     return max(1, int(math.ceil(q_frac * n * n)))
 
 
+#: the largest manifest.json / sequences.json read (no symlinks or devices; kernels/fileio.py ``read_bounded``)
+MAX_MANIFEST_BYTES = 256 << 20
+MAX_SEQUENCES_BYTES = 8 << 30
+
+
 def read_manifest(path: Path) -> dict:
     """The parsed manifest.json of a store, or a StoreError naming the file and the fix."""
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, "a store manifest"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise StoreError(f"{path} is unreadable or corrupted ({excerpt(str(e))}); delete the directory and capture "
                          "again") from None
@@ -85,9 +91,10 @@ def read_sequences(directory: Path) -> list[Sequence]:
     """The sequences of a store directory (``sequences.json``, written once when the capture starts)."""
     path = Path(directory) / SEQUENCES_FILE
     try:
-        items = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise StoreError(f"{path} is missing or corrupted ({e}); delete the directory and capture again") from e
+        items = json.loads(read_bounded(path, MAX_SEQUENCES_BYTES, "a store's sequences file"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # UnsafeFileError is a ValueError
+        raise StoreError(f"{path} is missing or corrupted ({excerpt(str(e))}); delete the directory and capture "
+                         "again") from None
     return [Sequence(ids=np.array(s["ids"]), tokens=s["tokens"], text=s["text"], offsets=np.array(s["offsets"]),
                      doc=s["doc"], has_bos=s["has_bos"]) for s in items]
 

@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from headsurgeon.kernels.fileio import UnsafeFileError, read_bounded
+
 from .errors import ProgramError, excerpt
 
 __all__ = ["MAX_PROGRAMS_BYTES", "clip", "read_programs_file"]
@@ -26,13 +28,16 @@ def clip(text: str, limit: int = 500) -> str:
 
 
 def _parse(path: Path) -> Any:
-    if not path.is_file():
-        raise ProgramError(f"programs file not found: {path}; check the path (--programs on the command line)")
-    size = path.stat().st_size
-    if size > MAX_PROGRAMS_BYTES:
-        raise ProgramError(f"{path} is {size} bytes; a programs file may hold at most {MAX_PROGRAMS_BYTES} bytes")
+    try:  # no symlinks or devices, the size checked before a byte is read (kernels/fileio.py)
+        data = read_bounded(path, MAX_PROGRAMS_BYTES, "a programs file")
+    except FileNotFoundError:
+        raise ProgramError(f"programs file not found: {path}; check the path (--programs on the command line)") from None
+    except UnsafeFileError as e:
+        raise ProgramError(f"{e}; {FIX}") from None
+    except OSError as e:
+        raise ProgramError(f"cannot read {path} ({e.strerror or e}); check its permissions") from None
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(data)
     except RecursionError:
         raise ProgramError(f"{path} is nested too deeply to be a programs file; {FIX}") from None
     except (ValueError, UnicodeDecodeError) as e:

@@ -23,6 +23,7 @@ from .candidate import Choice
 from .errors import ProgramError
 from .program import Program
 from .programs_file import clip, read_programs_file
+from .trust import API_FLAG, require_trusted
 
 FORMAT = "headsurgeon.programset"
 VERSION = 2  # 2: tables in a side file; files without one are still written as version 1
@@ -140,11 +141,14 @@ class ProgramSet:
     """head → Entry, ordered by head; iterate ``.items()`` for (head, Program) like a dict."""
 
     def __init__(self, entries: dict[tuple[int, int], Entry] | None = None, model: str = "",
-                 meta: dict | None = None, vocab_fingerprint: str | None = None) -> None:
+                 meta: dict | None = None, vocab_fingerprint: str | None = None, origin: str | None = None) -> None:
         self.entries: dict[tuple[int, int], Entry] = dict(sorted((entries or {}).items()))
         self.model = model
         self.meta = dict(meta or {})
         self.vocab_fingerprint = vocab_fingerprint  # Vocabulary.fingerprint of the tokenizer (synth/vocab.py)
+        #: where the programs came from when someone else may have written them (a file, a document); None: built
+        #: in this process. Python programs of a set with an origin run only through the trust gate (synth/trust.py)
+        self.origin = origin
 
     def programs(self, which: str = "replacement") -> dict[tuple[int, int], Program]:
         """head → Program: every head's replacement, or the explanations of the heads that have one."""
@@ -184,19 +188,28 @@ class ProgramSet:
         self.entries[head_key(head)] = entry
         self.entries = dict(sorted(self.entries.items()))
 
-    def require_trusted(self, trust_programs: Any = False) -> None:
-        """Refuse Python programs unless trusted (True, or their hashes): programs.json files from others hold them."""
-        if trust_programs is True:
-            return
-        allowed = {trust_programs} if isinstance(trust_programs, str) else set(trust_programs or ())
-        untrusted = [(h, e.program.hash) for h, e in self.entries.items()
-                     if e.program.needs_trust and e.program.hash not in allowed]
-        if untrusted:
-            heads = ", ".join(f"{head_label(h)} ({digest})" for h, digest in untrusted[:5])
-            more = f" and {len(untrusted) - 5} more" if len(untrusted) > 5 else ""
-            raise ProgramError(f"this program set holds Python programs for {heads}{more}; Python programs run only "
-                               "when trusted: read them, then trust them (--trust-programs, or trust_programs=True "
-                               "or a set of their hashes)")
+    def slots(self) -> Iterator[tuple[str, str, Program]]:
+        """(head, slot, Program) for every program a head holds: its replacement, explanation and frontier points."""
+        for h, e in self.entries.items():
+            yield head_label(h), "replacement", e.program
+            if e.explanation is not None:
+                yield head_label(h), "explanation", e.explanation.program
+            for i, c in enumerate(e.frontier):
+                budget = "unbounded" if c.budget is None else f"{c.budget} characters"
+                yield head_label(h), f"frontier point {i} ({budget})", c.program
+
+    def require_trusted(self, trust_programs: Any = False, flag: str = API_FLAG, fix: str | None = None) -> None:
+        """The trust gate (synth/trust.py) over every program of every head, when this set came from a file or
+        document (``origin``); a set built in this process is your own code and passes."""
+        if self.origin is not None:
+            require_trusted(self.slots(), trust_programs, origin=self.origin, flag=flag, fix=fix)
+
+    def trusted(self, trust_programs: Any = False, flag: str = API_FLAG, fix: str | None = None) -> "ProgramSet":
+        """This set after the trust gate, marked as trusted (so code it is handed to need not ask again)."""
+        self.require_trusted(trust_programs, flag, fix)
+        if self.origin is None:
+            return self
+        return ProgramSet(self.entries, self.model, self.meta, self.vocab_fingerprint)
 
     def ranked(self, split: str = "test", metric: str = "iou") -> list[tuple[int, int]]:
         """Heads from best to worst on ``split`` (IoU descending; JSD ascending)."""
@@ -207,7 +220,7 @@ class ProgramSet:
 
     def subset(self, heads: list[Any]) -> "ProgramSet":
         keys = [head_key(h) for h in heads]
-        return ProgramSet({h: self.entries[h] for h in keys}, self.model, self.meta, self.vocab_fingerprint)
+        return ProgramSet({h: self.entries[h] for h in keys}, self.model, self.meta, self.vocab_fingerprint, self.origin)
 
     def summary(self, split: str = "test") -> dict[str, float]:
         ious = [e.iou(split) for e in self.entries.values() if e.iou(split) is not None]
@@ -232,8 +245,10 @@ class ProgramSet:
         return obj
 
     @classmethod
-    def from_json(cls, obj: dict, tables: dict | None = None) -> "ProgramSet":
-        """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them)."""
+    def from_json(cls, obj: dict, tables: dict | None = None,
+                  origin: str = "this programs.json document") -> "ProgramSet":
+        """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them). The set's
+        ``origin`` marks its programs as someone else's: Python ones pass only the trust gate (synth/trust.py)."""
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ProgramError("not a headsurgeon program set (missing format: headsurgeon.programset)")
         if int(obj.get("version", 0)) > VERSION:
@@ -244,7 +259,7 @@ class ProgramSet:
             entries[head_key(item["head"])] = Entry.from_json(item, tables)
         fingerprint = obj.get("vocab_fingerprint")
         return cls(entries, obj.get("model", ""), obj.get("meta", {}),
-                   fingerprint if isinstance(fingerprint, str) and fingerprint else None)
+                   fingerprint if isinstance(fingerprint, str) and fingerprint else None, origin)
 
     def save(self, path: str | Path) -> Path:
         """Write JSON atomically (one compact line per head), big tables to ``<stem>.tables.safetensors`` beside it."""
@@ -263,18 +278,23 @@ class ProgramSet:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProgramSet":
+    def load(cls, path: str | Path, trust_programs: Any = False) -> "ProgramSet":
         """Read programs.json (and its tables side file when it names one). The file may be hostile: its size and
-        layout are checked first (synth/programs_file.py) and every failure is a one-line ProgramError."""
+        layout are checked first (synth/programs_file.py) and every failure is a one-line ProgramError.
+
+        The set remembers the file as its ``origin``: its Python programs (in any slot) run only once trusted,
+        here (``trust_programs=True`` or their hashes) or where it is used (``replace_heads(..., trust_programs=)``).
+        """
         path = Path(path)
         obj = read_programs_file(path)
         try:
             tables = programtables.load_tables(path, obj["tables"]) if obj.get("tables") is not None else None
-            return cls.from_json(obj, tables)
+            programs = cls.from_json(obj, tables, origin=str(path))
         except ProgramError as e:
             raise ProgramError(f"{path}: {clip(str(e))}") from None
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             raise ProgramError(f"{path} is not a usable program set ({type(e).__name__}: {clip(str(e), 200)})") from None
+        return programs.trusted(trust_programs) if trust_programs else programs
 
     def __repr__(self) -> str:
         """One line: heads, readable explanations, mean test IoU of replacements and explanations."""

@@ -119,6 +119,10 @@ def has_refs(obj: Any) -> bool:
     return False
 
 
+#: the largest tables side file read (tables of many heads; far more than any selection writes)
+MAX_TABLES_BYTES = 1 << 30
+
+
 def tables_path(json_path: Path) -> Path:
     """The side file beside ``json_path``: programs.json → programs.tables.safetensors."""
     return json_path.with_name(json_path.stem + ".tables.safetensors")
@@ -144,10 +148,16 @@ def load_tables(json_path: Path, record: Any) -> dict[str, np.ndarray]:
     if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
         raise ProgramError(f"{json_path}: its tables record must name a file beside it, got {record!r}")
     path = json_path.with_name(name)
-    try:
-        data = path.read_bytes()
+    from headsurgeon.kernels.fileio import UnsafeFileError, read_bounded
+
+    try:  # no symlinks or devices, the size checked before a byte is read (kernels/fileio.py)
+        data = read_bounded(path, MAX_TABLES_BYTES, "a programs tables file")
     except FileNotFoundError:
         raise ProgramError(f"{json_path} keeps its tables in {name}, which is missing; copy both files") from None
+    except UnsafeFileError as e:
+        raise ProgramError(f"{e}; copy the tables file written beside {json_path.name}") from None
+    except OSError as e:
+        raise ProgramError(f"cannot read {path} ({e.strerror or e}); check its permissions") from None
     if record.get("sha256") and hashlib.sha256(data).hexdigest() != record["sha256"]:
         raise ProgramError(f"{path} does not match the sha256 recorded in {json_path.name}; the files belong to "
                            "different saves")

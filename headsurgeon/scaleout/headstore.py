@@ -15,7 +15,8 @@ from typing import Any, Sequence as Seq
 
 import numpy as np
 
-from ..surgery.store import SEQUENCES_FILE, StoreError
+from ..kernels.fileio import UnsafeFileError, read_bounded
+from ..surgery.store import MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, SEQUENCES_FILE, StoreError
 from ..synth.sequence import Sequence, sequences_key
 
 _DTYPES = {"F16": np.float16, "F32": np.float32, "I32": np.int32, "I64": np.int64}
@@ -35,6 +36,22 @@ def _filesystem(location: str) -> tuple[Any, str]:
     return fs, path.rstrip("/")
 
 
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocol or "local" in protocol
+
+
+def read_small(fs: Any, path: str, limit: int, what: str) -> bytes:
+    """A whole (small) file of the store, bounded: locally through kernels/fileio.py ``read_bounded`` (no symlinks
+    or devices, size first); elsewhere the size the filesystem reports is checked before the bytes are fetched."""
+    if _is_local(fs):
+        return read_bounded(path, limit, what)
+    size = fs.size(path)
+    if not isinstance(size, int) or size > limit:
+        raise StoreError(f"{path} is {size} bytes; {what} may hold at most {limit} bytes")
+    return fs.cat_file(path, start=0, end=size)
+
+
 class HeadStore:
     """``PatternSource`` (synth/search/base.py) over ``heads`` of the store at ``location`` (path or fsspec URL).
 
@@ -46,9 +63,13 @@ class HeadStore:
         self.location = str(location)
         try:
             self.fs, self.root = _filesystem(self.location)
-            meta = json.loads(self.fs.cat_file(f"{self.root}/manifest.json"))
-            items = json.loads(self.fs.cat_file(f"{self.root}/{SEQUENCES_FILE}"))
-        except (OSError, ValueError, ImportError) as e:
+            meta = json.loads(read_small(self.fs, f"{self.root}/manifest.json", MAX_MANIFEST_BYTES,
+                                         "a store manifest"))
+            items = json.loads(read_small(self.fs, f"{self.root}/{SEQUENCES_FILE}", MAX_SEQUENCES_BYTES,
+                                          "a store's sequences file"))
+        except UnsafeFileError as e:
+            raise StoreError(f"{e}; capture the store again") from None
+        except (OSError, ValueError, ImportError, RecursionError) as e:
             raise StoreUnreachable(
                 f"cannot read the attention store at {self.location!r} from host {os.uname().nodename} "
                 f"({type(e).__name__}: {e}); put the store on a filesystem every worker mounts at the same path, "
@@ -93,6 +114,9 @@ class HeadStore:
                 raise StoreError(f"{path} has {self.fs.size(path)} bytes, the manifest recorded {record['bytes']}; "
                                  "re-run the capture to recompute it")
             (size,) = struct.unpack("<Q", self.fs.cat_file(path, start=0, end=8))
+            if record is not None and 8 + size > record["bytes"]:
+                raise StoreError(f"{path} declares a header of {size} bytes, past its {record['bytes']}; re-run the "
+                                 "capture to recompute it")
             header = json.loads(self.fs.cat_file(path, start=8, end=8 + size))
             self._headers[shard] = (8 + size, header)
         return self._headers[shard]

@@ -1,27 +1,58 @@
 """The per-head journal of an explain run: one record per finished head under ``OUT/heads/``, written atomically
 (kernels/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
 
-Layout: ``run.json`` holds the fingerprint of the inputs (store, splits, seed, searchers and their options);
-``L{layer}H{head}.json`` holds a head's selected entry (synth/programset.py ``Entry.to_json``), the selection's
-metadata, per-stage seconds and, when asked for, its ΔPPL. Serial and Ray runs write the same records.
+Layout: ``run.json`` holds the fingerprint of the inputs (store, splits, seed, searchers and their options) and a
+random run id; ``L{layer}H{head}.json`` holds a head's selected entry (synth/programset.py ``Entry.to_json``), the
+selection's metadata, per-stage seconds and, when asked for, its ΔPPL. Serial and Ray runs write the same records
+(the driver writes them all).
+
+The folder is untrusted input like programs.json (SECURITY.md, "Explaining on a Ray cluster"): anyone who can
+write to OUT could put records there. So every record, and run.json, carries an HMAC-SHA256 under a per-run
+random key kept **outside** OUT, in ``journal_keys()/<run id>`` (mode 0600; only this user can read it): a record
+that was forged, edited after it was written, or written by another run does not verify and is refused, naming
+the file and the fix. Records present without run.json are refused too (never taken for a fresh run). The
+programs of verified records still pass the trust gate (synth/trust.py) with the run's own trust: Python only
+where the run's searchers could propose it.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..kernels.fileio import atomic_write_bytes, json_default
+from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
+from ..synth.errors import ProgramError
 from ..synth.programset import Entry, ProgramSet, head_key, head_label
 
 FORMAT = "headsurgeon.head_journal"
-VERSION = 1
+VERSION = 2  # 2: records and run.json carry an HMAC under a key outside OUT
 _RECORD = re.compile(r"L\d+H\d+\.json")
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+#: the largest run.json or record read (a record holds one head's entry: programs, scores, notes)
+MAX_RECORD_BYTES = 16 << 20
+KEY_BYTES = 32
 
 
-class JournalMismatchError(ValueError):
+class JournalError(ValueError):
+    """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
+
+
+class JournalMismatchError(JournalError):
     """The journal folder was written by a run with other inputs."""
+
+
+def journal_keys() -> Path:
+    """Where run keys live: ``$HEADSURGEON_JOURNAL_KEYS``, else ``$XDG_CACHE_HOME`` (or ~/.cache)/headsurgeon/journal-keys."""
+    env = os.environ.get("HEADSURGEON_JOURNAL_KEYS")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "headsurgeon" / "journal-keys"
 
 
 def _dumps(obj: Any) -> bytes:
@@ -29,61 +60,161 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, default=json_default, sort_keys=True).encode("utf-8")
 
 
+def _canonical(obj: Any) -> Any:
+    """``obj`` as it reads back from its JSON (tuples → lists, numpy → numbers), so a MAC is taken on one form."""
+    return json.loads(_dumps(obj))
+
+
 class HeadJournal:
     """Append-only per-head records of one explain run in ``directory`` (see the module docstring)."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, keys: str | Path | None = None) -> None:
         self.directory = Path(directory)
+        self.keys = Path(keys) if keys is not None else journal_keys()
+        self._key: bytes | None = None
+        self._run_id: str | None = None
 
+    # ------------------------------------------------------------------ reading untrusted files
+    def _fix(self) -> str:
+        return f"delete {self.directory} to start over (its heads are searched again)"
+
+    def _read(self, path: Path) -> Any:
+        """A JSON file of the journal, read bounded (kernels/fileio.py), or a JournalError naming it and the fix."""
+        try:
+            return json.loads(read_bounded(path, MAX_RECORD_BYTES, "a journal file"))
+        except (OSError, UnsafeFileError, ValueError, RecursionError) as e:
+            raise JournalError(f"{path} is unreadable ({' '.join(str(e).split())[:300]}); {self._fix()}") from None
+
+    def _mac(self, kind: str, body: Any) -> str:
+        assert self._key is not None and self._run_id is not None
+        message = _dumps({"kind": kind, "run": self._run_id, "body": body})
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def _key_path(self, run_id: str) -> Path:
+        return self.keys / run_id
+
+    def _new_key(self) -> tuple[str, bytes]:
+        """A fresh run id and key, the key written with mode 0600 into ``self.keys`` (made 0700)."""
+        self.keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+        run_id, key = secrets.token_hex(16), secrets.token_bytes(KEY_BYTES)
+        fd = os.open(self._key_path(run_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
+        return run_id, key
+
+    def _load_key(self, run: Path, run_id: Any) -> bytes:
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            raise JournalError(f"{run} names no valid run id; it was not written by this headsurgeon: {self._fix()}")
+        path = self._key_path(run_id)
+        try:
+            key = read_bounded(path, KEY_BYTES, "a journal key")
+        except FileNotFoundError:
+            raise JournalError(f"{self.directory} was written by a run whose key ({path}) is not on this machine or "
+                               f"for this user, so its records cannot be verified; {self._fix()}") from None
+        except (OSError, UnsafeFileError) as e:
+            raise JournalError(f"the key of {self.directory} is unreadable ({e}); {self._fix()}") from None
+        if len(key) != KEY_BYTES:
+            raise JournalError(f"the key of {self.directory} ({path}) is damaged; {self._fix()}")
+        return key
+
+    # ------------------------------------------------------------------ the public face
     def start(self, fingerprint: dict[str, Any]) -> dict[tuple[int, int], dict]:
         """Bind the journal to this run's inputs and return the records already written (head → record).
 
-        A folder written for other inputs is refused (its records would mix two runs).
+        A folder written for other inputs is refused (its records would mix two runs), and so are records
+        without a run.json, records that do not verify, and a run.json whose key is not here (module docstring).
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         run = self.directory / "run.json"
-        want = json.loads(_dumps({"format": FORMAT, "version": VERSION, "fingerprint": fingerprint}))
-        if run.is_file():
-            try:
-                have = json.loads(run.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise JournalMismatchError(f"{run} is unreadable ({e}); delete {self.directory} to start over") from None
-            if have != want:
-                changed = sorted(k for k in set(want["fingerprint"]) | set(have.get("fingerprint") or {})
-                                 if want["fingerprint"].get(k) != (have.get("fingerprint") or {}).get(k))
+        want = _canonical({"format": FORMAT, "version": VERSION, "fingerprint": fingerprint})
+        if os.path.lexists(run):
+            body = self._open_run()
+            if body != want:
+                had = body.get("fingerprint") if isinstance(body.get("fingerprint"), dict) else {}
+                changed = sorted(k for k in set(want["fingerprint"]) | set(had)
+                                 if want["fingerprint"].get(k) != had.get(k))
                 raise JournalMismatchError(
                     f"{self.directory} holds heads of a run with other inputs (differs in: {', '.join(changed) or 'format'});"
                     f" use another output folder, or delete {self.directory} to start over")
         else:
-            atomic_write_bytes(run, _dumps(want))
+            found = self._record_paths()
+            if found:
+                raise JournalError(f"{self.directory} holds {len(found)} head record(s) ({found[0].name}, ...) but no "
+                                   f"run.json, so nothing says which run wrote them; {self._fix()}")
+            self._run_id, self._key = self._new_key()
+            atomic_write_bytes(run, _dumps({**want, "run": self._run_id, "mac": self._mac("run", want)}))
         return self.records()
 
-    def records(self) -> dict[tuple[int, int], dict]:
-        """Every complete record, by head (files are renamed into place whole, so a record is never half-written)."""
-        out: dict[tuple[int, int], dict] = {}
+    def _open_run(self) -> dict[str, Any]:
+        """Read and verify run.json, taking its run's key; returns its body (format, version, fingerprint)."""
+        run = self.directory / "run.json"
+        if not os.path.lexists(run):
+            found = self._record_paths()
+            raise JournalError(f"{self.directory} holds {len(found)} head record(s) ({found[0].name}, ...) but no "
+                               f"run.json, so nothing says which run wrote them; {self._fix()}")
+        have = self._read(run)
+        if not isinstance(have, dict) or have.get("format") != FORMAT or have.get("version") != VERSION:
+            raise JournalError(f"{run} is not a run file of this headsurgeon's journal (format {FORMAT} version "
+                               f"{VERSION}); {self._fix()}")
+        self._run_id = have.get("run")
+        self._key = self._load_key(run, self._run_id)
+        body = {k: have.get(k) for k in ("format", "version", "fingerprint")}
+        if not hmac.compare_digest(str(have.get("mac", "")), self._mac("run", body)):
+            raise JournalError(f"{run} was altered after this run wrote it (its HMAC does not verify); {self._fix()}")
+        return body
+
+    def _record_paths(self) -> list[Path]:
         if not self.directory.is_dir():
-            return out
-        for path in sorted(self.directory.iterdir()):
-            if not _RECORD.fullmatch(path.name):
-                continue
-            rec = json.loads(path.read_text(encoding="utf-8"))
-            out[head_key(rec["head"])] = rec
+            return []
+        return [p for p in sorted(self.directory.iterdir()) if _RECORD.fullmatch(p.name)]
+
+    def records(self) -> dict[tuple[int, int], dict]:
+        """Every record, by head, each verified against its run's key (run.json's; ``start`` checks its inputs)."""
+        out: dict[tuple[int, int], dict] = {}
+        paths = self._record_paths()
+        if paths and self._key is None:
+            self._open_run()
+        for path in paths:
+            rec = self._read(path)
+            mac = rec.pop("mac", None) if isinstance(rec, dict) else None
+            if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac("record", rec)):
+                raise JournalError(f"{path} was not written by this run, or was altered after it was (its HMAC does "
+                                   f"not verify); {self._fix()}")
+            try:
+                head = head_key(rec["head"])
+            except (KeyError, TypeError, ValueError):
+                raise JournalError(f"{path} names no head; {self._fix()}") from None
+            if path.name != f"{head_label(head)}.json":
+                raise JournalError(f"{path} holds the record of {head_label(head)}; {self._fix()}")
+            out[head] = rec
         return out
 
     def write(self, record: dict[str, Any]) -> None:
-        """Add one head's record (atomically; a head already journaled keeps its first record)."""
+        """Add one head's record (atomically, with its HMAC; a head already journaled keeps its first record)."""
+        if self._key is None:
+            raise JournalError(f"{self.directory}: call start() before writing records")
         path = self.directory / f"{head_label(head_key(record['head']))}.json"
-        if not path.exists():
-            atomic_write_bytes(path, _dumps(record))
+        if not os.path.lexists(path):
+            body = _canonical(record)
+            atomic_write_bytes(path, _dumps({**body, "mac": self._mac("record", body)}))
 
-    def programset(self, heads: Iterable[tuple[int, int]], model: str = "",
-                   vocab_fingerprint: str | None = None) -> ProgramSet:
-        """The ProgramSet of ``heads`` as journaled (every head must have a record)."""
+    def programset(self, heads: Iterable[tuple[int, int]], model: str = "", vocab_fingerprint: str | None = None,
+                   trust: Any = True) -> ProgramSet:
+        """The ProgramSet of ``heads`` as journaled (every head must have a record), after the trust gate
+        (synth/trust.py) with ``trust``: the run's own (which Python programs its searchers could propose)."""
         recs = self.records()
         heads = list(heads)
         missing = [head_label(h) for h in heads if h not in recs]
         if missing:
-            raise KeyError(f"the journal {self.directory} has no record for {', '.join(missing[:8])}")
-        ps = ProgramSet({h: Entry.from_json(recs[h]["entry"]) for h in heads if recs[h].get("entry")}, model,
-                        next((dict(recs[h]["meta"]) for h in heads if recs[h].get("meta")), {}), vocab_fingerprint)
-        return ps
+            raise JournalError(f"the journal {self.directory} has no record for {', '.join(missing[:8])}")
+        try:
+            entries = {h: Entry.from_json(recs[h]["entry"]) for h in heads if recs[h].get("entry")}
+        except (ProgramError, KeyError, TypeError, ValueError) as e:
+            raise JournalError(f"a record in {self.directory} holds an unusable entry ({e}); {self._fix()}") from None
+        ps = ProgramSet(entries, model, next((dict(recs[h]["meta"]) for h in heads if recs[h].get("meta")), {}),
+                        vocab_fingerprint, origin=f"the journal {self.directory}")
+        return ps.trusted(trust, fix="this run's searchers propose no such programs (only the LLM agent, a library "
+                                     f"or your own searchers do), so these records are not this run's; {self._fix()}")

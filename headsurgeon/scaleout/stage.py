@@ -32,6 +32,18 @@ def _model_spec(model: Any) -> Any:
                      "'llama2c:PATH.bin' or 'tiny-stories'), not a loaded model; pass the spec to explain()")
 
 
+#: searchers whose candidates are DSL programs only (synth/search/enumerative, synth/search/learned)
+DSL_SEARCHERS = frozenset({"enumerative", "learned"})
+
+
+def run_trust(searchers: Seq[str], options: dict[str, Any]) -> Any:
+    """The trust a run's own journal gets (synth/trust.py): Python programs only where its searchers propose them —
+    any (True) with the LLM agent or a searcher of your own, else exactly the ``library`` programs' hashes."""
+    if any(name not in DSL_SEARCHERS and name != "library" for name in searchers):
+        return True
+    return frozenset(getattr(getattr(p, "program", p), "hash", "") for p in options.get("library") or ())
+
+
 def preflight(executor: str, address: str | None = None, heads_per_task: int | None = None) -> None:
     """Check the executor before the long capture: a known name, Ray installed, the cluster's port answering."""
     if heads_per_task is not None:
@@ -96,6 +108,7 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
     from .journal import HeadJournal
 
     programs = HeadJournal(out / "heads").programset(heads, model=handle.name,
-                                                     vocab_fingerprint=getattr(vocab, "fingerprint", None))
+                                                     vocab_fingerprint=getattr(vocab, "fingerprint", None),
+                                                     trust=run_trust(names, options))
     deltas = {h: float(r["delta_ppl"]) for h, r in records.items() if r.get("delta_ppl") is not None}
     return HeadsResult(programs, deltas, timings, notes)

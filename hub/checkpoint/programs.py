@@ -12,6 +12,7 @@ from headsurgeon.kernels.fileio import sha256_bytes
 from headsurgeon.synth.backends import backend_kinds, get_backend
 from headsurgeon.synth.errors import ProgramError, excerpt
 from headsurgeon.synth.program import Program
+from headsurgeon.synth.trust import trusts
 
 from .errors import CheckpointError, IntegrityError, UntrustedProgramError
 from .files import member_parts
@@ -32,18 +33,6 @@ def programs_of(hybrid: Any) -> list[tuple[tuple[int, int], Program, float]]:
             )
         out.append(((ph.layer, ph.head), program, float(ph.alpha)))
     return sorted(out, key=lambda x: x[0])
-
-
-def _trusted(program_hash: str, file_sha: str, trust: Any) -> bool:
-    """Whether ``trust`` (True, False, a hash or a collection of hashes) covers this program."""
-    if trust is True:
-        return True
-    if trust is False or trust is None:
-        return False
-    if isinstance(trust, str):
-        trust = {trust}
-    allowed = {str(h).lower() for h in trust}
-    return program_hash in allowed or file_sha in allowed
 
 
 def _head_entry(name: str, item: Any) -> tuple[tuple[int, int], str, str, str, float]:
@@ -82,7 +71,7 @@ def _parse_program(name: str, rel: str, kind: str, want: str, raw: bytes, trust:
     """The head's Program, parsed as its declared kind only: DSL JSON can never yield Python, nothing runs."""
     backend = get_backend(kind)
     label = backend.label
-    if backend.needs_trust and not _trusted(want, sha256_bytes(raw), trust):
+    if backend.needs_trust and not trusts(trust, want, sha256_bytes(raw)):  # the one gate's rule (synth/trust.py)
         raise UntrustedProgramError(
             f"{rel} (head {name}) is a {label} program and {label} programs load only when trusted. Read it, "
             f"then pass trust_programs=True to trust every program, or trust_programs={{'{want}'}} to trust "

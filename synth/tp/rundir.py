@@ -11,6 +11,7 @@ Layout::
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,28 @@ from safetensors.torch import load_file, save_file
 from .decompile import decompile
 from .discrete import DiscreteProgram, discretize
 from .model import ModelConfig, TransformerProgram
+from .resume import STATE_FILE
 from .train import TrainConfig, TrainResult
-from ...kernels.fileio import atomic_path, atomic_write_bytes
+from ...kernels.fileio import atomic_path, atomic_write_bytes, read_bounded
 
 FORMAT_VERSION = 1
+RUN_FILES = ("config.json", "model.safetensors", "metrics.json", "program.json", "program.py")
+
+
+class RunExistsError(ValueError):
+    """A folder already holds a finished run, which training into it would overwrite."""
+
+
+def check_run_folder(out: str | Path, overwrite: bool = False) -> None:
+    """Refuse to train into a folder holding a finished run unless ``overwrite``; an unfinished (resumable) run passes.
+
+    A run is unfinished while its per-epoch state (synth/tp/resume.py) is there: save_run removes it last.
+    """
+    out = Path(out)
+    found = [name for name in RUN_FILES if os.path.lexists(out / name)]
+    if found and not overwrite and not os.path.lexists(out / STATE_FILE):
+        raise RunExistsError(f"{out} already holds a finished run ({', '.join(found)}); training would overwrite it. "
+                             "Pass --overwrite to replace it, or choose another --out")
 
 
 @dataclass
@@ -85,7 +104,7 @@ def load_run(path: str | Path) -> Run:
     for f in (cfg_file, weights):
         if not f.exists():
             raise FileNotFoundError(f"{f} is missing; is {path} a run directory written by `headsurgeon tp train`?")
-    cfg = json.loads(cfg_file.read_text())
+    cfg = json.loads(read_bounded(cfg_file, 64 << 20, "a run's config.json"))  # no links or devices, size first
     if cfg.get("format") != FORMAT_VERSION:
         raise ValueError(f"{cfg_file} has format {cfg.get('format')!r}; this version reads format {FORMAT_VERSION}")
     model_cfg = dict(cfg["model"])
@@ -104,10 +123,11 @@ def load_program(path: str | Path) -> DiscreteProgram:
     """The discretized program of a run directory (``program.json``, or rebuilt from the weights)."""
     path = Path(path)
     if (path / "program.json").exists():
-        obj = json.loads((path / "program.json").read_text())
+        obj = json.loads(read_bounded(path / "program.json", 256 << 20, "a run's program.json"))
         if "num_bounds" in obj:  # older program.json files are rebuilt from the weights
             return DiscreteProgram.from_json(obj)
     return load_run(path).discretize()
 
 
-__all__ = ["Run", "save_run", "load_run", "load_program", "write_program", "FORMAT_VERSION"]
+__all__ = ["Run", "save_run", "load_run", "load_program", "write_program", "check_run_folder", "RunExistsError",
+           "RUN_FILES", "FORMAT_VERSION"]

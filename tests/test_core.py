@@ -1,0 +1,28 @@
+"""The shared vocabulary (kernels/core.py): one head parser and formatter, the closed sets, the error base."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from headsurgeon.kernels.core import ABLATION_KINDS, SPLITS, WHICHES, Head, HeadsurgeonError, check_choice
+
+
+@pytest.mark.parametrize("key", ["L3H5", "l3h5", " L3 H5 ", (3, 5), [3, 5], (np.int64(3), np.int32(5)), Head(3, 5)])
+def test_every_accepted_spelling_gives_one_head(key):
+    head = Head.parse(key)
+    assert head == (3, 5) and str(head) == "L3H5" and isinstance(head, Head)
+    assert {(3, 5): "x"}[head] == "x"  # a tuple: plain (layer, head) keys find it
+
+
+@pytest.mark.parametrize("key", ["3.5", "L3", "H5", "L3H5x", "L-1H2", (3,), (3, 5, 1), (True, 1), (-1, 2), (1.0, 2), None])
+def test_other_spellings_are_one_clear_error(key):
+    with pytest.raises(HeadsurgeonError, match="cannot read head"):
+        Head.parse(key)
+
+
+def test_closed_sets_and_their_check():
+    assert SPLITS == ("synth", "select", "test") and WHICHES == ("replacement", "explanation")
+    assert "resample" in ABLATION_KINDS
+    assert check_choice("test", SPLITS, "split") == "test"
+    with pytest.raises(HeadsurgeonError, match="split must be one of synth, select, test, not 'dev'"):
+        check_choice("dev", SPLITS, "split")
