@@ -193,9 +193,12 @@ class SandboxPool:
         w.report = dict(hdr["report"])
         w.report["job_limits"] = {
             "RLIMIT_NPROC": [0, 0], "RLIMIT_NOFILE": [5, 5], "RLIMIT_CPU": "per job: timeout * (chunk + 1) + 2 s",
-            "seccomp": ("fork/vfork/clone/clone3/setsid/setpgid, signals to others, every file-system call "
-                        "(open, unlink, rename, mkdir, truncate, getdents, chmod, chown, link ...)"
+            "seccomp": ("fork/vfork/clone/clone3/setsid/setpgid, signals, prlimit and scheduling calls on "
+                        "others, prctl, System V and POSIX IPC, every file-system call (open, unlink, rename, "
+                        "mkdir, truncate, getdents, chmod, chown, link ...) and metadata call (stat, access, "
+                        "readlink, xattrs, statfs; fstat only with AT_EMPTY_PATH)"
                         if w.report.get("seccomp") else "off"),
+            "empty_root": bool(w.report.get("empty_root")),
             "landlock": (f"ABI {w.report['landlock_abi']}: no file-system access" if w.report.get("landlock_abi")
                          else "unavailable"),
         }
@@ -267,7 +270,8 @@ class SandboxPool:
         returns the labels.
 
         ``timeout``: wall-clock (and CPU) seconds per sequence. ``max_failures``: after this many
-        timeouts, out-of-memory errors or process deaths in one call, the remaining sequences are not run
+        timeouts, out-of-memory errors, process deaths or broken result frames in one call (exceptions
+        the program raises are its per-sequence result and cost nothing), the remaining sequences are not run
         (each reports that), so a program that hangs costs about ``max_failures * timeout`` of wall time
         (each parallel worker may spend the remaining budget once), not ``n * timeout``.
         Raises :class:`ProgramValidationError` when the source fails validation; never raises for
@@ -388,12 +392,12 @@ class SandboxPool:
         loaded = False
 
         def fail(reason: str, message: str, detail: str = "", whole: bool = False) -> None:
-            """Record a failure of the current sequence (or all of an unloaded chunk); requeue the rest."""
+            """Record a failure of the current sequence (or all of an unloaded chunk) and charge it to the
+            program's budget, whatever it was (a timeout, a death, a broken frame); requeue the rest."""
             targets = chunk[pos:] if whole else chunk[pos:pos + 1]
             for i in targets:
                 state.results[i] = ProgramExecutionError(f"sequence {i}: {message}", reason, detail)
-            if reason in COSTLY or reason == "crash":
-                state.failed(reason, message)
+            state.failed(reason, message)
             if not whole:
                 state.requeue(chunk[pos + 1:])
 
@@ -469,10 +473,7 @@ class SandboxPool:
             why = w.death() if not w.alive() else str(e)
             self._discard(w)
             if pos < len(chunk):
-                i = chunk[pos]
-                state.results[i] = ProgramExecutionError(
-                    f"sequence {i}: {why} while running the program; it was replaced", "sandbox")
-                state.requeue(chunk[pos + 1:])
+                fail("sandbox", f"{why} while running the program; it was replaced")
             return None
 
     def _abort(self, w: Worker) -> Worker | None:

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 REASONS = frozenset({"crash", "timeout", "memory", "bad_output", "sandbox"})
-COSTLY = frozenset({"timeout", "memory"})  # failures that count toward ``max_failures``
+COSTLY = frozenset({"timeout", "memory"})  # job-reported failures that count toward ``max_failures`` (pool.py
+# also counts every failure it detects itself: a death, a missed deadline, a broken frame)
 
 HDR = struct.Struct(">I")  # sandbox -> parent: JSON header length
 MSG = struct.Struct(">Q")  # parent -> zygote: pickled message length
