@@ -1,13 +1,17 @@
 """Model cards for hybrid checkpoints: README.md with the metrics tables and the three lines that load it.
 
 The card is rendered from the manifest alone (so it always matches what is saved) and has Hugging Face
-front matter, so the same file serves a local directory and a Hub repo.
+front matter, so the same file serves a local directory and a Hub repo. Every text the card takes from
+programs or the manifest (program text, glosses, sources, head and model names, metric names, file names)
+may come from someone else's programs.json, so it goes in as an inline code span (:func:`_code`): Markdown
+and HTML inside it are shown as text, never rendered as links, images or tags (SECURITY.md).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
+import json
 import math
+import re
+from pathlib import Path
 from typing import Any, Mapping
 
 from headsurgeon.synth.backends import backend_kinds, get_backend
@@ -15,8 +19,23 @@ from headsurgeon.synth.backends import backend_kinds, get_backend
 __all__ = ["render_card", "load_snippet"]
 
 
+def _code(value: Any, limit: int = 80, cell: bool = True) -> str:
+    """Untrusted text as an inline code span, fenced by more backticks than it holds (so it cannot close early);
+    whitespace runs become one space, text is cut at ``limit``, and in a table cell ``|`` is escaped (GFM splits
+    cells at a pipe even inside code)."""
+    text = " ".join(str(value).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    if not text:
+        return "—"
+    if cell:
+        text = text.replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _fmt(value: Any, limit: int = 80) -> str:
-    """A table cell: floats with 4 significant digits, None as an em dash, '|' escaped, text cut at ``limit``."""
+    """A table cell: floats with 4 significant digits, None as an em dash, text as a code span (:func:`_code`)."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -25,8 +44,22 @@ def _fmt(value: Any, limit: int = 80) -> str:
         if not math.isfinite(value):
             return str(value)
         return f"{value:.4g}"
-    text = str(value).replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if isinstance(value, int):
+        return str(value)
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit and _plain(text) else _code(text, limit)
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9 _.,;:%()'\"+=/-]*")
+_LONE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # emphasis; inside a word it is text
+_AUTOLINK = re.compile(r"www\.|://|mailto:|xmpp:", re.IGNORECASE)
+
+
+def _plain(text: str) -> bool:
+    """Whether text renders as itself in Markdown and HTML: no character that starts a tag, link, image, entity,
+    code span, emphasis or cell (``< [ ! & ` * | \\``, ``_`` only inside words), and nothing GFM autolinks."""
+    return (_PLAIN.fullmatch(text) is not None and _LONE_UNDERSCORE.search(text) is None
+            and _AUTOLINK.search(text) is None)
 
 
 def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -46,10 +79,10 @@ def load_snippet(location: str, python_hashes: list[str] | None = None) -> str:
     """The three lines that load the checkpoint at ``location`` and run it on a prompt."""
     trust = ""
     if python_hashes:
-        trust = ", trust_programs={" + ", ".join(f'"{h}"' for h in python_hashes) + "}"
+        trust = ", trust_programs={" + ", ".join(json.dumps(str(h)) for h in python_hashes) + "}"
     return (
         "import headsurgeon as hs\n"
-        f'hybrid = hs.load_hybrid("{location}"{trust})\n'
+        f"hybrid = hs.load_hybrid({json.dumps(str(location))}{trust})\n"
         'logits = hybrid(hybrid.tokenizer("Once upon a time", return_tensors="pt").input_ids)\n'
     )
 
@@ -57,21 +90,24 @@ def load_snippet(location: str, python_hashes: list[str] | None = None) -> str:
 def _base_line(base: Mapping[str, Any]) -> str:
     kind = base.get("kind")
     if kind == "hf" and base.get("local"):
-        return (f"a local Hugging Face folder `{Path(str(base.get('name_or_path'))).name}` (found beside this "
-                "checkpoint; elsewhere pass `base_model=\"path/to/it\"` to `load_hybrid`)")
+        folder = _code(Path(str(base.get("name_or_path"))).name, 200)
+        return (f"a local Hugging Face folder {folder} (found beside this checkpoint; elsewhere pass "
+                "`base_model=\"path/to/it\"` to `load_hybrid`)")
     if kind == "hf":
         rev = base.get("commit") or base.get("revision")
-        return f"`{base.get('name_or_path')}`" + (f" at revision `{rev}`" if rev else "") + " (Hugging Face)"
+        at = f" at revision {_code(rev, 80)}" if rev else ""
+        return f"{_code(base.get('name_or_path'), 200)}{at} (Hugging Face)"
     if kind == "llama2c":
-        return (f"llama2.c checkpoint `{Path(str(base.get('path'))).name}` (sha256 `{str(base.get('sha256'))[:16]}…`; "
+        return (f"llama2.c checkpoint {_code(Path(str(base.get('path'))).name, 200)} (sha256 "
+                f"{_code(str(base.get('sha256'))[:16] + '…')}; "
                 "pass `base_model=\"llama2c:path/to/it.bin\"` to `load_hybrid` where it is not beside this checkpoint)")
     if kind == "zoo":
-        return f"headsurgeon's embedded model `{base.get('name')}`"
+        return f"headsurgeon's embedded model {_code(base.get('name'), 200)}"
     if kind == "embedded":
         original = base.get("original") or {}
         orig = _base_line(original) if original.get("kind") in ("hf", "llama2c", "zoo") else "an in-memory model"
         return f"weights embedded in this checkpoint (`model.safetensors`, changed from {orig})"
-    return f"`{base}`"
+    return _code(base, 200)
 
 
 def _needs_trust(kind: Any) -> bool:
@@ -91,22 +127,22 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
     front = ["---", "library_name: headsurgeon", "tags:", "- headsurgeon", "- hybrid-model",
              "- mechanistic-interpretability", "- attention-heads"]
     if base.get("kind") == "hf" and not base.get("local"):
-        front.append(f"base_model: {base.get('name_or_path')}")
+        front.append(f"base_model: {json.dumps(str(base.get('name_or_path')))}")  # a JSON string is a YAML scalar
     front.append("---")
 
     lines = front + [
         "",
-        f"# Hybrid model: {config.get('name', 'model')} with {len(heads)} program heads",
+        f"# Hybrid model: {_code(config.get('name', 'model'), 120, cell=False)} with {len(heads)} program heads",
         "",
         f"{len(heads)} of {n_total or '?'} attention heads of this model are replaced by programs "
         "(DSL expressions over attention primitives, or sandboxed Python) that compute their attention pattern; "
         "the rest of the network is unchanged. Made with headsurgeon "
-        f"{manifest.get('library', {}).get('headsurgeon', '')}.",
+        f"{_code(manifest.get('library', {}).get('headsurgeon', ''), 40, cell=False)}.",
         "",
         "## Load it",
         "",
         "```python",
-        load_snippet(location, python).rstrip("\n"),
+        load_snippet(location, python).rstrip("\n"),  # strings are JSON-quoted: no line of it starts a fence
         "```",
         "",
     ]
@@ -131,8 +167,8 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
               "|---|---|---|---|---|---|---|---|---|"]
     for name, item in heads.items():
         test = (item.get("scores") or {}).get("test", {})
-        shown = item.get("text") if item.get("kind") == "dsl" else f"`{item.get('program')}`"
-        lines.append(f"| {name} | {item.get('kind')} | {_fmt(item.get('alpha'))} | {_fmt(shown)} | "
+        shown = item.get("text") if item.get("kind") == "dsl" else item.get("program")
+        lines.append(f"| {_fmt(name)} | {_fmt(item.get('kind'))} | {_fmt(item.get('alpha'))} | {_fmt(shown)} | "
                      f"{_fmt(test.get('iou'))} | {_fmt(test.get('jsd'))} | {_fmt(item.get('source'))} | "
                      f"{_fmt(item.get('size'))} | {_fmt(item.get('gloss') or None, 300)} |")
     lines += [
@@ -140,17 +176,20 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
         "## Base model",
         "",
         f"- base: {_base_line(base)}",
-        f"- architecture: {config.get('architecture')} ({config.get('n_layers')} layers × {config.get('n_heads')} "
-        f"heads, d_model {config.get('d_model')}, {config.get('attention')} attention)",
-        f"- weights sha256 (fingerprint of the state dict): `{manifest.get('weights', {}).get('sha256')}`",
+        f"- architecture: {_code(config.get('architecture'), 80, cell=False)} ({_fmt(config.get('n_layers'))} layers "
+        f"× {_fmt(config.get('n_heads'))} heads, d_model {_fmt(config.get('d_model'))}, "
+        f"{_code(config.get('attention'), 40, cell=False)} attention)",
+        f"- weights sha256 (fingerprint of the state dict): "
+        f"{_code(manifest.get('weights', {}).get('sha256'), 80, cell=False)}",
         "",
         "## Files",
         "",
-        f"`manifest.json` (format `{manifest.get('format')}` version {manifest.get('format_version')}) lists every "
+        f"`manifest.json` (format {_code(manifest.get('format'), 40, cell=False)} version "
+        f"{_fmt(manifest.get('format_version'))}) lists every "
         "file with its sha256; loading verifies all of them and refuses a modified checkpoint.",
         "",
     ]
     for rel, info in sorted((manifest.get("files") or {}).items()):
         if rel != "README.md":
-            lines.append(f"- `{rel}` ({info.get('size')} bytes)")
+            lines.append(f"- {_code(rel, 200, cell=False)} ({_fmt(info.get('size'))} bytes)")
     return "\n".join(lines).rstrip("\n") + "\n"

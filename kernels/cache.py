@@ -11,29 +11,52 @@ or a whole one, and two processes writing the same entries both succeed (shard n
 of their keys, so they simply replace each other with equal content). Readers discover shards written by
 other processes by rescanning the directory when its modification time changes. No pickle. The disk
 store is never pruned automatically (``clear(disk=True)`` empties it).
+
+Entries on disk are verified (SECURITY.md, "Tensor cache"): each carries, in its shard's metadata, an
+HMAC-SHA256 of its key (program hash, sequence key, mask policy), dtype, shape and bytes under a secret that
+only this user can read (``.cache-key`` in the directory, mode 0600). An entry that another writer of the
+folder changed, or that has no valid digest, is a miss with a warning: the caller recomputes it. Shards are
+read like hostile files: symlinks and non-regular files are refused, and the header and each tensor's byte
+range are checked against the file's size before they are read. A new cache directory is created with mode
+0700.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 import os
+import secrets
+import stat
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save
 
-from .fileio import atomic_write_bytes
+from .fileio import UnsafeFileError, atomic_write_bytes
 
-__all__ = ["TensorCache", "CacheStats", "cache_key"]
+__all__ = ["TensorCache", "CacheStats", "CacheEntryWarning", "cache_key"]
 
 SHARD_SUFFIX = ".safetensors"
+KEY_FILE = ".cache-key"
+MAX_HEADER_BYTES = 64 << 20
 _FORMAT = "headsurgeon-tensor-cache/1"
+_MAC_PREFIX = "hmac-sha256:"
 _MTIME_SLACK_NS = 2_000_000_000
+_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+           "I32": np.int32, "I64": np.int64, "U8": np.uint8, "U16": np.uint16, "U32": np.uint32, "U64": np.uint64,
+           "BOOL": np.bool_}
+
+
+class CacheEntryWarning(UserWarning):
+    """A tensor-cache entry on disk failed verification (changed by another writer, or damaged) and is recomputed."""
 
 
 def cache_key(program_hash: str, seq_key: str, mask_policy: str) -> str:
@@ -72,16 +95,132 @@ class CacheStats:
         return d
 
 
+def _open_shard(path: Path) -> tuple[int, int]:
+    """A descriptor and the size of a shard opened as a hostile file: no symlink, regular files only."""
+    if stat.S_ISLNK(os.lstat(path).st_mode):
+        raise UnsafeFileError(f"{path} is a symbolic link; tensor-cache shards are read only from regular files")
+    fd = os.open(path, _O_READ)  # O_NOFOLLOW: a link swapped in since the lstat fails here
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFileError(f"{path} is not a regular file; tensor-cache shards must be regular files")
+    return fd, st.st_size
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    """Exactly ``n`` bytes at ``offset`` (the caller checked the range against the file's size)."""
+    chunks, done = [], 0
+    while done < n:
+        chunk = os.pread(fd, n - done, offset + done)
+        if not chunk:
+            raise UnsafeFileError("the shard shrank while it was read")
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
+
+
+def _header(fd: int, size: int) -> dict:
+    """The safetensors header of an open shard, its length checked against the file before it is read."""
+    if size < 8:
+        raise UnsafeFileError("the shard is shorter than a safetensors header")
+    n = int.from_bytes(_pread(fd, 8, 0), "little")
+    if n > min(size - 8, MAX_HEADER_BYTES):
+        raise UnsafeFileError(f"the shard's header claims {n} bytes, more than the file or the limit holds")
+    header = json.loads(_pread(fd, n, 8))
+    if not isinstance(header, dict):
+        raise UnsafeFileError("the shard's header is not a JSON object")
+    header["\0start"] = 8 + n
+    return header
+
+
 def _shard_keys(path: Path) -> list[str]:
     """The tensor names of a safetensors shard (its header only; no tensor is read)."""
-    with safe_open(str(path), framework="numpy") as f:
-        return list(f.keys())
+    fd, size = _open_shard(path)
+    try:
+        return [k for k in _header(fd, size) if not k.startswith(("__", "\0"))]
+    finally:
+        os.close(fd)
 
 
-def _read_tensor(path: Path, key: str) -> np.ndarray:
-    """Load one tensor of a safetensors shard."""
-    with safe_open(str(path), framework="numpy") as f:
-        return f.get_tensor(key)
+def _read_entry(path: Path, key: str) -> tuple[np.ndarray, str | None]:
+    """One tensor of a shard and the digest stored with it, every offset checked against the file's size."""
+    fd, size = _open_shard(path)
+    try:
+        header = _header(fd, size)
+        info = header.get(key)
+        meta = header.get("__metadata__") or {}
+        dtype = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<")  # safetensors is little-endian
+        shape = tuple(int(d) for d in info["shape"])
+        start, end = (int(x) for x in info["data_offsets"])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        base = header["\0start"]
+        if not (0 <= start <= end and end - start == nbytes and base + end <= size):
+            raise UnsafeFileError(f"entry {key} of {path} has byte offsets outside the file or its shape")
+        arr = np.frombuffer(_pread(fd, nbytes, base + start), dtype=dtype).reshape(shape)
+        digest = meta.get(_MAC_PREFIX + key) if isinstance(meta, dict) else None
+        return arr, digest if isinstance(digest, str) else None
+    finally:
+        os.close(fd)
+
+
+def _digest(secret: bytes, key: str, arr: np.ndarray) -> str:
+    """HMAC-SHA256 of an entry's key (program, sequence, mask policy), dtype, shape and bytes."""
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    mac.update(f"{key}\x1f{arr.dtype.str}\x1f{arr.shape}\x1f".encode())
+    mac.update(np.ascontiguousarray(arr).data)
+    return mac.hexdigest()
+
+
+def _private_directory(directory: Path) -> None:
+    """Create the cache folder with mode 0700; warn when an existing one can be written by other users."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.stat(directory)
+    if st.st_mode & 0o022 or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        warnings.warn(f"the tensor cache folder {directory} can be written by other users; its entries are verified "
+                      f"and changed ones recomputed, but give it mode 0700 (chmod 700 {directory})",
+                      CacheEntryWarning, stacklevel=3)
+
+
+def _secret_of(directory: Path) -> bytes:
+    """This user's key for the folder's digests (created once, mode 0600); a fresh one where it cannot be trusted."""
+    path = directory / KEY_FILE
+    for _ in range(2):
+        try:
+            fd = os.open(path, _O_READ)
+        except FileNotFoundError:
+            tmp = directory / f".tmp-key-{os.getpid()}-{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                os.write(fd, secrets.token_bytes(32))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)  # appears whole, and only once: a concurrent creator's key wins
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+            continue
+        except OSError as e:
+            return _untrusted_key(path, f"it cannot be opened ({e.strerror})")
+        try:
+            st = os.fstat(fd)
+            data = os.read(fd, 33)
+        finally:
+            os.close(fd)
+        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+        if not stat.S_ISREG(st.st_mode) or not mine or st.st_mode & 0o077 or len(data) != 32:
+            return _untrusted_key(path, "it is not a private 32-byte file of yours (mode 0600)")
+        return data
+    return _untrusted_key(path, "it could not be created")
+
+
+def _untrusted_key(path: Path, why: str) -> bytes:
+    """A key for this process only: entries on disk will not verify (misses), new ones verify within the process."""
+    warnings.warn(f"the tensor cache key {path} cannot be used: {why}; entries on disk are recomputed. Delete the "
+                  "file (the cache makes a new one) or use another cache folder", CacheEntryWarning, stacklevel=4)
+    return secrets.token_bytes(32)
 
 
 def _key_of(key: str) -> str:
@@ -103,8 +242,10 @@ class TensorCache:
             raise ValueError(f"max_bytes must be >= 0; got {max_bytes}")
         self.max_bytes = int(max_bytes)
         self.directory = Path(directory) if directory is not None else None
+        self._secret = b""
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            _private_directory(self.directory)
+            self._secret = _secret_of(self.directory)
         self._mem: OrderedDict[str, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.RLock()
@@ -174,12 +315,16 @@ class TensorCache:
         if entry is None:
             return None
         try:
-            arr = _read_tensor(entry, key)
-        except Exception:  # noqa: BLE001 - shard removed, truncated or of a dtype numpy lacks: a miss
+            arr, digest = _read_entry(entry, key)
+        except Exception:  # noqa: BLE001 - shard removed, truncated, a link, or of a dtype numpy lacks: a miss
             self._index.pop(key, None)
             return None
-        if arr.flags.writeable:
-            arr.flags.writeable = False
+        if digest is None or not hmac.compare_digest(digest, _digest(self._secret, key, arr)):
+            self._index.pop(key, None)
+            warnings.warn(f"tensor cache entries in {entry} do not match their digests (changed by another writer of "
+                          "the cache folder, or written with another key); recomputing them. Clear the cache folder if "
+                          "this repeats", CacheEntryWarning, stacklevel=4)
+            return None
         return arr
 
     def _write_shard(self, items: Mapping[str, np.ndarray]) -> Path:
@@ -187,7 +332,8 @@ class TensorCache:
         assert self.directory is not None
         digest = hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:32]
         final = self.directory / f"{digest}{SHARD_SUFFIX}"
-        payload = save({k: items[k] for k in sorted(items)}, metadata={"format": _FORMAT})
+        metadata = {"format": _FORMAT, **{_MAC_PREFIX + k: _digest(self._secret, k, items[k]) for k in items}}
+        payload = save({k: items[k] for k in sorted(items)}, metadata=metadata)
         atomic_write_bytes(final, payload)
         self._scanned.add(final.name)
         for k in items:

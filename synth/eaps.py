@@ -31,21 +31,25 @@ from typing import Any, Iterable
 from .errors import ProgramError, ProgramValidationError
 from .program import Program
 
-__all__ = ["MAX_LIBRARY_BYTES", "LibraryProgram", "load_library", "load_library_file", "probe_labels",
-           "split_library_source"]
+__all__ = ["MAX_LIBRARY_BYTES", "MAX_LIBRARY_PROGRAMS", "LIBRARY_BUDGET_S", "LibraryProgram", "load_library",
+           "load_library_file", "probe_labels", "split_library_source"]
 
 MAX_LIBRARY_BYTES = 2_000_000
+MAX_LIBRARY_PROGRAMS = 256  # each one runs in the sandbox for every head: 2 MB of source would be ~30,000 programs
+LIBRARY_BUDGET_S = 600.0  # seconds the library searcher may spend, in total across heads (synth/search/library.py)
 _DROPPED_MODULES = ("__future__", "typing", "transformers")
 
 
 @dataclass(frozen=True)
 class LibraryProgram:
-    """One program of a library file: the validated Python program, its function name, the file, a hypothesis."""
+    """One program of a library file: the validated Python program, its function name, the file, a hypothesis,
+    and the time budget (seconds, total across heads) of the library search it takes part in."""
 
     program: Program
     name: str
     origin: str
     hypothesis: str = ""
+    budget: float | None = LIBRARY_BUDGET_S
 
 
 class _StripHints(ast.NodeTransformer):
@@ -98,6 +102,10 @@ def split_library_source(source: str, origin: str = "<library>") -> list[tuple[s
         chosen = funcs
     if not chosen:
         raise ProgramValidationError(f"{origin}: defines no function; a library file defines prog(sentence, tokenizer)")
+    if len(chosen) > MAX_LIBRARY_PROGRAMS:
+        raise ProgramValidationError(
+            f"{origin}: {len(chosen)} programs; a library file may hold at most {MAX_LIBRARY_PROGRAMS} (each runs in "
+            "the sandbox for every head): split it into files of the programs you mean to try, or keep the best ones")
     others = [s for s in tree.body if isinstance(s, (ast.AsyncFunctionDef, ast.ClassDef))]
     if others:
         raise ProgramValidationError(f"{origin}: line {others[0].lineno}: {type(others[0]).__name__} is not allowed "
@@ -112,8 +120,14 @@ def split_library_source(source: str, origin: str = "<library>") -> list[tuple[s
     return out
 
 
-def load_library_file(path: str | Path) -> list[LibraryProgram]:
-    """The programs of one library file, each validated like any Python program (ProgramValidationError names it)."""
+def load_library_file(path: str | Path, budget: float | None = LIBRARY_BUDGET_S) -> list[LibraryProgram]:
+    """The programs of one library file, each validated like any Python program (ProgramValidationError names it).
+
+    At most :data:`MAX_LIBRARY_PROGRAMS` per file; ``budget``: seconds the library search may spend on them, in
+    total across heads (None: no limit).
+    """
+    if budget is not None and not budget >= 0:
+        raise ValueError(f"the library time budget must be >= 0 seconds or None; got {budget}")
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"library file {str(p)!r} does not exist or is not a file")
@@ -132,13 +146,13 @@ def load_library_file(path: str | Path) -> list[LibraryProgram]:
             hint = (" (spaCy is not available inside the sandbox: read tokenizer.features.pos, .dep, .dep_head, "
                     ".lemma, .ent_type, .children ... instead)" if "spacy" in str(e) else "")
             raise ProgramValidationError(f"{p}: {name}(): {e}{hint}") from None
-        out.append(LibraryProgram(program, name, str(p)))
+        out.append(LibraryProgram(program, name, str(p), budget=budget))
     return out
 
 
-def load_library(paths: Iterable[str | Path]) -> list[LibraryProgram]:
-    """The programs of several library files, in order (the ``--library`` flag of ``headsurgeon explain``)."""
-    return [lp for path in paths for lp in load_library_file(path)]
+def load_library(paths: Iterable[str | Path], budget: float | None = LIBRARY_BUDGET_S) -> list[LibraryProgram]:
+    """The programs of several library files, in order (``--library`` and ``--library-budget`` of ``explain``)."""
+    return [lp for path in paths for lp in load_library_file(path, budget)]
 
 
 def probe_labels(programs: list[Program], sequences: list[Any], timeout: float = 5.0) -> dict[str, str]:

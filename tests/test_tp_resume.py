@@ -62,3 +62,22 @@ def test_cli_resume_after_a_kill(tmp_path):
     r = subprocess.run([sys.executable, "-m", "headsurgeon.cli", *args, "--resume"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "model.safetensors").is_file() and not (out / "train_state.safetensors").exists()
+
+
+def test_cli_refuses_to_train_over_a_finished_run_unless_overwrite(tmp_path, capsys):
+    """`tp train` into a finished run's folder is refused before training; --overwrite replaces it."""
+    from headsurgeon.cli import main
+
+    out = tmp_path / "run"
+    args = ["tp", "train", "hist", "--out", str(out), "--epochs", "1", "--dataset-size", "300", "--batch-size", "128",
+            "--layers", "1", "--no-progress", "--threads", "1"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main([*args, "--seed", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "already holds a finished run" in err and "--overwrite" in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # config, weights, metrics, program kept
+    assert main([*args, "--seed", "1", "--resume"]) == 1  # --resume cannot resume a finished run either
+    assert main([*args, "--seed", "1", "--overwrite"]) == 0
+    assert '"seed": 1' in (out / "config.json").read_text()

@@ -20,6 +20,7 @@ from .errors import BaseModelError, CheckpointError, IntegrityError
 from .files import verify_files
 from .layout import MANIFEST
 from .location import HF_SCHEME, download_hybrid
+from .lock import folder_lock
 from .manifest import hub_links, read_manifest_at
 from .programs import load_programs
 from .weights import hf_state_dict, weights_fingerprint
@@ -38,8 +39,15 @@ def load_hybrid(directory_or_hf_url: str | Path, trust_programs: bool | Collecti
     """
     if isinstance(directory_or_hf_url, str) and directory_or_hf_url.startswith(HF_SCHEME):
         root = download_hybrid(directory_or_hf_url, endpoint=endpoint, token=token, cache_dir=cache_dir)
-    else:
-        root = Path(directory_or_hf_url).expanduser()
+        return _load_root(root, trust_programs, device, base_model)
+    root = Path(directory_or_hf_url).expanduser()
+    with folder_lock(root, exclusive=False):  # a concurrent save swaps the folder only under the exclusive lock
+        return _load_root(root, trust_programs, device, base_model)
+
+
+def _load_root(root: Path, trust_programs: bool | Collection[str], device: str | torch.device,
+               base_model: Any) -> HybridModel:
+    """load_hybrid on a local folder (a Hub download's snapshot included)."""
     links_into = hub_links(root)
     manifest = read_manifest_at(root, links_into)
     sources = verify_files(root, manifest, links_into)

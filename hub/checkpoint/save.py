@@ -22,8 +22,9 @@ from .embedded import write_embedded
 from .errors import CheckpointError
 from .folder import carry_user_files, checked_target, clean_stale, previous_files, swap_into_place
 from .layout import CARD, FORMAT, FORMAT_VERSION, MANIFEST, PROGRAM_DIR, WEIGHTS, json_file, write_file
+from .lock import folder_lock
 from .programs import programs_of
-from .weights import differing_tensors, hf_state_dict, weights_fingerprint
+from .weights import check_savable, differing_tensors, hf_state_dict, weights_fingerprint
 
 __all__ = ["save_hybrid"]
 
@@ -50,12 +51,14 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
     Re-saving replaces only the files the earlier save wrote; other files in the folder are kept. A non-empty
     folder that save_hybrid did not write is refused unless ``overwrite=True`` (which replaces the files with the
     checkpoint's names and still keeps all others).
+    Concurrent saves into one folder take turns at the final swap (hub/checkpoint/lock.py): the last one wins, and
+    the folder always holds one complete checkpoint; a concurrent load_hybrid waits for the swap.
     """
     if not isinstance(hybrid, HybridModel):
         raise CheckpointError(f"save_hybrid needs a HybridModel (from replace_heads), got {type(hybrid).__name__}")
     target = checked_target(directory)
-    clean_stale(target)
-    ours = previous_files(target, overwrite)
+    with folder_lock(target, exclusive=False):
+        previous_files(target, overwrite)  # refuse a foreign folder before the work; checked again at the swap
     try:
         json_file(dict(metrics or {}))
     except (TypeError, ValueError) as e:
@@ -67,6 +70,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
             f"{handle.name} has no Hugging Face model inside (a legacy HookedTransformer?); hybrid checkpoints need "
             "a model loaded with load_model from a hub id, a local directory or a llama2.c file"
         )
+    check_savable(handle.model)  # processed (compatibility-mode) weights cannot be saved exactly
     heads = programs_of(hybrid)
     programs = programs if programs is not None else getattr(hybrid, "program_set", None)
     state = hf_state_dict(hf)
@@ -133,10 +137,13 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         write_file(tmp / CARD, render_card(manifest, location).encode("utf-8"))
         manifest["files"] = file_table(tmp)
         write_file(tmp / MANIFEST, json_file(manifest))
-        carry_user_files(target, tmp, ours, overwrite)
-        for folder, _dirs, _names in os.walk(tmp, topdown=False):
-            fsync_dir(Path(folder))
-        swap_into_place(tmp, target)
+        with folder_lock(target, exclusive=True):  # another save may have swapped its folder in meanwhile
+            clean_stale(target)
+            ours = previous_files(target, overwrite)
+            carry_user_files(target, tmp, ours, overwrite)
+            for folder, _dirs, _names in os.walk(tmp, topdown=False):
+                fsync_dir(Path(folder))
+            swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -66,6 +66,8 @@ FORBIDDEN_NAMES: dict[str, str] = {
 _WHY_FILE = "it reads or writes files"
 _WHY_MEMORY = "it gives raw memory access"
 _WHY_FRAME = "it exposes frames, code objects or module namespaces"
+_WHY_HOST = ("it reveals the host (install paths, environment, versions), which could travel to an LLM endpoint "
+             "in feedback or a label")
 FORBIDDEN_ATTRIBUTES: dict[str, str] = {
     **{a: _WHY_FILE for a in (
         "load", "loads", "save", "savez", "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "fromfile",
@@ -73,6 +75,7 @@ FORBIDDEN_ATTRIBUTES: dict[str, str] = {
     )},
     **{a: _WHY_MEMORY for a in ("ctypes", "ctypeslib", "as_strided", "byte_bounds")},
     **{a: "it runs external tools or test suites" for a in ("test", "show_config", "show_runtime", "f2py")},
+    "get_include": _WHY_HOST,
     **{a: _WHY_MODULE for a in (
         "lib", "core", "distutils", "testing", "typing", "rec", "ma", "matlib", "matrixlib", "dtypes",
         "exceptions", "version", "polynomial", "compat", "bit_generator", "mtrand",
@@ -90,6 +93,8 @@ FORBIDDEN_ATTRIBUTES: dict[str, str] = {
 }
 _FRAME_PREFIXES = ("gi_", "cr_", "ag_", "f_", "tb_", "co_")
 DUNDER_STRING = re.compile(r"__\w+__")
+MODULE_VALUE_REASON = ("a module may only be used to reach its functions (e.g. np.zeros): its text names the "
+                       "install path of your environment; call the function you need instead")
 
 
 @lru_cache(maxsize=1)

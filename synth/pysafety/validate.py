@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import sys
+import types
 from dataclasses import dataclass
 
 from ..errors import ProgramValidationError
-from .policy import (AVAILABLE_NAMES, FORBIDDEN_NAMES, SAFE_BUILTINS, SAFE_EXCEPTIONS, DUNDER_STRING, allowed_attributes,
+from .policy import (ALLOWED_IMPORTS, ALLOWED_NUMPY_SUBMODULES, AVAILABLE_NAMES, FORBIDDEN_NAMES, MODULE_NAMES,
+                     MODULE_VALUE_REASON, SAFE_BUILTINS, SAFE_EXCEPTIONS, DUNDER_STRING, allowed_attributes,
                      blocked_reason, check_import, forbidden_attribute_reason)
 
 MAX_SOURCE_CHARS = 50_000
@@ -141,12 +145,48 @@ def _finally_escape(body: list[ast.stmt]) -> ast.stmt | None:
     return None
 
 
+def _module_bindings(nodes: list[ast.AST], plain: set[str]) -> dict[str, types.ModuleType]:
+    """The names that hold a module: np/numpy/math/re unless rebound, and what the (already checked) imports bind."""
+    out = {k: sys.modules[v] for k, v in MODULE_NAMES.items() if k not in plain}
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name if a.asname else a.name.split(".")[0]
+                out[a.asname or top] = importlib.import_module(top)
+        elif isinstance(node, ast.ImportFrom) and node.module in ALLOWED_IMPORTS:
+            base = importlib.import_module(node.module)
+            for a in node.names:
+                value = getattr(base, a.name, None) if a.name in ALLOWED_NUMPY_SUBMODULES else None
+                if isinstance(value, types.ModuleType):
+                    out[a.asname or a.name] = value
+    return out
+
+
+def _check_module_values(nodes: list[ast.AST], modules: dict[str, types.ModuleType]) -> None:
+    """A module may only be the base of an attribute access: ``str(np)``, ``f"{np.linalg}"`` name the install path."""
+    parents = {id(child): node for node in nodes for child in ast.iter_child_nodes(node)}
+    for node in nodes:
+        if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in modules):
+            continue
+        expr: ast.AST = node
+        module = modules[node.id]
+        while True:  # walk up through allowed submodules (np.random.default_rng: np, then np.random)
+            parent = parents.get(id(expr))
+            if not (isinstance(parent, ast.Attribute) and parent.value is expr):
+                raise _fail(expr, f"using the module {ast.unparse(expr)!r} as a value", MODULE_VALUE_REASON)
+            value = getattr(module, parent.attr, None) if parent.attr in ALLOWED_NUMPY_SUBMODULES else None
+            if not isinstance(value, types.ModuleType):
+                break
+            expr, module = parent, value
+
+
 def analyze_source(source: str) -> ProgramInfo:
     """Validate ``source`` and return what the sandbox needs to know about it; raises ProgramValidationError."""
     tree = _parse(source)
     fn, params = _check_top_level(tree)
 
     bound: set[str] = set()
+    bound_plain: set[str] = set()  # bound other than by an import
     loads: list[ast.Name] = []
     attributes: set[str] = set()
     strings: set[str] = set()
@@ -171,6 +211,7 @@ def analyze_source(source: str) -> ProgramInfo:
                 loads.append(node)
             else:
                 bound.add(node.id)
+                bound_plain.add(node.id)
         elif isinstance(node, ast.Attribute):
             why = blocked_reason(node.attr)
             if why is not None:
@@ -192,6 +233,7 @@ def analyze_source(source: str) -> ProgramInfo:
         elif isinstance(node, ast.arg):
             _check_identifier(node, "parameter", node.arg)
             bound.add(node.arg)
+            bound_plain.add(node.arg)
         elif isinstance(node, ast.keyword):
             _check_identifier(node, "keyword argument", node.arg)
         elif isinstance(node, ast.Try) and node.finalbody:
@@ -211,6 +253,7 @@ def analyze_source(source: str) -> ProgramInfo:
             _check_identifier(node, "exception name", node.name)
             if node.name:
                 bound.add(node.name)
+                bound_plain.add(node.name)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 why = check_import(alias.name)
@@ -248,6 +291,8 @@ def analyze_source(source: str) -> ProgramInfo:
                 f"it is neither defined by the program nor available; available: np, numpy, math, re, "
                 f"{', '.join(SAFE_BUILTINS)}, and exceptions {', '.join(SAFE_EXCEPTIONS)}",
             )
+
+    _check_module_values(nodes, _module_bindings(nodes, bound_plain))
 
     if unlisted is not None:
         raise _fail(unlisted, f"attribute access '.{unlisted.attr}'", forbidden_attribute_reason(unlisted.attr) or "")

@@ -4,6 +4,9 @@
 Library files in EAPS's style (synth/eaps.py) arrive as ``LibraryProgram``s; a Python program's hypothesis is
 the label it returns beside its matrix (its most common one on a few synth windows), else its function name.
 A Python program that fails on a synth or select window is dropped, and :meth:`LibrarySearcher.report` says why.
+The search has a time budget (seconds, in total across heads; synth/eaps.py ``LIBRARY_BUDGET_S`` unless the
+library's files or the caller give another): past it no further program starts, the programs scored on both
+splits compete, and the report says how many were left out.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..candidate import Candidate
-from ..eaps import LibraryProgram, probe_labels
+from ..eaps import LIBRARY_BUDGET_S, LibraryProgram, probe_labels
 from ..errors import ProgramError
 from ..program import Program
 from ..select import score_programs
@@ -29,19 +32,28 @@ class LibrarySearcher:
 
     name = SOURCE
 
-    def __init__(self, programs: Iterable[Program | str | LibraryProgram] = ()) -> None:
+    def __init__(self, programs: Iterable[Program | str | LibraryProgram] = (), budget: float | None = None) -> None:
+        """``budget``: seconds for the whole search (all heads); default the library files' (``load_library``)."""
         self.hypotheses: dict[str, str] = {}
+        budgets: list[float | None] = []
         self.names: dict[str, str] = {}
         parsed: list[Program] = []
         for p in programs:
             if isinstance(p, LibraryProgram):
                 parsed.append(p.program)
+                budgets.append(p.budget)
                 self.names.setdefault(p.program.hash, f"{p.name} ({p.origin})")
                 if p.hypothesis:
                     self.hypotheses.setdefault(p.program.hash, p.hypothesis)
             else:
                 parsed.append(p if isinstance(p, Program) else Program.parse(p))
         self.programs = _unique(parsed)
+        if budget is None:
+            given = [b for b in budgets if b is not None]
+            budget = min(given) if given else (None if budgets else LIBRARY_BUDGET_S)
+        if budget is not None and not budget >= 0:
+            raise ValueError(f"the library time budget must be >= 0 seconds or None; got {budget}")
+        self.budget = budget
         self.notes: list[str] = []
 
     def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
@@ -53,6 +65,7 @@ class LibrarySearcher:
         if not self.programs or not heads:
             return {}
         stop = StopCheck(budget, cancel)
+        clock = StopCheck(self.budget)
         groups = [[p for p in self.programs if p.kind != "python"]] + [[p] for p in self.programs if p.kind == "python"]
         groups = [g for g in groups if g]
         cols: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # program hash -> split -> metric -> [H]
@@ -64,6 +77,8 @@ class LibrarySearcher:
             for group in groups:  # each Python program alone: a failing one is dropped, not the whole library
                 if group[0].hash in failed:
                     continue
+                if clock():
+                    break
                 try:
                     got = score_programs(store, heads, group, idx)
                 except ProgramError as e:
@@ -75,11 +90,17 @@ class LibrarySearcher:
                     continue
                 for k, p in enumerate(group):
                     cols.setdefault(p.hash, {})[split] = {m: v[:, k] for m, v in got.items()}
-        programs = [p for p in self.programs if p.hash not in failed and p.hash in cols]
+        programs = [p for p in self.programs if p.hash not in failed and len(cols.get(p.hash, ())) == 2]
+        if clock():
+            left = len(self.programs) - len(programs) - len(failed)
+            self.notes.append(f"library search stopped at its time budget of {self.budget:g} s (in total across "
+                              f"{len(heads)} heads): {len(programs)} of {len(self.programs)} programs scored, {left} "
+                              "not tried; raise --library-budget or pass fewer programs")
         if not programs:
             return {}
-        labels = probe_labels([p for p in programs if p.kind == "python"],
-                              [store.sequences[i] for i in synth[:PROBE_WINDOWS]])
+        labels = ({} if clock() else
+                  probe_labels([p for p in programs if p.kind == "python"],
+                               [store.sequences[i] for i in synth[:PROBE_WINDOWS]]))
         hyp = {p.hash: self.hypotheses.get(p.hash) or labels.get(p.hash) or self.names.get(p.hash, "").split(" (")[0]
                for p in programs}
         return {h: [Candidate(h, p, SOURCE, hyp[p.hash], {split: {m: float(v[r]) for m, v in got.items()}

@@ -41,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from .resume import STATE_FILE
-    from .rundir import save_run
+    from .rundir import check_run_folder, save_run
     from .train import default_configs, train
 
     if args.threads:
@@ -62,6 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         shape["num_value_gate"] = False
     _, tc = default_configs(args.task, **overrides)
     out = Path(args.out) if args.out else Path("runs") / "tp" / args.task / f"s{tc.seed}"
+    check_run_folder(out, overwrite=args.overwrite)  # before training: a finished run is never replaced silently
     result = train(args.task, tc, progress=not args.no_progress, state_dir=out, resume=args.resume, **shape)
     save_run(result, out)
     (out / STATE_FILE).unlink(missing_ok=True)  # the finished run's files replace the per-epoch state
@@ -148,6 +149,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/tp/TASK/sSEED)")
     tr.add_argument("--resume", action="store_true",
                     help="continue a killed run from the state saved in RUN_DIR after every epoch")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="replace the finished run in RUN_DIR (without it, a RUN_DIR holding one is refused)")
     tr.add_argument("--seed", type=non_negative_int, default=None,
                     help="seed for initialization, Gumbel noise and data (default 0)")
     tr.add_argument("--data-seed", type=non_negative_int, default=None, help="seed for the data only (default: --seed)")
