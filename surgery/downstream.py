@@ -134,12 +134,14 @@ def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, whic
         handle = load_model(model, tokenizer=tokenizer, device=device)
         hybrid = None
     require_lm_head(handle)
-    base_run = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
-    runs = {"base": base_run}
-    if hybrid is not None or programs is not None:
+    lm = None
+    if hybrid is not None or programs is not None:  # built first: the trust gate refuses before any task runs
         lm = (lm_for(hybrid, batch_size) if hybrid is not None
               else lm_for(handle, batch_size, programs=programs, which=which, trust_programs=trust_programs))
         hybrid = lm.model
+    base_run = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
+    runs = {"base": base_run}
+    if lm is not None:
         runs["hybrid"] = evaluate_tasks(lm, tasks, limit, include_path, seed, num_fewshot)
     rows = []
     for task in base_run["results"]:

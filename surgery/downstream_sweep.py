@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence as Seq
 from tqdm.auto import tqdm
 
 from .downstream import evaluate_tasks, lm_for, reported_metrics
-from .evaluate import draw_sweep, save_figure, sweep_arms, sweep_heads
+from .evaluate import draw_sweep, save_figure, sweep_arms, sweep_heads, trusted_programs
 from .loading import load_model
 from .replace import replace_heads
 from .scorable import require_lm_head
@@ -39,13 +39,13 @@ def _scores(run: dict) -> dict[str, tuple[str, float, float | None]]:
 def downstream_sweep(model: Any, programs: Mapping[Any, Any], tasks: list[str] | str, *,
                      order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 1.0), seed: int = 0,
                      limit: int | float | None = None, include_path: Any = None, batch_size: int = 16,
-                     progress: bool = True) -> list[dict[str, Any]]:
+                     progress: bool = True, trust_programs: Any = False) -> list[dict[str, Any]]:
     """Rows {fraction, n_heads, task, metric, value, value_random_order, value_random_program, stderr} per step
     and task: lm-eval's score of the model with that fraction of heads replaced (``order``: default as given)."""
     tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
     handle = load_model(model)
     require_lm_head(handle)
-    items, heads = sweep_heads(programs, order)
+    items, heads = sweep_heads(trusted_programs(programs, trust_programs), order)
 
     def run(chosen: Mapping[Any, Any]) -> dict[str, tuple[str, float, float | None]]:
         if not chosen:

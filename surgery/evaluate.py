@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from .batches import padded_batch
 from .embedding import EMBEDDING_METRIC, EvaluationError, check_batch_size, embedding_distance, sentence_embeddings
@@ -126,9 +127,16 @@ def _pseudo_losses(handle: ModelHandle, call: Any, sequences: list[Sequence], ba
     return total, count
 
 
+def trusted_programs(programs: Any, trust_programs: Any = False) -> Any:
+    """``programs`` past the one trust gate (synth/trust.py) when it is a ProgramSet read from someone else."""
+    return programs.trusted(trust_programs) if isinstance(programs, ProgramSet) else programs
+
+
 def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
-                       base_ppl: float | None = None, progress: bool = True, **kw: Any) -> dict[tuple[int, int], float]:
+                       base_ppl: float | None = None, progress: bool = True, trust_programs: Any = False,
+                       **kw: Any) -> dict[tuple[int, int], float]:
     """Relative perplexity change (ppl_hybrid / ppl_base − 1) with one head replaced at a time."""
+    programs = trusted_programs(programs, trust_programs)
     handle = load_model(model)
     base = base_ppl if base_ppl is not None else perplexity(handle, sequences, progress=False, **kw)
     out = {}
@@ -167,7 +175,7 @@ def sweep_arms(items: Mapping[Any, Any], heads: list, steps: Seq[float],
 def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                       order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                       seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
-                      title: str = "") -> list[dict[str, float]]:
+                      title: str = "", trust_programs: Any = False) -> list[dict[str, float]]:
     """Replace heads in ``order`` (default: as given), 0 → 100% in ``steps``, beside two baselines.
 
     Baselines: the same programs replaced in a random order, and each head given another head's program
@@ -176,7 +184,7 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
     is measured by embedding distance: rows hold ``embedding_distance*`` and the same values as ``delta*``.
     """
     handle = load_model(model)
-    items, heads = sweep_heads(programs, order)
+    items, heads = sweep_heads(trusted_programs(programs, trust_programs), order)
     headless = not handle.has_lm_head
     base = sentence_embeddings(handle, sequences) if headless else perplexity(handle, sequences, progress=False)
     rows = []

@@ -18,7 +18,7 @@ from typing import Iterable
 import numpy as np
 from safetensors.numpy import load, save_file
 
-from ..kernels.fileio import (atomic_path, atomic_write_bytes, atomic_write_json, read_bounded, sha256_bytes,
+from ..kernels.fileio import (UnsafeFileError, atomic_path, atomic_write_bytes, atomic_write_json, read_bounded, sha256_bytes,
                               sha256_file)
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
@@ -49,6 +49,8 @@ def topq_count(n: int, q_frac: float) -> int:
 #: the largest manifest.json / sequences.json read (no symlinks or devices; kernels/fileio.py ``read_bounded``)
 MAX_MANIFEST_BYTES = 256 << 20
 MAX_SEQUENCES_BYTES = 8 << 30
+#: the largest shard read when the manifest has no record of it (recorded shards are read up to their size only)
+MAX_UNLISTED_SHARD_BYTES = 8 << 30
 
 
 def read_manifest(path: Path) -> dict:
@@ -287,11 +289,14 @@ class AttentionStore:
         """A shard's tensors, checked against the manifest (size; sha256 on this store's first read) and the shapes."""
         path = self.shard_path(shard)
         fix = "re-run the same capture command to recompute it"
-        try:
-            data = path.read_bytes()
+        record = self.shard_records.get(shard)
+        try:  # never past the recorded size, never through a link (kernels/fileio.py read_bounded)
+            data = read_bounded(path, record["bytes"] if record is not None else MAX_UNLISTED_SHARD_BYTES,
+                                "a store shard")
+        except UnsafeFileError as e:
+            raise StoreError(f"{e}; {fix}") from None
         except OSError as e:
             raise StoreError(f"{path} is unreadable ({e.strerror or e}); {fix}") from None
-        record = self.shard_records.get(shard)
         if record is not None and len(data) != record["bytes"]:
             raise StoreError(f"{path} is damaged: it has {len(data)} bytes, the manifest recorded {record['bytes']}; "
                              f"{fix}")

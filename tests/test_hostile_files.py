@@ -86,6 +86,25 @@ def test_store_manifest_and_sequences(tmp_path, monkeypatch):
         read_sequences(tmp_path / "b")
 
 
+def test_store_shards_are_read_only_up_to_their_recorded_size(stories, documents, tmp_path):
+    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.corpus import make_sequences
+    from headsurgeon.surgery.store import AttentionStore, StoreError
+
+    seqs = make_sequences(stories, documents[:4], max_len=16)
+    capture(stories, seqs, out=tmp_path / "s", shard_size=len(seqs), progress=False)
+    shard = next((tmp_path / "s").glob("shard_*.safetensors"))
+    size = shard.stat().st_size
+    with open(shard, "ab") as f:  # grown past its manifest record: refused by size, never read whole
+        f.truncate(size + (1 << 40))
+    with pytest.raises(StoreError, match=f"at most {size} bytes|has {size + (1 << 40)} bytes, the manifest recorded {size}"):
+        AttentionStore.load(tmp_path / "s").patterns(0)
+    shard.unlink()
+    zero_link(shard)
+    with pytest.raises(StoreError, match="symbolic link|shard_00000.safetensors missing"):  # never followed
+        AttentionStore.load(tmp_path / "s").patterns(0)
+
+
 def test_head_store(tmp_path, monkeypatch):
     from headsurgeon.scaleout import headstore
     from headsurgeon.surgery.store import StoreError

@@ -107,12 +107,34 @@ def test_lm_eval_model_and_downstream_gate_every_slot(handle, tmp_path, slot, mo
         refusal(e.value, slot, "--model_args")
     for trust in ("true", True, PY.hash, {PY.hash}):
         assert HeadsurgeonLM(handle, programs=path, trust_programs=trust).model.replaced
-    monkeypatch.setattr(ds, "evaluate_tasks", lambda *a, **k: {"results": {}, "samples": {}})  # no real tasks
+    ran = []
+    monkeypatch.setattr(ds, "evaluate_tasks", lambda *a, **k: ran.append(a) or {"results": {}, "samples": {}})
     with pytest.raises(UntrustedProgramsError):
         ds.downstream(handle, ["eaps6"], programs=path)
+    assert not ran, "the base run went first: the gate must refuse before any task runs"
     with pytest.raises(UntrustedProgramsError):
         ds.downstream(handle, ["eaps6"], programs=ProgramSet.load(path))
     assert ds.downstream(handle, ["eaps6"], programs=path, trust_programs={PY.hash})["hybrid_heads"] == 1
+
+
+@pytest.mark.parametrize("slot", SLOTS)
+def test_measurements_gate_a_programset(handle, tmp_path, slot, monkeypatch):
+    from headsurgeon.surgery import downstream_sweep as dsw
+    from headsurgeon.surgery.corpus import make_sequences
+    from headsurgeon.surgery.evaluate import per_head_delta_ppl, replacement_sweep
+
+    path = hidden_python(tmp_path, slot)
+    seqs = make_sequences(handle, ["Once upon a time there was a girl. She liked the park."], max_len=16)
+    for measure in (lambda **k: per_head_delta_ppl(handle, ProgramSet.load(path), seqs, progress=False, **k),
+                    lambda **k: replacement_sweep(handle, ProgramSet.load(path), seqs, steps=(0.0, 1.0),
+                                                  progress=False, **k)):
+        with pytest.raises(UntrustedProgramsError) as e:
+            measure()
+        refusal(e.value, slot, "trust_programs=True")
+        assert measure(trust_programs={PY.hash})
+    monkeypatch.setattr(dsw, "evaluate_tasks", lambda *a, **k: pytest.fail("ran a task before the trust gate"))
+    with pytest.raises(UntrustedProgramsError):
+        dsw.downstream_sweep(handle, ProgramSet.load(path), ["eaps6"], progress=False)
 
 
 def test_harness_gates_programs(tmp_path):
