@@ -19,6 +19,7 @@ from lm_eval.api.registry import register_model
 from headsurgeon.hub.checkpoint import load_hybrid
 from headsurgeon.surgery.downstream import TASKS_DIR
 from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM, model_flag
+from .kernels.core import InputError
 
 __all__ = ["HarnessLM", "main"]
 
@@ -36,7 +37,7 @@ class HarnessLM(HeadsurgeonLM):
                  trust_programs: Any = False, device: str | None = None, **options: Any) -> None:
         if checkpoint is not None:
             if model is not None or programs is not None:
-                raise ValueError("checkpoint=DIR already names the model and its programs: drop model= and "
+                raise InputError("checkpoint=DIR already names the model and its programs: drop model= and "
                                  "programs= from --model_args")
             if device and str(device).startswith("cuda"):
                 import torch

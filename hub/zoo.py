@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from headsurgeon.kernels.fileio import split_documents
+from ..kernels.core import HeadsurgeonError
 
 DEFAULT_NAME = "tiny-stories"
 ZOO_DATA = Path(__file__).resolve().parent / "zoo_data"
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 
-class ZooFilesMissingError(FileNotFoundError):
+class ZooFilesMissingError(HeadsurgeonError, FileNotFoundError):
     """Raised when the embedded model or demo corpus is not on disk (e.g. a checkout before training)."""
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from .fileio import UnsafeFileError, atomic_write_bytes
+from .core import InputError
 
 __all__ = ["TensorCache", "CacheStats", "CacheEntryWarning", "cache_key"]
 
@@ -63,7 +64,7 @@ def cache_key(program_hash: str, seq_key: str, mask_policy: str) -> str:
     """Content address of one (program, sequence, mask policy) tensor: 40 hex chars."""
     for name, part in (("program_hash", program_hash), ("seq_key", seq_key), ("mask_policy", mask_policy)):
         if not isinstance(part, str) or not part:
-            raise ValueError(f"cache_key needs a non-empty str {name}; got {part!r}")
+            raise InputError(f"cache_key needs a non-empty str {name}; got {part!r}")
     raw = "\x1f".join((program_hash, seq_key, mask_policy)).encode()
     return hashlib.sha256(raw).hexdigest()[:40]
 
@@ -226,7 +227,7 @@ def _untrusted_key(path: Path, why: str) -> bytes:
 def _key_of(key: str) -> str:
     """Validate a cache key (what :func:`cache_key` makes, or any other safe tensor name)."""
     if not isinstance(key, str) or not key or len(key) > 200 or any(c in key for c in "/\\\0"):
-        raise ValueError(f"bad cache key {key!r}; build keys with cache_key(program_hash, seq_key, mask_policy)")
+        raise InputError(f"bad cache key {key!r}; build keys with cache_key(program_hash, seq_key, mask_policy)")
     return key
 
 
@@ -239,7 +240,7 @@ class TensorCache:
 
     def __init__(self, max_bytes: int = 1 << 30, directory: str | os.PathLike | None = None) -> None:
         if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0; got {max_bytes}")
+            raise InputError(f"max_bytes must be >= 0; got {max_bytes}")
         self.max_bytes = int(max_bytes)
         self.directory = Path(directory) if directory is not None else None
         self._secret = b""

@@ -7,12 +7,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["Head", "HeadsurgeonError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
+__all__ = ["Head", "HeadsurgeonError", "InputError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
            "check_choice"]
 
 
 class HeadsurgeonError(Exception):
     """Base of every error the library raises on bad input or a failed step; the CLI prints these as one line."""
+
+
+class InputError(HeadsurgeonError, ValueError):
+    """An argument or file the caller gave is out of range or malformed (a ValueError, as before)."""
 
 
 Split = Literal["synth", "select", "test"]

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+from .core import HeadsurgeonError
 
 __all__ = [
     "atomic_file", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
@@ -159,7 +160,7 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-class UnsafeFileError(ValueError):
+class UnsafeFileError(HeadsurgeonError, ValueError):
     """A file that must not be read: a symbolic link, not a regular file, or larger than its cap."""
 
 

@@ -23,6 +23,7 @@ from numba import njit, prange
 
 from .primitives import threads_for
 from .sparse import RowsBuffer, SparseRows
+from .core import InputError
 
 __all__ = ["normalize_scores", "normalize_rows", "visible_mask"]
 
@@ -30,15 +31,15 @@ __all__ = ["normalize_scores", "normalize_rows", "visible_mask"]
 def _check_inputs(shape: tuple[int, ...], lengths: np.ndarray) -> np.ndarray:
     """Validate a [B,N,N] score shape against lengths [B]; return lengths as int64."""
     if len(shape) != 3 or shape[1] != shape[2]:
-        raise ValueError(f"scores must have shape [B, N, N]; got {tuple(shape)}")
+        raise InputError(f"scores must have shape [B, N, N]; got {tuple(shape)}")
     lengths = np.asarray(lengths).astype(np.int64, copy=False).reshape(-1)
     if lengths.shape[0] != shape[0]:
-        raise ValueError(
+        raise InputError(
             f"lengths has {lengths.shape[0]} entries but scores has batch size {shape[0]}; "
             "pass one length per sequence"
         )
     if lengths.size and (lengths.min() < 0 or lengths.max() > shape[1]):
-        raise ValueError(
+        raise InputError(
             f"lengths must lie in [0, N={shape[1]}]; got min {lengths.min()}, max {lengths.max()}"
         )
     return lengths
@@ -125,13 +126,13 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
     lengths = _check_inputs(scores.shape, lengths)
     if scores.dtype not in (np.float32, np.float64):
         if not (np.issubdtype(scores.dtype, np.number) or scores.dtype == np.bool_):
-            raise ValueError(f"scores must be numeric; got dtype {scores.dtype}")
+            raise InputError(f"scores must be numeric; got dtype {scores.dtype}")
         scores = scores.astype(np.float64)
     scores = np.ascontiguousarray(scores)
     if out is None:
         out = np.empty(scores.shape, dtype=np.float32)
     elif out.shape != scores.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous float32 array of shape {scores.shape}")
+        raise InputError(f"out must be a C-contiguous float32 array of shape {scores.shape}")
     masked = bool(masked) and out is scores
     bad = np.empty(scores.shape[0], dtype=np.int64)
     bad_value = np.zeros(scores.shape[0], dtype=np.float64)
@@ -143,7 +144,7 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
     if hit.size:
         b = int(hit[0])
         i, j = divmod(int(bad[b]), scores.shape[1])
-        raise ValueError(
+        raise InputError(
             f"scores contain a non-finite value ({float(bad_value[b])!r}) at sequence {b}, query {i}, "
             f"key {j} ({hit.size} sequence(s) affected); a program must return finite scores "
             "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"
@@ -227,7 +228,7 @@ def normalize_rows(rows: SparseRows, causal: bool, out: RowsBuffer | None = None
     if hit.size:
         b = int(hit[0])
         i, j = divmod(int(bad[b]), n)
-        raise ValueError(
+        raise InputError(
             f"scores contain a non-finite value ({float(bad_value[b])!r}) at sequence {b}, query {i}, "
             f"key {j} ({hit.size} sequence(s) affected); a program must return finite scores "
             "(NaN/inf are errors, not masks: return 0 for keys it should ignore)"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange
+from .core import InputError
 
 __all__ = ["SparseRows", "RowsBuffer", "PACK_TAG", "pack_sequence", "is_packed", "from_packed", "empty_rows_like",
            "rows_from_counts", "stack_rows", "from_dense"]
@@ -43,9 +44,9 @@ class SparseRows:
     def __post_init__(self) -> None:
         B = self.lengths.shape[0]
         if self.rowptr.shape != (B * self.n + 1,):
-            raise ValueError(f"rowptr must have B*N+1 = {B * self.n + 1} entries; got {self.rowptr.shape}")
+            raise InputError(f"rowptr must have B*N+1 = {B * self.n + 1} entries; got {self.rowptr.shape}")
         if self.cols.shape != self.vals.shape or self.cols.shape[0] != int(self.rowptr[-1]):
-            raise ValueError(f"cols {self.cols.shape} and vals {self.vals.shape} must both hold rowptr[-1] = "
+            raise InputError(f"cols {self.cols.shape} and vals {self.vals.shape} must both hold rowptr[-1] = "
                              f"{int(self.rowptr[-1])} entries")
 
     @property
@@ -69,7 +70,7 @@ class SparseRows:
         if out is None:
             out = np.empty(shape, dtype=np.float32)
         elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}")
+            raise InputError(f"out must be a C-contiguous float32 array of shape {shape}")
         if shape[0] and self.n:
             _scatter(self.rowptr, self.cols, self.vals, self.n, out)
         return out
@@ -95,7 +96,7 @@ class SparseRows:
         if n == self.n:
             return self
         if n < self.n:
-            raise ValueError(f"cannot narrow a sparse tensor from width {self.n} to {n}")
+            raise InputError(f"cannot narrow a sparse tensor from width {self.n} to {n}")
         counts = np.zeros((self.shape[0], n), dtype=np.int64)
         counts[:, : self.n] = self.row_counts()
         rowptr = np.zeros(counts.size + 1, dtype=np.int64)
@@ -139,10 +140,10 @@ def stack_rows(rows: list[SparseRows], lens: np.ndarray) -> tuple[np.ndarray, np
     N = max(r.n for r in rows)
     for r in rows:
         if r.shape[0] != B:
-            raise ValueError(f"batch sizes disagree: real has {B} sequences, a sparse candidate {r.shape[0]}; "
+            raise InputError(f"batch sizes disagree: real has {B} sequences, a sparse candidate {r.shape[0]}; "
                              "score the same sequences in the same order")
         if B and r.n < lens.max():
-            raise ValueError(f"a length {int(lens.max())} exceeds a sparse candidate's width {r.n}; "
+            raise InputError(f"a length {int(lens.max())} exceeds a sparse candidate's width {r.n}; "
                              "evaluate programs on the same sequences as the real patterns")
     rowptr = np.empty((len(rows), B * N + 1), dtype=np.int64)
     base = 0
@@ -271,10 +272,10 @@ def from_packed(packed: list[np.ndarray], n: int) -> SparseRows:
     """A batch of width ``n`` from packed sequences (``pack_sequence``'s output), one per sequence."""
     lengths = np.array([int(p[1]) for p in packed], dtype=np.int64)
     if lengths.size and lengths.max() > n:
-        raise ValueError(f"a packed sequence of length {int(lengths.max())} does not fit width {n}")
+        raise InputError(f"a packed sequence of length {int(lengths.max())} does not fit width {n}")
     for p in packed:
         if not is_packed(p) or p.shape[0] != _packed_size(int(p[1]), int(p[2]), int(p[3])):
-            raise ValueError("not a packed sparse sequence (kernels/sparse.py pack_sequence makes them)")
+            raise InputError("not a packed sparse sequence (kernels/sparse.py pack_sequence makes them)")
     flat = np.concatenate(packed) if packed else np.zeros(0, np.int32)
     starts = np.zeros(len(packed) + 1, dtype=np.int64)
     np.cumsum([p.shape[0] for p in packed], out=starts[1:])

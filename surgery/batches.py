@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from ..synth.sequence import Sequence
+from ..kernels.core import InputError
 
 __all__ = ["padded_batch", "batches"]
 
@@ -13,7 +14,7 @@ __all__ = ["padded_batch", "batches"]
 def padded_batch(sequences: list[Sequence], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, N] and attention mask [B, N] (1 on real tokens) for a list of sequences."""
     if not sequences:
-        raise ValueError("padded_batch needs at least one sequence")
+        raise InputError("padded_batch needs at least one sequence")
     width = max(s.n for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -27,7 +28,7 @@ def batches(sequences: list[Sequence], batch_size: int = 16, pad_id: int = 0,
             shuffle: bool = False, seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(ids, attention_mask)`` batches of ``batch_size`` sequences, in order or shuffled with ``seed``."""
     if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     order = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(seed)).tolist() if shuffle \
         else list(range(len(sequences)))
     for start in range(0, len(order), batch_size):

@@ -27,11 +27,12 @@ from .pattern_entries import EntryBuilder
 from .replace import HybridModel
 from .shard_writer import ShardWriter
 from .store import SEQUENCES_FILE, AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
+from ..kernels.core import HeadsurgeonError
 
 RESUME_KEYS = ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size", "n_sequences", "sequences_key")
 
 
-class CaptureError(ValueError):
+class CaptureError(HeadsurgeonError, ValueError):
     """capture() was given inputs or settings it cannot use; the message says what to change."""
 
 

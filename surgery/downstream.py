@@ -12,6 +12,7 @@ from .loading import load_model
 from .scorable import require_lm_head
 from .task_data import hub_data
 from .replace import HybridModel
+from ..kernels.core import InputError
 
 __all__ = ["downstream", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for", "task_manager",
            "check_tasks"]
@@ -67,7 +68,7 @@ def paired_bootstrap(base: list[Any], other: list[Any], aggregate: Callable[[lis
                      n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
     """aggregate(other) − aggregate(base) and its percentile interval, resampling examples (pairs) with ``seed``."""
     if len(base) != len(other) or not base:
-        raise ValueError(f"paired bootstrap needs two equally long, non-empty lists ({len(base)} vs {len(other)})")
+        raise InputError(f"paired bootstrap needs two equally long, non-empty lists ({len(base)} vs {len(other)})")
     rng = np.random.default_rng(seed)
     deltas = []
     for _ in range(n_boot):
@@ -84,7 +85,7 @@ def check_tasks(tasks: list[str], include_path: Any = None) -> Any:
     manager = task_manager(include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise ValueError(f"lm-eval knows no task {', '.join(map(repr, unknown))}: check the name (lm-eval ls "
+        raise InputError(f"lm-eval knows no task {', '.join(map(repr, unknown))}: check the name (lm-eval ls "
                          "tasks lists them) or give the folder of its YAML file with include_path / --include-path")
     return manager
 
@@ -125,10 +126,10 @@ def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, whic
     """
     tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
     if not tasks:
-        raise ValueError("no tasks given: name lm-eval tasks, e.g. tasks=['eaps6'] or --tasks hellaswag,piqa")
+        raise InputError("no tasks given: name lm-eval tasks, e.g. tasks=['eaps6'] or --tasks hellaswag,piqa")
     if isinstance(model, HybridModel):
         if programs is not None:
-            raise ValueError("pass either a HybridModel or programs, not both")
+            raise InputError("pass either a HybridModel or programs, not both")
         handle, hybrid = model.handle, model
     else:
         handle = load_model(model, tokenizer=tokenizer, device=device)

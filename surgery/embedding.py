@@ -19,6 +19,7 @@ from .batches import padded_batch
 from .headless import final_hidden_module
 from .loading import ModelHandle, load_model
 from .replace import HybridModel
+from ..kernels.core import HeadsurgeonError
 
 __all__ = ["EMBEDDING_METRIC", "EvaluationError", "check_batch_size", "sentence_embeddings", "embedding_distances",
            "embedding_distance"]
@@ -27,7 +28,7 @@ __all__ = ["EMBEDDING_METRIC", "EvaluationError", "check_batch_size", "sentence_
 EMBEDDING_METRIC = "embedding_distance"
 
 
-class EvaluationError(ValueError):
+class EvaluationError(HeadsurgeonError, ValueError):
     """An evaluation was asked for something it cannot compute (no sequences, bad batch size, no LM head)."""
 
 

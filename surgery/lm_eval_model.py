@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from ..kernels.core import InputError
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -54,7 +55,7 @@ class HeadsurgeonLM(TemplateLM):
         require_lm_head(self.handle)
         if programs is not None:
             if isinstance(self.model, HybridModel):
-                raise ValueError("pass either a HybridModel or programs, not both")
+                raise InputError("pass either a HybridModel or programs, not both")
             if isinstance(programs, (str, Path)):
                 programs = ProgramSet.load(programs)
             if isinstance(programs, ProgramSet):  # the one trust gate (synth/trust.py), every slot of every head
@@ -125,9 +126,9 @@ class HeadsurgeonLM(TemplateLM):
             rows, conts = [], []
             for _, context, continuation in chunk:
                 if not continuation:
-                    raise ValueError("lm-eval asked for the likelihood of an empty continuation")
+                    raise InputError("lm-eval asked for the likelihood of an empty continuation")
                 if len(continuation) > self.max_length:
-                    raise ValueError(f"a continuation of {len(continuation)} tokens does not fit the model's "
+                    raise InputError(f"a continuation of {len(continuation)} tokens does not fit the model's "
                                      f"{self.max_length}-token window")
                 rows.append((context + continuation)[-(self.max_length + 1):][:-1])
                 conts.append(continuation)

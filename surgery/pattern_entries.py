@@ -18,6 +18,7 @@ import torch
 
 from ..synth.sequence import Sequence
 from .store import StoreError, check_settings, topq_count
+from ..kernels.core import InputError
 
 __all__ = ["EntryBuilder"]
 
@@ -29,7 +30,7 @@ class EntryBuilder:
                  indices: list[int], executor: Executor | None = None) -> None:
         check_settings(mode, q_frac, 1)
         if len(sequences) != len(indices):
-            raise ValueError(f"{len(sequences)} sequences but {len(indices)} indices; give one index per sequence")
+            raise InputError(f"{len(sequences)} sequences but {len(indices)} indices; give one index per sequence")
         self.mode, self.n_layers, self.n_heads = mode, int(n_layers), int(n_heads)
         self.indices = [int(i) for i in indices]
         self.lengths = [s.n for s in sequences]

@@ -14,6 +14,7 @@ from ..kernels.cache import TensorCache
 from ..synth.program import Program
 from ..synth.sequence import Sequence
 from ..synth.tensors import program_tensors
+from ..kernels.core import InputError
 
 
 @runtime_checkable
@@ -116,7 +117,7 @@ class MeanPatterns:
 
     def __init__(self, reference: list[np.ndarray]) -> None:
         if not reference:
-            raise ValueError("mean ablation needs at least one reference pattern")
+            raise InputError("mean ablation needs at least one reference pattern")
         width = max(p.shape[0] for p in reference)
         total = np.zeros((width, width), np.float64)
         count = np.zeros((width, 1), np.float64)
@@ -129,7 +130,7 @@ class MeanPatterns:
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
         width = max(s.n for s in sequences)
         if width > self.mean.shape[0]:
-            raise ValueError(f"mean pattern covers {self.mean.shape[0]} positions but a sequence has {width}; "
+            raise InputError(f"mean pattern covers {self.mean.shape[0]} positions but a sequence has {width}; "
                              "use a reference corpus with windows at least as long")
         out = np.zeros((len(sequences), width, width), dtype=np.float32)
         for b, s in enumerate(sequences):
@@ -144,7 +145,7 @@ class ResamplePatterns:
 
     def __init__(self, reference: list[np.ndarray], seed: int = 0) -> None:
         if not reference:
-            raise ValueError("resample ablation needs at least one reference pattern")
+            raise InputError("resample ablation needs at least one reference pattern")
         self.reference = reference
         self.rng = np.random.default_rng(seed)
 
@@ -155,7 +156,7 @@ class ResamplePatterns:
         for b, s in enumerate(sequences):
             pool = np.flatnonzero(lengths >= s.n)
             if pool.size == 0:
-                raise ValueError(f"no reference pattern is as long as a {s.n}-token sequence; use longer references")
+                raise InputError(f"no reference pattern is as long as a {s.n}-token sequence; use longer references")
             src = self.reference[int(self.rng.choice(pool))]
             out[b, : s.n, : s.n] = renormalize(src, s.n, causal)
         return out
@@ -175,7 +176,7 @@ class MeanOutputs:
         import torch
 
         if n > self.mean_z.shape[0]:
-            raise ValueError(f"mean output covers {self.mean_z.shape[0]} positions but the input has {n}; "
+            raise InputError(f"mean output covers {self.mean_z.shape[0]} positions but the input has {n}; "
                              "use a reference corpus with windows at least as long")
         return torch.from_numpy(self.mean_z[:n])
 

@@ -15,6 +15,7 @@ from typing import Iterable
 import numpy as np
 
 from .store import AttentionStore, StoreError
+from ..kernels.core import InputError
 
 __all__ = ["ShardWriter", "ShardWriteError"]
 
@@ -37,9 +38,9 @@ class ShardWriter:
 
     def __init__(self, store: AttentionStore, done: Iterable[int] = (), depth: int = 0) -> None:
         if store.directory is None:
-            raise ValueError("ShardWriter needs a store with a directory; an in-memory store keeps its entries itself")
+            raise InputError("ShardWriter needs a store with a directory; an in-memory store keeps its entries itself")
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"depth must be a whole number of shards >= 0, got {depth!r}")
+            raise InputError(f"depth must be a whole number of shards >= 0, got {depth!r}")
         self.store = store
         self.done: set[int] = set(done)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()

@@ -22,11 +22,12 @@ from ..kernels.fileio import (UnsafeFileError, atomic_path, atomic_write_bytes, 
                               sha256_file)
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
+from ..kernels.core import HeadsurgeonError
 
 FORMAT_VERSION = 1
 
 
-class StoreError(ValueError):
+class StoreError(HeadsurgeonError, ValueError):
     """The store directory is missing, incomplete, corrupted or built for other inputs."""
 
 

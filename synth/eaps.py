@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 from .errors import ProgramError, ProgramValidationError
 from .program import Program
+from ..kernels.core import InputError
 
 __all__ = ["MAX_LIBRARY_BYTES", "MAX_LIBRARY_PROGRAMS", "LIBRARY_BUDGET_S", "LibraryProgram", "load_library",
            "load_library_file", "probe_labels", "split_library_source"]
@@ -127,7 +128,7 @@ def load_library_file(path: str | Path, budget: float | None = LIBRARY_BUDGET_S)
     total across heads (None: no limit).
     """
     if budget is not None and not budget >= 0:
-        raise ValueError(f"the library time budget must be >= 0 seconds or None; got {budget}")
+        raise InputError(f"the library time budget must be >= 0 seconds or None; got {budget}")
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"library file {str(p)!r} does not exist or is not a file")

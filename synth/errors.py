@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import reprlib
+from ..kernels.core import HeadsurgeonError
 
 
-class ProgramError(Exception):
+class ProgramError(HeadsurgeonError):
     """Base class: a program could not be parsed, validated or run."""
 
 

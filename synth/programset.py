@@ -24,6 +24,7 @@ from .errors import ProgramError
 from .program import Program
 from .programs_file import clip, read_programs_file
 from .trust import API_FLAG, require_trusted
+from ..kernels.core import InputError
 
 FORMAT = "headsurgeon.programset"
 VERSION = 2  # 2: tables in a side file; files without one are still written as version 1
@@ -36,7 +37,7 @@ def head_key(head: Any) -> tuple[int, int]:
     if isinstance(head, str):
         m = re.fullmatch(r"\s*L(\d+)H(\d+)\s*", head, flags=re.IGNORECASE)
         if not m:
-            raise ValueError(f"cannot read head {head!r}: write 'L3H5'")
+            raise InputError(f"cannot read head {head!r}: write 'L3H5'")
         return int(m.group(1)), int(m.group(2))
     layer, h = head
     return int(layer), int(h)
@@ -100,7 +101,7 @@ class Entry:
     def choice(self, which: str = "replacement") -> Choice | None:
         """``"replacement"`` or ``"explanation"`` (None when the head has no readable program)."""
         if which not in WHICH:
-            raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+            raise InputError(f"which must be one of {WHICH}, got {which!r}")
         return self.replacement_choice() if which == "replacement" else self.explanation
 
     def to_json(self, head: tuple[int, int], tables: dict | None = None) -> dict:
@@ -153,7 +154,7 @@ class ProgramSet:
     def programs(self, which: str = "replacement") -> dict[tuple[int, int], Program]:
         """head → Program: every head's replacement, or the explanations of the heads that have one."""
         if which not in WHICH:
-            raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+            raise InputError(f"which must be one of {WHICH}, got {which!r}")
         if which == "replacement":
             return {h: e.program for h, e in self.entries.items()}
         return {h: e.explanation.program for h, e in self.entries.items() if e.explanation is not None}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from ..kernels.core import InputError
 
 
 @dataclass(eq=False)
@@ -31,7 +32,7 @@ class Sequence:
         self.ids = np.asarray(self.ids, dtype=np.int64).reshape(-1)
         self.offsets = np.asarray(self.offsets, dtype=np.int64).reshape(-1, 2)
         if len(self.tokens) != len(self.ids) or len(self.offsets) != len(self.ids):
-            raise ValueError(
+            raise InputError(
                 f"Sequence fields disagree: {len(self.ids)} ids, {len(self.tokens)} tokens, "
                 f"{len(self.offsets)} offsets; build all three from the same tokenization"
             )

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
 from ..synth.errors import ProgramError
 from ..synth.programset import Entry, ProgramSet, head_key, head_label
+from ..kernels.core import HeadsurgeonError
 
 FORMAT = "headsurgeon.head_journal"
 VERSION = 2  # 2: records and run.json carry an HMAC under a key outside OUT
@@ -38,7 +39,7 @@ MAX_RECORD_BYTES = 16 << 20
 KEY_BYTES = 32
 
 
-class JournalError(ValueError):
+class JournalError(HeadsurgeonError, ValueError):
     """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
 
 

@@ -12,9 +12,10 @@ from typing import Any, Callable
 from ..synth.programset import head_label
 from .headstore import HeadStore, StoreUnreachable
 from .task import HeadJob, explain_heads
+from ..kernels.core import HeadsurgeonError
 
 
-class ClusterError(ConnectionError, ValueError):
+class ClusterError(HeadsurgeonError, ConnectionError, ValueError):
     """The Ray cluster cannot be reached, or a task failed for good on it (a ValueError too: the CLI reports it
     as one line, headsurgeon/cli.py ``USER_ERRORS``)."""
 

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from .journal import HeadJournal
 from .task import HeadJob, explain_heads
+from ..kernels.core import InputError
 
 EXECUTORS = ("serial", "ray")
 #: most heads per task by default: a task pays a fixed cost (the searchers' shared work: the enumerative
@@ -23,7 +24,7 @@ MAX_HEADS_PER_TASK = 64
 def chunked(heads: list[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
     """``heads`` in consecutive chunks of at most ``size`` (the unit of work a task gets)."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"heads_per_task must be a whole number >= 1; got {size!r}")
+        raise InputError(f"heads_per_task must be a whole number >= 1; got {size!r}")
     return [heads[i: i + size] for i in range(0, len(heads), size)]
 
 
@@ -40,7 +41,7 @@ def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *
     it is journaled.
     """
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}; got {executor!r}")
+        raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     book = HeadJournal(journal)
     done = book.start(fingerprint)
     todo = [h for h in heads if h not in done]

@@ -13,6 +13,7 @@ from ..synth.search.base import SearcherUnavailable, SearchSettings, make_search
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
 from .task import DeltaJob, HeadJob
+from ..kernels.core import InputError
 
 @dataclass
 class HeadsResult:
@@ -28,7 +29,7 @@ def _model_spec(model: Any) -> Any:
     """A model spec a worker can load itself (a string or path); a live model cannot travel to workers."""
     if isinstance(model, (str, Path)):
         return str(model)
-    raise ValueError("per-head ΔPPL on Ray needs the model as a spec every worker can load (a hub id, a folder, "
+    raise InputError("per-head ΔPPL on Ray needs the model as a spec every worker can load (a hub id, a folder, "
                      "'llama2c:PATH.bin' or 'tiny-stories'), not a loaded model; pass the spec to explain()")
 
 
@@ -49,7 +50,7 @@ def preflight(executor: str, address: str | None = None, heads_per_task: int | N
     if heads_per_task is not None:
         chunked([], heads_per_task)  # refuses anything but a whole number >= 1
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}; got {executor!r}")
+        raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     if executor == "ray":
         from .ray_run import check_reachable, import_ray
 
@@ -57,7 +58,7 @@ def preflight(executor: str, address: str | None = None, heads_per_task: int | N
         if address:
             check_reachable(address)
     elif address:
-        raise ValueError("address names a Ray cluster; pass executor='ray' with it (or --ray ADDRESS)")
+        raise InputError("address names a Ray cluster; pass executor='ray' with it (or --ray ADDRESS)")
 
 
 def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], searchers: Seq[str], *,
@@ -67,7 +68,7 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
                   progress: bool = True, on_record: Any = None) -> HeadsResult:
     """Search, select and (``delta_ppl``) measure every head of ``store``; resumes from ``out / "heads"``."""
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}; got {executor!r}")
+        raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     names = list(searchers)
     factories = tuple((n, searcher_factory(n)) for n in names)
     notes: list[str] = []

@@ -3,12 +3,13 @@
 Each message names the file and the fix; the CLI prints them as one line (headsurgeon/cli.py).
 """
 from __future__ import annotations
+from ...kernels.core import HeadsurgeonError
 
 __all__ = ["CheckpointError", "NotACheckpointError", "IntegrityError", "FormatVersionError", "BaseModelError",
            "UntrustedProgramError"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(HeadsurgeonError, ValueError):
     """A hybrid checkpoint cannot be saved or loaded; the message names the file and the fix."""
 
 

@@ -6,6 +6,7 @@ from contextlib import contextmanager
 
 import numba
 import numpy as np
+from ...kernels.core import InputError
 
 __all__ = ["SMALL_WORK", "threads_for", "out_buffer", "clip_offset", "per_token_kernel"]
 
@@ -38,7 +39,7 @@ def out_buffer(out: np.ndarray | None, shape: tuple[int, int, int]) -> np.ndarra
     if out is None:
         return np.empty(shape, dtype=np.float32)
     if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}; got {out.dtype} {out.shape}")
+        raise InputError(f"out must be a C-contiguous float32 array of shape {shape}; got {out.dtype} {out.shape}")
     return out
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from .. import dsl
 from ..errors import ProgramValidationError, excerpt
 from ..sequence import Sequence
+from ...kernels.core import InputError
 
 __all__ = ["ProgramBackend", "register_backend", "unregister_backend", "get_backend", "backend_kinds", "backend_for_document",
            "json_document", "DEFAULT_TIMEOUT"]
@@ -123,9 +124,9 @@ def register_backend(backend: ProgramBackend, *, replace: bool = False) -> Progr
         raise TypeError(f"register_backend needs a ProgramBackend instance, got {type(backend).__name__}")
     kind = backend.kind
     if not isinstance(kind, str) or not kind.isidentifier():
-        raise ValueError(f"a backend's kind must be a short identifier, got {kind!r}")
+        raise InputError(f"a backend's kind must be a short identifier, got {kind!r}")
     if kind in _REGISTRY and not replace and _REGISTRY[kind] is not backend:
-        raise ValueError(f"a program backend for kind {kind!r} is already registered; pass replace=True")
+        raise InputError(f"a program backend for kind {kind!r} is already registered; pass replace=True")
     _REGISTRY[kind] = backend
     return backend
 

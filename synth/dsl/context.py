@@ -15,6 +15,7 @@ from ..features import POS_TAGS
 from .labels import dep_index
 from .nodes import Node, Pred, Prim
 from .spec import PRIMITIVE_SPECS, combinator_for
+from ...kernels.core import InputError
 
 __all__ = ["Context"]
 
@@ -26,12 +27,12 @@ class Context:
                  causal: bool, pos_tags: Any) -> None:
         ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
         if ids.ndim != 2:
-            raise ValueError(f"ids must be a padded [B, N] array; got shape {ids.shape}")
+            raise InputError(f"ids must be a padded [B, N] array; got shape {ids.shape}")
         lengths = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
         if lengths.shape[0] != ids.shape[0]:
-            raise ValueError(f"lengths has {lengths.shape[0]} entries for {ids.shape[0]} sequences")
+            raise InputError(f"lengths has {lengths.shape[0]} entries for {ids.shape[0]} sequences")
         if lengths.size and (lengths.min() < 0 or lengths.max() > ids.shape[1]):
-            raise ValueError(f"lengths must lie in [0, N={ids.shape[1]}]")
+            raise InputError(f"lengths must lie in [0, N={ids.shape[1]}]")
         self.ids, self.lengths, self.n = ids, lengths, int(ids.shape[1])
         self.features = features or {}
         self.causal = bool(causal)
@@ -58,13 +59,13 @@ class Context:
         if name in self._cache:
             return self._cache[name]
         if name not in self.features:
-            raise ValueError(
+            raise InputError(
                 f"feature array {name!r} is needed but was not supplied (have: {sorted(self.features)}); "
                 "pass features=batch_feature_arrays(sequences, names) or use Program.evaluate(sequences)"
             )
         arr = np.asarray(self.features[name])
         if arr.shape != self.ids.shape:
-            raise ValueError(f"feature array {name!r} has shape {arr.shape}; expected {self.ids.shape} like ids")
+            raise InputError(f"feature array {name!r} has shape {arr.shape}; expected {self.ids.shape} like ids")
         arr = np.ascontiguousarray(arr.astype(np.int64, copy=False))
         self._cache[name] = arr
         return arr

@@ -21,6 +21,7 @@ from .build import validate
 from .context import Context
 from .nodes import Node, Prim, children
 from .spec import COUNTED, PRIMITIVE_SPECS, combinator_for
+from ...kernels.core import InputError
 
 __all__ = ["row_support", "is_sparse", "evaluate_sparse_scores", "evaluate_sparse"]
 
@@ -51,7 +52,7 @@ def _evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray, features: Mappin
               causal: bool, pos_tags: Any, normalized: bool, out: RowsBuffer | None = None) -> SparseRows:
     validate(node)
     if not is_sparse(node):
-        raise ValueError("this program has a primitive of dense support (decay, uniform, profile, key_weight, "
+        raise InputError("this program has a primitive of dense support (decay, uniform, profile, key_weight, "
                          "class_weight); evaluate it with dsl.evaluate (check dsl.is_sparse first)")
     ctx = Context(ids, lengths, features, causal, pos_tags)
     if ctx.ids.shape[0] == 0 or ctx.n == 0:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .bounds import KINDS
+from ...kernels.core import InputError
 
 # A kernel takes a node and the evaluation context (synth/dsl/context.py, which reads this registry).
 Kernel = Callable[[Any, Any], np.ndarray]
@@ -129,12 +130,12 @@ _BY_TYPE: dict[type, CombinatorSpec] = {}
 def register_primitive(spec: PrimitiveSpec) -> PrimitiveSpec:
     """Add a primitive to the DSL (parser, evaluator, JSON, docs and gloss all see it at once)."""
     if spec.name in PRIMITIVE_SPECS or spec.name in COMBINATOR_SPECS:
-        raise ValueError(f"DSL name {spec.name!r} is already declared")
+        raise InputError(f"DSL name {spec.name!r} is already declared")
     if spec.support is not None and spec.sparse is None:
-        raise ValueError(f"{spec.name} declares support {spec.support!r} but no sparse kernel; give both or neither")
+        raise InputError(f"{spec.name} declares support {spec.support!r} but no sparse kernel; give both or neither")
     for p in spec.params:
         if p.kind not in KINDS:
-            raise ValueError(f"{spec.name}({p.name}=...) has unknown kind {p.kind!r}; kinds: {', '.join(KINDS)}")
+            raise InputError(f"{spec.name}({p.name}=...) has unknown kind {p.kind!r}; kinds: {', '.join(KINDS)}")
     PRIMITIVE_SPECS[spec.name] = spec
     return spec
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .view import compute_features
+from ...kernels.core import InputError
 
 __all__ = ["FEATURE_NAMES", "KERNEL_FEATURE_VIEWS", "SPACY_FEATURES", "WORDNET_FEATURES", "batch_feature_arrays"]
 
@@ -53,7 +54,7 @@ def batch_feature_arrays(sequences: list[Any], names: Iterable[str]) -> dict[str
     names = list(names)
     bad = [k for k in names if k not in KERNEL_FEATURE_VIEWS]
     if bad:
-        raise ValueError(f"unknown feature name(s) {bad}; valid: {sorted(KERNEL_FEATURE_VIEWS)}")
+        raise InputError(f"unknown feature name(s) {bad}; valid: {sorted(KERNEL_FEATURE_VIEWS)}")
     seqs = list(sequences)
     compute_features(seqs, spacy=any(k in SPACY_FEATURES for k in names))
     width = max((s.n for s in seqs), default=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from ...kernels.core import InputError
 
 
 def _visible(n: int, causal: bool) -> np.ndarray:
@@ -36,7 +37,7 @@ def strongest_pairs(pattern: np.ndarray, causal: bool = True, frac: float = 0.02
         k = min(max_pairs, order.size)
         chosen = order[np.unique(np.linspace(0, order.size - 1, k).round().astype(np.int64))]
     else:
-        raise ValueError(f"pair mode must be 'top' or 'stratified', got {mode!r}")
+        raise InputError(f"pair mode must be 'top' or 'stratified', got {mode!r}")
     pairs = [(int(c // n), int(c % n), float(flat[c])) for c in chosen]
     pairs.sort(key=lambda t: (t[0], -t[2], t[1]))
     return pairs

@@ -18,13 +18,14 @@ from concurrent.futures import Future
 from typing import Any
 
 from .protocol import HDR, MAX_HEADER, MSG, write_all
+from ...kernels.core import HeadsurgeonError
 
 
 class WorkerGone(Exception):
     pass
 
 
-class ProtocolError(Exception):
+class ProtocolError(HeadsurgeonError):
     pass
 
 

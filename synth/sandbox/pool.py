@@ -25,6 +25,7 @@ from .parent import ProtocolError, Worker, WorkerGone, describe_status, spawner
 from .protocol import COSTLY, MAX_DETAIL, MAX_MESSAGE, REASONS, label_problem
 from .views import features_for, sequence_view
 from .worker import BOOT
+from ...kernels.core import InputError
 
 SYNTH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,9 +96,9 @@ class SandboxPool:
     ) -> None:
         self.workers = int(workers) if workers else _default_workers()
         if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise InputError(f"workers must be >= 1, got {workers}")
         if memory_mb < 128:
-            raise ValueError(f"memory_mb={memory_mb} is too small for a Python+numpy sandbox; use >= 128")
+            raise InputError(f"memory_mb={memory_mb} is too small for a Python+numpy sandbox; use >= 128")
         self.memory_mb = int(memory_mb)
         self.max_n = int(max_n)
         self.chunk_size = max(1, int(chunk_size))
@@ -295,7 +296,7 @@ class SandboxPool:
         if os.getpid() != self._pid:
             raise RuntimeError("a SandboxPool cannot be used from a forked child; create a new one there")
         if not (isinstance(timeout, (int, float)) and timeout > 0 and math.isfinite(timeout)):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            raise InputError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if _skip_validation or _unrestricted:
             info = _unvalidated_info(source)
         else:

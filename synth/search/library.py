@@ -22,6 +22,7 @@ from ..errors import ProgramError
 from ..program import Program
 from ..select import score_programs
 from .base import CandidateMap, Head, PatternSource, StopCheck, check_splits
+from ...kernels.core import InputError
 
 SOURCE = "library"
 PROBE_WINDOWS = 8  # synth windows a Python program's labels are read from
@@ -52,7 +53,7 @@ class LibrarySearcher:
             given = [b for b in budgets if b is not None]
             budget = min(given) if given else (None if budgets else LIBRARY_BUDGET_S)
         if budget is not None and not budget >= 0:
-            raise ValueError(f"the library time budget must be >= 0 seconds or None; got {budget}")
+            raise InputError(f"the library time budget must be >= 0 seconds or None; got {budget}")
         self.budget = budget
         self.notes: list[str] = []
 

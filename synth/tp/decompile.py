@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from .discrete import CatHead, DiscreteProgram, MLPTable, NumHead, numeric_mlp
+from ...kernels.core import InputError
 
 MAX_TABLE = 4096
 """Numerical MLPs with more input combinations than this are written as their network, not a table."""
@@ -263,7 +264,7 @@ def decompile(prog: DiscreteProgram) -> str:
         "def run(tokens):",
         '    """One label per token of ``tokens`` (a list of token strings starting with BOS)."""',
         "    if len(tokens) > N_CTX:",
-        '        raise ValueError(f"at most {N_CTX} tokens, got {len(tokens)}")',
+        '        raise InputError(f"at most {N_CTX} tokens, got {len(tokens)}")',
         "    positions = list(range(len(tokens)))",
         "    ones = [1] * len(tokens)",
         *body,

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .model import MLPs, TransformerProgram
+from ...kernels.core import InputError
 
 
 def closeness_np(n: int) -> np.ndarray:
@@ -146,10 +147,10 @@ class DiscreteProgram:
         """
         x = np.asarray(x, dtype=np.int64)
         if x.ndim != 2:
-            raise ValueError(f"expected token ids of shape [batch, length], got {x.shape}")
+            raise InputError(f"expected token ids of shape [batch, length], got {x.shape}")
         b, n = x.shape
         if n > self.n_ctx:
-            raise ValueError(f"length {n} exceeds n_ctx={self.n_ctx}")
+            raise InputError(f"length {n} exceeds n_ctx={self.n_ctx}")
         real = x != 0
         keymask = real[:, None, :] & real[:, :, None]
         if self.causal:
@@ -270,7 +271,7 @@ def discretize(model: TransformerProgram, vocab: list[str], labels: list[str], n
     """Argmax every choice of a trained model into a ``DiscreteProgram``."""
     cfg = model.cfg
     if len(vocab) != cfg.n_tokens or len(labels) != cfg.n_labels:
-        raise ValueError(
+        raise InputError(
             f"vocab/labels ({len(vocab)}/{len(labels)}) do not match the model ({cfg.n_tokens}/{cfg.n_labels}); "
             "pass the vocabularies of the data the model was trained on"
         )

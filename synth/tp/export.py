@@ -31,6 +31,7 @@ import numpy as np
 from ..program import Program
 from ..sequence import Sequence
 from .discrete import CatHead, DiscreteProgram, NumHead
+from ...kernels.core import InputError
 
 FEATURES = {"tokens": "token", "positions": "position"}
 
@@ -55,7 +56,7 @@ def _self_can_match(head: CatHead | NumHead, pairs: list[list[int]]) -> bool:
 def head_program(prog: DiscreteProgram, head: CatHead | NumHead) -> Program:
     """The exact DSL program of one head whose Q and K read tokens/positions (see the module docstring)."""
     if head.q not in FEATURES or head.k not in FEATURES:
-        raise ValueError(f"{head.name} reads Q={head.q}, K={head.k}; only tokens/positions map to DSL features")
+        raise InputError(f"{head.name} reads Q={head.q}, K={head.k}; only tokens/positions map to DSL features")
     q, k = FEATURES[head.q], FEATURES[head.k]
     pairs = _pairs(prog, head)
     if not pairs:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ...kernels.core import InputError
 
 NEG = -1e30
 
@@ -56,15 +57,15 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.n_tokens > self.d_var:
-            raise ValueError(
+            raise InputError(
                 f"vocabulary of {self.n_tokens} tokens does not fit d_var={self.d_var}; raise d_var to at least "
                 f"{self.n_tokens}"
             )
         if self.n_ctx > self.d_var:
-            raise ValueError(f"n_ctx={self.n_ctx} positions do not fit d_var={self.d_var}; raise d_var to {self.n_ctx}")
+            raise InputError(f"n_ctx={self.n_ctx} positions do not fit d_var={self.d_var}; raise d_var to {self.n_ctx}")
         for name in ("n_layers", "n_heads_cat", "n_heads_num", "n_cat_mlps", "n_num_mlps"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,7 +75,7 @@ class ModelConfig:
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise ValueError(f"unknown ModelConfig keys {sorted(unknown)}; expected a subset of {sorted(names)}")
+            raise InputError(f"unknown ModelConfig keys {sorted(unknown)}; expected a subset of {sorted(names)}")
         return cls(**d)
 
     # ---- variable bookkeeping (shared with discretize/decompile) ----
@@ -352,7 +353,7 @@ class TransformerProgram(nn.Module):
         """Initial streams: one-hot tokens and positions ``[2, B, N, k]``, and ``ones`` ``[1, B, N]``."""
         b, n = ids.shape
         if n > self.cfg.n_ctx:
-            raise ValueError(f"sequence of length {n} exceeds n_ctx={self.cfg.n_ctx}; truncate or retrain")
+            raise InputError(f"sequence of length {n} exceeds n_ctx={self.cfg.n_ctx}; truncate or retrain")
         k = self.cfg.d_var
         tok = F.one_hot(ids, k).float()
         pos = F.one_hot(torch.arange(n, device=ids.device), k).float().expand(b, n, k)

@@ -23,12 +23,13 @@ from .model import ModelConfig, TransformerProgram
 from .resume import STATE_FILE
 from .train import TrainConfig, TrainResult
 from ...kernels.fileio import atomic_path, atomic_write_bytes, read_bounded
+from ...kernels.core import HeadsurgeonError, InputError
 
 FORMAT_VERSION = 1
 RUN_FILES = ("config.json", "model.safetensors", "metrics.json", "program.json", "program.py")
 
 
-class RunExistsError(ValueError):
+class RunExistsError(HeadsurgeonError, ValueError):
     """A folder already holds a finished run, which training into it would overwrite."""
 
 
@@ -106,7 +107,7 @@ def load_run(path: str | Path) -> Run:
             raise FileNotFoundError(f"{f} is missing; is {path} a run directory written by `headsurgeon tp train`?")
     cfg = json.loads(read_bounded(cfg_file, 64 << 20, "a run's config.json"))  # no links or devices, size first
     if cfg.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{cfg_file} has format {cfg.get('format')!r}; this version reads format {FORMAT_VERSION}")
+        raise InputError(f"{cfg_file} has format {cfg.get('format')!r}; this version reads format {FORMAT_VERSION}")
     model_cfg = dict(cfg["model"])
     model_cfg.setdefault("num_value_gate", False)  # runs written before the value gate existed counted only
     mc = ModelConfig.from_dict(model_cfg)
@@ -114,7 +115,7 @@ def load_run(path: str | Path) -> Run:
     state = load_file(str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{weights} does not fit config.json: missing {missing}, unexpected {unexpected}")
+        raise InputError(f"{weights} does not fit config.json: missing {missing}, unexpected {unexpected}")
     model.eval()
     return Run(path, model, mc, TrainConfig.from_dict(cfg["train"]), cfg["vocab"], cfg["labels"], cfg["task"])
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+from ...kernels.core import InputError
 
 PAD = "<pad>"
 BOS = "<s>"
@@ -205,7 +206,7 @@ def _vocab(name: str) -> tuple[list[str], list[str]]:
         return [PAD, BOS, *(c for p in pairs for c in p)], [PAD, "F", "P", "T"]
     if name == "induction":
         return [PAD, BOS, *"abcd", *_symbols(4)], [PAD, UNK, *_symbols(4)]
-    raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    raise InputError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
 
 
 def sampler(name: str) -> tuple[Sampler, int]:
@@ -221,7 +222,7 @@ def sampler(name: str) -> tuple[Sampler, int]:
         "induction": (_induction, 10),
     }
     if name not in table:
-        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+        raise InputError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return table[name]
 
 
@@ -249,7 +250,7 @@ def make_task(name: str, size: int = 20_000, seed: int = 0, oversample: int = 5)
     sample, width = sampler(name)
     vocab, labels = _vocab(name)
     if size < 10:
-        raise ValueError(f"size={size} is too small to split into train/val/test; use at least 10")
+        raise InputError(f"size={size} is too small to split into train/val/test; use at least 10")
     rng = np.random.default_rng(seed)
     seen: set[tuple[str, ...]] = set()
     samples: list[tuple[list[str], list[str]]] = []

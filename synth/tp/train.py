@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from .model import ModelConfig, TransformerProgram
 from .resume import STATE_FILE, load_state, save_state
 from .tasks import TASKS, Split, TaskData, make_task
+from ...kernels.core import HeadsurgeonError, InputError
 
 _RECIPE = (
     "recipe: princeton-nlp/TransformerPrograms scripts/rasp.sh (vocab_size 8, max_length 8, d_var 8, lr 5e-2, "
@@ -92,7 +93,7 @@ class TrainConfig:
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise ValueError(f"unknown TrainConfig keys {sorted(unknown)}; expected a subset of {sorted(names)}")
+            raise InputError(f"unknown TrainConfig keys {sorted(unknown)}; expected a subset of {sorted(names)}")
         return cls(**d)
 
 
@@ -103,12 +104,12 @@ def default_configs(task: str, **overrides) -> tuple[dict, TrainConfig]:
     data (vocabulary, length) is known. ``None`` overrides are ignored.
     """
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        raise InputError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     train_names = {f.name for f in fields(TrainConfig)}
     model_names = {f.name for f in fields(ModelConfig)}
     unknown = set(overrides) - train_names - model_names
     if unknown:
-        raise ValueError(f"unknown config fields {sorted(unknown)}")
+        raise InputError(f"unknown config fields {sorted(unknown)}")
     tc = TrainConfig(task=task, epochs=TASK_EPOCHS.get(task, 250))
     for k, v in overrides.items():
         if k in train_names and v is not None:
@@ -179,7 +180,7 @@ def evaluate(model: TransformerProgram, split: Split) -> float:
     return accuracy(pred.numpy(), split.y)
 
 
-class TrainStateError(ValueError):
+class TrainStateError(HeadsurgeonError, ValueError):
     """A saved training state cannot be resumed (another task or settings) or would be overwritten."""
 
 
