@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from headsurgeon.kernels.fileio import atomic_file
 
+from ..kernels.core import SPLITS, WHICHES, Head, InputError
 from . import programtables
 from .backends import get_backend
 from .candidate import Choice
@@ -24,27 +25,20 @@ from .errors import ProgramError
 from .program import Program
 from .programs_file import clip, read_programs_file
 from .trust import API_FLAG, require_trusted
-from ..kernels.core import InputError
 
 FORMAT = "headsurgeon.programset"
 VERSION = 2  # 2: tables in a side file; files without one are still written as version 1
-WHICH = ("replacement", "explanation")
-SPLITS = ("synth", "select", "test")
+WHICH = WHICHES
 
 
-def head_key(head: Any) -> tuple[int, int]:
-    """(3, 5) or "L3H5" → (3, 5)."""
-    if isinstance(head, str):
-        m = re.fullmatch(r"\s*L(\d+)H(\d+)\s*", head, flags=re.IGNORECASE)
-        if not m:
-            raise InputError(f"cannot read head {head!r}: write 'L3H5'")
-        return int(m.group(1)), int(m.group(2))
-    layer, h = head
-    return int(layer), int(h)
+def head_key(head: Any) -> Head:
+    """(3, 5) or "L3H5" → Head(3, 5): the one parser (kernels/core.py)."""
+    return Head.parse(head)
 
 
-def head_label(head: tuple[int, int]) -> str:
-    return f"L{head[0]}H{head[1]}"
+def head_label(head: Any) -> str:
+    """(3, 5) → "L3H5": the one formatter (kernels/core.py)."""
+    return str(Head.parse(head))
 
 
 def _declared_kind(item: dict) -> str | None:

@@ -28,11 +28,10 @@ from typing import Any, Iterable
 from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
 from ..synth.errors import ProgramError
 from ..synth.programset import Entry, ProgramSet, head_key, head_label
-from ..kernels.core import HeadsurgeonError
+from ..kernels.core import Head, HeadsurgeonError
 
 FORMAT = "headsurgeon.head_journal"
 VERSION = 2  # 2: records and run.json carry an HMAC under a key outside OUT
-_RECORD = re.compile(r"L\d+H\d+\.json")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 #: the largest run.json or record read (a record holds one head's entry: programs, scores, notes)
 MAX_RECORD_BYTES = 16 << 20
@@ -64,6 +63,14 @@ def _dumps(obj: Any) -> bytes:
 def _canonical(obj: Any) -> Any:
     """``obj`` as it reads back from its JSON (tuples → lists, numpy → numbers), so a MAC is taken on one form."""
     return json.loads(_dumps(obj))
+
+
+def _is_record_name(name: str) -> bool:
+    """``L3H5.json``, the one spelling a record file has (kernels/core.py ``Head``)."""
+    try:
+        return name.endswith(".json") and f"{Head.parse(name[:-5])}.json" == name
+    except HeadsurgeonError:
+        return False
 
 
 class HeadJournal:
@@ -170,7 +177,7 @@ class HeadJournal:
     def _record_paths(self) -> list[Path]:
         if not self.directory.is_dir():
             return []
-        return [p for p in sorted(self.directory.iterdir()) if _RECORD.fullmatch(p.name)]
+        return [p for p in sorted(self.directory.iterdir()) if _is_record_name(p.name)]
 
     def records(self) -> dict[tuple[int, int], dict]:
         """Every record, by head, each verified against its run's key (run.json's; ``start`` checks its inputs)."""

@@ -18,6 +18,7 @@ from .. import dsl, features, pysafety
 from .feedback import MAX_FEEDBACK_CHARS, reason_word
 from .replies import clip
 from .summaries import strongest_pairs
+from ...kernels.core import Head
 
 REPLY_FORMAT = (
     'Reply with ONLY one JSON object, no prose around it:\n'
@@ -45,8 +46,8 @@ PYTHON_EXAMPLE = '''def program(seq):
 
 
 def head_name(head: tuple[int, int]) -> str:
-    """``(layer, head)`` -> ``"L<layer>H<head>"`` (the name prompts, journals and stats use)."""
-    return f"L{int(head[0])}H{int(head[1])}"
+    """``(layer, head)`` -> ``"L<layer>H<head>"`` (the name prompts, journals and stats use; kernels/core.py)."""
+    return str(Head.parse(head))
 
 
 
