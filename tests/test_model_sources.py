@@ -10,6 +10,7 @@ from headsurgeon.surgery.sources import ModelSource, model_sources, register_mod
 def test_builtin_sources_are_registered_in_order():
     names = [s.name for s in model_sources()]
     assert names.index("llama2c") < names.index("zoo") < names.index("huggingface") < names.index("bridge")
+    assert names.index("gguf") < names.index("huggingface")  # a .gguf path is a file, never a hub id
 
 
 def test_a_new_source_claims_its_prefix(gpt2_tokenizer_dir):

