@@ -42,6 +42,7 @@ _EXPORTS = {
     "topq_iou": "headsurgeon.synth.metrics", "RealPatterns": "headsurgeon.synth.metrics",
     "run_demo": "headsurgeon.demo", "demo_corpus_path": "headsurgeon.hub.zoo", "Vocabulary": "headsurgeon.synth.vocab",
     "explain": "headsurgeon.explain", "spearman_ci": "headsurgeon.surgery.evaluate",
+    "load_library_file": "headsurgeon.synth.eaps", "LibraryProgram": "headsurgeon.synth.eaps",
     # hub: checkpoints
     "save_hybrid": "headsurgeon.hub.checkpoint", "load_hybrid": "headsurgeon.hub.checkpoint",
     "push_hybrid": "headsurgeon.hub.remote",

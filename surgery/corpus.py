@@ -67,6 +67,21 @@ def read_documents(source: str | Path | Iterable[str], separator: str | None = N
     return docs
 
 
+def _check_tokenizer(tokenizer: Any, handle: Any) -> None:
+    """Refuse a tokenizer that cannot make windows worth capturing (no tokenizer, or fewer than 2 tokens)."""
+    if tokenizer is None or not callable(tokenizer):
+        raise CorpusError("the model has no tokenizer to make token windows with: pass tokenizer= (a transformers "
+                          "tokenizer, a sentencepiece .model or a llama2.c tokenizer.bin)")
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        return  # a tokenizer without a length: the windows' ids are still checked against the model
+    if size < 2:
+        owner = f" for {handle.name}" if handle is not None else ""
+        raise CorpusError(f"the tokenizer{owner} has {size} token(s) in its vocabulary, so every window would be "
+                          "the same token: pass the model's own tokenizer (tokenizer=)")
+
+
 def _tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
@@ -92,6 +107,7 @@ def make_sequences(
     _check_count("min_len", min_len, 1)
     if handle is not None and max_len > handle.n_ctx:
         raise CorpusError(f"max_len={max_len} exceeds the model's context of {handle.n_ctx} tokens; lower max_len")
+    _check_tokenizer(tokenizer, handle)
     if prepend_bos is None:
         prepend_bos = handle.prepend_bos if handle is not None else getattr(tokenizer, "bos_token_id", None) is not None
     bos_id = None
@@ -116,6 +132,9 @@ def make_sequences(
             hi = max(b for a, b in w_off)
             text = doc[lo:hi]
             offs = [(max(a - lo, 0), max(b - lo, 0)) for a, b in w_off]
+            if handle is not None and max(w_ids) >= handle.vocab_size:
+                raise CorpusError(f"the tokenizer gave token id {max(w_ids)}, but {handle.name} has only "
+                                  f"{handle.vocab_size} embeddings: pass the model's own tokenizer (tokenizer=)")
             tokens = tokenizer.convert_ids_to_tokens(w_ids)
             if bos_id is not None:
                 w_ids, offs, tokens = [bos_id] + w_ids, [(0, 0)] + offs, [bos_token] + tokens

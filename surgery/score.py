@@ -1,8 +1,10 @@
 """``score``: how well one program reproduces one head, in one call (IoU, JSD and top-q IoU)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
+from ..kernels.core import InputError
 from ..synth.program import Program
 from ..synth.select import score_programs
 from ..synth.sequence import Sequence
@@ -13,6 +15,8 @@ from .store import AttentionStore
 
 __all__ = ["score"]
 
+_PYTHON_SOURCE = re.compile(r"^\s*(def|import|from)\s+\w", re.MULTILINE)  # DSL has no such line
+
 
 def score(program: Program | str, source: Any, head: Any, sequences: Iterable[Sequence] | None = None,
           indices: Iterable[int] | None = None) -> dict[str, float]:
@@ -22,6 +26,9 @@ def score(program: Program | str, source: Any, head: Any, sequences: Iterable[Se
     ``load_model`` spec or handle), whose patterns are captured on ``sequences`` first. Returns the
     means over sequences and their count ``n``.
     """
+    if isinstance(program, str) and _PYTHON_SOURCE.search(program):
+        raise InputError("score got Python source, not a DSL program: pass hs.Program.python(source) (Python "
+                         "programs run in the sandbox, SECURITY.md); DSL text looks like 'prev(1)'")
     program = program if isinstance(program, Program) else Program.parse(program)
     layer, head_index = parse_head(head)
     if isinstance(source, AttentionStore):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any, Iterable, Sequence
+from ..kernels.core import HeadsurgeonError
 
 __all__ = ["Vocabulary", "VocabularyError"]
 
 
-class VocabularyError(ValueError):
+class VocabularyError(HeadsurgeonError, ValueError):
     """A token string the tokenizer does not have, or a program bound to another tokenizer."""
 
 

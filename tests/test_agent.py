@@ -445,3 +445,29 @@ def test_kill_and_resume(store, tmp_path):
         res3 = LLMAgent(config(srv.base_url, **RESUME_CONFIG)).search(store, HEADS, SYNTH, SELECT, journal=journal)
         assert srv.requests == []
     assert _key(res3) == _key(ref)
+
+
+def dead_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_check_endpoint_fails_fast_on_a_dead_port_and_passes_a_live_server(tmp_path):
+    from headsurgeon.explain import explain
+    from headsurgeon.synth.search.llm import EndpointError, check_endpoint
+
+    dead = f"http://127.0.0.1:{dead_port()}/v1"
+    with pytest.raises(EndpointError, match=re.escape(dead) + r".*does not answer.*HEADSURGEON_LLM_BASE_URL"):
+        check_endpoint(config(dead))
+    with ScriptedLLMServer(by_head({})) as srv:  # a real HTTP server; its GET /models is a 404: alive
+        check_endpoint(config(srv.base_url))
+        assert not srv.requests  # the check sent no chat request
+    check_endpoint(AgentConfig(base_url=None, api_key=None, model=None))  # nothing configured: the agent is skipped
+    with pytest.raises(EndpointError, match="does not answer"):  # explain stops before loading or capturing
+        explain("tiny-stories", None, tmp_path / "out", searchers=("llm",), agent_config=config(dead),
+                progress=False)
+    assert not (tmp_path / "out" / "store").exists()

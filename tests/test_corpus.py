@@ -76,3 +76,25 @@ def test_document_level_splits_are_deterministic_and_disjoint(stories, documents
 def test_load_corpus_end_to_end(stories, corpus_path):
     splits = load_corpus(stories, corpus_path, max_len=64, max_sequences=40)
     assert sum(splits.sizes().values()) == 40 and all(splits.sizes().values())
+
+
+def one_token_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
+
+
+def test_a_one_token_tokenizer_or_ids_beyond_the_model_are_refused_clearly(stories):
+    import dataclasses
+
+    docs = ["Once upon a time there was a little cat who liked to run and play in the sun."]
+    with pytest.raises(CorpusError, match=r"1 token\(s\) in its vocabulary.*tokenizer="):
+        make_sequences(dataclasses.replace(stories, tokenizer=one_token_tokenizer()), docs, max_len=16)
+    with pytest.raises(CorpusError, match=r"1 token\(s\)"):
+        make_sequences(one_token_tokenizer(), docs, max_len=16)
+    small = dataclasses.replace(stories, vocab_size=100)  # the tokenizer's ids go up to 511
+    with pytest.raises(CorpusError, match=r"only 100 embeddings.*own tokenizer"):
+        make_sequences(small, docs, max_len=16)

@@ -113,6 +113,9 @@ def library_file(tmp_path_factory):
 
 
 def test_library_file_splits_into_validated_programs(library_file):
+    import headsurgeon as hs
+
+    assert hs.load_library_file is load_library_file and hs.LibraryProgram is LibraryProgram  # public API
     progs = load_library_file(library_file)
     assert [p.name for p in progs] == list(EQUIVALENT)
     for p in progs:
@@ -182,6 +185,11 @@ def test_labels_become_hypotheses_and_compete(stories, library_file, windows):
     chosen = select_programs(store, cands, list(range(6, 9)), list(range(9, 12)), progress=False)
     lib = [e for e in chosen.entries.values() if e.source == "library" and e.program.kind == "python"]
     assert lib and all(e.hypothesis in LABELS.values() for e in lib)
+    # a readable program tied with the winning library program explains the head under the user's label
+    tied = [e for e in lib if e.explanation is not None and e.explanation.program != e.program
+            and e.explanation.scores["select"]["iou"] == e.scores["select"]["iou"]
+            and e.explanation.scores["select"]["jsd"] == e.scores["select"]["jsd"]]
+    assert tied and all(e.explanation.hypothesis == e.hypothesis for e in tied)
 
 
 HOSTILE = {

@@ -48,3 +48,11 @@ def test_score_errors_name_the_fix(model_and_store):
         hs.score("prev(1)", model, "L0H0")
     with pytest.raises(IndexError, match="layer 9 does not exist"):
         hs.score("prev(1)", model, "L9H0", sequences=seqs)
+
+
+def test_python_source_is_not_parsed_as_dsl(model_and_store):
+    model, seqs, store = model_and_store
+    source = "import numpy as np\ndef program(seq):\n    s = np.zeros((seq.n, seq.n))\n    s[:, 0] = 1.0\n    return s\n"
+    for text in (source, source.split("\n", 1)[1]):  # with and without the import line
+        with pytest.raises(ValueError, match=r"Python source.*hs\.Program\.python\(source\)"):
+            hs.score(text, store, "L0H0")

@@ -12,7 +12,25 @@ from headsurgeon.surgery.headless import real_model
 
 from .errors import CheckpointError
 
-__all__ = ["hf_state_dict", "weights_fingerprint", "differing_tensors"]
+__all__ = ["check_savable", "hf_state_dict", "weights_fingerprint", "differing_tensors"]
+
+
+def check_savable(model: Any) -> None:
+    """Refuse a bridge whose forward uses weights a Hugging Face checkpoint cannot hold (TransformerLens processing).
+
+    ``enable_compatibility_mode()`` (TransformerLens 4) folds layer norms, centers the writing weights and the
+    unembedding, unties GPT-2's embedding from its unembedding, adds an unembedding bias and gives the split
+    q/k/v projections their own copies: the forward then reads tensors the model class has no slot for
+    (tests/test_training.py shows the reload diverging), so no checkpoint of that class could reproduce it.
+    """
+    if getattr(model, "_weights_processed", False):
+        raise CheckpointError(
+            "this model's weights were processed by TransformerLens (enable_compatibility_mode() with its default "
+            "fold_ln/centering, or process_weights()): its forward uses folded weights and an unembedding bias "
+            "that a Hugging Face checkpoint cannot hold, so the saved hybrid would not reproduce it. Train and save "
+            "on a model loaded without weight processing (load_model(...) as is, or "
+            "enable_compatibility_mode(no_processing=True) for the legacy hook names only)"
+        )
 
 
 def hf_state_dict(hf_model: Any) -> dict[str, torch.Tensor]:

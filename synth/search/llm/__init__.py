@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from .agent import ConversationResult, LLMAgent, LLMSearcher
 from .config import SOURCE, AgentConfig, AgentConfigError, AgentStats, HeadStatus
+from .endpoint import EndpointError, check_endpoint
 from .journal import JOURNAL_VERSION, JournalMismatchError, RunJournal
 from .transport import retry_after
 
 __all__ = [
     "AgentConfig", "AgentStats", "HeadStatus", "LLMAgent", "LLMSearcher", "AgentConfigError", "JournalMismatchError",
-    "RunJournal", "SOURCE", "JOURNAL_VERSION", "ConversationResult", "retry_after",
+    "RunJournal", "SOURCE", "JOURNAL_VERSION", "ConversationResult", "retry_after", "EndpointError", "check_endpoint",
 ]
