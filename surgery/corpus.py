@@ -14,11 +14,12 @@ import numpy as np
 from ..kernels.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
+from ..kernels.core import HeadsurgeonError
 
 SPLITS = ("synth", "select", "test")
 
 
-class CorpusError(ValueError):
+class CorpusError(HeadsurgeonError, ValueError):
     """The corpus is empty or unusable; the message says what to change."""
 
 

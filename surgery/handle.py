@@ -5,11 +5,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from ..kernels.core import HeadsurgeonError
 
 __all__ = ["ModelHandle", "ModelLoadError"]
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(HeadsurgeonError, ValueError):
     """The model spec could not be turned into a usable model; the message says why and what to do."""
 
 

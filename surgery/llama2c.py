@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ..kernels.core import HeadsurgeonError
 
 HEADER = struct.Struct("<7i")
 
 
-class Llama2cFormatError(ValueError):
+class Llama2cFormatError(HeadsurgeonError, ValueError):
     """A model file is missing, unreadable, truncated or of the wrong format."""
 
 

@@ -35,12 +35,13 @@ from .headpatterns import LayerPatterns
 from .ids import SequenceRegistry
 from .loading import ModelHandle, load_model
 from .providers import ProgramPatterns, as_provider
+from ..kernels.core import HeadsurgeonError
 
 HeadKey = tuple[int, int]
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 
-class SurgeryError(ValueError):
+class SurgeryError(HeadsurgeonError, ValueError):
     """A head swap cannot be applied (bad head key, duplicate, program failing on a batch, KV-cache use)."""
 
 

@@ -34,11 +34,11 @@ def score(program: Program | str, source: Any, head: Any, sequences: Iterable[Se
     if isinstance(source, AttentionStore):
         store = source
         if sequences is not None:
-            raise ValueError("score(program, store, ...) scores the store's own sequences: pass indices=, "
+            raise InputError("score(program, store, ...) scores the store's own sequences: pass indices=, "
                              "or pass the model instead of the store to score other sequences")
     else:
         if sequences is None:
-            raise ValueError("score(program, model, ...) needs sequences=: the windows to capture the head on "
+            raise InputError("score(program, model, ...) needs sequences=: the windows to capture the head on "
                              "(e.g. hs.load_corpus(model, path).test)")
         handle = source if isinstance(source, ModelHandle) else load_model(source)
         handle.check_head(layer, head_index)

@@ -26,3 +26,28 @@ def test_closed_sets_and_their_check():
     assert check_choice("test", SPLITS, "split") == "test"
     with pytest.raises(HeadsurgeonError, match="split must be one of synth, select, test, not 'dev'"):
         check_choice("dev", SPLITS, "split")
+
+
+def test_every_library_exception_derives_from_the_error_base():
+    """The CLI reports HeadsurgeonError as one line and lets anything else show its traceback (a bug)."""
+    import importlib
+    import pkgutil
+
+    import headsurgeon
+
+    skip = ("headsurgeon.harness", "headsurgeon.synth.sandbox.worker", "headsurgeon.scaleout.ray_run")
+    strays = []
+    names = ["headsurgeon"] + [info.name for info in pkgutil.walk_packages(headsurgeon.__path__, "headsurgeon.")]
+    for sub in ("surgery", "synth", "hub", "kernels"):  # package-dir maps these folders (pyproject.toml)
+        package = importlib.import_module(f"headsurgeon.{sub}")
+        names += [package.__name__] + [i.name for i in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
+    for name in names:
+        if name.startswith(skip):
+            continue
+        module = importlib.import_module(name)
+        info = module
+        for attr, obj in vars(module).items():
+            if (isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == info.__name__
+                    and not issubclass(obj, (HeadsurgeonError, Warning))):
+                strays.append(f"{info.__name__}.{attr}")
+    assert not strays, f"library exceptions outside HeadsurgeonError: {strays}"

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from ...kernels.core import HeadsurgeonError
 
 
 #: longest reply read; longer replies are refused unread (parsing cost, echo back to the endpoint)
@@ -27,7 +28,7 @@ def clip(text: str, limit: int) -> str:
 
 
 
-class MalformedReply(ValueError):
+class MalformedReply(HeadsurgeonError, ValueError):
     """A reply is not a JSON object with the required fields; the message says what is wrong."""
 
 

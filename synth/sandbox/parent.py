@@ -21,7 +21,7 @@ from .protocol import HDR, MAX_HEADER, MSG, write_all
 from ...kernels.core import HeadsurgeonError
 
 
-class WorkerGone(Exception):
+class WorkerGone(HeadsurgeonError):
     pass
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..candidate import Candidate
 from ..sequence import Sequence as TokenSequence
+from ...kernels.core import HeadsurgeonError
 
 __all__ = [
     "Head", "CandidateMap", "PatternSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
@@ -113,7 +114,7 @@ class SearchSettings:
         return default if value is None else value
 
 
-class SearcherUnavailable(RuntimeError):
+class SearcherUnavailable(HeadsurgeonError, RuntimeError):
     """A factory cannot build its searcher here (e.g. no LLM endpoint); the run notes the message and goes on."""
 
 

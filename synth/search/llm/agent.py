@@ -60,6 +60,7 @@ from .config import AgentConfig, AgentConfigError, AgentStats, HeadStatus
 from .journal import JOURNAL_VERSION, JournalMismatchError, RunJournal, candidate_from_json, candidate_to_json
 from .scoring import HeadContext, ProgramScoring, SynthFit
 from .transport import ChatRequests, CostCapReached, RequestFailed, Stopped, echo, excerpt
+from ....kernels.core import InputError
 
 
 @dataclass
@@ -118,13 +119,13 @@ class LLMAgent(ChatRequests, ProgramScoring):
         cfg = self.config
         heads = [(int(h[0]), int(h[1])) for h in (store.heads if heads is None else heads)]
         if synth_idx is None or select_idx is None:
-            raise ValueError("search needs synth_idx and select_idx (store indices of the two splits)")
+            raise InputError("search needs synth_idx and select_idx (store indices of the two splits)")
         synth_idx, select_idx = [int(i) for i in synth_idx], [int(i) for i in select_idx]
         if not synth_idx or not select_idx:
-            raise ValueError(f"search needs non-empty splits; got {len(synth_idx)} synth and "
+            raise InputError(f"search needs non-empty splits; got {len(synth_idx)} synth and "
                              f"{len(select_idx)} select sequences")
         if set(synth_idx) & set(select_idx):
-            raise ValueError("synth_idx and select_idx overlap: select on sequences the prompts never showed")
+            raise InputError("synth_idx and select_idx overlap: select on sequences the prompts never showed")
         seqs = store.sequences
         causal = bool(getattr(store, "causal", True))
         synth_seqs = [seqs[i] for i in synth_idx]

@@ -14,11 +14,12 @@ from ....kernels.fileio import json_default
 from ...candidate import Candidate
 from ...program import Program
 from .config import SOURCE
+from ....kernels.core import HeadsurgeonError, InputError
 
 JOURNAL_VERSION = 1
 
 
-class JournalMismatchError(ValueError):
+class JournalMismatchError(HeadsurgeonError, ValueError):
     """The journal was written for other inputs (sequences, splits or model) than this run."""
 
 
@@ -90,6 +91,6 @@ def candidate_from_json(head: tuple[int, int], obj: dict[str, Any]) -> Candidate
     """A journaled candidate back (an error when its program's hash changed)."""
     prog = Program.from_json(obj["program"], kind=obj.get("kind"))
     if obj.get("hash") and obj["hash"] != prog.hash:
-        raise ValueError(f"program hash changed ({obj['hash'][:12]} -> {prog.hash[:12]})")
+        raise InputError(f"program hash changed ({obj['hash'][:12]} -> {prog.hash[:12]})")
     return Candidate(head=head, program=prog, source=SOURCE, hypothesis=obj.get("hypothesis", ""),
                      scores={k: dict(v) for k, v in (obj.get("scores") or {}).items()})

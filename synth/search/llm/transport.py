@@ -12,29 +12,30 @@ from collections.abc import Iterator
 from typing import Any
 
 from ... import prompts
+from ....kernels.core import HeadsurgeonError
 
 
-class CostCapReached(Exception):
+class CostCapReached(HeadsurgeonError):
     """The run's cost reached ``cost_cap``: no new request starts."""
 
 
-class RequestFailed(Exception):
+class RequestFailed(HeadsurgeonError):
     """A request failed for good (not retryable, or out of retries)."""
 
 
-class Stopped(Exception):
+class Stopped(HeadsurgeonError):
     """The run was stopped (interrupted, cancelled or out of its time budget)."""
 
 
-class DeadlinePassed(Exception):
+class DeadlinePassed(HeadsurgeonError):
     """A request ran past its total deadline (``request_timeout``)."""
 
 
-class ReplyTooLarge(Exception):
+class ReplyTooLarge(HeadsurgeonError):
     """A response is larger than ``max_response_bytes``."""
 
 
-class RefusedEncoding(Exception):
+class RefusedEncoding(HeadsurgeonError):
     """A response is compressed although ``identity`` was asked for (a decompression bomb is unbounded)."""
 
 
