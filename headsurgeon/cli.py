@@ -120,6 +120,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     summary = run_demo(args.out, max_sequences=args.max_sequences, max_len=args.max_len)
     print(json.dumps({k: v for k, v in summary.items() if k != "table"}, indent=1) if args.json
           else format_summary(summary))
+    if not summary["logits_identical_after_reload"]:
+        print("headsurgeon demo: error: the reloaded hybrid's logits differ from the saved one's", file=sys.stderr)
+        return 1
     return 0
 
 

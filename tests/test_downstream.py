@@ -143,15 +143,13 @@ def _acc(stdout: str, task: str) -> float:
 
 
 def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_path, handle, random_programs):
-    """lm-eval's own CLI with the model registered (lm-eval 0.4 has no entry point for model plugins): the base
-    by spec, and a saved hybrid checkpoint by ``checkpoint=DIR``, which scores as the hybrid does in-process."""
+    """lm-eval's own CLI with the model registered (lm-eval 0.4 has no entry point for model plugins): a saved
+    hybrid checkpoint by ``checkpoint=DIR`` scores as the hybrid does in-process; ``model=SPEC`` gives the base."""
     import headsurgeon as hs
     from headsurgeon.synth.programset import ProgramSet
 
     common = ["--model", "headsurgeon", "--tasks", "hs_cloze", "--include_path", str(TASKS), "--limit", "12",
               "--batch_size", "4"]
-    base = _harness(["--model_args", "model=tiny-stories", *common], tmp_path)
-    assert base.returncode == 0, base.stderr[-3000:]
     hybrid = hs.replace_heads(handle, ProgramSet.load(random_programs))
     folder = hs.save_hybrid(hybrid, tmp_path / "hybrid")
     hybrid.restore()
@@ -159,9 +157,12 @@ def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_pa
     assert saved.returncode == 0, saved.stderr[-3000:]
     direct = hs.downstream(hs.replace_heads(handle, ProgramSet.load(random_programs)), ["hs_cloze"], limit=12,
                            include_path=TASKS)["rows"][0]
-    assert _acc(base.stdout, "hs_cloze") == pytest.approx(direct["base"], abs=1e-4)
     assert _acc(saved.stdout, "hs_cloze") == pytest.approx(direct["hybrid"], abs=1e-4) != direct["base"]
     from headsurgeon.harness import HarnessLM
+    from headsurgeon.surgery.downstream import evaluate_tasks
+
+    by_spec = evaluate_tasks(HarnessLM(model="tiny-stories", batch_size=4), ["hs_cloze"], 12, TASKS, 0)
+    assert by_spec["results"]["hs_cloze"]["acc,none"] == pytest.approx(direct["base"], abs=1e-4)  # model= spec
 
     with pytest.raises(ValueError, match="drop model="):
         HarnessLM(checkpoint=str(folder), model="tiny-stories")
@@ -169,11 +170,9 @@ def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_pa
 
 def test_eaps6_names_the_seed_papers_six_tasks_in_lm_evals_registry():
     """The group ships with headsurgeon and its members are lm-eval tasks (the datasets themselves need a network)."""
-    from lm_eval.tasks import TaskManager
+    from headsurgeon.surgery.downstream import task_manager
 
-    from headsurgeon.surgery.downstream import task_folders
-
-    manager = TaskManager(include_path=task_folders())
+    manager = task_manager()
     entry = manager.task_index["eaps6"]
     members = entry.cfg["task"]
     assert sorted(members) == sorted(["hellaswag", "piqa", "sciq", "arc_easy", "social_iqa", "copa"])

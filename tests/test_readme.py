@@ -67,4 +67,12 @@ def test_cli_examples_run_as_written(tmp_path):
         r = run(["bash", "-c", f"{prefix} {line}"], work)
         assert r.returncode == 0, f"README command failed: {line}\n{r.stderr[-3000:]}"
     assert (work / "hs-out" / "explain" / "report.html").is_file()
+    demo = work / "hs-out" / "demo"  # the demo exits 1 unless the reloaded hybrid's logits are identical
+    for name in ("report.html", "programs.json", "sweep.png", "hybrid/manifest.json", "hybrid/README.md"):
+        assert (demo / name).exists(), name
+    from headsurgeon.hub.checkpoint import load_hybrid
+
+    again = load_hybrid(demo / "hybrid")
+    assert again.replaced and again.handle.n_layers * again.handle.n_heads == 16  # tiny-stories: 4 x 4 heads
+    again.restore()
     assert not [p for p in work.iterdir() if p.name != "hs-out"], "README commands wrote outside hs-out/"
