@@ -15,6 +15,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
+from ..kernels.core import METRICS
 from . import dsl
 from .errors import ProgramExecutionError
 from .candidate import Candidate, Choice
@@ -38,7 +39,7 @@ def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Prog
     """
     if not indices:
         raise ValueError("cannot score on an empty split")
-    totals = {m: np.zeros((len(heads), len(programs))) for m in ("iou", "jsd", "topq")}
+    totals = {m: np.zeros((len(heads), len(programs))) for m in METRICS}
     seqs = [store.sequences[i] for i in indices]
     for start in range(0, len(indices), chunk):
         idx = indices[start: start + chunk]
@@ -48,6 +49,23 @@ def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Prog
         for m in totals:
             totals[m] += got[m] * len(idx)
     return {m: v / len(indices) for m, v in totals.items()}
+
+
+def _pair_blocks(heads: list[Key], pool: dict[Key, list[Candidate]], column: dict[str, int],
+                 step: int = 32) -> list[tuple[list[int], list[int]]]:
+    """(head rows, program columns) blocks covering every pair a head considers, and few others.
+
+    Programs that the same heads consider are scored together (the baselines: all heads; a searcher's proposal:
+    usually its own head), so the metric work grows with the pairs needed, not with heads x programs.
+    """
+    users: dict[int, list[int]] = {}
+    for r, h in enumerate(heads):
+        for c in dict.fromkeys(column[c.program.hash] for c in pool[h]):
+            users.setdefault(c, []).append(r)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for c in sorted(users):
+        groups.setdefault(tuple(users[c]), []).append(c)
+    return [(list(rows), cols[i: i + step]) for rows, cols in groups.items() for i in range(0, len(cols), step)]
 
 
 def _key(scores: dict[str, float]) -> tuple[float, float]:
@@ -71,7 +89,7 @@ def rounded(program: Program, digits: int) -> Program | None:
     Uses ``dsl.round_numbers(node, digits)`` when the DSL provides it (synth/dsl/); other kinds are never rounded.
     """
     fn = getattr(dsl, "round_numbers", None)
-    if fn is None or program.kind != "dsl":
+    if fn is None or not program.has_tree:
         return None
     try:
         out = Program.from_node(fn(program.node, digits))
@@ -88,9 +106,9 @@ def _score1(store: Any, head: Key, programs: list[Program], idx: list[int], cach
         got = score_programs(store, [head], programs, idx, cache)
     except ProgramExecutionError:
         if len(programs) == 1:  # a Python program that fails on these windows scores nothing here
-            return [{m: float("nan") for m in ("iou", "jsd", "topq")}]
+            return [{m: float("nan") for m in METRICS}]
         return [s for p in programs for s in _score1(store, head, [p], idx, cache)]
-    return [{m: float(got[m][0, j]) for m in ("iou", "jsd", "topq")} for j in range(len(programs))]
+    return [{m: float(got[m][0, j]) for m in METRICS} for j in range(len(programs))]
 
 
 def _round_contenders(store: Any, head: Key, options: list[_Option], select_idx: list[int], cache: TensorCache,
@@ -101,12 +119,14 @@ def _round_contenders(store: Any, head: Key, options: list[_Option], select_idx:
             memo[p.hash, digits] = rounded(p, digits)
         return memo[p.hash, digits]
 
-    shortest = {id(o): chars_of(rounded_memo(o.program, ROUND_DIGITS[0]) or o.program) for o in options}
+    top = max(budgets)  # rounding keeps a program's size, so one too big for every budget is not rounded
+    shortest = {id(o): o.chars if o.program.size > top else chars_of(rounded_memo(o.program, ROUND_DIGITS[0])
+                                                                          or o.program) for o in options}
     todo: dict[int, _Option] = {}
     for b in budgets:
         fits = sorted((o for o in options if shortest[id(o)] <= b), key=lambda o: _key(o.select), reverse=True)
         todo.update({id(o): o for o in fits[:CONTENDERS]})
-    pending = [o for o in todo.values() if o.program.kind == "dsl"]
+    pending = [o for o in todo.values() if o.program.has_tree]
     for digits in ROUND_DIGITS:
         tries = [(o, rounded_memo(o.program, digits)) for o in pending]
         tries = [(o, p) for o, p in tries if p is not None]
@@ -154,16 +174,14 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
                 mine.append(Candidate(h, p, src))
                 seen.add(p.hash)
         pool[h] = mine
-    # score every distinct program once against all heads that consider it (select split)
+    # score every distinct program once against the heads that consider it (select split)
     programs = list({c.program.hash: c.program for cs in pool.values() for c in cs}.values())
     column = {p.hash: i for i, p in enumerate(programs)}
-    sel = {m: np.full((len(heads), len(programs)), np.nan) for m in ("iou", "jsd", "topq")}
-    step = 32
-    for start in tqdm(range(0, len(programs), step), desc="select", disable=not progress):
-        block = programs[start: start + step]
-        got = score_programs(store, heads, block, select_idx, cache)
+    sel = {m: np.full((len(heads), len(programs)), np.nan) for m in METRICS}
+    for rows, cols in tqdm(_pair_blocks(heads, pool, column), desc="select", disable=not progress):
+        got = score_programs(store, [heads[r] for r in rows], [programs[c] for c in cols], select_idx, cache)
         for m in sel:
-            sel[m][:, start: start + len(block)] = got[m]
+            sel[m][np.ix_(rows, cols)] = got[m]
     result = ProgramSet(model=model, meta={"selected_on": "select", "reported_on": "test",
                                            "n_select": len(select_idx), "n_test": len(test_idx),
                                            "budgets": list(budgets), "readable_chars": READABLE_CHARS},
@@ -171,12 +189,13 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
     chars_cache: dict[str, int] = {}
     round_memo: dict[tuple[str, int], Program | None] = {}
 
+    bounded = sorted({b for b in budgets if b is not None} | {READABLE_CHARS})
+
     def chars_of(p: Program) -> int:
-        if p.hash not in chars_cache:
-            chars_cache[p.hash] = p.chars(vocab)
+        if p.hash not in chars_cache:  # too big for every bounded budget: its size bounds its characters below
+            chars_cache[p.hash] = p.size if p.size > bounded[-1] else p.chars(vocab)
         return chars_cache[p.hash]
 
-    bounded = sorted({b for b in budgets if b is not None} | {READABLE_CHARS})
     for r, h in enumerate(tqdm(heads, desc="frontier", disable=not progress)):
         for c in pool[h]:
             col = column[c.program.hash]
@@ -205,8 +224,10 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
         def choice(o: _Option | None, budget: int | None) -> Choice | None:
             if o is None:
                 return None
-            return Choice.of(o.program, o.cand.source, budget, found[o.program.hash], vocab, o.cand.hypothesis,
-                             o.digits)
+            # a program tied with the winner (e.g. a baseline beside a user's labelled library program) keeps its label
+            tied = _key(o.select) == _key(winner.scores["select"])
+            return Choice.of(o.program, o.cand.source, budget, found[o.program.hash], vocab,
+                             o.cand.hypothesis or (winner.hypothesis if tied else ""), o.digits)
 
         replacement = Choice.of(winner.program, winner.source, None, winner.scores, vocab, winner.hypothesis)
         frontier = [choice(picks[b], b) if b is not None else replacement for b in budgets]

@@ -8,7 +8,7 @@ import pytest
 from scipy.optimize import nnls
 
 from headsurgeon.synth import dsl
-from headsurgeon.synth.enumerative import (
+from headsurgeon.synth.search.enumerative import (
     FitSet, SearchStats, Split, enumerative_search, nnls_gram, primitive_library, round_weights,
 )
 from headsurgeon.synth.metrics import score_many
@@ -431,3 +431,16 @@ def test_search_proposes_sums_and_feature_gates(synthetic) -> None:
     for cands in result.values():
         for c in cands:
             assert rendered_chars(c.program, vocab) == c.program.chars(vocab)
+
+
+def test_rendered_chars_skips_programs_too_big_for_every_budget(monkeypatch) -> None:
+    """A program with more nodes and literals than the largest finite budget is not rendered (rendering a fitted
+    table costs milliseconds per candidate); its size, returned instead, is a lower bound of its characters."""
+    from headsurgeon.synth.search.enumerative.small import BANDS, rendered_chars
+
+    table = Program.parse("mul(profile(w=[" + ", ".join(["0.5"] * 300) + "]), first())")
+    small = Program.parse("0.7*prev(1) + 0.3*first()")
+    assert len(table.render()) >= table.size > max(BANDS)  # the bound it relies on
+    assert rendered_chars(small, None, max(BANDS)) == len(small.render())
+    monkeypatch.setattr(Program, "render", lambda self, vocab=None: pytest.fail("rendered a too-big program"))
+    assert rendered_chars(table, None, max(BANDS)) > max(BANDS)

@@ -150,3 +150,30 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
                          timeout=120).stdout
     assert dom.count('class="heatmap"') == html.count("class='heatmap'") > 0, dom[:500]
     assert 'id="heads"' in dom and 'id="metrics"' in dom and dom.count("<svg") == html.count("<svg")
+
+
+def test_grid_has_a_linked_cell_per_head_with_its_family(report):
+    """The layer x head overview: one cell per head, each linking to that head's section, labelled by family."""
+    from headsurgeon.report.grid import FAMILIES, family
+
+    _, html, ps, _ = report
+    grid = html[html.index("<table id='grid'"): html.index("</table>", html.index("<table id='grid'"))]
+    cells = re.findall(r"<td class='cell' data-family='([^']+)' data-iou='([^']*)'.*?<a href='#(L\d+H\d+)'>", grid)
+    assert sorted(h for _, _, h in cells) == sorted(head_label(h) for h in ps)
+    for fam, _, lab in cells:
+        assert f"<section class='head' id='{lab}'>" in html  # the link has a target
+        e = ps.entries[head_key(lab)]
+        assert fam == family(e.explanation.program if e.explanation else e.program) and fam in FAMILIES
+    assert len(re.findall(r"<tr><th>L\d+</th>", grid)) == len({h[0] for h in ps})
+    assert "id='family-filter'" in html and "id='iou-filter'" in html and "classList.toggle('off'" in html
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("prev(1)", "previous token"), ("0.7*prev(1) + 0.3*first()", "previous token"),
+    ("0.98*first() + 0.02*induction()", "first token"), ("gate(pos=PROPN, induction(), first())", "induction"),
+    ("profile(w=[0.014, 1, 0.12], tail=0.0003, bos=0.24)", "previous token"), ("prev(3)", "positional"),
+    ("sharpen(same_token_recent(), 2)", "same token"), ("key_in_set(ids=[5, 7])", "token-specific")])
+def test_families_follow_the_dominant_part(text, expected):
+    from headsurgeon.report.grid import family
+
+    assert family(Program.parse(text)) == expected

@@ -57,3 +57,33 @@ def test_programset_json_round_trip(tmp_path, synthetic_store):
     path.write_text(path.read_text().replace('"version": 1', '"version": 99'))
     with pytest.raises(Exception, match="newer"):
         ProgramSet.load(path)
+
+
+
+def test_each_program_is_scored_only_against_the_heads_that_consider_it(synthetic_store, monkeypatch):
+    """Selection's metric work grows with the (head, program) pairs in the pools, not with heads x programs."""
+    import headsurgeon.synth.select as select
+
+    cands = {h: [Candidate(h, Program.parse(f"prev({k})"), "enumerative") for k in (2, 3)] for h in TRUTH}
+    cands[(0, 1)].append(Candidate((0, 1), Program.parse(TRUTH[(0, 1)]), "llm"))
+    cands[(1, 0)].append(Candidate((1, 0), Program.parse("prev(5)"), "llm"))
+    cands[(1, 1)].append(Candidate((1, 1), Program.parse("prev(5)"), "llm"))
+    select_idx = list(range(8, 16))
+    scored: list[tuple[list, list]] = []
+    real = select.score_programs
+
+    def recording(store, heads, programs, indices, cache=None, chunk=64):
+        if indices == select_idx:  # no program here has digits to round, so these are the pass over the pools
+            scored.append((list(heads), [p.hash for p in programs]))
+        return real(store, heads, programs, indices, cache, chunk)
+
+    monkeypatch.setattr(select, "score_programs", recording)
+    ps = select_programs(synthetic_store, cands, select_idx=select_idx, test_idx=list(range(16, 24)), progress=False)
+    base = {Program.parse(t).hash for t in select.BASELINES}
+    needed = {(h, p) for h, cs in cands.items() for p in {c.program.hash for c in cs} | base}
+    got = [(h, p) for heads, progs in scored for h in heads for p in progs]
+    assert set(got) == needed and len(got) == len(needed)  # every pair once, no other pair
+    assert ps.entries[(0, 1)].program == Program.parse(TRUTH[(0, 1)])
+    for h, e in ps.entries.items():  # the same score as scoring the winner alone against its head
+        alone = real(synthetic_store, [h], [e.program], select_idx)
+        assert e.scores["select"]["iou"] == float(alone["iou"][0, 0])

@@ -14,6 +14,7 @@ from headsurgeon.synth.programset import ProgramSet, head_label
 
 from . import heads as hv
 from .downstream import downstream_table
+from .grid import GRID_SCRIPT, GRID_STYLE, grid_html
 from . import words
 from .plots import CELL, DIVERGING, colour_css, frontier_svg, heatmap
 
@@ -219,13 +220,14 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
         uri = "data:image/png;base64," + base64.b64encode(Path(sweep_png).read_bytes()).decode()
         sweep_img = f"<img id='sweep' alt='the cost as heads are replaced' src='{uri}' style='max-width:640px'>"
     doc = (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-           f"<style>{STYLE}{colour_css()}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
+           f"<style>{STYLE}{GRID_STYLE}{colour_css()}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
            f"<p class='metrics' id='metrics'>{words.METRICS_PARAGRAPH}</p>\n<h2>Summary</h2>\n"
            f"{summary_html(views, programs, timings, notes, extra, sweep_rows)}{sweep_img}\n"
            + (f"<h2>Downstream tasks</h2>\n{downstream_table(downstream)}\n" if downstream else "") +
+           f"<h2>Heads by layer</h2>\n{grid_html(views)}\n"
            "<h2>Heads, most trustworthy first</h2>\n<p class='small'>Ordered by the explanation's test IoU; heads "
            "without a readable explanation come last.</p>\n"
-           f"{overview_table(views)}\n<h2>Per head</h2>\n{''.join(sections)}\n</body></html>\n")
+           f"{overview_table(views)}\n<h2>Per head</h2>\n{''.join(sections)}\n{GRID_SCRIPT}\n</body></html>\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc, encoding="utf-8")
     return out

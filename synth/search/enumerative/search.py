@@ -27,7 +27,7 @@ from .blas import single_thread_blas
 from .compose import hypothesis, propose, sparse_primitives, used_preds, used_primitives
 from .fitset import FitSet
 from .library import frequent_tokens, primitive_library, query_predicates
-from .small import keep_per_band, propose_small, rendered_chars, vocabulary_of
+from .small import BANDS, keep_per_band, propose_small, rendered_chars, vocabulary_of
 from .split import Split, features_for
 from .util import default_splits, progress_bar, spacy_available
 
@@ -123,7 +123,7 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     if library is None:
         library = primitive_library(synth_seqs, causal, spacy=spacy)
     library = list(dict.fromkeys(library))
-    bad = [p for p in library if p.kind != "dsl" or not isinstance(p.node, dsl.Prim)]
+    bad = [p for p in library if not p.has_tree or not isinstance(p.node, dsl.Prim)]
     if bad:
         raise ValueError(f"library entries must be single DSL primitives; got {bad[0]!r}")
     preds = query_predicates(synth_seqs, spacy=spacy) if gates > 0 else []
@@ -164,11 +164,12 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
                 break
             if k not in keep:
                 keep.append(k)
-        progs = [Program.from_node(n) for n in props]
-        if small:
-            chars = [rendered_chars(p, vocab) for p in progs]
+        if small:  # a proposal too big for every band is neither wrapped nor rendered (Program prints its text)
+            top = max(BANDS)
+            chars = [size if size > top else rendered_chars(Program.from_node(n), vocab, top)
+                     for n, size in ((n, dsl.size(n)) for n in props)]
             keep = list(dict.fromkeys(keep + keep_per_band(chars, jsd, iou, small, max(1, small // 2))))
-        ranked[head] = [(progs[k], float(iou[k]), float(jsd[k])) for k in keep]
+        ranked[head] = [(Program.from_node(props[k]), float(iou[k]), float(jsd[k])) for k in keep]
         bar.update(1)
     bar.close()
     heads = heads[: len(ranked)]  # the heads composed before a stop (all of them without one)

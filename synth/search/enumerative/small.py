@@ -39,10 +39,16 @@ def vocabulary_of(sequences: Sequence[TokenSequence]) -> Vocabulary:
     return Vocabulary([names.get(i, f"<id {i}>") for i in range(size)])
 
 
-def rendered_chars(program: Program, vocab: Vocabulary | None) -> int:
-    """Characters of the program rendered with token strings (an estimate while the DSL still prints ids)."""
+def rendered_chars(program: Program, vocab: Vocabulary | None, limit: int | None = None) -> int:
+    """Characters of the program rendered with token strings (an estimate while the DSL still prints ids).
+
+    With ``limit``, a program of more than ``limit`` nodes and literals is not rendered: each of them takes at
+    least one character, so its size (returned instead) already says it is longer than ``limit``.
+    """
+    if limit is not None and program.size > limit:
+        return program.size
     text = program.render(vocab)
-    if vocab is None or program.kind != "dsl" or text != program.text:
+    if vocab is None or not program.has_tree or text != program.text:
         return len(text)
     extra = 0
     for node in walk(program.node):
