@@ -153,7 +153,7 @@ def test_gloss_fills_the_templates() -> None:
     assert dsl.gloss(dsl.parse("gate(punct, first(), recent(pos=NOUN))")) == (
         "when the query is a punctuation mark, attends to the first token; otherwise to the most recent noun")
     assert dsl.gloss(dsl.parse("fallback(induction(), first())")) == (
-        "attends to the token that followed an earlier occurrence of its own token, otherwise to the first token")
+        "attends to the token that followed an earlier occurrence of its own token (induction), otherwise to the first token")
     long = dsl.gloss(dsl.parse(f"key_in_set(ids={list(range(40))})"))
     assert "(40 in all)" in long and len(long) < 100
     rng = np.random.default_rng(3)

@@ -98,7 +98,5 @@ def test_the_previous_token_head_is_explained_as_such(known):
         assert "previous token" in x.gloss, x.gloss
 
 
-@pytest.mark.xfail(strict=True, reason="synth/dsl/catalog.py glosses induction() as 'the token that followed an "
-                                       "earlier occurrence of its own token', without the word")
 def test_the_induction_gloss_says_induction(known):
     assert "induction" in known["induction"].explanation.gloss

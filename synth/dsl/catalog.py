@@ -106,7 +106,7 @@ _primitive("same_token_recent", (),
 _primitive("induction", (),
            lambda node, ctx: kernels.score_induction(ctx.ids, ctx.lengths, ctx.causal, out=ctx.buf()),
            "the key right after an earlier occurrence of the query's token",
-           "attends to the token that followed an earlier occurrence of its own token", support=COUNTED,
+           "attends to the token that followed an earlier occurrence of its own token (induction)", support=COUNTED,
            sparse=lambda node, ctx: kernels.sparse_induction(ctx.ids, ctx.lengths, ctx.causal, *ctx.leaf()))
 _primitive("key_in_set", (Param("ids", "ids"),),
            lambda node, ctx: kernels.score_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), ctx.lengths,
