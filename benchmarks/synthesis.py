@@ -138,7 +138,7 @@ def main() -> int:
     from headsurgeon.surgery.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
     from headsurgeon.surgery.loading import load_model
-    from headsurgeon.synth.enumerative import SearchStats, enumerative_search
+    from headsurgeon.synth.search.enumerative import SearchStats, enumerative_search
     from headsurgeon.synth.program import BUDGETS, Program
     from headsurgeon.synth.search.enumerative.small import rendered_chars, vocabulary_of
 
@@ -187,7 +187,7 @@ def main() -> int:
           f"windows; stages {', '.join(f'{k} {v:.0f}s' for k, v in stats.seconds.items())}; CPU "
           f"{time.process_time() - cpu0:.0f}s", flush=True)
     if not args.no_learned:
-        from headsurgeon.synth.learned import learned_search
+        from headsurgeon.synth.search.learned import learned_search
 
         cpu0, t0 = time.process_time(), time.perf_counter()
         sources["learned"] = learned_search(store, heads=heads, synth_idx=synth_idx, select_idx=select_idx,

@@ -7,6 +7,7 @@ import sys
 from typing import Callable
 
 from .kernels.argtypes import add_window_args, fraction, non_negative_float, positive_int, task_limit
+from .kernels.core import SPLITS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 MESSAGE_LIMIT = 1000
@@ -67,7 +68,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     agent_config = None
     if args.llm_model or args.llm_base_url:
-        from headsurgeon.synth.agent import AgentConfig
+        from headsurgeon.synth.search.llm import AgentConfig
 
         agent_config = AgentConfig(**{k: v for k, v in (("model", args.llm_model), ("base_url", args.llm_base_url),
                                                          ("cost_cap", args.llm_cost_cap)) if v is not None})
@@ -198,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", required=True, help="the head, e.g. L0H1")
     p.add_argument("--program", required=True, help='a DSL program, e.g. "prev(1)" (token strings need the model\'s '
                                                     'vocabulary, which score uses)')
-    p.add_argument("--split", choices=("synth", "select", "test", "all"), default="test",
+    p.add_argument("--split", choices=(*SPLITS, "all"), default="test",
                    help="which windows of the document-level split to score on")
     add_window_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -230,8 +231,8 @@ LIBRARY_ERRORS = (
     ("headsurgeon.surgery.evaluate", "EvaluationError"),
     ("headsurgeon.hub.checkpoint", "CheckpointError"),
     ("headsurgeon.hub.zoo", "ZooFilesMissingError"),
-    ("headsurgeon.synth.agent", "AgentConfigError"),
-    ("headsurgeon.synth.agent", "JournalMismatchError"),
+    ("headsurgeon.synth.search.llm", "AgentConfigError"),
+    ("headsurgeon.synth.search.llm", "JournalMismatchError"),
     ("headsurgeon.scaleout.journal", "JournalError"),
     ("headsurgeon.kernels.fileio", "UnsafeFileError"),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,6 +18,8 @@ from typing import Any, Mapping
 from headsurgeon.synth.backends import backend_kinds, get_backend
 
 __all__ = ["render_card", "load_snippet"]
+
+GLOSS_CHARS = 200  # a gloss longer than this is cut with "…" in the card (programs.json keeps it whole)
 
 
 def _code(value: Any, limit: int = 80, cell: bool = True) -> str:
@@ -50,7 +53,7 @@ def _fmt(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit and _plain(text) else _code(text, limit)
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9 _.,;:%()'\"+=/-]*")
+_PLAIN = re.compile(r"[A-Za-z0-9 _.,;:%()'\"+=/…-]*")
 _LONE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # emphasis; inside a word it is text
 _AUTOLINK = re.compile(r"www\.|://|mailto:|xmpp:", re.IGNORECASE)
 
@@ -71,8 +74,38 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> list[tuple[str, An
         elif isinstance(value, (list, tuple)) and len(value) > 8:
             rows.append((name, f"[{len(value)} values]"))
         else:
-            rows.append((name, value))
+            rows.append((name, _no_abspath(value)))
     return rows
+
+
+def _no_abspath(value: Any) -> Any:
+    """An absolute local path as its last component (the card never shows where the saving machine kept files)."""
+    if isinstance(value, str) and os.path.isabs(value) and "\n" not in value:
+        return Path(value).name or value
+    return value
+
+
+def _capped(text: Any, limit: int = GLOSS_CHARS) -> Any:
+    """A gloss cut to ``limit`` characters with "…" (a fitted table's gloss lists every token it weights)."""
+    if not isinstance(text, str):
+        return text
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _weights_note(weights: Mapping[str, Any]) -> str | None:
+    """Why the scores below may not describe these weights: they were measured on the base model, before the
+    weights changed (fine-tuning); None when the weights are the base's (referenced, not embedded)."""
+    if weights.get("stored") != "embedded":
+        return None
+    changed, total = weights.get("changed_tensors"), weights.get("n_tensors")
+    if isinstance(changed, int) and changed == 0:
+        return None
+    of = f" of {total}" if isinstance(total, int) else ""
+    what = (f"{changed}{of} weight tensors differ from the base model" if isinstance(changed, int)
+            else "the weights are embedded and may differ from the base model's")
+    return (f"**Measured before fine-tuning**: the program scores (IoU, JSD, `program_summary`) were measured on "
+            f"the base model's weights, and {what}; metrics passed to `save_hybrid` are shown as given.")
 
 
 def load_snippet(location: str, python_hashes: list[str] | None = None) -> str:
@@ -115,6 +148,11 @@ def _needs_trust(kind: Any) -> bool:
     return kind in backend_kinds() and get_backend(kind).needs_trust
 
 
+def _readable(kind: Any) -> bool:
+    """Whether programs of this kind are shown by their text (DSL) rather than their file (their backend says so)."""
+    return kind in backend_kinds() and get_backend(kind).readable_text
+
+
 def render_card(manifest: Mapping[str, Any], location: str) -> str:
     """README.md text for a checkpoint manifest; ``location`` is what the loading snippet points at."""
     heads = manifest.get("heads", {})
@@ -122,6 +160,9 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
     base = manifest.get("base", {})
     metrics = manifest.get("metrics", {}) or {}
     python = sorted({h["hash"] for h in heads.values() if _needs_trust(h.get("kind"))})
+    local = _no_abspath(location) != location
+    location = _no_abspath(location)  # a local folder by its name: the card travels, the saving machine does not
+    note = _weights_note(manifest.get("weights") or {})
     n_total = (config.get("n_layers") or 0) * (config.get("n_heads") or 0)
 
     front = ["---", "library_name: headsurgeon", "tags:", "- headsurgeon", "- hybrid-model",
@@ -146,6 +187,9 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
         "```",
         "",
     ]
+    if local:
+        lines += [f"{_code(location, 200, cell=False)} is this checkpoint's folder: give its path from where you run "
+                  "the lines above.", ""]
     if python:
         lines += [
             f"This checkpoint holds {len(python)} Python program(s). They load only when trusted "
@@ -153,7 +197,7 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
             "at load time and only ever run in headsurgeon's sandbox (no network, no file writes, CPU/memory limits).",
             "",
         ]
-    lines += ["## Metrics", ""]
+    lines += ["## Metrics", ""] + ([note, ""] if note else [])
     rows = _flatten(metrics)
     if rows:
         lines += ["| metric | value |", "|---|---|"] + [f"| {_fmt(k)} | {_fmt(v)} |" for k, v in rows]
@@ -162,15 +206,17 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
     lines += ["", "## Replaced heads", "",
               "Each head's program in words (a deterministic gloss), how faithful it is on held-out text (soft IoU "
               "with the real pattern, 1 = identical; Jensen-Shannon distance, 0 = identical) and its size "
-              "(description length: syntax nodes plus literals).", "",
+              "(description length: syntax nodes plus literals).", ""] + (
+              ["**Measured before fine-tuning**: IoU and JSD compare each program with the base model's patterns "
+               "(see Metrics).", ""] if note else []) + [
               "| head | kind | alpha | program | IoU (test) | JSD (test) | source | size | what it attends to |",
               "|---|---|---|---|---|---|---|---|---|"]
     for name, item in heads.items():
         test = (item.get("scores") or {}).get("test", {})
-        shown = item.get("text") if item.get("kind") == "dsl" else item.get("program")
+        shown = item.get("text") if _readable(item.get("kind")) else item.get("program")
         lines.append(f"| {_fmt(name)} | {_fmt(item.get('kind'))} | {_fmt(item.get('alpha'))} | {_fmt(shown)} | "
                      f"{_fmt(test.get('iou'))} | {_fmt(test.get('jsd'))} | {_fmt(item.get('source'))} | "
-                     f"{_fmt(item.get('size'))} | {_fmt(item.get('gloss') or None, 300)} |")
+                     f"{_fmt(item.get('size'))} | {_fmt(_capped(item.get('gloss')) or None, GLOSS_CHARS)} |")
     lines += [
         "",
         "## Base model",

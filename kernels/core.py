@@ -8,7 +8,7 @@ import re
 from typing import Any, Literal, NamedTuple, get_args
 
 __all__ = ["Head", "HeadsurgeonError", "InputError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
-           "check_choice"]
+           "Metric", "METRICS", "check_choice"]
 
 
 class HeadsurgeonError(Exception):
@@ -27,6 +27,10 @@ WHICHES: tuple[Which, ...] = get_args(Which)
 
 AblationKind = Literal["zero", "mean", "mean_output", "uniform", "resample", "program"]
 ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)
+
+#: a candidate's scores per split (synth/metrics.py): soft IoU, Jensen-Shannon distance, top-q set IoU
+Metric = Literal["iou", "jsd", "topq"]
+METRICS: tuple[Metric, ...] = get_args(Metric)
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*", re.IGNORECASE)
 

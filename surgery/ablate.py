@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
+from ..kernels.core import ABLATION_KINDS, AblationKind
 from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from .batches import padded_batch
@@ -19,7 +20,7 @@ from .loading import ModelHandle, load_model
 from .providers import MeanOutputs, MeanPatterns, ResamplePatterns, UniformPatterns, ZeroPatterns
 from .replace import HybridModel, SurgeryError, parse_head, replace_heads
 
-KINDS = ("zero", "mean", "mean_output", "uniform", "resample", "program")
+KINDS = ABLATION_KINDS  # the closed set lives in kernels/core.py
 
 
 def reference_patterns(handle: ModelHandle, sequences: list[Sequence], heads: list[tuple[int, int]],
@@ -67,7 +68,7 @@ def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: lis
     return {h: (t / np.maximum(count, 1)).astype(np.float32) for h, t in total.items()}
 
 
-def ablate(model: Any, heads: Iterable[Any], kind: str = "zero", reference: list[Sequence] | None = None,
+def ablate(model: Any, heads: Iterable[Any], kind: AblationKind = "zero", reference: list[Sequence] | None = None,
            programs: Mapping[Any, Any] | None = None, seed: int = 0, trust_programs: Any = False) -> HybridModel:
     """Ablate ``heads`` (``"L3H5"`` or (3, 5)) by ``kind``; mean/mean_output/resample need ``reference`` sequences.
 

@@ -14,9 +14,7 @@ import numpy as np
 from ..kernels.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
-from ..kernels.core import HeadsurgeonError
-
-SPLITS = ("synth", "select", "test")
+from ..kernels.core import SPLITS, HeadsurgeonError, Split
 
 
 class CorpusError(HeadsurgeonError, ValueError):
@@ -159,7 +157,7 @@ class Splits:
     select: list[Sequence]
     test: list[Sequence]
 
-    def __getitem__(self, name: str) -> list[Sequence]:
+    def __getitem__(self, name: Split) -> list[Sequence]:
         if name not in SPLITS:
             raise KeyError(f"unknown split {name!r}; use one of {SPLITS}")
         return getattr(self, name)

@@ -35,7 +35,7 @@ from .headpatterns import LayerPatterns
 from .ids import SequenceRegistry
 from .loading import ModelHandle, load_model
 from .providers import ProgramPatterns, as_provider
-from ..kernels.core import HeadsurgeonError
+from ..kernels.core import WHICHES, HeadsurgeonError, Which
 
 HeadKey = tuple[int, int]
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
@@ -454,7 +454,7 @@ def _normalize_programs(handle: ModelHandle, programs: Mapping[Any, Any] | Any) 
     return out
 
 
-def _from_programset(handle: ModelHandle, programs: ProgramSet, which: str) -> dict[HeadKey, Program]:
+def _from_programset(handle: ModelHandle, programs: ProgramSet, which: Which) -> dict[HeadKey, Program]:
     """The ProgramSet's programs of kind ``which``, after checking it was made with this model's tokenizer."""
     fingerprint = programs.vocab_fingerprint
     if fingerprint:
@@ -482,7 +482,7 @@ def _independent(handle: ModelHandle) -> ModelHandle:
 
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
-                  cache: TensorCache | None = None, which: str = "replacement", copy: bool = False,
+                  cache: TensorCache | None = None, which: Which = "replacement", copy: bool = False,
                   trust_programs: Any = False) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
@@ -500,7 +500,7 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
         programs = ProgramSet.load(programs)
     if isinstance(programs, ProgramSet):  # the one trust gate (synth/trust.py), before anything is built
         programs = programs.trusted(trust_programs)
-    if which not in ("replacement", "explanation"):
+    if which not in WHICHES:
         raise SurgeryError(f"which must be 'replacement' or 'explanation', got {which!r}")
     if which != "replacement" and not isinstance(programs, ProgramSet):
         raise SurgeryError(f"which={which!r} needs a ProgramSet (a plain mapping holds one program per head)")

@@ -25,6 +25,8 @@ from ..synth.sequence import Sequence, sequences_key
 from ..kernels.core import HeadsurgeonError
 
 FORMAT_VERSION = 1
+#: the manifest's ``format`` field
+STORE_FORMAT = "headsurgeon.attention_store"
 
 
 class StoreError(HeadsurgeonError, ValueError):
@@ -57,19 +59,67 @@ MAX_UNLISTED_SHARD_BYTES = 8 << 30
 def read_manifest(path: Path) -> dict:
     """The parsed manifest.json of a store, or a StoreError naming the file and the fix."""
     try:
-        meta = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, "a store manifest"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        data = read_bounded(path, MAX_MANIFEST_BYTES, "a store manifest")
+    except (OSError, ValueError) as e:  # UnsafeFileError is a ValueError
         raise StoreError(f"{path} is unreadable or corrupted ({excerpt(str(e))}); delete the directory and capture "
                          "again") from None
+    return manifest_from_bytes(data, str(path))
+
+
+# Reading a store from its bytes: AttentionStore.load (local files) and the workers' reader
+# (headsurgeon/scaleout/headstore.py: paths or fsspec URLs) make the same checks through these.
+
+def manifest_from_bytes(data: bytes, where: str) -> dict:
+    """The manifest held by ``data`` (read from ``where``), or a StoreError naming ``where`` and the fix."""
+    try:
+        meta = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise StoreError(f"{where} is unreadable or corrupted ({excerpt(str(e))}); delete the directory and capture "
+                         "again") from None
     if not isinstance(meta, dict):
-        raise StoreError(f"{path} is not an attention-store manifest; delete the directory and capture again")
+        raise StoreError(f"{where} is not an attention-store manifest; delete the directory and capture again")
     return meta
+
+
+def check_manifest(meta: dict, where: str) -> None:
+    """Refuse a manifest of another format, a malformed version, or a version newer than this library reads."""
+    if meta.get("format") != STORE_FORMAT:
+        raise StoreError(f"{where} is not an attention-store manifest")
+    if not isinstance(meta.get("version", 0), int):
+        raise StoreError(f"{where} has a malformed version; delete the directory and capture again")
+    if meta.get("version", 0) > FORMAT_VERSION:
+        raise StoreError(f"{where} has format version {meta['version']}; upgrade headsurgeon to read it")
+
+
+def sequences_from_bytes(data: bytes, where: str) -> list[Sequence]:
+    """The sequences held by a store's ``sequences.json`` bytes, or a StoreError naming ``where``."""
+    try:
+        items = json.loads(data)
+        return [Sequence(ids=np.array(s["ids"]), tokens=s["tokens"], text=s["text"], offsets=np.array(s["offsets"]),
+                         doc=s["doc"], has_bos=s["has_bos"]) for s in items]
+    except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
+        raise StoreError(f"{where} is missing or corrupted ({excerpt(str(e))}); delete the directory and capture "
+                         "again") from None
+
+
+def check_sequences(meta: dict, sequences: list[Sequence], where: str) -> None:
+    """Refuse sequences (read from ``where``) that are not the ones the manifest was written for."""
+    if sequences_key(sequences) != meta.get("sequences_key"):
+        raise StoreError(f"{where} does not match its manifest; capture again")
+
+
+def listed_shards(meta: dict, n_shards: int) -> set[int]:
+    """The valid shard numbers a manifest lists as done."""
+    done = meta.get("done_shards", [])
+    if not isinstance(done, list):
+        return set()
+    return {s for s in done if isinstance(s, int) and not isinstance(s, bool) and 0 <= s < n_shards}
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _shard_records(meta: dict) -> dict[int, dict]:
+def shard_records(meta: dict) -> dict[int, dict]:
     """Well-formed {shard: {"bytes", "sha256"}} records of a manifest; malformed ones are left out."""
     raw = meta.get("shards")
     out: dict[int, dict] = {}
@@ -94,12 +144,11 @@ def read_sequences(directory: Path) -> list[Sequence]:
     """The sequences of a store directory (``sequences.json``, written once when the capture starts)."""
     path = Path(directory) / SEQUENCES_FILE
     try:
-        items = json.loads(read_bounded(path, MAX_SEQUENCES_BYTES, "a store's sequences file"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # UnsafeFileError is a ValueError
+        data = read_bounded(path, MAX_SEQUENCES_BYTES, "a store's sequences file")
+    except (OSError, ValueError) as e:  # UnsafeFileError is a ValueError
         raise StoreError(f"{path} is missing or corrupted ({excerpt(str(e))}); delete the directory and capture "
                          "again") from None
-    return [Sequence(ids=np.array(s["ids"]), tokens=s["tokens"], text=s["text"], offsets=np.array(s["offsets"]),
-                     doc=s["doc"], has_bos=s["has_bos"]) for s in items]
+    return sequences_from_bytes(data, str(path))
 
 
 class AttentionStore:
@@ -191,7 +240,7 @@ class AttentionStore:
 
     def manifest(self, done_shards: Iterable[int]) -> dict:
         return {
-            "format": "headsurgeon.attention_store", "version": FORMAT_VERSION, "model": self.model_name,
+            "format": STORE_FORMAT, "version": FORMAT_VERSION, "model": self.model_name,
             "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "q_frac": self.q_frac,
             "causal": self.causal, "shard_size": self.shard_size, "n_sequences": len(self.sequences),
             "sequences_file": SEQUENCES_FILE, "sequences_key": sequences_key(self.sequences),
@@ -217,14 +266,11 @@ class AttentionStore:
 
     def _listed_shards(self, meta: dict) -> set[int]:
         """The valid shard numbers a manifest lists as done."""
-        done = meta.get("done_shards", [])
-        if not isinstance(done, list):
-            return set()
-        return {s for s in done if isinstance(s, int) and not isinstance(s, bool) and 0 <= s < self.n_shards}
+        return listed_shards(meta, self.n_shards)
 
     def adopt_records(self, meta: dict) -> None:
         """Take the shard sizes and hashes a manifest recorded (when resuming or opening a store)."""
-        self.shard_records.update(_shard_records(meta))
+        self.shard_records.update(shard_records(meta))
         self._hashed.clear()
 
     def damaged_shards(self) -> dict[int, str]:
@@ -325,15 +371,9 @@ class AttentionStore:
         if not path.is_file():
             raise StoreError(f"{directory} is not an attention store (no manifest.json); run capture first")
         meta = read_manifest(path)
-        if meta.get("format") != "headsurgeon.attention_store":
-            raise StoreError(f"{path} is not an attention-store manifest")
-        if not isinstance(meta.get("version", 0), int):
-            raise StoreError(f"{path} has a malformed version; delete the directory and capture again")
-        if meta.get("version", 0) > FORMAT_VERSION:
-            raise StoreError(f"{path} has format version {meta['version']}; upgrade headsurgeon to read it")
+        check_manifest(meta, str(path))
         seqs = read_sequences(directory)
-        if sequences_key(seqs) != meta.get("sequences_key"):
-            raise StoreError(f"{directory / SEQUENCES_FILE} does not match its manifest; capture again")
+        check_sequences(meta, seqs, str(directory / SEQUENCES_FILE))
         try:
             store = cls(seqs, meta["n_layers"], meta["n_heads"], meta["mode"], meta["q_frac"], meta["causal"],
                         meta["model"], directory, meta["shard_size"])

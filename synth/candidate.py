@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..kernels.core import METRICS, Metric, Split
 from .program import Program
 
 #: rendered texts (and glosses) longer than this are stored cut in programs.json ("chars" keeps the full length)
 TEXT_LIMIT = 1000
 GLOSS_LIMIT = 600
-METRICS = ("iou", "jsd", "topq")
 
 
 @dataclass
@@ -20,9 +20,9 @@ class Candidate:
     program: Program
     source: str
     hypothesis: str = ""
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> {"iou", "jsd", "topq"}
+    scores: dict[Split, dict[Metric, float]] = field(default_factory=dict)  # split -> {"iou", "jsd", "topq"}
 
-    def score(self, split: str, metric: str) -> float | None:
+    def score(self, split: Split, metric: Metric) -> float | None:
         return self.scores.get(split, {}).get(metric)
 
 
@@ -44,7 +44,7 @@ class Choice:
     chars: int
     text: str
     gloss: str
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    scores: dict[Split, dict[Metric, float]] = field(default_factory=dict)
     hypothesis: str = ""
     digits: int | None = None
 
@@ -56,7 +56,7 @@ class Choice:
         return cls(program, source, budget, program.size, len(text), text, program.gloss(vocab),
                    {k: dict(v) for k, v in (scores or {}).items()}, hypothesis, digits)
 
-    def iou(self, split: str = "test") -> float | None:
+    def iou(self, split: Split = "test") -> float | None:
         return self.scores.get(split, {}).get("iou")
 
     def to_json(self, program_json: Any = None) -> dict:
@@ -78,7 +78,7 @@ class Choice:
     @classmethod
     def from_json(cls, item: dict, program: Program, budget: int | None = None) -> "Choice":
         """Read back :meth:`to_json` (``program`` already parsed); missing fields are recomputed without a vocab."""
-        scores: dict[str, dict[str, float]] = {}
+        scores: dict[Split, dict[Metric, float]] = {}
         for m in METRICS:
             for split, v in (item.get(m) or {}).items():
                 scores.setdefault(split, {})[m] = v

@@ -157,18 +157,17 @@ def load_library(paths: Iterable[str | Path], budget: float | None = LIBRARY_BUD
 
 
 def probe_labels(programs: list[Program], sequences: list[Any], timeout: float = 5.0) -> dict[str, str]:
-    """Per Python program hash, its most common label on ``sequences`` (run in the sandbox); absent when none."""
-    from .sandbox import get_pool
-
+    """Per program hash, its most common label on ``sequences`` (Python programs, run in the sandbox); absent when
+    none (kinds without labels, such as DSL, are skipped by their backend)."""
     out: dict[str, str] = {}
     for p in programs:
-        if p.kind != "python" or not sequences:
+        if not sequences:
             continue
         try:
-            _, labels = get_pool().run_labeled(p.text, sequences, timeout)
+            labels = p.labels(sequences, timeout)
         except ProgramError:
             continue
-        found = Counter(label for label in labels if label)
+        found = Counter(label for label in labels or () if label)
         if found:
             out[p.hash] = found.most_common(1)[0][0]
     return out

@@ -35,12 +35,12 @@ from collections.abc import Sequence as _Seq
 import numpy as np
 
 from ..kernels import metrics_kernels, sparse_metrics
+from ..kernels.core import METRICS, InputError, Metric
 from ..kernels.sparse import SparseRows, stack_rows
 
 __all__ = ["METRICS", "TOPQ_FRAC", "RealPatterns", "score_many", "soft_iou", "jsd_distance", "topq_iou",
            "topq_count", "visible_cells"]
 
-METRICS: tuple[str, ...] = ("iou", "jsd", "topq")
 TOPQ_FRAC: float = 0.025
 #: largest non-zero count packed into one candidate block (16 bytes each: key, value, v log 2v).
 DEFAULT_MAX_NNZ: int = 1 << 25
@@ -72,14 +72,14 @@ def _kernel_view(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
     raise TypeError(f"{name} has dtype {x.dtype}; pass float16, float32 or float64 attention patterns")
 
 
-def _metric_names(metrics: _Seq[str]) -> tuple[str, ...]:
+def _metric_names(metrics: _Seq[Metric]) -> tuple[Metric, ...]:
     """Validate and de-duplicate requested metric names."""
     if isinstance(metrics, str):
         metrics = (metrics,)
     wanted = tuple(dict.fromkeys(metrics))
     unknown = [m for m in wanted if m not in METRICS]
     if unknown or not wanted:
-        raise ValueError(f"unknown metrics {unknown or list(metrics)}; choose from {list(METRICS)}")
+        raise InputError(f"unknown metrics {unknown or list(metrics)}; choose from {list(METRICS)}")
     return wanted
 
 
@@ -165,7 +165,7 @@ class RealPatterns:
         return metrics_kernels.topq_sets(self._rx, self._rlut, self.lengths, self.causal, 0, H, b0, b1, self.qs,
                             int(self.qs[b0:b1].max()))
 
-    def score(self, cand: np.ndarray | _Seq[np.ndarray | SparseRows], metrics: _Seq[str] = METRICS, *,
+    def score(self, cand: np.ndarray | _Seq[np.ndarray | SparseRows], metrics: _Seq[Metric] = METRICS, *,
               per_sequence: bool = False, max_nnz: int = DEFAULT_MAX_NNZ) -> dict[str, np.ndarray]:
         """Score candidates against every head -> ``{metric: [H,P]}`` (``[H,P,B]`` per sequence).
 
@@ -335,7 +335,7 @@ def score_many(
     cand: np.ndarray | _Seq[np.ndarray | SparseRows],
     lengths,
     causal: bool,
-    metrics: _Seq[str] = METRICS,
+    metrics: _Seq[Metric] = METRICS,
     *,
     per_sequence: bool = False,
     topq_frac: float = TOPQ_FRAC,

@@ -116,6 +116,21 @@ class Program:
         return self._backend.needs_trust
 
     @property
+    def sandboxed(self) -> bool:
+        """Whether it runs in sandbox workers (Python) rather than this process's kernels (DSL)."""
+        return self._backend.sandboxed
+
+    @property
+    def has_tree(self) -> bool:
+        """Whether a DSL tree stands behind it (``node``, ``evaluate_arrays``, rounding)."""
+        return self._backend.has_tree
+
+    @property
+    def sparse_rows(self) -> bool:
+        """Whether it is evaluated as compressed rows (``SparseRows``; DSL trees without a dense primitive)."""
+        return self._backend.sparse_rows(self._payload)
+
+    @property
     def needs_text(self) -> bool:
         """Whether evaluation needs the decoded text (Python, feature-reading DSL) rather than only the ids."""
         return self._backend.needs_text(self._payload)
@@ -190,6 +205,10 @@ class Program:
         when evaluating many programs block by block).
         """
         return self._backend.evaluate(self._payload, list(sequences), causal, features, timeout, pos_tags, out)
+
+    def labels(self, sequences: list[Sequence], timeout: float = DEFAULT_TIMEOUT) -> list[str] | None:
+        """The label it returns with each sequence's matrix (EAPS programs, run in the sandbox); None: none."""
+        return self._backend.labels(self._payload, list(sequences), timeout)
 
     def evaluate_arrays(self, ids: np.ndarray, lengths: np.ndarray,
                         features: Mapping[str, np.ndarray] | None = None, causal: bool = True,

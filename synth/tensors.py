@@ -51,8 +51,13 @@ def mask_policy(causal: bool) -> str:
 
 
 def is_sparse_program(program: PatternProgram) -> bool:
-    """Whether ``program`` is a DSL program evaluated as compressed rows (``dsl.is_sparse``)."""
-    return getattr(program, "kind", None) == "dsl" and dsl.is_sparse(program.node)
+    """Whether ``program`` is evaluated as compressed rows (its backend says: DSL trees per ``dsl.is_sparse``)."""
+    return bool(getattr(program, "sparse_rows", False))
+
+
+def _in_process(program: PatternProgram) -> bool:
+    """Whether this process's kernels evaluate ``program`` (a Program whose backend is not sandboxed)."""
+    return getattr(program, "sandboxed", True) is False
 
 
 #: bytes of the per-thread scratch buffer dense DSL programs are evaluated into before the cache copies them.
@@ -88,7 +93,7 @@ def _evaluate(program: PatternProgram, seqs: list[Sequence], causal: bool, reuse
     ``reuse``: a DSL program writes into this thread's scratch buffer (valid until the next such call).
     """
     width = max(s.n for s in seqs)
-    buf = _scratch((len(seqs), width, width)) if reuse and getattr(program, "kind", None) == "dsl" else None
+    buf = _scratch((len(seqs), width, width)) if reuse and _in_process(program) else None
     out = np.asarray(program.evaluate(seqs, causal=causal) if buf is None else program.evaluate(seqs, causal=causal,
                                                                                                   out=buf))
     n_max = max(s.n for s in seqs)
@@ -123,7 +128,7 @@ def program_patterns(program: PatternProgram, sequences: _Seq[Sequence], causal:
     _check_sequences(seqs)
     if is_sparse_program(program):
         return _evaluate_sparse(program, seqs, causal, features)
-    if features is not None and getattr(program, "kind", None) == "dsl":
+    if features is not None and _in_process(program):
         return program.evaluate(seqs, causal=causal, features=features)
     return _evaluate(program, seqs, causal)
 
@@ -162,7 +167,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
                 where = {seq_keys[b]: r for r, b in enumerate(uniq)}
                 result.append(rows if len(uniq) == len(seqs) else rows.take([where[k] for k in seq_keys]))
                 continue
-            if len(uniq) == len(seqs) and getattr(prog, "kind", None) == "dsl":  # zero-padded by the kernels:
+            if len(uniq) == len(seqs) and _in_process(prog):  # zero-padded by the kernels:
                 result.append(_evaluate(prog, seqs, causal))                    # the evaluation is the result
                 continue
             pats = _evaluate(prog, [seqs[b] for b in uniq], causal, reuse=True)

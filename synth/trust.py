@@ -73,7 +73,7 @@ def require_trusted(slots: Iterable[tuple[str, str, Any]], trust: Any, *, origin
         return
     shown = "; ".join(f"{head} {slot} ({program.kind}, hash {program.hash})" for head, slot, program in refused[:5])
     more = f"; and {len(refused) - 5} more" if len(refused) > 5 else ""
-    kinds = sorted({program.kind.capitalize() if program.kind != "python" else "Python" for _, _, program in refused})
+    kinds = sorted({program.backend.label for _, _, program in refused})
     raise UntrustedProgramsError(
         f"{origin} holds {' and '.join(kinds)} code someone else wrote: {shown}{more}. Such programs run (in the "
         f"sandbox) only when you trust them: {fix or f'read them, then pass {flag}'}")

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_server import Reply, ScriptedLLMServer, by_head  # noqa: E402
 
 from headsurgeon.synth import prompts  # noqa: E402
-from headsurgeon.synth.agent import (AgentConfig, AgentConfigError, JournalMismatchError, LLMAgent,  # noqa: E402
-                                     retry_after)
+from headsurgeon.synth.search.llm import (AgentConfig, AgentConfigError, JournalMismatchError, LLMAgent,  # noqa: E402
+                                          retry_after)
 from headsurgeon.synth.program import Program  # noqa: E402
 from headsurgeon.synth.sequence import Sequence  # noqa: E402
 
@@ -386,7 +386,7 @@ CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_agent import build_store, config, SYNTH, SELECT, HEADS, RESUME_CONFIG
-from headsurgeon.synth.agent import LLMAgent
+from headsurgeon.synth.search.llm import LLMAgent
 LLMAgent(config({url!r}, **RESUME_CONFIG)).search(build_store(), HEADS, SYNTH, SELECT, journal={journal!r})
 print("FINISHED")
 """

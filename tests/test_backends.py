@@ -16,9 +16,10 @@ from headsurgeon.hub.checkpoint import UntrustedProgramError, load_hybrid, save_
 from headsurgeon.kernels.normalize import normalize_scores
 from headsurgeon.surgery.replace import replace_heads
 from headsurgeon.synth.backends import ProgramBackend, backend_kinds, register_backend, unregister_backend
-from headsurgeon.synth.errors import ProgramValidationError
+from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
+from headsurgeon.synth.trust import UntrustedProgramsError, require_trusted
 
 
 class WindowSum(ProgramBackend):
@@ -108,9 +109,64 @@ def test_checkpoint_round_trip_of_a_new_kind(window_sum, tmp_path):
         assert loaded.replaced[(0, 0)] == Program.of("window_sum", 2)
     finally:
         loaded.restore()
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert "text" not in manifest["heads"]["L0H0"]  # readable_text False: its file is what a reader opens
     WindowSum.needs_trust = True
     try:
         with pytest.raises(UntrustedProgramError):
             load_hybrid(path)
+        with pytest.raises(UntrustedProgramsError, match="holds window-sum code"):  # the backend's label
+            require_trusted([("L0H0", "replacement", Program.of("window_sum", 2))], False, origin="programs.json")
     finally:
         WindowSum.needs_trust = False
+
+
+def test_programs_answer_for_their_backend():
+    """What callers ask a program (synth/tensors.py, select, the searchers) comes from its backend, not its kind."""
+    dsl_sparse, dsl_dense = Program.parse("prev(1)"), Program.parse("decay(0.5)")
+    python = Program.python("def f(seq):\n    return np.ones((seq.n, seq.n))\n")
+    got = [(p.sandboxed, p.has_tree, p.sparse_rows, p.backend.readable_text) for p in (dsl_sparse, dsl_dense, python)]
+    assert got == [(False, True, True, True), (False, True, False, True), (True, False, False, False)]
+    assert dsl_sparse.labels([]) is None
+
+
+def test_a_card_shows_the_text_of_kinds_whose_backend_says_it_is_readable(window_sum):
+    from headsurgeon.hub.card import render_card
+
+    item = {"layer": 0, "head": 0, "alpha": 1.0, "kind": "window_sum", "program": "programs/abc.ws.json",
+            "text": "window_sum(3)", "hash": "ab" * 32}
+    manifest = {"heads": {"L0H0": item}, "metrics": {}}
+    assert "programs/abc.ws.json" in render_card(manifest, "ck") and "window_sum(3)" not in render_card(manifest, "ck")
+    WindowSum.readable_text = True
+    try:
+        assert "window_sum(3)" in render_card(manifest, "ck")
+    finally:
+        WindowSum.readable_text = False
+
+
+class FlakyWindowSum(WindowSum):
+    """A kind evaluated in sandbox workers whose w=13 programs always fail there."""
+
+    sandboxed = True
+
+    def evaluate(self, payload, sequences, causal, features, timeout, pos_tags, out):
+        if payload == 13:
+            raise ProgramExecutionError("window_sum(13) crashed in its worker")
+        return super().evaluate(payload, sequences, causal, features, timeout, pos_tags, out)
+
+
+def test_a_failing_program_of_a_sandboxed_kind_drops_only_itself():
+    """The library searcher scores each sandboxed program alone (synth/search/library.py): a failure is a note."""
+    from test_searchers import SELECT, SYNTH, TRUTH, TinyStore, tiny_sequences
+
+    from headsurgeon.synth.search.library import LibrarySearcher
+
+    register_backend(FlakyWindowSum())
+    try:
+        programs = [Program.parse("prev(1)"), Program.of("window_sum", 13), Program.of("window_sum", 2)]
+        searcher = LibrarySearcher(programs)
+        found = searcher.search(TinyStore(tiny_sequences(), TRUTH), synth_idx=SYNTH, select_idx=SELECT, progress=False)
+    finally:
+        unregister_backend("window_sum")
+    assert {c.program.text for c in found[(0, 0)]} == {"prev(1)", "window_sum(2)"}
+    assert any("window_sum(13)" in note and "dropped" in note for note in searcher.notes)

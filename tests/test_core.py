@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headsurgeon.kernels.core import ABLATION_KINDS, SPLITS, WHICHES, Head, HeadsurgeonError, check_choice
+from headsurgeon.kernels.core import (ABLATION_KINDS, METRICS, SPLITS, WHICHES, Head, HeadsurgeonError, InputError,
+                                     check_choice)
 
 
 @pytest.mark.parametrize("key", ["L3H5", "l3h5", " L3 H5 ", (3, 5), [3, 5], (np.int64(3), np.int32(5)), Head(3, 5)])
@@ -26,6 +27,24 @@ def test_closed_sets_and_their_check():
     assert check_choice("test", SPLITS, "split") == "test"
     with pytest.raises(HeadsurgeonError, match="split must be one of synth, select, test, not 'dev'"):
         check_choice("dev", SPLITS, "split")
+
+
+def test_the_stages_use_the_cores_closed_sets():
+    """One tuple per closed set: the stages and the CLI take theirs from kernels/core.py (issue 25 item 2)."""
+    import argparse
+
+    from headsurgeon.surgery import ablate, cli as surgery_cli, corpus
+    from headsurgeon.synth import candidate, metrics, select
+
+    assert METRICS == ("iou", "jsd", "topq")
+    assert metrics.METRICS is METRICS and candidate.METRICS is METRICS and select.METRICS is METRICS
+    assert corpus.SPLITS is SPLITS and ablate.KINDS is ABLATION_KINDS
+    parser = argparse.ArgumentParser()
+    surgery_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["ablate", "m", "corpus.txt", "--heads", "L0H0", "--kind", "resample"])
+    assert args.kind == "resample"
+    with pytest.raises(InputError, match="unknown metrics.*choose from"):
+        metrics.score_many(np.zeros((1, 1, 2, 2)), [np.zeros((1, 2, 2))], np.array([2]), True, ("kl",))
 
 
 def test_every_library_exception_derives_from_the_error_base():

@@ -223,3 +223,31 @@ def test_the_model_card_shows_glosses_and_sizes(tmp_path, stories):
     row = next(line for line in card.splitlines() if line.startswith("| L0H0 |"))
     assert "| 0.75 | 0.2 | unknown | 6 | attends to the previous token (70%)" in row
     assert "what it attends to" in card
+
+
+def test_the_card_shows_no_absolute_path_caps_glosses_and_labels_scores_measured_before_fine_tuning(tmp_path, stories):
+    import torch
+
+    from headsurgeon.hub.card import GLOSS_CHARS
+    from headsurgeon.hub.checkpoint import save_hybrid
+
+    ps = _two_heads()
+    entry = ps.entries[(0, 1)]
+    entry.text, entry.gloss = "decay(0.5)", "weighs each key by its token: " + ", ".join(f"#{i} 0.5" for i in range(136))
+    ps.entries[(0, 0)].scores = {"test": {"iou": 0.75, "jsd": 0.2}}
+    hybrid = replace_heads(stories, ps, copy=True)
+    folder = save_hybrid(hybrid, tmp_path / "as-loaded", metrics={"corpus": str(tmp_path / "corpus.txt")}, programs=ps)
+    card = (folder / "README.md").read_text()
+    assert str(tmp_path) not in card and "/" + tmp_path.name not in card  # no absolute path of this machine
+    assert 'hs.load_hybrid("as-loaded")' in card and "| corpus | corpus.txt |" in card
+    assert "before fine-tuning" not in card  # the weights are the base's: nothing to label
+    row = next(line for line in card.splitlines() if line.startswith("| L0H1 |"))
+    gloss = row.rstrip(" |").rsplit("| ", 1)[1].strip("`")  # a code span: "#" is not plain Markdown
+    assert gloss.endswith("…") and len(gloss) <= GLOSS_CHARS and "#135" not in row
+    with torch.no_grad():  # a step of "fine-tuning": the checkpoint now embeds weights that differ from the base
+        next(p for n, p in hybrid.named_parameters() if "mlp" in n).add_(0.01)
+    card = (save_hybrid(hybrid, tmp_path / "tuned", programs=ps) / "README.md").read_text()
+    metrics, heads = card.split("## Metrics")[1].split("## Replaced heads")
+    assert "Measured before fine-tuning" in metrics and "Measured before fine-tuning" in heads
+    assert "weight tensors differ from the base model" in metrics and str(tmp_path) not in card
+    hybrid.restore()

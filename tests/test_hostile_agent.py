@@ -22,7 +22,7 @@ from llm_server import Reply, ScriptedLLMServer, by_head  # noqa: E402
 from test_agent import SELECT, SYNTH, TEXTS, build_store, config  # noqa: E402
 
 from headsurgeon.synth import prompts  # noqa: E402
-from headsurgeon.synth.agent import LLMAgent  # noqa: E402
+from headsurgeon.synth.search.llm import LLMAgent  # noqa: E402
 from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError  # noqa: E402
 from headsurgeon.synth.program import Program  # noqa: E402
 

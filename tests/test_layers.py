@@ -67,6 +67,16 @@ def test_layers_contract_catches_an_upward_import(tree, tmp_path):
     assert r.returncode != 0 and "headsurgeon.kernels.fileio -> headsurgeon.hub.zoo" in r.stdout, r.stdout
 
 
+def test_acyclic_contract_covers_the_facade_subpackages(tree, tmp_path):
+    """A function-level import back from ray_run.py into run.py (the cycle issue 25 removed) breaks the contract."""
+    planted = tmp_path / "tree"
+    shutil.copytree(tree, planted)
+    with open(planted / "headsurgeon" / "scaleout" / "ray_run.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef _planted():\n    from .run import run_heads  # planted by the test\n")
+    r = _lint_imports(planted, "--contract", "acyclic")
+    assert r.returncode != 0 and "headsurgeon.scaleout" in r.stdout, r.stdout
+
+
 def _module_name(tree: Path, path: Path) -> str:
     parts = list(path.relative_to(tree).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -10,7 +10,7 @@ import torch
 
 from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.surgery.store import AttentionStore
-from headsurgeon.synth.learned import (
+from headsurgeon.synth.search.learned import (
     FeatureSpace, LearnedConfig, LearnedHead, MatchTerm, feature_arrays, key_order, learned_search, positional_specs,
     select_rows, visible,
 )

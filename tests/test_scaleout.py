@@ -76,6 +76,26 @@ def test_head_store_refuses_a_shard_of_the_wrong_size(stores, tmp_path):
         HeadStore(copy, [(0, 0)]).batch([5])
 
 
+@pytest.mark.parametrize("change, message", [({"version": 99}, "format version 99; upgrade headsurgeon"),
+                                             ({"version": "1"}, "malformed version"),
+                                             ({"format": "other"}, "not an attention-store manifest"),
+                                             ({"shard_size": 0}, "shard_size must be a whole number")])
+def test_head_store_refuses_what_the_store_refuses(stores, tmp_path, change, message):
+    """Workers read a store through the same manifest checks as AttentionStore.load (surgery/store.py)."""
+    import json
+    import shutil
+
+    from headsurgeon.surgery.store import AttentionStore, StoreError
+
+    copy = tmp_path / "store"
+    shutil.copytree(stores["dense"].directory, copy)
+    meta = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**meta, **change}))
+    for reader in (AttentionStore.load, HeadStore):
+        with pytest.raises(StoreError, match=message):
+            reader(copy)
+
+
 def test_journal_keeps_the_first_record_and_refuses_other_inputs(tmp_path):
     book = HeadJournal(tmp_path / "heads")
     assert book.start({"seed": 0, "searchers": ["enumerative"]}) == {}
@@ -137,3 +157,34 @@ def test_cli_explain_ray_options_parse():
                             "--delta-ppl", "--store-url", "s3://b/store"])
     assert (remote.ray, remote.heads_per_task, remote.delta_ppl, remote.store_url) == ("10.0.0.1:6379", 4, True,
                                                                                        "s3://b/store")
+
+
+def test_a_task_runs_its_searchers_through_run_searchers(stores, monkeypatch):
+    """explain's per-head work (scaleout/task.py) pools candidates with synth/search/base.py ``run_searchers``,
+    with the driver's factories (an unavailable searcher is noted, not fatal), and selects from that pool."""
+    from headsurgeon.scaleout import task
+    from headsurgeon.synth.search.base import run_searchers, searcher_factory
+
+    store = stores["dense"]
+    idx = dict(synth_idx=(0, 1, 2), select_idx=(3, 4))
+    names = ("llm", "library")  # no endpoint configured here: the LLM agent is skipped with a note
+    job = task.HeadJob(str(store.directory), *idx.values(), test_idx=(5,),
+                       searchers=tuple((n, searcher_factory(n)) for n in names),
+                       options={"library": ["prev(1)", "first()", "self()"]})
+    for var in ("HEADSURGEON_LLM_BASE_URL", "OPENAI_BASE_URL", "HEADSURGEON_LLM_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["factories"])
+        return run_searchers(*args, **kwargs)
+
+    monkeypatch.setattr(task, "run_searchers", spy)
+    records = task.explain_heads(job, [(1, 2), (0, 3)])
+    assert [set(f) for f in calls] == [set(names)]
+    notes: list[str] = []
+    heads = [(1, 2), (0, 3)]
+    want = run_searchers(HeadStore(store.directory, heads), names, **idx, heads=heads, notes=notes,
+                         settings=task.SearchSettings(progress=False, options=dict(job.options)))
+    assert [r["candidates"] for r in records] == [len(want[h]) for h in heads] == [3, 3]
+    assert records[0]["notes"] == notes and any("LLM agent skipped" in n for n in notes)

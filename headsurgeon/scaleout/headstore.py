@@ -16,8 +16,9 @@ from typing import Any, Sequence as Seq
 import numpy as np
 
 from ..kernels.fileio import UnsafeFileError, read_bounded
-from ..surgery.store import MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, SEQUENCES_FILE, StoreError
-from ..synth.sequence import Sequence, sequences_key
+from ..surgery.store import (MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, SEQUENCES_FILE, StoreError, check_manifest,
+                              check_sequences, check_settings, listed_shards, manifest_from_bytes, sequences_from_bytes,
+                              shard_records)
 
 _DTYPES = {"F16": np.float16, "F32": np.float32, "I32": np.int32, "I64": np.int64}
 
@@ -63,32 +64,38 @@ class HeadStore:
         self.location = str(location)
         try:
             self.fs, self.root = _filesystem(self.location)
-            meta = json.loads(read_small(self.fs, f"{self.root}/manifest.json", MAX_MANIFEST_BYTES,
-                                         "a store manifest"))
-            items = json.loads(read_small(self.fs, f"{self.root}/{SEQUENCES_FILE}", MAX_SEQUENCES_BYTES,
-                                          "a store's sequences file"))
+            raw_meta = read_small(self.fs, f"{self.root}/manifest.json", MAX_MANIFEST_BYTES, "a store manifest")
+            raw_seqs = read_small(self.fs, f"{self.root}/{SEQUENCES_FILE}", MAX_SEQUENCES_BYTES,
+                                  "a store's sequences file")
         except UnsafeFileError as e:
             raise StoreError(f"{e}; capture the store again") from None
-        except (OSError, ValueError, ImportError, RecursionError) as e:
+        except StoreError:
+            raise
+        except (OSError, ValueError, ImportError) as e:
             raise StoreUnreachable(
                 f"cannot read the attention store at {self.location!r} from host {os.uname().nodename} "
                 f"({type(e).__name__}: {e}); put the store on a filesystem every worker mounts at the same path, "
                 "or pass an fsspec URL the workers can open (e.g. s3://bucket/run/store)") from None
-        if meta.get("format") != "headsurgeon.attention_store":
-            raise StoreError(f"{self.location}/manifest.json is not an attention-store manifest")
-        self.sequences = [Sequence(ids=np.array(s["ids"]), tokens=s["tokens"], text=s["text"],
-                                   offsets=np.array(s["offsets"]), doc=s["doc"], has_bos=s["has_bos"]) for s in items]
-        if sequences_key(self.sequences) != meta.get("sequences_key"):
-            raise StoreError(f"{self.location}/{SEQUENCES_FILE} does not match its manifest; capture again")
-        self.n_layers, self.n_heads = int(meta["n_layers"]), int(meta["n_heads"])
-        self.mode, self.causal = meta["mode"], bool(meta["causal"])
-        self.model_name, self.shard_size = meta.get("model", ""), int(meta["shard_size"])
+        # the same checks as AttentionStore.load (surgery/store.py), on the bytes this reader fetched
+        where = f"{self.location}/manifest.json"
+        meta = manifest_from_bytes(raw_meta, where)
+        check_manifest(meta, where)
+        self.sequences = sequences_from_bytes(raw_seqs, f"{self.location}/{SEQUENCES_FILE}")
+        check_sequences(meta, self.sequences, f"{self.location}/{SEQUENCES_FILE}")
+        try:
+            self.n_layers, self.n_heads = int(meta["n_layers"]), int(meta["n_heads"])
+            self.mode, self.causal = meta["mode"], bool(meta["causal"])
+            self.model_name, self.shard_size = meta.get("model", ""), meta["shard_size"]
+            check_settings(self.mode, meta["q_frac"], self.shard_size)
+        except (KeyError, TypeError, ValueError) as e:
+            raise StoreError(f"{where} is missing or has malformed settings ({e}); delete the directory and capture "
+                             "again") from None
         n_shards = max(1, -(-len(self.sequences) // self.shard_size))
-        missing = set(range(n_shards)) - set(meta.get("done_shards") or [])
+        missing = set(range(n_shards)) - listed_shards(meta, n_shards)
         if missing:
             raise StoreError(f"{self.location} is incomplete ({len(missing)} of {n_shards} shards missing); re-run the "
                              "capture to finish it")
-        self.records = {int(k): v for k, v in (meta.get("shards") or {}).items()}
+        self.records = shard_records(meta)
         everything = [(layer, h) for layer in range(self.n_layers) for h in range(self.n_heads)]
         self._heads = everything if heads is None else [(int(a), int(b)) for a, b in heads]
         bad = [h for h in self._heads if h not in set(everything)]

@@ -10,6 +10,7 @@ import socket
 from typing import Any, Callable
 
 from ..synth.programset import head_label
+from .chunks import MAX_HEADS_PER_TASK, chunked
 from .headstore import HeadStore, StoreUnreachable
 from .task import HeadJob, explain_heads
 from ..kernels.core import HeadsurgeonError
@@ -92,8 +93,6 @@ def ray_map(job: HeadJob, heads: list[tuple[int, int]], finished: Callable[[list
 
     ``heads_per_task`` None: the heads spread evenly over the cluster's CPUs, at most ``MAX_HEADS_PER_TASK`` a task.
     """
-    from .run import MAX_HEADS_PER_TASK, chunked
-
     ray = import_ray()
     started = connect(address, num_cpus)
     gate = None

@@ -1,8 +1,7 @@
 """One unit of explain work, the same on the driver and on a Ray worker: for a few heads, run every requested
-searcher with ``heads=`` (from the driver's registry factories, as synth/search/base.py ``run_searchers``
-does), select among their candidates
-(synth/select.py ``select_programs`` over a store view of just those heads) and, when asked, measure each
-head's ΔPPL (surgery/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
+searcher with ``heads=`` (synth/search/base.py ``run_searchers`` with the driver's registry factories), select
+among their candidates (synth/select.py ``select_programs`` over a store view of just those heads) and, when
+asked, measure each head's ΔPPL (surgery/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence as Seq
 
 from ..synth.programset import head_label
-from ..synth.search.base import SearcherUnavailable, SearchSettings, merge_candidates
+from ..synth.search.base import SearchSettings, run_searchers
 from ..synth.select import select_programs
 from .headstore import HeadStore
 
@@ -75,25 +74,16 @@ def _public(options: dict[str, Any]) -> dict[str, Any]:
 
 def _search(job: HeadJob, store: HeadStore, heads: list[tuple[int, int]], notes: list[str],
             timings: dict[str, float]) -> dict[tuple[int, int], list[Any]]:
-    """Every searcher of ``job`` on ``heads``, pooled in order, as synth/search/base.py ``run_searchers`` does
-    (an unavailable one is noted and skipped); the LLM agent asks the cluster's gate when there is one."""
+    """Every searcher of ``job`` on ``heads`` through synth/search/base.py ``run_searchers``, with the driver's
+    factories (a worker's registry may differ); the LLM agent asks the cluster's gate when there is one."""
     settings = SearchSettings(seed=job.seed, progress=False, out=None if job.out is None else Path(job.out),
                               options=dict(job.options))
-    pool: dict[tuple[int, int], list[Any]] = {}
-    for name, factory in job.searchers:
-        t0 = time.perf_counter()
-        try:
-            searcher = _gated_llm(job) if name == "llm" and job.llm_gate else factory(settings)
-        except SearcherUnavailable as e:
-            notes.append(str(e))
-            continue
-        merge_candidates(pool, searcher.search(store, synth_idx=job.synth_idx, select_idx=job.select_idx,
-                                               heads=heads, progress=False))
-        line = searcher.report() if hasattr(searcher, "report") else ""
-        if line:
-            notes.append(line)
-        timings[name] = time.perf_counter() - t0
-    return pool
+    factories = dict(job.searchers)
+    if job.llm_gate and "llm" in factories:
+        factories["llm"] = lambda _settings: _gated_llm(job)
+    return run_searchers(store, [name for name, _ in job.searchers], synth_idx=job.synth_idx,
+                         select_idx=job.select_idx, settings=settings, heads=heads, notes=notes, timings=timings,
+                         factories=factories)
 
 
 def _gated_llm(job: HeadJob) -> Any:

@@ -126,7 +126,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
                 written.add(rel)
             item: dict[str, Any] = {"layer": head[0], "head": head[1], "alpha": alpha, "program": rel,
                                     "kind": program.kind, "hash": program.hash}
-            if program.kind == "dsl":
+            if program.backend.readable_text:  # DSL: the text beside its file; Python: only the file
                 item["text"] = program.text
             item.update(described(program, entries.get(head)))
             manifest["heads"][f"L{head[0]}H{head[1]}"] = item

@@ -38,6 +38,15 @@ class ProgramBackend(ABC):
     label: ClassVar[str]  # how messages name the kind: "DSL", "Python"
     suffix: ClassVar[str]  # the file suffix of its program files in checkpoints: ".json", ".py"
     needs_trust: ClassVar[bool]  # True when loading one from someone else must be trusted (SECURITY.md)
+    #: True when it runs in sandbox worker processes (synth/sandbox/): each program is scored alone so a failing
+    #: one drops only itself, outside the numba lock. False: this process's kernels evaluate it, cheaply, into a
+    #: caller's buffer and from precomputed feature arrays (synth/tensors.py).
+    sandboxed: ClassVar[bool]
+    #: True when a DSL tree stands behind it: ``node``, ``evaluate_arrays``, rounding (synth/select.py).
+    has_tree: ClassVar[bool] = False
+    #: True when its text is short enough to show inline (checkpoint manifests, model cards); False: its file is
+    #: what a reader opens (Python source).
+    readable_text: ClassVar[bool] = False
 
     # ------------------------------------------------------------ building and serializing
     @abstractmethod
@@ -89,6 +98,14 @@ class ProgramBackend(ABC):
     def needs_text(self, payload: Any) -> bool:
         """Whether evaluation needs the decoded text of the sequences, not only their ids."""
         return True
+
+    def sparse_rows(self, payload: Any) -> bool:
+        """Whether it is evaluated as compressed rows (``SparseRows``, docs/architecture.md "Program tensors")."""
+        return False
+
+    def labels(self, payload: Any, sequences: list[Sequence], timeout: float) -> list[str] | None:
+        """The label it returns with each sequence's matrix (EAPS's ``(label, matrix)``); None: this kind has none."""
+        return None
 
     @abstractmethod
     def evaluate_scores(self, payload: Any, sequences: list[Sequence], causal: bool,

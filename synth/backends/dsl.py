@@ -39,6 +39,9 @@ class DSLBackend(ProgramBackend):
     label = "DSL"
     suffix = ".json"
     needs_trust = False
+    sandboxed = False
+    has_tree = True
+    readable_text = True
 
     def from_json(self, obj: Any) -> dsl.Node:
         """A tree from DSL JSON (tree or ``{"dsl": text}``); a document holding Python is refused."""
@@ -92,6 +95,10 @@ class DSLBackend(ProgramBackend):
     def features_needed(self, payload: dsl.Node) -> frozenset[str]:
         """The feature arrays the tree's primitives read."""
         return dsl.features_needed(payload)
+
+    def sparse_rows(self, payload: dsl.Node) -> bool:
+        """When no primitive in the tree is dense (``dsl.is_sparse``)."""
+        return dsl.is_sparse(payload)
 
     def needs_text(self, payload: dsl.Node) -> bool:
         """Only trees that read linguistic features need the decoded text."""

@@ -59,6 +59,7 @@ class PythonBackend(ProgramBackend):
     label = "Python"
     suffix = ".py"
     needs_trust = True
+    sandboxed = True
 
     def from_source(self, source: Any) -> str:
         """The canonical source, validated by the sandbox's AST allowlist (raises ProgramValidationError)."""
@@ -120,6 +121,10 @@ class PythonBackend(ProgramBackend):
         """The sandbox's scores, normalized into ``out`` (or a new float32 array)."""
         lengths = np.array([s.n for s in sequences], dtype=np.int64)
         return normalize_scores(self._scores(payload, sequences, timeout), lengths, causal, out=out)
+
+    def labels(self, payload: str, sequences: list[Sequence], timeout: float) -> list[str] | None:
+        """Each sequence's label from the sandbox (empty where the program returned a bare matrix)."""
+        return sandbox_module().get_pool().run_labeled(payload, sequences, timeout)[1]
 
     def node(self, payload: str) -> Any:
         """Python programs have no tree."""

@@ -6,8 +6,13 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 from ...kernels.core import HeadsurgeonError
+
+#: the program kinds a reply may name: the prompt's own vocabulary (text.py REPLY_FORMAT), each the name of a
+#: program backend whose record ``{kind: text}`` Program.from_json reads (synth/backends/)
+ReplyKind = Literal["dsl", "python"]
+REPLY_KINDS: tuple[ReplyKind, ...] = get_args(ReplyKind)
 
 
 #: longest reply read; longer replies are refused unread (parsing cost, echo back to the endpoint)
@@ -37,7 +42,7 @@ class ParsedReply:
     """A reply's fields: ``kind`` is "dsl" or "python"; ``program`` is text (or DSL JSON for "dsl")."""
 
     hypothesis: str
-    kind: str
+    kind: ReplyKind
     program: Any
 
     @property
@@ -118,7 +123,7 @@ def parse_reply(text: str | None) -> ParsedReply:
         raise MalformedReply(f"\"program\" must be a string (DSL text or Python source), got {type(program).__name__}")
     kind = found.get("kind")
     kind = kind.strip().lower() if isinstance(kind, str) else ""
-    if kind not in ("dsl", "python"):
+    if kind not in REPLY_KINDS:
         kind = "python" if isinstance(program, str) and re.search(r"(^|\n)\s*def\s", program) else "dsl"
     if kind == "python" and not isinstance(program, str):
         raise MalformedReply("a Python program must be source text in the \"program\" string")

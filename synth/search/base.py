@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -180,24 +180,27 @@ def run_searchers(store: PatternSource, names: Iterable[str], *, synth_idx: Sequ
                   select_idx: Sequence[int], settings: SearchSettings | None = None,
                   heads: Sequence[Head] | None = None, budget: float | None = None,
                   cancel: threading.Event | None = None, notes: list[str] | None = None,
-                  timings: dict[str, float] | None = None) -> CandidateMap:
+                  timings: dict[str, float] | None = None,
+                  factories: Mapping[str, SearcherFactory] | None = None) -> CandidateMap:
     """Run the named searchers one after another and pool their candidates per head (in the order run).
 
     An unavailable searcher (:class:`SearcherUnavailable`) adds its message to ``notes`` and is skipped;
     each searcher's ``report()`` line goes to ``notes`` and its wall-clock seconds to ``timings``. ``budget``
-    is shared: each searcher gets what the ones before it left.
+    is shared: each searcher gets what the ones before it left. ``factories``: name → factory to use instead
+    of this process's registry (a Ray worker gets the driver's, headsurgeon/scaleout/task.py).
     """
     settings = settings or SearchSettings()
     stop = StopCheck(budget, cancel)
     pool: CandidateMap = {}
     names = list(names)
+    chosen = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
     for name in names:
-        if name not in _REGISTRY:
+        if chosen[name] is None:
             raise ValueError(f"unknown searcher {name!r}; choose from {searchers()}")
     for name in names:
         t0 = time.perf_counter()
         try:
-            searcher = make_searcher(name, settings)
+            searcher = chosen[name](settings)
         except SearcherUnavailable as e:
             if notes is not None:
                 notes.append(str(e))

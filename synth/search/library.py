@@ -67,7 +67,7 @@ class LibrarySearcher:
             return {}
         stop = StopCheck(budget, cancel)
         clock = StopCheck(self.budget)
-        groups = [[p for p in self.programs if p.kind != "python"]] + [[p] for p in self.programs if p.kind == "python"]
+        groups = [[p for p in self.programs if not p.sandboxed]] + [[p] for p in self.programs if p.sandboxed]
         groups = [g for g in groups if g]
         cols: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # program hash -> split -> metric -> [H]
         failed: set[str] = set()
@@ -83,7 +83,7 @@ class LibrarySearcher:
                 try:
                     got = score_programs(store, heads, group, idx)
                 except ProgramError as e:
-                    if group[0].kind != "python":
+                    if not group[0].sandboxed:
                         raise
                     failed.add(group[0].hash)
                     self.notes.append(f"library program {self.names.get(group[0].hash, group[0].hash[:12])} "
@@ -100,7 +100,7 @@ class LibrarySearcher:
         if not programs:
             return {}
         labels = ({} if clock() else
-                  probe_labels([p for p in programs if p.kind == "python"],
+                  probe_labels([p for p in programs if p.sandboxed],
                                [store.sequences[i] for i in synth[:PROBE_WINDOWS]]))
         hyp = {p.hash: self.hypotheses.get(p.hash) or labels.get(p.hash) or self.names.get(p.hash, "").split(" (")[0]
                for p in programs}

@@ -304,9 +304,9 @@ class LLMAgent(ChatRequests, ProgramScoring):
                              "reply": (content or "")[:500]})
             else:
                 try:
-                    program = (Program.python(parsed.program) if parsed.kind == "python"
-                               else Program.from_dsl_json(parsed.program) if not isinstance(parsed.program, str)
-                               else Program.parse(parsed.program))
+                    # text as the backend's record {"dsl"|"python": text}; DSL JSON as it is
+                    program = Program.from_json({parsed.kind: parsed.program} if isinstance(parsed.program, str)
+                                                else parsed.program, kind=parsed.kind)
                     return ConversationResult(program, parsed.hypothesis, rejected)
                 except (ProgramError, ValueError, TypeError, RecursionError) as e:
                     with self._lock:

@@ -77,7 +77,7 @@ class ProgramScoring:
     def _patterns(self, program: Program, seqs: list[Sequence], causal: bool) -> ProgramTensor:
         """Normalized patterns [B, N, N] (sparse DSL programs as ``SparseRows``); Python programs run in the
         sandbox outside the numba lock."""
-        if program.kind == "python":
+        if program.sandboxed:
             scores = program.evaluate_scores(seqs, causal, timeout=self.config.program_timeout)
             lengths = np.array([s.n for s in seqs], dtype=np.int64)
             with NUMBA_LOCK:
