@@ -18,6 +18,7 @@ from headsurgeon.surgery.evaluate import replacement_sweep
 from headsurgeon.surgery.loading import load_model
 from headsurgeon.synth.programset import ProgramSet, head_label
 from headsurgeon.synth.vocab import Vocabulary
+from .kernels.core import InputError
 
 #: the searchers explain runs by default (any registered name may be asked for; see docs/architecture.md)
 SEARCHERS = ("enumerative", "learned", "llm")
@@ -106,7 +107,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
         check_tasks(tasks, include_path)  # the task names too, not only after the whole search
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"the output folder {out} is a file; pass a new or existing folder as OUT")
+        raise InputError(f"the output folder {out} is a file; pass a new or existing folder as OUT")
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     notes: list[str] = []
@@ -120,7 +121,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
         corpus = demo_corpus_path()
     splits = load_corpus(handle, corpus, max_len=max_len, max_sequences=max_sequences, fractions=fractions, seed=seed)
     if not (splits.synth and splits.select and splits.test):
-        raise ValueError(f"the corpus split is too small ({splits.sizes()}): give more documents")
+        raise InputError(f"the corpus split is too small ({splits.sizes()}): give more documents")
     sequences, idx = splits.all, splits.indices
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["Head", "HeadsurgeonError", "InputError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
+__all__ = ["Head", "HeadsurgeonError", "InputError", "NotFoundError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
            "Metric", "METRICS", "check_choice"]
 
 
@@ -17,6 +17,13 @@ class HeadsurgeonError(Exception):
 
 class InputError(HeadsurgeonError, ValueError):
     """An argument or file the caller gave is out of range or malformed (a ValueError, as before)."""
+
+
+class NotFoundError(HeadsurgeonError, KeyError):
+    """A name the caller asked for (a split, a stored sequence) does not exist (a KeyError, as before)."""
+
+    def __str__(self) -> str:  # the message as written, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
 
 
 Split = Literal["synth", "select", "test"]

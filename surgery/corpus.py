@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
-from ..kernels.core import SPLITS, HeadsurgeonError, Split
+from ..kernels.core import HeadsurgeonError, NotFoundError, SPLITS, Split
 
 
 class CorpusError(HeadsurgeonError, ValueError):
@@ -159,7 +159,7 @@ class Splits:
 
     def __getitem__(self, name: Split) -> list[Sequence]:
         if name not in SPLITS:
-            raise KeyError(f"unknown split {name!r}; use one of {SPLITS}")
+            raise NotFoundError(f"unknown split {name!r}; use one of {SPLITS}")
         return getattr(self, name)
 
     def sizes(self) -> dict[str, int]:

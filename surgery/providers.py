@@ -14,7 +14,7 @@ from ..kernels.cache import TensorCache
 from ..synth.program import Program
 from ..synth.sequence import Sequence
 from ..synth.tensors import program_tensors
-from ..kernels.core import InputError
+from ..kernels.core import InputError, NotFoundError
 
 
 @runtime_checkable
@@ -81,7 +81,7 @@ class StoredPatterns:
         for b, s in enumerate(sequences):
             p = self.by_key.get(s.key)
             if p is None:
-                raise KeyError(f"{self.label}: no stored pattern for {s!r}; it only covers the sequences it was "
+                raise NotFoundError(f"{self.label}: no stored pattern for {s!r}; it only covers the sequences it was "
                                "built from")
             out[b, : s.n, : s.n] = p
         return out

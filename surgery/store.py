@@ -145,7 +145,9 @@ def read_sequences(directory: Path) -> list[Sequence]:
     path = Path(directory) / SEQUENCES_FILE
     try:
         data = read_bounded(path, MAX_SEQUENCES_BYTES, "a store's sequences file")
-    except (OSError, ValueError) as e:  # UnsafeFileError is a ValueError
+    except UnsafeFileError as e:  # its message names the file and the fix already
+        raise StoreError(f"{e}; delete the directory and capture again") from None
+    except OSError as e:
         raise StoreError(f"{path} is missing or corrupted ({excerpt(str(e))}); delete the directory and capture "
                          "again") from None
     return sequences_from_bytes(data, str(path))

@@ -35,7 +35,7 @@ from collections.abc import Sequence as _Seq
 import numpy as np
 
 from ..kernels import metrics_kernels, sparse_metrics
-from ..kernels.core import METRICS, InputError, Metric
+from ..kernels.core import InputError, METRICS, Metric
 from ..kernels.sparse import SparseRows, stack_rows
 
 __all__ = ["METRICS", "TOPQ_FRAC", "RealPatterns", "score_many", "soft_iou", "jsd_distance", "topq_iou",
@@ -86,7 +86,7 @@ def _metric_names(metrics: _Seq[Metric]) -> tuple[Metric, ...]:
 def _raise_bad(bad: np.ndarray, name: str, b0: int) -> None:
     """Raise naming the first pattern with negative or non-finite visible entries (``bad`` [X, Bc])."""
     k, b = np.argwhere(bad)[0]
-    raise ValueError(
+    raise InputError(
         f"{name}[{k}] sequence {b0 + b} has {int(bad[k, b])} negative or non-finite visible entries "
         f"({int(bad.sum())} in that block); metrics need attention patterns (normalize program output first)"
     )
@@ -105,21 +105,21 @@ class RealPatterns:
                  topq_q: int | None = None, check: bool = True, topq_cache_bytes: int = 256 << 20) -> None:
         real = np.asarray(real)
         if real.ndim != 4 or real.shape[2] != real.shape[3]:
-            raise ValueError(
+            raise InputError(
                 f"real patterns must be [H,B,N,N] (heads, sequences, query, key); got shape {real.shape} "
                 "(for one pattern pair use soft_iou / jsd_distance / topq_iou)"
             )
         lens = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
         if lens.shape[0] != real.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"batch sizes disagree: real has {real.shape[1]} sequences, lengths {lens.shape[0]}; "
                 "score the same sequences in the same order"
             )
         if lens.size and lens.min() < 1:
-            raise ValueError(f"every sequence needs length >= 1; got lengths min {int(lens.min())} "
+            raise InputError(f"every sequence needs length >= 1; got lengths min {int(lens.min())} "
                              "(drop empty sequences)")
         if lens.size and lens.max() > real.shape[2]:
-            raise ValueError(f"a length {int(lens.max())} exceeds the padded real pattern size N={real.shape[2]}; "
+            raise InputError(f"a length {int(lens.max())} exceeds the padded real pattern size N={real.shape[2]}; "
                              "pad patterns to the batch's longest sequence")
         self.real = real
         self.lengths = lens
@@ -129,11 +129,11 @@ class RealPatterns:
         H, B = real.shape[0], lens.shape[0]
         if topq_q is not None:
             if int(topq_q) < 1:
-                raise ValueError(f"topq_q must be >= 1; got {topq_q}")
+                raise InputError(f"topq_q must be >= 1; got {topq_q}")
             qs = [min(int(topq_q), visible_cells(n, self.causal)) for n in lens]
         else:
             if not 0.0 < topq_frac <= 1.0:
-                raise ValueError(f"topq_frac must be in (0, 1]; got {topq_frac}")
+                raise InputError(f"topq_frac must be in (0, 1]; got {topq_frac}")
             qs = [topq_count(visible_cells(n, self.causal), topq_frac) for n in lens]
         self.qs = np.array(qs, dtype=np.int64)
         self.N = int(lens.max()) if B else 0
@@ -235,16 +235,16 @@ class RealPatterns:
         """Metrics of dense candidates [P,B,N',N'] (packed to their visible non-zeros block by block)."""
         cand = np.asarray(cand)
         if cand.ndim != 4 or cand.shape[2] != cand.shape[3]:
-            raise ValueError(f"candidate patterns must be [P,B,N,N]; got shape {cand.shape}")
+            raise InputError(f"candidate patterns must be [P,B,N,N]; got shape {cand.shape}")
         lens, causal = self.lengths, self.causal
         H, B, P = self.real.shape[0], lens.shape[0], cand.shape[0]
         if cand.shape[1] != B:
-            raise ValueError(
+            raise InputError(
                 f"batch sizes disagree: real has {B} sequences, cand {cand.shape[1]}; "
                 "score the same sequences in the same order"
             )
         if B and lens.max() > cand.shape[2]:
-            raise ValueError(f"a length {int(lens.max())} exceeds the padded cand pattern size N={cand.shape[2]}; "
+            raise InputError(f"a length {int(lens.max())} exceeds the padded cand pattern size N={cand.shape[2]}; "
                              "pad patterns to the batch's longest sequence")
         cx, clut = _kernel_view(cand, "cand")
         out_shape = (H, P, B) if per_sequence else (H, P)
@@ -359,7 +359,7 @@ def score_many(
         return prepared.score(cand, wanted, per_sequence=per_sequence, max_nnz=max_nnz)
     cand = np.asarray(cand)
     if real.ndim != 4 or cand.ndim != 4:
-        raise ValueError(
+        raise InputError(
             f"score_many wants real [H,B,N,N] and cand [P,B,N,N]; got shapes {real.shape} and {cand.shape} "
             "(for one pattern pair use soft_iou / jsd_distance / topq_iou)"
         )
@@ -372,7 +372,7 @@ def _pair(p: np.ndarray, q: np.ndarray, lengths, causal: bool, metric: str, **kw
     p = np.asarray(p)
     q = np.asarray(q)
     if p.ndim != 3 or q.ndim != 3:
-        raise ValueError(f"expected padded patterns [B,N,N]; got shapes {p.shape} and {q.shape}")
+        raise InputError(f"expected padded patterns [B,N,N]; got shapes {p.shape} and {q.shape}")
     return score_many(p[None], q[None], lengths, causal, (metric,), per_sequence=True, **kw)[metric][0, 0]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
-from ..kernels.core import METRICS
+from ..kernels.core import InputError, METRICS
 from . import dsl
 from .errors import ProgramExecutionError
 from .candidate import Candidate, Choice
@@ -38,7 +38,7 @@ def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Prog
     Sparse programs are scored from their compressed rows (``program_rows``), never densified.
     """
     if not indices:
-        raise ValueError("cannot score on an empty split")
+        raise InputError("cannot score on an empty split")
     totals = {m: np.zeros((len(heads), len(programs))) for m in METRICS}
     seqs = [store.sequences[i] for i in indices]
     for start in range(0, len(indices), chunk):
@@ -157,7 +157,7 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
     ``READABLE_CHARS`` characters (after rounding, see the module docstring).
     """
     if set(select_idx) & set(test_idx):
-        raise ValueError("select and test share sequences; selection and reporting must use disjoint splits")
+        raise InputError("select and test share sequences; selection and reporting must use disjoint splits")
     cache = cache if cache is not None else TensorCache(max_bytes=512 << 20)
     heads = sorted(set(candidates) | set(getattr(store, "heads", [])))
     extra = [p if isinstance(p, Program) else Program.parse(p) for p in library]

@@ -24,6 +24,7 @@ from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, is_packed, pac
 from . import dsl
 from .features import batch_feature_arrays
 from .sequence import Sequence, pad_ids
+from ..kernels.core import InputError
 
 __all__ = ["program_tensors", "program_rows", "program_patterns", "ProgramTensor", "is_sparse_program", "mask_policy",
            "PatternProgram", "NORMALIZATION_VERSION"]
@@ -98,7 +99,7 @@ def _evaluate(program: PatternProgram, seqs: list[Sequence], causal: bool, reuse
                                                                                                   out=buf))
     n_max = max(s.n for s in seqs)
     if out.ndim != 3 or out.shape[0] != len(seqs) or out.shape[1] != out.shape[2] or out.shape[1] < n_max:
-        raise ValueError(
+        raise InputError(
             f"program {program.hash[:12]} evaluate() returned shape {out.shape} for {len(seqs)} sequences "
             f"of max length {n_max}; it must return [B, N, N] with N >= {n_max}"
         )
@@ -135,10 +136,10 @@ def program_patterns(program: PatternProgram, sequences: _Seq[Sequence], causal:
 
 def _check_sequences(seqs: list[Sequence]) -> list[int]:
     if not seqs:
-        raise ValueError("program_tensors needs at least one sequence")
+        raise InputError("program_tensors needs at least one sequence")
     lengths = [s.n for s in seqs]
     if min(lengths) < 1:
-        raise ValueError("program_tensors got an empty sequence (length 0); drop it before scoring")
+        raise InputError("program_tensors got an empty sequence (length 0); drop it before scoring")
     return lengths
 
 
@@ -230,7 +231,7 @@ def program_tensors(
     if out is None:
         out = np.empty(shape, dtype=dtype)
     elif out.shape != shape:
-        raise ValueError(f"out has shape {out.shape}; program_tensors needs {shape} here")
+        raise InputError(f"out has shape {out.shape}; program_tensors needs {shape} here")
     for p, t in enumerate(program_rows(progs, seqs, causal, cache)):
         if isinstance(t, SparseRows):
             if out.dtype == np.float32 and out.flags.c_contiguous:

@@ -70,3 +70,22 @@ def test_every_library_exception_derives_from_the_error_base():
                     and not issubclass(obj, (HeadsurgeonError, Warning))):
                 strays.append(f"{info.__name__}.{attr}")
     assert not strays, f"library exceptions outside HeadsurgeonError: {strays}"
+
+
+def test_the_cli_reports_library_errors_in_one_line_and_keeps_bugs_tracebacks(capsys, monkeypatch):
+    import headsurgeon.cli as cli
+
+    def library_error(args):
+        raise InputError("the window length must be positive; pass --max-len 64")
+
+    def bug(args):
+        raise ValueError("a bug, not bad input")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["info"].set_defaults(func=library_error)
+    assert cli.main(["info", "tiny-stories"]) == 1
+    assert "error: the window length must be positive" in capsys.readouterr().err
+    parser._subparsers._group_actions[0].choices["info"].set_defaults(func=bug)
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(["info", "tiny-stories"])

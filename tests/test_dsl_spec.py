@@ -205,10 +205,7 @@ def _compact_reference(fs, node, split, causal) -> np.ndarray:
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_compact_evaluator_matches_the_reference_on_every_primitive_and_combinator(causal: bool) -> None:
-    from headsurgeon.synth import enumerative
-
-    FitSet = getattr(enumerative, "FitSet", None) or enumerative._FitSet
-    Split = getattr(enumerative, "Split", None) or enumerative._Split
+    from headsurgeon.synth.search.enumerative import FitSet, Split
     rng = np.random.default_rng(7 + causal)
     seqs = random_sequences(rng, 10)
     usable = [n for n, s in dsl.PRIMITIVE_SPECS.items() if set(s.features) <= set(NO_SPACY)]
@@ -242,7 +239,7 @@ def test_compact_evaluator_matches_the_reference_on_every_primitive_and_combinat
 def test_torch_evaluator_matches_the_reference_where_it_covers_the_dsl(causal: bool) -> None:
     """The learned searcher's torch model covers first/self/prev/next/uniform/decay, match (inside
     ``fallback(match, first())``), mix and gate on a flag."""
-    from headsurgeon.synth import learned
+    from headsurgeon.synth.search import learned
 
     rng = np.random.default_rng(11 + causal)
     seqs = random_sequences(rng, 10)

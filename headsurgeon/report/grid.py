@@ -39,7 +39,7 @@ def family(program: Any) -> str:
     product's first factor, the argument of ``sharpen``."""
     if program is None:
         return "other"
-    if program.kind != "dsl":
+    if not program.has_tree:
         return "python"
     node = program.node
     while not isinstance(node, dsl.Prim):

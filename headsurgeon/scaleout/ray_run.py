@@ -17,8 +17,7 @@ from ..kernels.core import HeadsurgeonError
 
 
 class ClusterError(HeadsurgeonError, ConnectionError, ValueError):
-    """The Ray cluster cannot be reached, or a task failed for good on it (a ValueError too: the CLI reports it
-    as one line, headsurgeon/cli.py ``USER_ERRORS``)."""
+    """The Ray cluster cannot be reached, or a task failed for good on it (the CLI reports it as one line)."""
 
 
 def import_ray() -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..candidate import Candidate
 from ..sequence import Sequence as TokenSequence
-from ...kernels.core import HeadsurgeonError
+from ...kernels.core import HeadsurgeonError, InputError
 
 __all__ = [
     "Head", "CandidateMap", "PatternSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
@@ -57,7 +57,7 @@ class StopCheck:
 
     def __init__(self, budget: float | None = None, cancel: threading.Event | None = None) -> None:
         if budget is not None and not budget >= 0:
-            raise ValueError(f"budget must be >= 0 seconds or None; got {budget}")
+            raise InputError(f"budget must be >= 0 seconds or None; got {budget}")
         self.deadline = None if budget is None else time.monotonic() + float(budget)
         self.cancel = cancel
 
@@ -126,11 +126,11 @@ _REGISTRY: dict[str, SearcherFactory] = {}
 def register_searcher(name: str, factory: SearcherFactory, *, replace: bool = False) -> None:
     """Make ``factory(settings) -> Searcher`` available under ``name`` (``replace=True`` to overwrite one)."""
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"a searcher needs a non-empty name; got {name!r}")
+        raise InputError(f"a searcher needs a non-empty name; got {name!r}")
     if not callable(factory):
         raise TypeError(f"the factory of searcher {name!r} is not callable: {factory!r}")
     if name in _REGISTRY and not replace:
-        raise ValueError(f"a searcher named {name!r} is already registered; pass replace=True to overwrite it")
+        raise InputError(f"a searcher named {name!r} is already registered; pass replace=True to overwrite it")
     _REGISTRY[name] = factory
 
 
@@ -148,7 +148,7 @@ def searcher_factory(name: str) -> SearcherFactory:
     """The factory registered under ``name`` (headsurgeon/scaleout ships it to workers, whose registries may differ)."""
     factory = _REGISTRY.get(name)
     if factory is None:
-        raise ValueError(f"unknown searcher {name!r}; choose from {searchers()}")
+        raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
     return factory
 
 
@@ -156,7 +156,7 @@ def make_searcher(name: str, settings: SearchSettings | None = None) -> Searcher
     """Build the searcher registered under ``name``."""
     factory = _REGISTRY.get(name)
     if factory is None:
-        raise ValueError(f"unknown searcher {name!r}; choose from {searchers()}")
+        raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
     return factory(settings or SearchSettings())
 
 
@@ -164,9 +164,9 @@ def check_splits(synth_idx: Sequence[int], select_idx: Sequence[int], who: str) 
     """Both splits as int lists; an error when either is empty or they share sequences."""
     synth, select = [int(i) for i in synth_idx], [int(i) for i in select_idx]
     if not synth or not select:
-        raise ValueError(f"{who} needs non-empty synth_idx and select_idx; got {len(synth)} and {len(select)}")
+        raise InputError(f"{who} needs non-empty synth_idx and select_idx; got {len(synth)} and {len(select)}")
     if set(synth) & set(select):
-        raise ValueError(f"{who}: synth_idx and select_idx share sequences; select must be held out from synth")
+        raise InputError(f"{who}: synth_idx and select_idx share sequences; select must be held out from synth")
     return synth, select
 
 
@@ -196,7 +196,7 @@ def run_searchers(store: PatternSource, names: Iterable[str], *, synth_idx: Sequ
     chosen = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
     for name in names:
         if chosen[name] is None:
-            raise ValueError(f"unknown searcher {name!r}; choose from {searchers()}")
+            raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
     for name in names:
         t0 = time.perf_counter()
         try:

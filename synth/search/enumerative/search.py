@@ -30,6 +30,7 @@ from .library import frequent_tokens, primitive_library, query_predicates
 from .small import BANDS, keep_per_band, propose_small, rendered_chars, vocabulary_of
 from .split import Split, features_for
 from .util import default_splits, progress_bar, spacy_available
+from ....kernels.core import InputError
 
 SOURCE = "enumerative"
 
@@ -99,19 +100,19 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     stats = stats if stats is not None else SearchStats()
     heads = [(int(h[0]), int(h[1])) for h in (heads if heads is not None else store.heads)]
     if not heads:
-        raise ValueError("enumerative_search got no heads; pass heads=[(layer, head), ...] or None for all")
+        raise InputError("enumerative_search got no heads; pass heads=[(layer, head), ...] or None for all")
     if synth_idx is None or select_idx is None:
         d_synth, d_select = default_splits(store, seed)
         synth_idx = d_synth if synth_idx is None else synth_idx
         select_idx = d_select if select_idx is None else select_idx
     synth_idx, select_idx = [int(i) for i in synth_idx], [int(i) for i in select_idx]
     if not synth_idx or not select_idx:
-        raise ValueError("enumerative_search needs non-empty synth_idx and select_idx")
+        raise InputError("enumerative_search needs non-empty synth_idx and select_idx")
     overlap = set(synth_idx) & set(select_idx)
     if overlap:
-        raise ValueError(f"synth and select share {len(overlap)} sequences; select must be held out from synth")
+        raise InputError(f"synth and select share {len(overlap)} sequences; select must be held out from synth")
     if beam < 1 or max_terms < 1 or top_k < 1 or small < 0:
-        raise ValueError(f"beam, max_terms and top_k must be >= 1 and small >= 0; got {beam}, {max_terms}, {top_k}, "
+        raise InputError(f"beam, max_terms and top_k must be >= 1 and small >= 0; got {beam}, {max_terms}, {top_k}, "
                          f"{small}")
     causal = bool(store.causal)
     rng = np.random.default_rng(seed)
@@ -125,7 +126,7 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     library = list(dict.fromkeys(library))
     bad = [p for p in library if not p.has_tree or not isinstance(p.node, dsl.Prim)]
     if bad:
-        raise ValueError(f"library entries must be single DSL primitives; got {bad[0]!r}")
+        raise InputError(f"library entries must be single DSL primitives; got {bad[0]!r}")
     preds = query_predicates(synth_seqs, spacy=spacy) if gates > 0 else []
     n_fit = len(synth_idx) if fit_sequences is None else max(1, min(int(fit_sequences), len(synth_idx)))
     fit_pos = np.sort(rng.permutation(len(synth_idx))[:n_fit])

@@ -8,13 +8,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..base import PatternSource
+from ....kernels.core import InputError
 
 
 def default_splits(store: PatternSource, seed: int) -> tuple[list[int], list[int]]:
     """Split the store's sequences by document (75% synth, 25% select), seeded, when none are given."""
     docs = sorted({s.doc for s in store.sequences})
     if len(docs) < 2:
-        raise ValueError(
+        raise InputError(
             "enumerative_search needs synth_idx and select_idx (or a store with at least 2 documents to "
             "split by document); pass the store indices of your synth and select splits"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import dsl
+from ....kernels.core import InputError
 
 #: cheap features (no spaCy) every search considers by default.
 DEFAULT_FEATURES: tuple[str, ...] = ("token", "word_start", "punct", "cap", "newline", "sent_end")
@@ -46,19 +47,19 @@ class LearnedConfig:
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(f"steps and batch_size must be >= 1; got {self.steps}, {self.batch_size}")
+            raise InputError(f"steps and batch_size must be >= 1; got {self.steps}, {self.batch_size}")
         if not 0 < self.tau_end <= self.tau_start:
-            raise ValueError(f"need 0 < tau_end <= tau_start; got {self.tau_start} -> {self.tau_end}")
+            raise InputError(f"need 0 < tau_end <= tau_start; got {self.tau_start} -> {self.tau_end}")
         bad = [t for t in self.terms if t not in SELECTS]
         if bad:
-            raise ValueError(f"terms must be select modes from {SELECTS}; got {bad}")
+            raise InputError(f"terms must be select modes from {SELECTS}; got {bad}")
         unknown = [f for f in self.features if f not in dsl.MATCH_FEATURES]
         if unknown or not self.features:
-            raise ValueError(f"features must be a non-empty subset of {dsl.MATCH_FEATURES}; unknown: {unknown}")
+            raise InputError(f"features must be a non-empty subset of {dsl.MATCH_FEATURES}; unknown: {unknown}")
         if any(f not in dsl.FLAGS for f in self.query_gate):
-            raise ValueError(f"query_gate flags must come from {dsl.FLAGS}; got {self.query_gate}")
+            raise InputError(f"query_gate flags must come from {dsl.FLAGS}; got {self.query_gate}")
         for name in ("loss", "refit_loss"):
             if getattr(self, name) not in ("kl", "jsd", "iou"):
-                raise ValueError(f"{name} must be 'kl', 'jsd' or 'iou'; got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be 'kl', 'jsd' or 'iou'; got {getattr(self, name)!r}")
         if any(not 0.0 < r < 1.0 for r in self.decays):
-            raise ValueError(f"decay rates must lie in (0, 1); got {self.decays}")
+            raise InputError(f"decay rates must lie in (0, 1); got {self.decays}")

@@ -6,6 +6,7 @@ import torch
 
 from ... import dsl
 from .config import EPS, LearnedConfig
+from ....kernels.core import InputError
 
 
 def positional_specs(cfg: LearnedConfig, causal: bool) -> list[str]:
@@ -58,7 +59,7 @@ def positional_rows(specs: list[str], lengths: torch.Tensor, n: int, causal: boo
         elif name == "decay":
             raw = torch.tensor(node.param("rate"), dtype=torch.float64) ** (i - j).abs().double()
         else:  # pragma: no cover - specs come from positional_specs
-            raise ValueError(f"not a positional term: {text}")
+            raise InputError(f"not a positional term: {text}")
         comps.append(raw * vis)
     stack = torch.stack(comps)  # [T, B, R, N]
     total = stack.sum(-1)

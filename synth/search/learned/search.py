@@ -29,6 +29,7 @@ from .model import make_data
 from .prune import pruned_heads
 from .rows import positional_specs
 from .space import FeatureSpace, feature_arrays
+from ....kernels.core import InputError
 
 SOURCE = "learned"
 
@@ -104,9 +105,9 @@ def learned_search(store: PatternSource, heads: Sequence[tuple[int, int]] | None
     synth_idx = list(range(len(store.sequences)) if synth_idx is None else synth_idx)
     select_idx = list(select_idx or [])
     if not synth_idx:
-        raise ValueError("learned_search needs synth sequences to fit on; pass synth_idx=[...]")
+        raise InputError("learned_search needs synth sequences to fit on; pass synth_idx=[...]")
     if set(synth_idx) & set(select_idx):
-        raise ValueError("synth_idx and select_idx share sequences; fit and select on disjoint splits")
+        raise InputError("synth_idx and select_idx share sequences; fit and select on disjoint splits")
     old_threads = torch.get_num_threads()
     try:
         return _search(store, heads, synth_idx, select_idx, seed, progress, cfg, threads, head_chunk, return_models,
@@ -193,7 +194,7 @@ class LearnedSearcher:
 
     def __init__(self, *, seed: int = 0, **options: Any) -> None:
         if options.get("return_models"):
-            raise ValueError("a LearnedSearcher returns candidates only; call learned_search(return_models=True)")
+            raise InputError("a LearnedSearcher returns candidates only; call learned_search(return_models=True)")
         self.seed = seed
         self.options = options
 
