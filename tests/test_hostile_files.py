@@ -138,6 +138,24 @@ def test_tp_run_folder(tmp_path):
         load_program(tmp_path / "big")
 
 
+def test_tp_training_state_is_read_bounded(tmp_path, monkeypatch):
+    import torch
+
+    from headsurgeon.synth.tp import resume
+
+    (tmp_path / "real.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / resume.STATE_FILE).symlink_to(tmp_path / "real.safetensors")
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(UnsafeFileError, match="symbolic link"):
+        resume.load_state(tmp_path / "run", model, opt, torch.Generator())
+    monkeypatch.setattr(resume, "MAX_WEIGHTS_BYTES", 1000)
+    sparse(tmp_path / "big" / resume.STATE_FILE, 1001)
+    with pytest.raises(UnsafeFileError, match="at most 1000 bytes"):
+        resume.load_state(tmp_path / "big", model, opt, torch.Generator())
+
+
 # ------------------------------------------------------------------------------------------ the journal
 
 

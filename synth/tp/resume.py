@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_tensors, save_file
 
-from ...kernels.fileio import atomic_path, json_default
+from ...kernels.fileio import atomic_path, json_default, read_bounded
 
 __all__ = ["STATE_FILE", "save_state", "load_state"]
 
@@ -37,14 +36,19 @@ def save_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
         save_file(tensors, str(tmp), metadata=meta)
 
 
+#: the largest model.safetensors / state.safetensors read from a run folder (no links or devices, size first)
+MAX_WEIGHTS_BYTES = 4 << 30
+
+
 def load_state(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
                gen: torch.Generator) -> dict[str, Any] | None:
     """Restore the saved state into ``model``, ``opt`` and the RNGs; returns its info, or None when there is none."""
     if not (folder / STATE_FILE).is_file():
         return None
-    with safe_open(str(folder / STATE_FILE), framework="pt") as f:
-        info = json.loads(f.metadata()["info"])
-    tensors = load_file(str(folder / STATE_FILE))
+    data = read_bounded(folder / STATE_FILE, MAX_WEIGHTS_BYTES, "a run's training state")  # no links, size first
+    header = int.from_bytes(data[:8], "little")
+    info = json.loads(json.loads(data[8:8 + header])["__metadata__"]["info"])
+    tensors = load_tensors(data)
     model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

@@ -15,12 +15,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_tensors, save_file
 
 from .decompile import decompile
 from .discrete import DiscreteProgram, discretize
 from .model import ModelConfig, TransformerProgram
-from .resume import STATE_FILE
+from .resume import MAX_WEIGHTS_BYTES, STATE_FILE
 from .train import TrainConfig, TrainResult
 from ...kernels.fileio import atomic_path, atomic_write_bytes, read_bounded
 from ...kernels.core import HeadsurgeonError, InputError
@@ -112,7 +112,7 @@ def load_run(path: str | Path) -> Run:
     model_cfg.setdefault("num_value_gate", False)  # runs written before the value gate existed counted only
     mc = ModelConfig.from_dict(model_cfg)
     model = TransformerProgram(mc)
-    state = load_file(str(weights))
+    state = load_tensors(read_bounded(weights, MAX_WEIGHTS_BYTES, "a run's model.safetensors"))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(f"{weights} does not fit config.json: missing {missing}, unexpected {unexpected}")
