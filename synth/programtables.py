@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.fileio import UnsafeFileError, atomic_file, read_bounded
 from .errors import ProgramError
 
 #: lists with at least this many numbers go to the side file
@@ -132,8 +133,6 @@ def save_tables(path: Path, tables: dict[str, np.ndarray]) -> str:
     """Write the tables (safetensors) and return the file's sha256."""
     from safetensors.numpy import save
 
-    from headsurgeon.kernels.fileio import atomic_file
-
     data = save({k: np.ascontiguousarray(v) for k, v in sorted(tables.items())})
     with atomic_file(path, "wb") as f:
         f.write(data)
@@ -148,8 +147,6 @@ def load_tables(json_path: Path, record: Any) -> dict[str, np.ndarray]:
     if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
         raise ProgramError(f"{json_path}: its tables record must name a file beside it, got {record!r}")
     path = json_path.with_name(name)
-    from headsurgeon.kernels.fileio import UnsafeFileError, read_bounded
-
     try:  # no symlinks or devices, the size checked before a byte is read (kernels/fileio.py)
         data = read_bounded(path, MAX_TABLES_BYTES, "a programs tables file")
     except FileNotFoundError:
