@@ -81,7 +81,7 @@ class TestScores:
 
 def choose(pool, budget, chars):
     """The candidate with the best select IoU among those within ``budget`` characters (None: none fits)."""
-    fit = [c for c in pool if c.scores.get("select", {}).get("iou") is not None
+    fit = [c for c in pool if c.scores.get("select", "iou") is not None
            and (budget is None or chars(c.program) <= budget)]
     return max(fit, key=lambda c: (c.scores["select"]["iou"], -chars(c.program)), default=None)
 

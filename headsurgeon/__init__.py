@@ -7,7 +7,9 @@ The public API is re-exported here lazily (``import headsurgeon`` stays fast)::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -32,7 +34,8 @@ _EXPORTS = {
     "ProgramSet": "headsurgeon.synth.programset", "program_tensors": "headsurgeon.synth.tensors",
     "enumerative_search": "headsurgeon.synth.search.enumerative",
     "learned_search": "headsurgeon.synth.search.learned",
-    "select_programs": "headsurgeon.synth.select", "Candidate": "headsurgeon.synth.candidate",
+    "select_programs": "headsurgeon.synth.select", "ScoredProgram": "headsurgeon.synth.scored",
+    "Scores": "headsurgeon.kernels.scores",
     "LLMAgent": "headsurgeon.synth.search.llm", "AgentConfig": "headsurgeon.synth.search.llm",
     "Searcher": "headsurgeon.synth.search", "SearchSettings": "headsurgeon.synth.search",
     "register_searcher": "headsurgeon.synth.search", "searchers": "headsurgeon.synth.search",
@@ -44,12 +47,57 @@ _EXPORTS = {
     "jsd_distance": "headsurgeon.synth.metrics", "score_many": "headsurgeon.synth.metrics",
     "topq_iou": "headsurgeon.synth.metrics", "RealPatterns": "headsurgeon.synth.metrics",
     "run_demo": "headsurgeon.demo", "demo_corpus_path": "headsurgeon.hub.zoo", "Vocabulary": "headsurgeon.synth.vocab",
-    "explain": "headsurgeon.explain", "spearman_ci": "headsurgeon.surgery.evaluate",
+    "explain": "headsurgeon.explain", **{name: "headsurgeon.configs" for name in (
+        "ExplainConfig", "ModelConfig", "CorpusConfig", "CaptureConfig", "SearchConfig", "ScaleoutConfig",
+        "MeasureConfig")},
+    "spearman_ci": "headsurgeon.surgery.evaluate",
     "load_library_file": "headsurgeon.synth.eaps", "LibraryProgram": "headsurgeon.synth.eaps",
     # hub: checkpoints
     "save_hybrid": "headsurgeon.hub.checkpoint", "load_hybrid": "headsurgeon.hub.checkpoint",
     "push_hybrid": "headsurgeon.hub.remote",
 }
+
+if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time they load lazily (below)
+    from .configs import (
+        CaptureConfig, CorpusConfig, ExplainConfig, MeasureConfig, ModelConfig, ScaleoutConfig, SearchConfig,
+    )
+    from .demo import run_demo
+    from .explain import explain
+    from .hub.checkpoint import load_hybrid, save_hybrid
+    from .hub.remote import push_hybrid
+    from .hub.zoo import demo_corpus_path
+    from .kernels.cache import TensorCache
+    from .kernels.normalize import normalize_scores
+    from .kernels.scores import Scores
+    from .surgery.ablate import ablate
+    from .surgery.batches import batches, padded_batch
+    from .surgery.capture import capture
+    from .surgery.corpus import Splits, load_corpus, make_sequences, read_documents, split_sequences
+    from .surgery.downstream import downstream
+    from .surgery.embedding import embedding_distance, sentence_embeddings
+    from .surgery.eval_report import EvalReport, evaluate_programs
+    from .surgery.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
+    from .surgery.loading import ModelHandle, ModelLoadError, load_model
+    from .surgery.replace import HybridModel, ProgramHead, replace_heads
+    from .surgery.score import score
+    from .surgery.sources import ModelSource, register_model_source
+    from .surgery.store import AttentionStore
+    from .surgery.sweep_order import order_heads
+    from .synth.eaps import LibraryProgram, load_library_file
+    from .synth.features import FeatureView, compute_features
+    from .synth.metrics import RealPatterns, jsd_distance, score_many, soft_iou, topq_iou
+    from .synth.program import Program
+    from .synth.programset import ProgramSet
+    from .synth.sandbox import SandboxPool
+    from .synth.scored import ScoredProgram
+    from .synth.search import SearchSettings, Searcher, register_searcher, run_searchers, searchers
+    from .synth.search.enumerative import enumerative_search
+    from .synth.search.learned import learned_search
+    from .synth.search.llm import AgentConfig, LLMAgent
+    from .synth.select import select_programs
+    from .synth.sequence import Sequence
+    from .synth.tensors import program_tensors
+    from .synth.vocab import Vocabulary
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
@@ -65,3 +113,15 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
+
+
+class _Package(types.ModuleType):
+    """Keeps ``hs.explain`` the function: importing the submodule headsurgeon.explain sets the attribute to it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__ == f"{__name__}.{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -4,34 +4,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from typing import Callable
 
-from .kernels.argtypes import add_window_args, fraction, non_negative_float, positive_int, task_limit
+from .kernels.configs import add_flags, from_flags
 from .kernels.core import SPLITS, HeadsurgeonError
+from .surgery.configs import MODEL_HELP, CaptureConfig, CorpusConfig, ModelConfig
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 MESSAGE_LIMIT = 1000
 
 
 def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    """MODEL and the model's flags (surgery/configs.py ModelConfig)."""
     if optional:
-        p.add_argument("model", nargs="?", default="tiny-stories",
-                       help="hub id, local HF directory, llama2c:PATH.bin, or tiny-stories (default)")
+        p.add_argument("model", nargs="?", default="tiny-stories", help=MODEL_HELP)
     else:
-        p.add_argument("model", help="hub id, local HF directory, llama2c:PATH.bin, or tiny-stories")
-    p.add_argument("--tokenizer", default=None, help="tokenizer path (sentencepiece .model, tokenizer.bin, HF dir)")
-    p.add_argument("--device", default="cpu")
+        p.add_argument("model", help=MODEL_HELP)
+    add_flags(p, ModelConfig)
 
 
-def _corpus_args(p: argparse.ArgumentParser) -> None:
-    add_window_args(p)
-    p.add_argument("--separator", default=None, help="document separator (default: blank lines)")
+def _load_model(args: argparse.Namespace):
+    """The handle for MODEL with the model flags' settings."""
+    from headsurgeon.surgery.loading import load_model
+
+    return load_model(args.model, **asdict(from_flags(ModelConfig, args)))
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from headsurgeon.surgery.loading import load_model
-
-    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
+    handle = _load_model(args)
     info = handle.describe()
     sample = args.sample
     ids = handle.tokenizer(sample, add_special_tokens=False)["input_ids"]
@@ -52,38 +53,22 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_capture(args: argparse.Namespace) -> int:
     from headsurgeon.surgery.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents
-    from headsurgeon.surgery.loading import load_model
 
     documents = read_documents(args.corpus, args.separator)  # a missing corpus fails before the model loads
-    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
+    handle = _load_model(args)
     seqs = make_sequences(handle, documents, max_len=args.max_len, max_sequences=args.max_sequences)
-    store = capture(handle, seqs, out=args.out, mode=args.mode, q_frac=args.q, batch_size=args.batch_size,
-                    shard_size=args.shard_size)
+    store = capture(handle, seqs, out=args.out, **asdict(from_flags(CaptureConfig, args)))
     print(f"captured {len(store)} sequences × {handle.n_layers * handle.n_heads} heads ({args.mode}) -> {args.out}")
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from headsurgeon.configs import ExplainConfig, ScaleoutConfig
     from headsurgeon.explain import explain
 
-    agent_config = None
-    if args.llm_model or args.llm_base_url:
-        from headsurgeon.synth.search.llm import AgentConfig
-
-        agent_config = AgentConfig(**{k: v for k, v in (("model", args.llm_model), ("base_url", args.llm_base_url),
-                                                         ("cost_cap", args.llm_cost_cap)) if v is not None})
-    library: list = []
-    if args.library:  # untrusted files: parsed and validated here, run only in the sandbox (synth/eaps.py)
-        from headsurgeon.synth.eaps import load_library
-
-        library = load_library(args.library, budget=args.library_budget)
-    result = explain(args.model, args.corpus, args.out, tokenizer=args.tokenizer, max_len=args.max_len,
-                     max_sequences=args.max_sequences, seed=args.seed, searchers=args.searchers,
-                     agent_config=agent_config, library=library,
-                     executor="serial" if args.ray is None else "ray", address=args.ray or None,
-                     heads_per_task=args.heads_per_task, delta_ppl=args.delta_ppl, store_url=args.store_url,
-                     tasks=args.tasks, task_limit=args.limit, include_path=args.include_path, device=args.device,
-                     capture_only=args.capture_only)
+    # --library files are untrusted: explain parses and validates them, they run only in the sandbox (synth/eaps.py)
+    scaleout = ScaleoutConfig.from_ray_flag(args.address, heads_per_task=args.heads_per_task, store_url=args.store_url)
+    result = explain(args.model, args.corpus, args.out, config=from_flags(ExplainConfig, args, scaleout=scaleout))
     if args.capture_only:
         print(f"captured {len(result.store)} windows into {result.out / 'store'}; run the same command without "
               "--capture-only (on this machine or a Ray driver that sees OUT) to search, select and report")
@@ -97,14 +82,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     from headsurgeon.surgery.corpus import load_corpus
-    from headsurgeon.surgery.loading import load_model
     from headsurgeon.surgery.score import score
     from headsurgeon.synth.program import Program
     from headsurgeon.synth.vocab import Vocabulary
 
-    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
+    handle = _load_model(args)
     program = Program.parse(args.program, vocab=Vocabulary.from_tokenizer(handle.tokenizer))
-    splits = load_corpus(handle, args.corpus, max_len=args.max_len, max_sequences=args.max_sequences, seed=args.seed)
+    splits = load_corpus(handle, args.corpus, **asdict(from_flags(CorpusConfig, args)))
     windows = splits.synth + splits.select + splits.test if args.split == "all" else getattr(splits, args.split)
     got = score(program, handle, args.head, sequences=windows)
     if args.json:
@@ -144,52 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("corpus", help="text file; documents separated by blank lines")
     p.add_argument("out", help="output directory (re-run the same command to resume)")
-    _corpus_args(p)
-    p.add_argument("--mode", choices=["dense", "topq"], default="dense")
-    p.add_argument("--q", type=fraction, default=0.025, help="top-q fraction of the n×n grid kept in topq mode")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="windows per forward pass (default 16)")
-    p.add_argument("--shard-size", type=positive_int, default=64, help="windows per shard file (default 64)")
+    add_flags(p, CorpusConfig)
+    add_flags(p, CaptureConfig)
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("explain", help="capture → program search → selection → replacement sweep → HTML report")
-    p.add_argument("model", nargs="?", default="tiny-stories", help="model spec (default: the embedded tiny-stories)")
+    p.add_argument("model", nargs="?", default="tiny-stories", help=MODEL_HELP)
     p.add_argument("corpus", nargs="?", default=None, help="text file (default: the embedded demo corpus)")
     p.add_argument("out", nargs="?", default="headsurgeon-explain", help="output directory")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--device", default="cpu", help="where the model runs (capture, sweep), e.g. cuda")
-    p.add_argument("--capture-only", action="store_true",
-                   help="stop once OUT/store is complete; the same command without it later goes on from there")
-    add_window_args(p)
-    p.add_argument("--searchers", nargs="+", default=["enumerative", "learned", "llm"],
-                   help="which searchers run (llm only when an endpoint is configured)")
-    p.add_argument("--llm-model", default=None, help="chat model for the LLM agent (or HEADSURGEON_LLM_MODEL)")
-    p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint (or HEADSURGEON_LLM_BASE_URL)")
-    p.add_argument("--llm-cost-cap", type=non_negative_float, default=None, help="stop LLM requests past this many USD")
-    p.add_argument("--library", action="append", default=[], metavar="FILE.py",
-                   help="program file in EAPS's style (prog(sentence, tokenizer) -> (label, matrix)); repeatable. "
-                        "Its functions compete for every head; they run only in the sandbox. At most 256 programs "
-                        "per file; the library search stops after --library-budget seconds")
-    p.add_argument("--library-budget", type=non_negative_float, default=600.0, metavar="SECONDS",
-                   help="time for the --library programs, in total across heads (default 600); past it the "
-                        "programs scored so far compete and the report notes the rest")
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="search and select on Ray: on the cluster at ADDRESS (HOST:PORT, e.g. 10.0.0.1:6379), or on a "
-                        "local Ray runtime when no ADDRESS follows (pip install 'headsurgeon[ray]')")
-    p.add_argument("--heads-per-task", type=positive_int, default=None,
-                   help="heads per task (default: 64 serially; on Ray, the heads spread over the cluster's CPUs)")
-    p.add_argument("--delta-ppl", action="store_true", help="also measure each head's ΔPPL on the test windows")
-    p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid scores in "
-                                                  "report.html (needs pip install 'headsurgeon[eval]')")
-    p.add_argument("--limit", type=task_limit, default=None, help="examples per task (or a fraction), for --tasks")
-    p.add_argument("--include-path", action="append", default=None, metavar="DIR",
-                   help="folder of local lm-eval task YAML files, for --tasks (repeatable)")
-    p.add_argument("--store-url", default=None, metavar="URL",
-                   help="where Ray workers read OUT/store (a shared path or an fsspec URL) when not at OUT/store")
+    from headsurgeon.configs import ExplainConfig  # the search and scale-out configs import the program stack
+
+    add_flags(p, ExplainConfig)  # every setting of every stage (headsurgeon/configs.py)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")
     p.add_argument("--out", default="headsurgeon-demo", help="output directory")
-    add_window_args(p)
+    add_flags(p, CorpusConfig, only=("max_len", "max_sequences", "seed"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
@@ -201,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     'vocabulary, which score uses)')
     p.add_argument("--split", choices=(*SPLITS, "all"), default="test",
                    help="which windows of the document-level split to score on")
-    add_window_args(p)
+    add_flags(p, CorpusConfig)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_score)
 

@@ -27,7 +27,7 @@ def run_demo(out: str | Path = "headsurgeon-demo", model: Any = "tiny-stories", 
     ranked = result.programs.ranked("select")
     chosen = ranked[: max(1, int(round(fraction * len(ranked))))]
     hybrid = replace_heads(handle, result.programs.subset(chosen))
-    metrics = {head_name(h): result.programs.entries[h].scores for h in chosen}
+    metrics = {head_name(h): result.programs.entries[h].scores.to_json() for h in chosen}
     checkpoint = save_hybrid(hybrid, out / "hybrid", metrics=metrics, programs=result.programs)  # card: glosses
     batch = result.splits.test[:8]
     ids, mask = padded_batch(batch)

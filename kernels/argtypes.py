@@ -1,7 +1,8 @@
 """Argument types for every command line of the library: numbers refused with a message that says what is allowed.
 
 They sit in the bottom layer so that the subcommands of each package (surgery/cli.py, synth/tp/cli.py)
-and the top-level CLI share one definition.
+and the top-level CLI share one definition; the settings that use them, with their defaults, are config fields
+(kernels/configs.py).
 """
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import argparse
 import math
 from typing import Callable
 
-__all__ = ["task_limit", "int_at_least", "positive_int", "non_negative_int", "fraction", "positive_float", "non_negative_float",
-           "DEFAULT_MAX_LEN", "DEFAULT_MAX_SEQUENCES", "DEFAULT_SEED", "add_window_args"]
+__all__ = ["task_limit", "int_at_least", "positive_int", "non_negative_int", "fraction", "positive_float",
+           "non_negative_float"]
 
 
 def _quote(text: str, limit: int = 60) -> str:
@@ -73,12 +74,6 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-#: the defaults every subcommand that reads a corpus shares (one window length, one cap, one split seed)
-DEFAULT_MAX_LEN = 64
-DEFAULT_MAX_SEQUENCES = 300
-DEFAULT_SEED = 0
-
-
 def task_limit(text: str) -> int | float:
     """--limit for lm-eval tasks: a whole number of examples, or a fraction below 1 (as lm-eval reads it)."""
     value = _finite_float(text)
@@ -87,11 +82,3 @@ def task_limit(text: str) -> int | float:
                                          f"got {_quote(text)}")
     return int(value) if value >= 1 else value
 
-
-def add_window_args(parser: argparse.ArgumentParser, max_sequences: int | None = DEFAULT_MAX_SEQUENCES) -> None:
-    """``--max-len``, ``--max-sequences`` and ``--seed`` with the shared defaults, shown in ``--help``."""
-    parser.add_argument("--max-len", type=int_at_least(2), default=DEFAULT_MAX_LEN,
-                        help="tokens per window, BOS included")
-    parser.add_argument("--max-sequences", type=positive_int, default=max_sequences,
-                        help="windows read from the corpus (the split is by document)")
-    parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED, help="seed of the document-level split")

@@ -41,13 +41,16 @@ from safetensors.numpy import save
 
 from .fileio import UnsafeFileError, atomic_write_bytes
 from .core import InputError
+from .formats import FileFormat, FutureFormatError, metadata_version
 
 __all__ = ["TensorCache", "CacheStats", "CacheEntryWarning", "cache_key"]
 
 SHARD_SUFFIX = ".safetensors"
 KEY_FILE = ".cache-key"
 MAX_HEADER_BYTES = 64 << 20
-_FORMAT = "headsurgeon-tensor-cache/1"
+#: a shard's ``format`` metadata, ``headsurgeon-tensor-cache/1`` (kernels/formats.py); shards without it still load
+SHARD_FORMAT = FileFormat("headsurgeon-tensor-cache", 1, (1,), "a tensor-cache shard",
+                          "clear the cache folder (TensorCache.clear(disk=True))", error=UnsafeFileError)
 _MAC_PREFIX = "hmac-sha256:"
 _MTIME_SLACK_NS = 2_000_000_000
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -150,6 +153,8 @@ def _read_entry(path: Path, key: str) -> tuple[np.ndarray, str | None]:
         header = _header(fd, size)
         info = header.get(key)
         meta = header.get("__metadata__") or {}
+        if isinstance(meta, dict) and "format" in meta:
+            metadata_version(meta["format"], SHARD_FORMAT, str(path))
         dtype = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<")  # safetensors is little-endian
         shape = tuple(int(d) for d in info["shape"])
         start, end = (int(x) for x in info["data_offsets"])
@@ -317,6 +322,10 @@ class TensorCache:
             return None
         try:
             arr, digest = _read_entry(entry, key)
+        except FutureFormatError as e:  # a newer headsurgeon's shard: a miss that says why
+            self._index.pop(key, None)
+            warnings.warn(f"{e}; recomputing its entries", CacheEntryWarning, stacklevel=4)
+            return None
         except Exception:  # noqa: BLE001 - shard removed, truncated, a link, or of a dtype numpy lacks: a miss
             self._index.pop(key, None)
             return None
@@ -333,7 +342,7 @@ class TensorCache:
         assert self.directory is not None
         digest = hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:32]
         final = self.directory / f"{digest}{SHARD_SUFFIX}"
-        metadata = {"format": _FORMAT, **{_MAC_PREFIX + k: _digest(self._secret, k, items[k]) for k in items}}
+        metadata = {"format": SHARD_FORMAT.tag, **{_MAC_PREFIX + k: _digest(self._secret, k, items[k]) for k in items}}
         payload = save({k: items[k] for k in sorted(items)}, metadata=metadata)
         atomic_write_bytes(final, payload)
         self._scanned.add(final.name)

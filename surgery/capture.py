@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from .batches import padded_batch
+from .configs import CaptureConfig
 from .loading import ModelHandle, load_model
 from .pattern_entries import EntryBuilder
 from .replace import HybridModel
@@ -168,10 +169,10 @@ def capture(
     model: Any,
     sequences: list[Sequence],
     out: str | Path | None = None,
-    mode: str = "dense",
-    q_frac: float = 0.025,
-    batch_size: int = 16,
-    shard_size: int = 64,
+    mode: str = CaptureConfig.mode,
+    q_frac: float = CaptureConfig.q_frac,
+    batch_size: int = CaptureConfig.batch_size,
+    shard_size: int = CaptureConfig.shard_size,
     progress: bool = True,
 ) -> AttentionStore:
     """Capture every head's attention pattern over ``sequences``.

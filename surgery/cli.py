@@ -5,8 +5,11 @@ import argparse
 import json
 from typing import Any
 
-from ..kernels.argtypes import add_window_args, task_limit
+from dataclasses import asdict
+
+from ..kernels.configs import add_flags, from_flags
 from ..kernels.core import ABLATION_KINDS, WHICHES
+from .configs import MODEL_HELP, CorpusConfig, MeasureConfig, ModelConfig
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -17,11 +20,10 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> s
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="hub id, local HF directory, llama2c:PATH.bin, or tiny-stories")
+    p.add_argument("model", help=MODEL_HELP)
     p.add_argument("corpus", help="text file; documents separated by blank lines")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--device", default="cpu")
-    add_window_args(p)
+    add_flags(p, ModelConfig)
+    add_flags(p, CorpusConfig)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -43,8 +45,8 @@ def _load(args: argparse.Namespace):
     from .corpus import load_corpus
     from .loading import load_model
 
-    handle = load_model(args.model, tokenizer=args.tokenizer, device=args.device)
-    splits = load_corpus(handle, args.corpus, max_len=args.max_len, max_sequences=args.max_sequences, seed=args.seed)
+    handle = load_model(args.model, **asdict(from_flags(ModelConfig, args)))
+    splits = load_corpus(handle, args.corpus, **asdict(from_flags(CorpusConfig, args)))
     return handle, splits
 
 
@@ -111,7 +113,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     programs = trusted(load_programs(args.programs), args.trust_programs) if args.programs else None
     handle, splits = _load(args)
     report = evaluate_programs(handle, splits, programs, which=args.which, per_head=args.per_head,
-                               sweep=bool(args.sweep), order=args.order, tasks=args.tasks, limit=args.limit,
+                               sweep=bool(args.sweep), order=args.order, tasks=args.tasks, limit=args.task_limit,
                                include_path=args.include_path, batch_size=args.batch_size, seed=args.seed,
                                progress=not args.json)
     if args.sweep and any(kr.sweep for kr in report.kinds.values()):
@@ -145,13 +147,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", default=None, metavar="PNG",
                    help="run the replacement sweep (ΔPPL; with --tasks also task scores at 0/25/50/100%%) and plot it "
                         "here: one panel per kind, log-scaled")
-    p.add_argument("--order", choices=("iou", "delta_ppl", "both"), default="iou",
-                   help="sweep order: best test IoU first, cheapest per-head ΔPPL first (measured on the select "
-                        "windows), or both side by side; each step names the cheaper order (random order included)")
-    p.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated: base and hybrid on the same "
-                                                  "examples (needs pip install 'headsurgeon[eval]')")
-    p.add_argument("--limit", type=task_limit, default=None, help="examples per task (or a fraction), for --tasks")
-    p.add_argument("--include-path", action="append", default=None, metavar="DIR",
-                   help="folder of local lm-eval task YAML files, for --tasks (repeatable)")
+    add_flags(p, MeasureConfig, only=("order", "tasks", "task_limit", "include_path"))
     p.add_argument("--batch-size", type=int, default=16, help="requests per forward pass, for --tasks")
     p.set_defaults(func=cmd_eval)

@@ -15,6 +15,7 @@ from ..kernels.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
 from ..kernels.core import HeadsurgeonError, NotFoundError, SPLITS, Split
+from .configs import CorpusConfig
 
 
 class CorpusError(HeadsurgeonError, ValueError):
@@ -89,14 +90,15 @@ def _tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int
 def make_sequences(
     model_or_tokenizer: Any,
     documents: Iterable[str],
-    max_len: int = 128,
+    max_len: int = CorpusConfig.max_len,
     prepend_bos: bool | None = None,
     max_sequences: int | None = None,
     min_len: int = 4,
 ) -> list[Sequence]:
     """Tokenize documents into windows of at most ``max_len`` tokens (BOS included when the model uses one).
 
-    A long document yields consecutive windows; windows shorter than ``min_len`` tokens are dropped.
+    A long document yields consecutive windows; windows shorter than ``min_len`` tokens are dropped; ``max_sequences``
+    (default: no cap) stops after that many windows.
     Each Sequence's ``text`` is the document span its tokens cover and ``offsets`` index that span.
     """
     handle = model_or_tokenizer if hasattr(model_or_tokenizer, "tokenizer") and hasattr(model_or_tokenizer, "n_ctx") else None
@@ -203,9 +205,10 @@ def split_sequences(
 
 
 def load_corpus(
-    model: Any, source: str | Path | Iterable[str], max_len: int = 128, separator: str | None = None,
-    max_sequences: int | None = None, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0,
+    model: Any, source: str | Path | Iterable[str], max_len: int = CorpusConfig.max_len,
+    separator: str | None = CorpusConfig.separator, max_sequences: int | None = CorpusConfig.max_sequences,
+    fractions: tuple[float, float, float] = CorpusConfig.fractions, seed: int = CorpusConfig.seed,
 ) -> Splits:
-    """Read, tokenize and split a corpus in one call."""
+    """Read, tokenize and split a corpus in one call (the defaults are surgery/configs.py ``CorpusConfig``'s)."""
     docs = read_documents(source, separator)
     return split_sequences(make_sequences(model, docs, max_len=max_len, max_sequences=max_sequences), fractions, seed)

@@ -63,7 +63,18 @@ def _per_head(report: EvalReport) -> list[str]:
         short = kind[:4] + "."
         columns += [(f"{short}iou", f"{short} IoU(test)", ".3f"), (f"{short}delta", f"{short} ΔPPL %", "+.2f")]
     columns += [(kind, kind, "") for kind in kinds]
-    return ["per-head ΔPPL (one head swapped at a time):", table(list(rows.values()), columns)]
+    lines = ["per-head ΔPPL (one head swapped at a time):", table(list(rows.values()), columns)]
+    return lines + [spearman_line(report.kinds[k]) for k in kinds if report.kinds[k].spearman]
+
+
+def spearman_line(kr: KindReport) -> str:
+    """Spearman(test IoU, per-head ΔPPL) of one kind with its bootstrap interval, in words."""
+    sp = kr.spearman
+    rho = "undefined (constant IoU or ΔPPL)" if sp["rho"] is None else f"{sp['rho']:+.2f}"
+    low, high = sp["ci95"]
+    interval = (f", 95% bootstrap interval over heads {low:+.2f} .. {high:+.2f}" if low is not None and high is not None
+                else "")
+    return f"Spearman(IoU, ΔPPL), {KIND_LABELS[kr.kind]}: rho {rho}{interval} ({sp['heads']} heads)"
 
 
 def _sweep(report: EvalReport) -> list[str]:
@@ -77,8 +88,9 @@ def _sweep(report: EvalReport) -> list[str]:
     if not rows:
         return []
     first, *rest = orders  # type: ignore[misc]
+    metric = "ΔPPL %" if report.lm_head else "embedding distance %"
     columns = [("kind", "kind", ""), ("fraction", "replaced", ".0%"), ("n_heads", "heads", "d"),
-               ("delta", f"ΔPPL % ({ORDER_LABELS[first]})", "+.2f")]
+               ("delta", f"{metric} ({ORDER_LABELS[first]})", "+.2f")]
     columns += [(f"delta_by_{o}", ORDER_LABELS[o], "+.2f") for o in rest]
     columns += [("delta_random_order", "random order", "+.2f"), ("delta_random_program", "random programs", "+.2f"),
                 ("cheapest", "cheapest order", "")]
@@ -127,7 +139,7 @@ def format_report(report: EvalReport) -> str:
         lines = [f"{report.model} has no language-model head: perplexity is undefined; the cost of a swap is the "
                  "embedding distance (1 - cosine of mean-pooled final hidden states)"]
         lines += [_headline(kr, report.program_heads, report.test_sequences) for kr in report.kinds.values()]
-        return "\n".join(lines)
+        return "\n".join(lines + _sweep(report))
     lines = [f"{report.model}: perplexity {report.ppl:.4f} on {report.test_sequences} test windows"]
     lines += [_headline(kr, report.program_heads, report.test_sequences) for kr in report.kinds.values()]
     lines += _per_head(report) + _sweep(report)

@@ -49,8 +49,8 @@ def plot_report(report: Any, out_png: str | Path) -> Path:
         label = KIND_LABELS[kr.kind]
         arms = [("delta", ORDER_LABELS[first])] + [(f"delta_by_{o}", ORDER_LABELS[o]) for o in rest]
         arms += [("delta_random_order", "random order"), ("delta_random_program", "random programs")]
-        _panel(row[0], kr.sweep, arms, "perplexity change (%, symlog)", f"{label}: ΔPPL ({kr.heads} heads)", 100.0,
-               True)
+        metric, unit = ("ΔPPL", "perplexity change") if report.lm_head else ("embedding distance", "1 − cos")
+        _panel(row[0], kr.sweep, arms, f"{unit} (%, symlog)", f"{label}: {metric} ({kr.heads} heads)", 100.0, True)
         for ax, task in zip(row[1:], tasks):
             mine = [r for r in kr.downstream_sweep or [] if r["task"] == task]
             if not mine:

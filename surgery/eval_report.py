@@ -2,31 +2,41 @@
 
 Each head holds a replacement (its most faithful program, often a fitted table) and maybe an explanation (its
 best readable one, synth/programset.py). Every measurement here (the headline perplexity, per-head ΔPPL, the
-sweep, lm-eval tasks) is made for each kind asked, labelled by kind; heads without an explanation are counted
-and named, since they stay neural when explanations are swapped in. ``headsurgeon eval`` prints this report.
+sweep, Spearman(IoU, ΔPPL), lm-eval tasks) is made for each kind asked, labelled by kind; heads without an
+explanation are counted and named, since they stay neural when explanations are swapped in. ``headsurgeon eval``
+prints this report and ``explain`` measures with it (headsurgeon/explain_measure.py). Each distinct set of swapped
+heads is measured once (the headline is the sweep's last step), so nothing is computed twice.
 """
 from __future__ import annotations
 
 import math
+import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence as Seq
+from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
+
+from tqdm.auto import tqdm
 
 from ..kernels.core import InputError, WHICHES
 from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
+from .configs import CorpusConfig, MeasureConfig
 from .corpus import Splits, load_corpus
-from .evaluate import (delta_ppl_interval, per_head_delta_ppl, perplexity, replacement_sweep,
-                       sweep_arms, sweep_heads, window_losses)
-from .embedding import embedding_distance
+from .evaluate import (delta_ppl_interval, per_head_delta_ppl, spearman_ci, sweep_arms, sweep_heads,
+                       window_losses)
+from .embedding import embedding_distance, sentence_embeddings
 from .eval_format import format_report
 from .loading import load_model
-from .replace import head_name, replace_heads
+from .replace import head_name, parse_head, replace_heads
 from .scorable import require_lm_head
 from .sweep_order import ORDER_LABELS, cheapest, order_heads
 
-__all__ = ["EvalReport", "KindReport", "evaluate_programs"]
+__all__ = ["EvalReport", "KindReport", "evaluate_programs", "SWEEP_STEPS"]
+
+#: the fractions of heads a sweep swaps: the seed paper's 0/10/25/50/100% (explain's and eval's one default)
+SWEEP_STEPS: tuple[float, ...] = MeasureConfig.sweep_steps  # surgery/configs.py: the one default
 
 WhichArg = Literal["both", "replacement", "explanation"]
 OrderArg = Literal["iou", "delta_ppl", "both"]
@@ -45,6 +55,7 @@ class KindReport:
     hybrid_delta_ci95_pct: list[float] | None = None
     embedding_distance: float | None = None  # models without an LM head
     per_head: list[dict[str, Any]] | None = None  # {head, program, iou, delta_pct}
+    spearman: dict[str, Any] | None = None  # Spearman(test IoU, per-head ΔPPL): {rho, ci95, heads}, with per_head
     sweep: list[dict[str, Any]] | None = None  # replacement_sweep rows, + the second order's arm and "cheapest"
     sweep_orders: list[str] = field(default_factory=list)  # the orders swept (the rows' "delta" arm first)
     head_orders: dict[str, list[str]] | None = None  # order → the heads in the order they were swapped
@@ -75,6 +86,7 @@ class EvalReport:
     tasks_limit: Any = None
     seed: int = 0
     sweep_png: str | None = None  # set by :meth:`plot`
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per measurement (perplexity, sweep, ...)
 
     @property
     def headline(self) -> str | None:
@@ -98,6 +110,8 @@ class EvalReport:
             out["downstream"] = self.downstream
         if self.sweep_png is not None:
             out["sweep_png"] = self.sweep_png
+        if self.seconds:
+            out["seconds"] = self.seconds
         return out
 
     def format(self) -> str:
@@ -155,61 +169,151 @@ def _windows(handle: Any, corpus: Any, max_len: int, max_sequences: int | None,
     return sequences, sequences, "test"
 
 
-def _ppl_with(handle: Any, chosen: dict, sequences: list[Sequence], base: float) -> tuple[float, float]:
-    """(perplexity, ΔPPL) with ``chosen`` heads swapped (the base when none)."""
-    if not chosen:
-        return base, 0.0
-    with replace_heads(handle, chosen) as hybrid:
-        ppl = perplexity(hybrid, sequences, progress=False)
-    return ppl, ppl / base - 1.0
+@contextmanager
+def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the wall time of the block to ``seconds[phase]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+class _Costs:
+    """What a set of swapped heads costs on ``sequences`` (ΔPPL, or embedding distance without an LM head), each
+    distinct set (head → program) measured once: the sweep's 100% step, its orders' shared steps and the headline
+    are one measurement."""
+
+    def __init__(self, handle: Any, sequences: list[Sequence], base_ppl: float | None) -> None:
+        self.handle, self.sequences, self.base_ppl = handle, sequences, base_ppl
+        self.base_embeddings = sentence_embeddings(handle, sequences) if base_ppl is None else None
+        self.known: dict[frozenset, tuple[float | None, float]] = {frozenset(): (base_ppl, 0.0)}
+
+    @staticmethod
+    def key(chosen: Mapping[Any, Any]) -> frozenset:
+        return frozenset((parse_head(h), getattr(p, "hash", p)) for h, p in chosen.items())
+
+    def remember(self, chosen: Mapping[Any, Any], ppl: float | None, delta: float) -> None:
+        self.known[self.key(chosen)] = (ppl, delta)
+
+    def measure(self, chosen: Mapping[Any, Any]) -> tuple[float | None, float]:
+        """(perplexity or None, ΔPPL or embedding distance) with ``chosen`` swapped."""
+        key = self.key(chosen)
+        if key not in self.known:
+            with replace_heads(self.handle, dict(chosen)) as hybrid:
+                if self.base_ppl is None:
+                    self.known[key] = (None, embedding_distance(self.base_embeddings, hybrid, self.sequences))
+                else:
+                    nll, count = window_losses(hybrid, self.sequences, progress=False)
+                    ppl = math.exp(nll.sum() / count.sum())
+                    self.known[key] = (ppl, ppl / self.base_ppl - 1.0)
+        return self.known[key]
+
+
+def _sweep_rows(costs: _Costs, items: dict, heads: list, steps: Seq[float], seed: int, desc: str,
+                progress: bool) -> list[dict[str, Any]]:
+    """surgery/evaluate.py ``replacement_sweep``'s rows (the order, a random order, random programs per step),
+    each arm measured through ``costs``."""
+    headless = costs.base_ppl is None
+    rows = []
+    for frac, k, arms in tqdm(list(sweep_arms(items, heads, steps, seed)), desc=desc, disable=not progress):
+        row: dict[str, Any] = {"fraction": frac, "n_heads": k}
+        for label, chosen in arms.items():
+            ppl, delta = costs.measure(chosen)
+            if headless:
+                row["embedding_distance" + label] = delta
+            else:
+                row["ppl" + label] = ppl
+            row["delta" + label] = delta
+        rows.append(row)
+    return rows
+
+
+def _check_steps(steps: Seq[float]) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in steps)
+    except (TypeError, ValueError):
+        out = ()
+    if not out or any(not 0.0 <= x <= 1.0 for x in out):
+        raise InputError(f"steps must be fractions of heads between 0 and 1, e.g. {SWEEP_STEPS}; got {steps!r}")
+    return out
 
 
 def _sweep(handle: Any, programs: ProgramSet, kind: str, report: KindReport, orders: tuple[str, ...],
-           test: list[Sequence], order_seqs: list[Sequence], base: float, seed: int, progress: bool) -> None:
+           costs: _Costs, order_seqs: list[Sequence], steps: Seq[float], seed: int, progress: bool,
+           seconds: dict[str, float]) -> None:
     """The kind's sweep in ``orders[0]`` with its baselines, plus the second order's arm and the cheaper order."""
     chosen = programs.programs(kind)
     heads = {}
     for order in orders:
         deltas = None
         if order == "delta_ppl":
-            if order_seqs is test and report.per_head is not None:
+            if order_seqs is costs.sequences and report.per_head is not None:
                 deltas = {r["head"]: r["delta_pct"] / 100 for r in report.per_head}
             else:
-                deltas = per_head_delta_ppl(handle, chosen, order_seqs, progress=progress)
+                with _timed(seconds, "ΔPPL order"):
+                    deltas = per_head_delta_ppl(handle, chosen, order_seqs, progress=progress)
             report.order_delta_pct = {head_name(h): 100 * d for h, d in deltas.items()}
         heads[order] = order_heads(programs, order, which=kind, deltas=deltas, seed=seed)
     first, *rest = orders
-    rows = replacement_sweep(handle, chosen, test, order=heads[first], seed=seed, progress=progress)
     items, _ = sweep_heads(chosen, None)
-    for order in rest:
-        for row, (_frac, _k, arms) in zip(rows, sweep_arms(items, heads[order], [r["fraction"] for r in rows], seed)):
-            row[f"ppl_by_{order}"], row[f"delta_by_{order}"] = _ppl_with(handle, arms[""], test, base)
+    with _timed(seconds, "sweep"):
+        rows = _sweep_rows(costs, items, heads[first], steps, seed, f"sweep ({kind}s)", progress)
+        for order in rest:
+            for row, (_frac, _k, arms) in zip(rows, sweep_arms(items, heads[order], [r["fraction"] for r in rows],
+                                                               seed)):
+                row[f"ppl_by_{order}"], row[f"delta_by_{order}"] = costs.measure(arms[""])
     for row in rows:
-        costs = {ORDER_LABELS[first]: row["delta"], **{ORDER_LABELS[o]: row[f"delta_by_{o}"] for o in rest},
-                 ORDER_LABELS["random"]: row["delta_random_order"]}
-        row["cheapest"] = cheapest(costs)
+        costs_by = {ORDER_LABELS[first]: row["delta"], **{ORDER_LABELS[o]: row[f"delta_by_{o}"] for o in rest},
+                    ORDER_LABELS["random"]: row["delta_random_order"]}
+        row["cheapest"] = cheapest(costs_by)
     report.sweep, report.sweep_orders = rows, list(orders)
     report.head_orders = {order: [head_name(h) for h in hs] for order, hs in heads.items()}
 
 
-def _measure_kind(handle: Any, programs: ProgramSet, kind: str, test: list[Sequence], base_losses: Any,
-                  base: float, seed: int, per_head: bool, progress: bool) -> KindReport:
+def _spearman(per_head: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
+    """Spearman's rho between the heads' test IoU and their per-head ΔPPL, with a 95% bootstrap interval over heads
+    (surgery/evaluate.py ``spearman_ci``); None below 3 heads with an IoU."""
+    pairs = [(r["iou"], r["delta_pct"]) for r in per_head if r.get("iou") is not None]
+    if len(pairs) < 3:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant input: rho is undefined (NaN, shown as missing)
+        rho, low, high = spearman_ci([a for a, _ in pairs], [b for _, b in pairs], seed=seed)
+
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    return {"rho": finite(rho), "ci95": [finite(low), finite(high)], "heads": len(pairs)}
+
+
+def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: _Costs, base_losses: Any, seed: int,
+                  per_head: bool, known: Mapping[Any, float] | None, progress: bool,
+                  seconds: dict[str, float]) -> KindReport:
     """The headline (all heads of this kind swapped, with a bootstrap interval) and the per-head table."""
     chosen = programs.programs(kind)
     report = KindReport(kind, len(chosen), [head_name(h) for h in programs.keys() if h not in chosen])
     if not chosen:
         return report
-    with warnings.catch_warnings():
+    test = costs.sequences
+    with _timed(seconds, "perplexity"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NEURAL_WARNING)  # the report names them
         with replace_heads(handle, programs, which=kind) as hybrid:  # checks the tokenizer's fingerprint
             losses = window_losses(hybrid, test, progress=False)
     delta, low, high = delta_ppl_interval(base_losses, losses, seed=seed)
     report.hybrid_ppl = math.exp(losses[0].sum() / losses[1].sum())
     report.hybrid_delta_pct, report.hybrid_delta_ci95_pct = 100 * delta, [100 * low, 100 * high]
+    costs.remember(chosen, report.hybrid_ppl, report.hybrid_ppl / costs.base_ppl - 1.0)  # type: ignore[operator]
     if per_head:
-        deltas = per_head_delta_ppl(handle, chosen, test, base_ppl=base, progress=progress)
+        given = {parse_head(h): float(d) for h, d in (known or {}).items()}
+        missing = {h: p for h, p in chosen.items() if h not in given}
+        with _timed(seconds, "per-head ΔPPL"):
+            measured = per_head_delta_ppl(handle, missing, test, base_ppl=costs.base_ppl,
+                                          progress=progress) if missing else {}
+        deltas = {h: given[h] if h in given else measured[h] for h in chosen}
         report.per_head = [{"head": head_name(h), "program": _text(programs, h, kind),
                             "iou": _iou(programs, h, kind), "delta_pct": 100 * d} for h, d in deltas.items()]
+        report.spearman = _spearman(report.per_head, seed)
     return report
 
 
@@ -225,69 +329,97 @@ def _iou(programs: ProgramSet, head: Any, kind: str) -> float | None:
     return entry.iou("test") if kind == "replacement" else entry.explanation.iou("test")  # type: ignore[union-attr]
 
 
-def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], test: list[Sequence]) -> EvalReport:
-    """A model without an LM head: the embedding distance between base and hybrid, per kind."""
-    report = EvalReport(handle.name, len(test), False, None, len(programs) if programs is not None else 0)
+def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], test: list[Sequence],
+              sweep: bool, orders: tuple[str, ...], steps: Seq[float], seed: int, progress: bool) -> EvalReport:
+    """A model without an LM head: the embedding distance between base and hybrid per kind, and with ``sweep``
+    the IoU-order sweep by embedding distance (a ΔPPL order needs perplexity)."""
+    if sweep and "delta_ppl" in orders:
+        raise InputError(f"{handle.name} has no language-model head, so there is no per-head ΔPPL to order a sweep "
+                         "by: use order='iou' (on the command line, leave out --order)")
+    report = EvalReport(handle.name, len(test), False, None, len(programs) if programs is not None else 0, seed=seed)
+    costs = _Costs(handle, test, None) if programs is not None else None
     for kind in kinds if programs is not None else ():
         chosen = programs.programs(kind)
         kr = KindReport(kind, len(chosen), [head_name(h) for h in programs.keys() if h not in chosen])
         if chosen:
-            with warnings.catch_warnings():
+            with _timed(report.seconds, "embedding distance"), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_NEURAL_WARNING)
                 with replace_heads(handle, programs, which=kind) as hybrid:
-                    kr.embedding_distance = embedding_distance(handle, hybrid, test)
+                    kr.embedding_distance = embedding_distance(costs.base_embeddings, hybrid, test)
+            costs.remember(chosen, None, kr.embedding_distance)
+            if sweep:
+                order = order_heads(programs, "iou", which=kind, seed=seed)
+                with _timed(report.seconds, "sweep"):
+                    kr.sweep = _sweep_rows(costs, chosen, order, steps, seed, f"sweep ({kind}s)", progress)
+                for row in kr.sweep:
+                    row["cheapest"] = cheapest({ORDER_LABELS["iou"]: row["delta"],
+                                                ORDER_LABELS["random"]: row["delta_random_order"]})
+                kr.sweep_orders, kr.head_orders = ["iou"], {"iou": [head_name(h) for h in order]}
         report.kinds[kind] = kr
     return report
 
 
 def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: WhichArg = "both",
                       per_head: bool = False, sweep: bool = False, order: OrderArg = "iou",
-                      tasks: str | Seq[str] | None = None, limit: int | float | None = None,
-                      include_path: Any = None, batch_size: int = 16, seed: int = 0, trust_programs: Any = False,
-                      max_len: int = 128, max_sequences: int | None = None, progress: bool = False) -> EvalReport:
+                      steps: Seq[float] = SWEEP_STEPS, tasks: str | Seq[str] | None = None,
+                      limit: int | float | None = None, include_path: Any = None, task_sweep: bool = True,
+                      batch_size: int = 16, seed: int = CorpusConfig.seed, trust_programs: Any = False,
+                      max_len: int = CorpusConfig.max_len, max_sequences: int | None = CorpusConfig.max_sequences,
+                      known_per_head: Mapping[str, Mapping[Any, float]] | None = None,
+                      progress: bool = False) -> EvalReport:
     """Measure the base model and the hybrid with ``programs`` swapped in, for each kind ``which`` names.
 
     ``corpus``: a text file (read with ``max_len``/``max_sequences``), a ``Splits`` (its test windows are
     measured; the ΔPPL order is measured on its select windows, so the order is not fitted to the windows that
     judge it) or a list of Sequences (used for both). ``which``: "both" (default), "replacement" or
-    "explanation". ``per_head``: ΔPPL with one head swapped at a time. ``sweep``: 0 → 100% of heads swapped in
-    ``order`` ("iou": best test IoU first; "delta_ppl": cheapest per-head ΔPPL first; "both": side by side),
-    beside a random order and random programs; each row names the cheaper order. ``tasks``: lm-eval tasks on the
-    base and each kind's hybrid (with ``sweep``: also at 0/25/50/100%). Returns an :class:`EvalReport`
-    (``.format()``, ``.to_json()``, ``.plot(png)``).
+    "explanation". ``per_head``: ΔPPL with one head swapped at a time, and Spearman(test IoU, ΔPPL) with a 95%
+    bootstrap interval over heads; ``known_per_head``: kind → head → ΔPPL already measured on these test windows
+    (explain's search tasks measure the replacements'), not measured again. ``sweep``: ``steps`` (fractions of the
+    kind's heads, default 0/10/25/50/100%) swapped in ``order`` ("iou": best test IoU first; "delta_ppl": cheapest
+    per-head ΔPPL first; "both": side by side), beside a random order and random programs; each row names the
+    cheaper order. Models without an LM head are measured by embedding distance (IoU order only). ``tasks``: lm-eval
+    tasks on the base and each kind's hybrid (with ``sweep`` and ``task_sweep``: also at 0/25/50/100%). Returns an
+    :class:`EvalReport` (``.format()``, ``.to_json()``, ``.plot(png)``).
     """
     kinds, orders = _kinds(which), _orders(order)
     if order != "iou" and not sweep:
         raise InputError(f"order={order!r} orders the sweep: pass sweep=True too (on the command line, --sweep PNG)")
+    steps = _check_steps(steps)
     programs = _program_set(programs, trust_programs)
     handle = load_model(model)
     test, order_seqs, order_on = _windows(handle, corpus, max_len, max_sequences, seed)
     if tasks:
         require_lm_head(handle)  # before minutes of perplexity: lm-eval cannot score this model
     if not handle.has_lm_head:
-        return _headless(handle, programs, kinds, test)
-    base_losses = window_losses(handle, test, progress=False)
+        return _headless(handle, programs, kinds, test, sweep, orders, steps, seed, progress)
+    seconds: dict[str, float] = {}
+    with _timed(seconds, "perplexity"):
+        base_losses = window_losses(handle, test, progress=False)
     base = math.exp(base_losses[0].sum() / base_losses[1].sum())
     report = EvalReport(handle.name, len(test), True, base, len(programs) if programs is not None else 0,
-                        tasks_limit=limit, seed=seed)
+                        tasks_limit=limit, seed=seed, seconds=seconds)
     task_kw = dict(limit=limit, include_path=include_path, batch_size=batch_size, seed=seed)
     if programs is None:
         if tasks:
             from .downstream import downstream
 
-            report.downstream = downstream(handle, tasks, **task_kw)
+            with _timed(seconds, "tasks"):
+                report.downstream = downstream(handle, tasks, **task_kw)
         return report
     if sweep and "delta_ppl" in orders:
         report.order_on, report.order_sequences = order_on, len(order_seqs)
+    costs = _Costs(handle, test, base)
     for kind in kinds:
-        kr = _measure_kind(handle, programs, kind, test, base_losses, base, seed, per_head, progress)
+        kr = _measure_kind(handle, programs, kind, costs, base_losses, seed, per_head,
+                           (known_per_head or {}).get(kind), progress, seconds)
         report.kinds[kind] = kr
         if not kr.heads:
             continue
         if sweep:
-            _sweep(handle, programs, kind, kr, orders, test, order_seqs, base, seed, progress)
+            _sweep(handle, programs, kind, kr, orders, costs, order_seqs, steps, seed, progress, seconds)
         if tasks:
-            _downstream(handle, programs, kind, kr, tasks, sweep, task_kw, progress)
+            with _timed(seconds, "tasks"):
+                _downstream(handle, programs, kind, kr, tasks, sweep and task_sweep, task_kw, progress)
     return report
 
 
@@ -304,4 +436,3 @@ def _downstream(handle: Any, programs: ProgramSet, kind: str, report: KindReport
         order = report.head_orders[report.sweep_orders[0]]  # type: ignore[index]  # the ΔPPL sweep's order
         report.downstream_sweep = downstream_sweep(handle, programs.programs(kind), tasks, order=order,
                                                    progress=progress, **task_kw)
-

@@ -6,8 +6,11 @@ from typing import Any
 
 import torch
 from ..kernels.core import HeadsurgeonError
+from .source_record import (EmbeddedSource, GgufSource, HfSource, Llama2cSource, ObjectSource, SourceRecord,
+                            ZooSource, source_from_json)
 
-__all__ = ["ModelHandle", "ModelLoadError"]
+__all__ = ["ModelHandle", "ModelLoadError", "SourceRecord", "Llama2cSource", "GgufSource", "HfSource", "ZooSource",
+           "EmbeddedSource", "ObjectSource", "source_from_json"]
 
 
 class ModelLoadError(HeadsurgeonError, ValueError):
@@ -31,9 +34,11 @@ class ModelHandle:
     n_ctx: int
     bos_id: int | None
     prepend_bos: bool
-    source: dict = field(default_factory=dict)
+    source: SourceRecord = field(default_factory=ObjectSource)  # where it came from (surgery/source_record.py)
     hf_model: Any = None
     has_lm_head: bool = True  # False: a headless encoder; its logits come from a fixed readout (surgery/headless.py)
+    #: whether this backend uses an edited hook_pattern, once measured (surgery/replace.py pattern_edits_take_effect)
+    pattern_edits: bool | None = field(default=None, compare=False)
 
     @property
     def pattern_hooks(self) -> list[str]:
@@ -90,5 +95,5 @@ class ModelHandle:
             "d_head": self.d_head, "d_model": self.d_model, "vocab_size": self.vocab_size,
             "attention": "causal" if self.causal else "bidirectional", "n_ctx": self.n_ctx,
             "bos_id": self.bos_id, "prepend_bos": self.prepend_bos, "pattern_hooks": self.pattern_hooks,
-            "lm_head": self.has_lm_head, "source": self.source,
+            "lm_head": self.has_lm_head, "source": self.source.to_json(),
         }

@@ -5,6 +5,7 @@ Attention always runs eagerly so that ``blocks.{l}.attn.hook_pattern`` fires.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -19,7 +20,9 @@ from .fused_qkv import tie_split_qkv
 from .gguf import is_gguf, read_gguf
 from .headless import HEADLESS_ARCHITECTURES, is_headless, wrap_headless
 from .llama2c import Llama2cFormatError, load_llama2c, load_llama2c_tokenizer
-from .handle import ModelHandle, ModelLoadError
+from .handle import (GgufSource, HfSource, Llama2cSource, ModelHandle, ModelLoadError, ObjectSource, SourceRecord,
+                     ZooSource)
+from .configs import ModelConfig, torch_dtype
 from .sources import ModelSource, installed_copy, model_sources, register_model_source, require_hub
 
 DEFAULT_MODEL = "tiny-stories"
@@ -37,9 +40,9 @@ def _is_hooked_transformer(obj: Any) -> bool:
 
 def load_model(
     spec: Any = DEFAULT_MODEL,
-    tokenizer: Any = None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    tokenizer: Any = ModelConfig.tokenizer,
+    device: str | torch.device = ModelConfig.device,
+    dtype: torch.dtype | str = ModelConfig.dtype,
     revision: str | None = None,
 ) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
@@ -49,10 +52,12 @@ def load_model(
     sentencepiece ``.model`` or llama2.c ``tokenizer.bin``), ``"tiny-stories"`` (the embedded default),
     or an object: a TransformerBridge, a legacy HookedTransformer, or a transformers PreTrainedModel
     (pass its tokenizer). ``tokenizer`` may also be a path or a tokenizer object for other specs.
-    Further sources plug in with :func:`register_model_source`.
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or a torch dtype, for sources read from
+    files; a live model keeps its own (convert it first). Further sources plug in with :func:`register_model_source`.
     """
+    dtype = torch_dtype(dtype)
     if isinstance(spec, ModelHandle):
-        return spec
+        return _keeps_dtype(spec, dtype)
     for source in model_sources():
         if source.matches(spec):
             return source.load(spec, tokenizer=tokenizer, device=device, dtype=dtype, revision=revision)
@@ -69,7 +74,7 @@ def _is_name(spec: Any) -> bool:
 def _load_zoo(spec: Any, tokenizer: Any, device: Any, dtype: Any, revision: str | None) -> ModelHandle:
     handle = _load_hf_dir(str(zoo_dir()), tokenizer, device, dtype, revision=None)
     handle.name = DEFAULT_MODEL
-    handle.source = {"kind": "zoo", "name": DEFAULT_MODEL}
+    handle.source = ZooSource(DEFAULT_MODEL)
     return handle
 
 
@@ -80,13 +85,23 @@ def _refuse_raw_bin(spec: Any, **_: Any) -> ModelHandle:
     )
 
 
+def _keeps_dtype(spec: Any, dtype: Any) -> Any:
+    """``spec`` (a live model), unless a dtype other than float32 was asked for: a live model is not converted."""
+    if dtype is not None and dtype != torch.float32:
+        raise ModelLoadError(f"dtype={dtype} applies to models loaded from a name or file; a live "
+                             f"{type(spec).__name__} keeps its own: convert it first (model.to({dtype})) and load "
+                             "it without dtype=")
+    return spec
+
+
 def _load_pretrained(spec: Any, tokenizer: Any, device: Any, dtype: Any, revision: str | None) -> ModelHandle:
+    _keeps_dtype(spec, dtype)
     tok = _resolve_tokenizer(tokenizer, None)
     if tok is None:
         raise ModelLoadError(
             "a transformers model was passed without its tokenizer: call load_model(model, tokenizer=tok)"
         )
-    return _bridge_module(spec.to(device), tok, {"kind": "object", "name_or_path": spec.config._name_or_path})
+    return _bridge_module(spec.to(device), tok, ObjectSource(spec.config._name_or_path))
 
 
 def _is_pretrained(spec: Any) -> bool:
@@ -108,10 +123,11 @@ for _source in reversed((  # the built-in sources, in the order they are tried
                 lambda s, tokenizer, device, dtype, revision: _load_hf_dir(str(s), tokenizer, device, dtype,
                                                                            revision)),
     ModelSource("bridge", lambda s: _is_bridge(s),
-                lambda s, tokenizer, **_: _handle_from_bridge(s, tokenizer or getattr(s, "tokenizer", None),
-                                                              {"kind": "object"}, None)),
+                lambda s, tokenizer, dtype=None, **_: _handle_from_bridge(
+                    _keeps_dtype(s, dtype), tokenizer or getattr(s, "tokenizer", None), ObjectSource(), None)),
     ModelSource("hooked-transformer", lambda s: _is_hooked_transformer(s),
-                lambda s, tokenizer, **_: _handle_from_hooked(s, tokenizer or getattr(s, "tokenizer", None))),
+                lambda s, tokenizer, dtype=None, **_: _handle_from_hooked(
+                    _keeps_dtype(s, dtype), tokenizer or getattr(s, "tokenizer", None))),
     ModelSource("transformers-module", _is_pretrained, _load_pretrained),
 )):
     register_model_source(_source)
@@ -181,10 +197,10 @@ def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
         tok = _resolve_tokenizer(tokenizer, None)
     except Llama2cFormatError as e:
         raise ModelLoadError(str(e)) from e
-    source = {"kind": "llama2c", "path": str(Path(path).resolve()), "sha256": sha256_file(path)}
+    source = Llama2cSource(str(Path(path).resolve()), sha256_file(path))
     if isinstance(tokenizer, (str, Path)) and Path(tokenizer).is_file():
-        source["tokenizer"] = str(Path(tokenizer).resolve())
-        source["tokenizer_sha256"] = sha256_file(tokenizer)
+        source = dataclasses.replace(source, tokenizer=str(Path(tokenizer).resolve()),
+                                     tokenizer_sha256=sha256_file(tokenizer))
     handle = _bridge_module(hf.to(device=device, dtype=dtype), tok, source)
     handle.name = f"llama2c:{Path(path).name}"
     return handle
@@ -195,9 +211,8 @@ def _load_gguf(path: str, tokenizer: Any, device: Any, dtype: Any, stands_for: s
     hf, tok, sha256 = read_gguf(path, dtype)
     if tokenizer is not None:
         tok = _resolve_tokenizer(tokenizer, None)
-    source: dict[str, Any] = {"kind": "gguf", "path": str(Path(path).expanduser().resolve()), "sha256": sha256}
-    if stands_for:
-        source["name"] = stands_for  # checkpoints find the installed copy again by this id (base_models.py)
+    # name: checkpoints find an installed copy again by the hub id it stands for (hub/checkpoint/base_models.py)
+    source = GgufSource(str(Path(path).expanduser().resolve()), sha256, stands_for or None)
     handle = _bridge_module(hf.to(device), tok, source)
     handle.name = stands_for or Path(path).name
     # BOS as the file says (tokenizer.ggml.add_bos_token, applied by the converted tokenizer): SmolLM2's GGUF has a
@@ -238,7 +253,7 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
     if headless:
         handle = _load_headless(local, headless, tok, device, dtype)
         if installed:  # checkpoints reference the hub id; hub/checkpoint/base_models.py resolves it the same way
-            handle.name, handle.source["name_or_path"] = name, name
+            handle.name, handle.source = name, HfSource(name)
         return handle
     kwargs: dict[str, Any] = {"device": str(device), "dtype": dtype}
     if revision:
@@ -260,10 +275,7 @@ def _load_hf_dir(name: str, tokenizer: Any, device, dtype, revision: str | None)
         ) from e
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {name!r}: {type(e).__name__}: {e}") from e
-    source: dict[str, Any] = {"kind": "hf", "name_or_path": str(local.resolve()) if is_local and not installed
-                              else name}
-    if revision:
-        source["revision"] = revision
+    source = HfSource(str(local.resolve()) if is_local and not installed else name, revision or None)
     handle = _handle_from_bridge(bridge, tok, source, getattr(bridge, "original_model", None))
     handle.name = local.name if is_local and not installed else name
     return handle
@@ -284,12 +296,12 @@ def _load_headless(local: Path, arch: str, tok: Any, device: Any, dtype: Any) ->
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hf = getattr(transformers, arch).from_pretrained(str(local), attn_implementation="eager", dtype=dtype)
-    handle = _bridge_module(hf.to(device).eval(), tok, {"kind": "hf", "name_or_path": str(local.resolve())})
+    handle = _bridge_module(hf.to(device).eval(), tok, HfSource(str(local.resolve())))
     handle.name = local.parent.name if local.name == "model" else local.name
     return handle
 
 
-def _bridge_module(hf_model: Any, tokenizer: Any, source: dict) -> ModelHandle:
+def _bridge_module(hf_model: Any, tokenizer: Any, source: SourceRecord) -> ModelHandle:
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
     from transformer_lens.utilities.attn_implementation import force_eager_attention
 
@@ -297,7 +309,7 @@ def _bridge_module(hf_model: Any, tokenizer: Any, source: dict) -> ModelHandle:
     if is_headless(hf_model):
         base = hf_model
         arch = HEADLESS_ARCHITECTURES[type(base).__name__]
-        warnings.warn(f"{source.get('name_or_path') or type(base).__name__} is a {type(base).__name__} with no "
+        warnings.warn(f"{getattr(source, 'name_or_path', None) or type(base).__name__} is a {type(base).__name__} with no "
                       "language-model head: its logits come from a fixed, untrained readout (surgery/headless.py); "
                       "measure replacements with embedding_distance, not perplexity", stacklevel=3)
         handle = _bridge_with(wrap_headless(base), arch, tokenizer, source, build_bridge_from_module)
@@ -307,14 +319,14 @@ def _bridge_module(hf_model: Any, tokenizer: Any, source: dict) -> ModelHandle:
     return _bridge_with(hf_model, archs[0], tokenizer, source, build_bridge_from_module)
 
 
-def _bridge_with(hf_model: Any, arch: str, tokenizer: Any, source: dict, build: Any) -> ModelHandle:
+def _bridge_with(hf_model: Any, arch: str, tokenizer: Any, source: SourceRecord, build: Any) -> ModelHandle:
     if hasattr(tokenizer, "init_kwargs"):  # TL reads init_kwargs['name_or_path'] (absent for in-memory tokenizers)
         tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or "in-memory")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             bridge = build(hf_model, arch, hf_config=hf_model.config, tokenizer=tokenizer,
-                           model_name=source.get("name_or_path") or arch)
+                           model_name=getattr(source, "name_or_path", None) or arch)
     except Exception as e:
         raise ModelLoadError(
             f"TransformerLens cannot wrap a {arch} ({type(e).__name__}: {e}); this architecture is not "
@@ -356,7 +368,7 @@ def _probe_patterns(model: Any, name: str, vocab_size: int) -> None:
         )
 
 
-def _handle_from_bridge(bridge: Any, tokenizer: Any, source: dict, hf_model: Any) -> ModelHandle:
+def _handle_from_bridge(bridge: Any, tokenizer: Any, source: SourceRecord, hf_model: Any) -> ModelHandle:
     cfg = bridge.cfg
     name = str(getattr(cfg, "model_name", "model"))
     tie_split_qkv(bridge)  # train and save one fused qkv, not stale split copies (surgery/fused_qkv.py)
@@ -392,7 +404,7 @@ def _handle_from_hooked(model: Any, tokenizer: Any) -> ModelHandle:
         model=model, tokenizer=tokenizer, name=name, n_layers=int(cfg.n_layers), n_heads=int(cfg.n_heads),
         n_kv_heads=int(n_kv), d_head=int(cfg.d_head), d_model=int(cfg.d_model), vocab_size=int(cfg.d_vocab),
         causal=causal, n_ctx=int(cfg.n_ctx), bos_id=bos_id, prepend_bos=bool(getattr(cfg, "default_prepend_bos", True)),
-        source={"kind": "object"}, hf_model=None,
+        source=ObjectSource(), hf_model=None,
     )
 
 

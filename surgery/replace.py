@@ -120,9 +120,8 @@ class ProgramHead(nn.Module):
 
 def pattern_edits_take_effect(handle: ModelHandle) -> bool:
     """Whether this backend uses an edited hook_pattern (TransformerBridge on BERT does not)."""
-    cached = handle.source.get("_pattern_edits")
-    if cached is not None:
-        return bool(cached)
+    if handle.pattern_edits is not None:
+        return handle.pattern_edits
     ids = torch.tensor([[handle.bos_id or 0, 1 % handle.vocab_size, 2 % handle.vocab_size]], device=handle.device)
     hp = handle.model.hook_dict[handle.pattern_hook(0)]
     with torch.no_grad(), warnings.catch_warnings():
@@ -134,7 +133,7 @@ def pattern_edits_take_effect(handle: ModelHandle) -> bool:
         finally:
             h.remove()
     works = not torch.equal(base, edited)
-    handle.source["_pattern_edits"] = works
+    handle.pattern_edits = works
     return works
 
 
@@ -477,8 +476,7 @@ def _from_programset(handle: ModelHandle, programs: ProgramSet, which: Which) ->
 def _independent(handle: ModelHandle) -> ModelHandle:
     """A handle whose model is a deep copy (own weights); the tokenizer is shared."""
     model = _copy.deepcopy(handle.model)
-    return dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None),
-                               source=dict(handle.source))
+    return dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None))
 
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,

@@ -25,7 +25,7 @@ def _kind_iou(programs: ProgramSet, head: Head, which: Which, split: Split) -> f
     """The test IoU of the head's program of kind ``which`` (the explanation has its own scores)."""
     entry = programs.entries[head]
     scores = entry.scores if which == "replacement" else entry.explanation.scores  # type: ignore[union-attr]
-    return scores.get(split, {}).get("iou")
+    return scores.iou(split)
 
 
 def order_heads(programs: ProgramSet, by: Order = "iou", *, which: Which = "replacement",

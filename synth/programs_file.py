@@ -11,15 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from headsurgeon.kernels.fileio import UnsafeFileError, read_bounded
+from headsurgeon.kernels.formats import FileFormat, check_versioned
 
 from .errors import ProgramError, excerpt
 
-__all__ = ["MAX_PROGRAMS_BYTES", "clip", "read_programs_file"]
+__all__ = ["MAX_PROGRAMS_BYTES", "PROGRAMS", "clip", "read_programs_file"]
 
 #: the largest programs.json read (tables live in a side file, so real sets stay far below)
 MAX_PROGRAMS_BYTES = 64 << 20
 HEAD = re.compile(r"\s*L\d{1,6}H\d{1,6}\s*", re.IGNORECASE)
 FIX = "pass a programs.json written by ProgramSet.save or `headsurgeon explain`"
+#: programs.json's format (kernels/formats.py): 2 keeps big tables in a side file, sets without one are written as 1;
+#: files of version 0 left the field out
+PROGRAMS = FileFormat("headsurgeon.programset", 2, (0, 1, 2), "a headsurgeon program set", FIX, default=0,
+                      error=ProgramError)
 
 
 def clip(text: str, limit: int = 500) -> str:
@@ -65,12 +70,7 @@ def read_programs_file(path: str | Path) -> dict[str, Any]:
     """The parsed document of a programs file whose layout is a program set's, or a ProgramError saying why not."""
     path = Path(path)
     obj = _parse(path)
-    if not isinstance(obj, dict) or obj.get("format") != "headsurgeon.programset":
-        raise ProgramError(f"{path} is not a headsurgeon program set (no \"format\": \"headsurgeon.programset\"); "
-                           f"{FIX}")
-    version = obj.get("version", 0)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ProgramError(f"{path}: \"version\" must be a whole number, got {excerpt(version)}; {FIX}")
+    check_versioned(obj, PROGRAMS, str(path))  # the format, then its version: a newer one says to upgrade
     items = obj.get("programs", [])
     if not isinstance(items, list):
         raise ProgramError(f"{path}: \"programs\" must be a list of entries, got {excerpt(items)}; {FIX}")

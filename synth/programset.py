@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from headsurgeon.kernels.fileio import atomic_file
+from headsurgeon.kernels.formats import check_versioned
 
 from ..kernels.core import SPLITS, WHICHES, Head, InputError
 from . import programtables
 from .backends import get_backend
-from .candidate import Choice
 from .errors import ProgramError
 from .program import Program
-from .programs_file import clip, read_programs_file
+from .programs_file import PROGRAMS, clip, read_programs_file
+from .scored import ScoredProgram
 from .trust import API_FLAG, require_trusted
 
-FORMAT = "headsurgeon.programset"
-VERSION = 2  # 2: tables in a side file; files without one are still written as version 1
+FORMAT, VERSION = PROGRAMS.name, PROGRAMS.version  # declared once in synth/programs_file.py
 WHICH = WHICHES
 
 
@@ -58,55 +58,44 @@ def _program(item: dict, head: tuple[int, int], tables: dict | None) -> Program:
         raise ProgramError(f"a record for {head_label(head)} has no program") from None
 
 
+def _replacement(name: str, doc: str) -> property:
+    """A read-only view of the replacement's ``name`` (``entry.program`` is ``entry.replacement.program``)."""
+    return property(lambda self: getattr(self.replacement, name), doc=doc)
+
+
 @dataclass
 class Entry:
-    """One head: its replacement (``program`` with scores per split and provenance), explanation and frontier.
+    """One head: its replacement (the most faithful program, any size), explanation and frontier points.
 
-    ``text``/``gloss``/``chars`` describe the replacement as rendered with the vocabulary at selection time
-    ("" / None when unknown: :meth:`replacement_choice` then renders it without one).
+    Each is a ``ScoredProgram`` (synth/scored.py); ``entry.program``, ``.source``, ``.scores``, ``.text`` ... and
+    ``iou()`` read the replacement's.
     """
 
-    program: Program
-    source: str = "unknown"
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)
-    hypothesis: str = ""
-    explanation: Choice | None = None
-    frontier: list[Choice] = field(default_factory=list)
-    text: str = ""
-    gloss: str = ""
-    chars: int | None = None
+    replacement: ScoredProgram
+    explanation: ScoredProgram | None = None
+    frontier: list[ScoredProgram] = field(default_factory=list)
+
+    program = _replacement("program", "The replacement Program (what ``replace_heads`` installs).")
+    source = _replacement("source", "The searcher that proposed the replacement.")
+    scores = _replacement("scores", "The replacement's Scores per split.")
+    hypothesis = _replacement("hypothesis", "What the searcher said the head does.")
+    text = _replacement("text", "The replacement as rendered (with the vocabulary at selection time).")
+    gloss = _replacement("gloss", "The replacement's English gloss.")
+    chars = _replacement("chars", "Characters of the replacement's rendered text.")
+    size = _replacement("size", "The replacement's description length (``Program.size``).")
 
     def iou(self, split: str = "test") -> float | None:
-        return self.scores.get(split, {}).get("iou")
-
-    @property
-    def size(self) -> int:
-        """The replacement's description length (``Program.size``)."""
-        return self.program.size
-
-    def replacement_choice(self, vocab: Any = None) -> Choice:
-        """The replacement as a Choice (budget None): size, chars, text, gloss and scores in one place."""
-        if self.text and vocab is None:
-            return Choice(self.program, self.source, None, self.program.size,
-                          self.chars if self.chars is not None else len(self.text), self.text,
-                          self.gloss or self.program.gloss(), self.scores, self.hypothesis)
-        return Choice.of(self.program, self.source, None, self.scores, vocab, self.hypothesis)
-
-    def choice(self, which: str = "replacement") -> Choice | None:
-        """``"replacement"`` or ``"explanation"`` (None when the head has no readable program)."""
-        if which not in WHICH:
-            raise InputError(f"which must be one of {WHICH}, got {which!r}")
-        return self.replacement_choice() if which == "replacement" else self.explanation
+        return self.replacement.iou(split)
 
     def to_json(self, head: tuple[int, int], tables: dict | None = None) -> dict:
         """This entry's record in programs.json (big tables packed into ``tables`` when given)."""
         def prog(p: Program) -> Any:
             return p.to_json() if tables is None else programtables.pack(p.to_json(), tables)
 
-        rep = self.replacement_choice()
-        item = {"head": head_label(head), **rep.to_json(prog(self.program)), "hypothesis": self.hypothesis,
-                "scores": self.scores}
-        for m in ("budget", "iou", "jsd", "topq"):
+        rep = self.replacement
+        item = {"head": head_label(head), **rep.to_json(prog(rep.program)), "hypothesis": rep.hypothesis,
+                "scores": rep.scores.to_json()}
+        for m in ("budget", "iou", "jsd", "topq", "digits"):
             item.pop(m, None)  # the replacement's scores live in "scores", as before
         if self.explanation is not None:
             item["explanation"] = self.explanation.to_json(prog(self.explanation.program))
@@ -118,18 +107,20 @@ class Entry:
     def from_json(cls, item: dict, tables: dict | None = None) -> "Entry":
         """Read a programs.json record; old records (no explanation, frontier, size, chars, gloss) load too."""
         head = head_key(item["head"])
-        program = _program(item, head, tables)
+        if "chars" in item:  # old files' "text" is program.text, not a rendering: render it again
+            rendered = {"text": item.get("text") or None, "gloss": item.get("gloss") or None, "chars": item["chars"]}
+        else:
+            rendered = {"text": None, "gloss": None, "chars": None}
+        rendered = {k: v if isinstance(v, str if k != "chars" else int) else None for k, v in rendered.items()}
+        replacement = ScoredProgram(_program(item, head, tables), str(item.get("source", "unknown")),
+                                    item.get("scores") or {}, str(item.get("hypothesis", "")), **rendered)
         explanation = None
         if isinstance(item.get("explanation"), dict):
             ex = item["explanation"]
-            explanation = Choice.from_json(ex, _program(ex, head, tables), ex.get("budget"))
-        frontier = [Choice.from_json(f, _program(f, head, tables), f.get("budget"))
+            explanation = ScoredProgram.from_json(ex, _program(ex, head, tables))
+        frontier = [ScoredProgram.from_json(f, _program(f, head, tables))
                     for f in item.get("frontier") or [] if isinstance(f, dict)]
-        new = "chars" in item  # old files' "text" is program.text, not a rendering
-        return cls(program, item.get("source", "unknown"), item.get("scores", {}), item.get("hypothesis", ""),
-                   explanation, frontier, str(item.get("text", "")) if new else "",
-                   str(item.get("gloss", "")) if new else "",
-                   int(item["chars"]) if new and isinstance(item.get("chars"), int) else None)
+        return cls(replacement, explanation, frontier)
 
 
 class ProgramSet:
@@ -172,15 +163,18 @@ class ProgramSet:
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return iter(self.entries)
 
-    def add(self, head: Any, program: Program, source: str = "unknown", scores: dict | None = None,
-            hypothesis: str = "", explanation: Choice | None = None, frontier: list[Choice] | None = None,
-            vocab: Any = None) -> None:
-        """Set a head's replacement (with its explanation and frontier); ``vocab`` renders its text and gloss."""
-        entry = Entry(program, source, dict(scores or {}), hypothesis, explanation, list(frontier or []))
-        if vocab is not None:
-            entry.text = program.render(vocab)
-            entry.gloss, entry.chars = program.gloss(vocab), len(entry.text)
-        self.entries[head_key(head)] = entry
+    def add(self, head: Any, program: Program | str, source: str = "unknown", scores: dict | None = None,
+            hypothesis: str = "", explanation: ScoredProgram | None = None,
+            frontier: list[ScoredProgram] | None = None, vocab: Any = None) -> None:
+        """Set a head's replacement (with its explanation and frontier); ``vocab`` renders its text and gloss.
+
+        ``program``: a Program or DSL text (parsed with ``vocab``; Python source goes through ``Program.python``).
+        """
+        if isinstance(program, str):
+            program = Program.parse(program, vocab=vocab)
+        replacement = (ScoredProgram(program, source, scores, hypothesis) if vocab is None
+                       else ScoredProgram.of(program, source, scores, vocab, hypothesis))
+        self.entries[head_key(head)] = Entry(replacement, explanation, list(frontier or []))
         self.entries = dict(sorted(self.entries.items()))
 
     def slots(self) -> Iterator[tuple[str, str, Program]]:
@@ -209,9 +203,11 @@ class ProgramSet:
     def ranked(self, split: str = "test", metric: str = "iou") -> list[tuple[int, int]]:
         """Heads from best to worst on ``split`` (IoU descending; JSD ascending)."""
         sign = -1 if metric in ("iou", "topq") else 1
-        return sorted(self.entries, key=lambda h: (sign * (self.entries[h].scores.get(split, {}).get(metric)
-                                                           if self.entries[h].scores.get(split, {}).get(metric)
-                                                           is not None else float("-inf") * sign), h))
+
+        def key(h: tuple[int, int]) -> tuple[float, tuple[int, int]]:
+            got = self.entries[h].scores.get(split, metric)
+            return (sign * (got if got is not None else float("-inf") * sign), h)
+        return sorted(self.entries, key=key)
 
     def subset(self, heads: list[Any]) -> "ProgramSet":
         keys = [head_key(h) for h in heads]
@@ -232,7 +228,7 @@ class ProgramSet:
     def to_json(self, tables: dict | None = None) -> dict:
         """The programs.json document; with ``tables`` (a dict), big numeric lists go there as references."""
         programs = [e.to_json(h, tables) for h, e in self.entries.items()]
-        obj: dict[str, Any] = {"format": FORMAT, "version": VERSION if tables else 1, "model": self.model,
+        obj: dict[str, Any] = {**PROGRAMS.header(VERSION if tables else 1), "model": self.model,
                                "meta": self.meta}
         if self.vocab_fingerprint:
             obj["vocab_fingerprint"] = self.vocab_fingerprint
@@ -244,11 +240,7 @@ class ProgramSet:
                   origin: str = "this programs.json document") -> "ProgramSet":
         """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them). The set's
         ``origin`` marks its programs as someone else's: Python ones pass only the trust gate (synth/trust.py)."""
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise ProgramError("not a headsurgeon program set (missing format: headsurgeon.programset)")
-        if int(obj.get("version", 0)) > VERSION:
-            raise ProgramError(f"program set format version {obj['version']} is newer than this headsurgeon "
-                               f"reads ({VERSION}); upgrade headsurgeon")
+        check_versioned(obj, PROGRAMS, origin)  # kernels/formats.py: a newer version says to upgrade
         entries = {}
         for item in obj.get("programs", []):
             entries[head_key(item["head"])] = Entry.from_json(item, tables)

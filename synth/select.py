@@ -18,10 +18,11 @@ from ..kernels.cache import TensorCache
 from ..kernels.core import InputError, METRICS
 from . import dsl
 from .errors import ProgramExecutionError
-from .candidate import Candidate, Choice
+from ..kernels.scores import Scores
 from .metrics import score_many
 from .program import BUDGETS, READABLE_CHARS, Program
-from .programset import ProgramSet
+from .programset import Entry, ProgramSet
+from .scored import ScoredProgram
 from .tensors import program_rows
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
@@ -51,7 +52,7 @@ def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Prog
     return {m: v / len(indices) for m, v in totals.items()}
 
 
-def _pair_blocks(heads: list[Key], pool: dict[Key, list[Candidate]], column: dict[str, int],
+def _pair_blocks(heads: list[Key], pool: dict[Key, list[ScoredProgram]], column: dict[str, int],
                  step: int = 32) -> list[tuple[list[int], list[int]]]:
     """(head rows, program columns) blocks covering every pair a head considers, and few others.
 
@@ -72,15 +73,6 @@ def _key(scores: dict[str, float]) -> tuple[float, float]:
     """Select IoU descending, then JSD ascending (NaN ranks last)."""
     iou, jsd = scores.get("iou", float("nan")), scores.get("jsd", float("nan"))
     return (iou if iou == iou else float("-inf"), -jsd if jsd == jsd else float("-inf"))
-
-
-class _Option:
-    """A candidate as compared at the bounded budgets: possibly rounded, with its select scores and chars."""
-
-    __slots__ = ("cand", "program", "select", "chars", "digits")
-
-    def __init__(self, cand: Candidate, program: Program, select: dict, chars: int, digits: int | None) -> None:
-        self.cand, self.program, self.select, self.chars, self.digits = cand, program, select, chars, digits
 
 
 def rounded(program: Program, digits: int) -> Program | None:
@@ -111,20 +103,22 @@ def _score1(store: Any, head: Key, programs: list[Program], idx: list[int], cach
     return [{m: float(got[m][0, j]) for m in METRICS} for j in range(len(programs))]
 
 
-def _round_contenders(store: Any, head: Key, options: list[_Option], select_idx: list[int], cache: TensorCache,
+def _round_contenders(store: Any, head: Key, options: list[ScoredProgram], select_idx: list[int], cache: TensorCache,
                       chars_of: Any, budgets: list[int], memo: dict) -> None:
-    """Round the leading options of each bounded budget in place, keeping IoU within ROUND_TOLERANCE."""
+    """Round the leading options (select scores only) of each bounded budget in place, keeping IoU within
+    ROUND_TOLERANCE."""
     def rounded_memo(p: Program, digits: int) -> Program | None:
         if (p.hash, digits) not in memo:  # the same program is often proposed for many heads
             memo[p.hash, digits] = rounded(p, digits)
         return memo[p.hash, digits]
 
     top = max(budgets)  # rounding keeps a program's size, so one too big for every budget is not rounded
-    shortest = {id(o): o.chars if o.program.size > top else chars_of(rounded_memo(o.program, ROUND_DIGITS[0])
-                                                                          or o.program) for o in options}
-    todo: dict[int, _Option] = {}
+    shortest = {id(o): chars_of(o.program if o.program.size > top else rounded_memo(o.program, ROUND_DIGITS[0])
+                                or o.program) for o in options}
+    todo: dict[int, ScoredProgram] = {}
     for b in budgets:
-        fits = sorted((o for o in options if shortest[id(o)] <= b), key=lambda o: _key(o.select), reverse=True)
+        fits = sorted((o for o in options if shortest[id(o)] <= b), key=lambda o: _key(o.scores["select"]),
+                      reverse=True)
         todo.update({id(o): o for o in fits[:CONTENDERS]})
     pending = [o for o in todo.values() if o.program.has_tree]
     for digits in ROUND_DIGITS:
@@ -132,19 +126,20 @@ def _round_contenders(store: Any, head: Key, options: list[_Option], select_idx:
         tries = [(o, p) for o, p in tries if p is not None]
         pending = []
         for (o, p), sel in zip(tries, _score1(store, head, [p for _, p in tries], select_idx, cache)):
-            if abs(sel["iou"] - o.select["iou"]) <= ROUND_TOLERANCE:
-                o.program, o.select, o.chars, o.digits = p, sel, chars_of(p), digits
+            if abs(sel["iou"] - o.scores["select"]["iou"]) <= ROUND_TOLERANCE:
+                o.program, o.digits = p, digits
+                o.scores["select"] = sel
             else:
                 pending.append(o)
 
 
-def _choose(options: list[_Option], budget: int | None) -> _Option | None:
+def _choose(options: list[ScoredProgram], budget: int | None, chars_of: Any) -> ScoredProgram | None:
     """The best option whose text fits ``budget`` characters (None: any)."""
-    fits = [o for o in options if budget is None or o.chars <= budget]
-    return max(fits, key=lambda o: _key(o.select)) if fits else None
+    fits = [o for o in options if budget is None or chars_of(o.program) <= budget]
+    return max(fits, key=lambda o: _key(o.scores["select"])) if fits else None
 
 
-def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate]], select_idx: list[int],
+def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredProgram]], select_idx: list[int],
                     test_idx: list[int], synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
                     cache: TensorCache | None = None, progress: bool = True, model: str = "",
@@ -165,13 +160,13 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
     if baselines:
         extra += [Program.parse(t) for t in BASELINES]
         extra_src += ["baseline"] * len(BASELINES)
-    pool: dict[tuple[int, int], list[Candidate]] = {}
+    pool: dict[tuple[int, int], list[ScoredProgram]] = {}
     for h in heads:
         mine = list(candidates.get(h, []))
         seen = {c.program.hash for c in mine}
         for p, src in zip(extra, extra_src):
             if p.hash not in seen:
-                mine.append(Candidate(h, p, src))
+                mine.append(ScoredProgram(p, src))
                 seen.add(p.hash)
         pool[h] = mine
     # score every distinct program once against the heads that consider it (select split)
@@ -182,10 +177,7 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
         got = score_programs(store, [heads[r] for r in rows], [programs[c] for c in cols], select_idx, cache)
         for m in sel:
             sel[m][np.ix_(rows, cols)] = got[m]
-    result = ProgramSet(model=model, meta={"selected_on": "select", "reported_on": "test",
-                                           "n_select": len(select_idx), "n_test": len(test_idx),
-                                           "budgets": list(budgets), "readable_chars": READABLE_CHARS},
-                        vocab_fingerprint=getattr(vocab, "fingerprint", None))
+    entries: dict[Key, Entry] = {}
     chars_cache: dict[str, int] = {}
     round_memo: dict[tuple[str, int], Program | None] = {}
 
@@ -199,19 +191,19 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
     for r, h in enumerate(tqdm(heads, desc="frontier", disable=not progress)):
         for c in pool[h]:
             col = column[c.program.hash]
-            c.scores.setdefault("select", {}).update(iou=float(sel["iou"][r, col]), jsd=float(sel["jsd"][r, col]),
-                                                     topq=float(sel["topq"][r, col]))
+            c.scores.merge("select", {m: float(sel[m][r, col]) for m in ("iou", "jsd", "topq")})
         if not pool[h]:
             continue
         winner = max(pool[h], key=lambda c: _key(c.scores["select"]))  # the replacement: as proposed, any size
-        options = [_Option(c, c.program, dict(c.scores["select"]), chars_of(c.program), None) for c in pool[h]]
+        # each candidate as compared at the bounded budgets: its select scores, possibly rounded
+        options = [ScoredProgram(c.program, c.source, {"select": c.scores["select"]}, c.hypothesis) for c in pool[h]]
         _round_contenders(store, h, options, select_idx, cache, chars_of, bounded, round_memo)
-        picks = {b: _choose(options, b) for b in bounded}
+        picks = {b: _choose(options, b, chars_of) for b in bounded}
         # score every kept program on test (and synth when given)
         kept = list({p.hash: p for p in [winner.program] + [o.program for o in picks.values() if o]}.values())
-        found = {p.hash: {"select": {}} for p in kept}
+        found = {p.hash: Scores(select={}) for p in kept}
         for o in [o for o in picks.values() if o]:
-            found[o.program.hash]["select"] = dict(o.select)
+            found[o.program.hash]["select"] = dict(o.scores["select"])
         found[winner.program.hash]["select"] = dict(winner.scores["select"])
         for split, idx in (("test", test_idx), ("synth", synth_idx)):
             if idx:
@@ -219,21 +211,21 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[Candidate
                     found[p.hash][split] = got
         for split in ("test", "synth"):
             if split in found[winner.program.hash]:
-                winner.scores.setdefault(split, {}).update(found[winner.program.hash][split])
+                winner.scores.merge(split, found[winner.program.hash][split])
 
-        def choice(o: _Option | None, budget: int | None) -> Choice | None:
+        def choice(o: ScoredProgram | None, budget: int | None) -> ScoredProgram | None:
             if o is None:
                 return None
             # a program tied with the winner (e.g. a baseline beside a user's labelled library program) keeps its label
-            tied = _key(o.select) == _key(winner.scores["select"])
-            return Choice.of(o.program, o.cand.source, budget, found[o.program.hash], vocab,
-                             o.cand.hypothesis or (winner.hypothesis if tied else ""), o.digits)
+            tied = _key(o.scores["select"]) == _key(winner.scores["select"])
+            return ScoredProgram.of(o.program, o.source, found[o.program.hash], vocab,
+                                    o.hypothesis or (winner.hypothesis if tied else ""), budget, o.digits)
 
-        replacement = Choice.of(winner.program, winner.source, None, winner.scores, vocab, winner.hypothesis)
+        replacement = ScoredProgram.of(winner.program, winner.source, winner.scores, vocab, winner.hypothesis)
         frontier = [choice(picks[b], b) if b is not None else replacement for b in budgets]
-        result.add(h, winner.program, winner.source, winner.scores, winner.hypothesis,
-                   explanation=choice(picks[READABLE_CHARS], READABLE_CHARS),
-                   frontier=[c for c in frontier if c is not None])
-        e = result.entries[h]
-        e.text, e.gloss, e.chars = replacement.text, replacement.gloss, replacement.chars
-    return result
+        entries[h] = Entry(replacement, choice(picks[READABLE_CHARS], READABLE_CHARS),
+                           [c for c in frontier if c is not None])
+    return ProgramSet(entries, model=model, meta={"selected_on": "select", "reported_on": "test",
+                                                  "n_select": len(select_idx), "n_test": len(test_idx),
+                                                  "budgets": list(budgets), "readable_chars": READABLE_CHARS},
+                      vocab_fingerprint=getattr(vocab, "fingerprint", None))

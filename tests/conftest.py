@@ -10,6 +10,8 @@ import pytest
 import torch
 
 torch.set_num_threads(1)  # tiny models: one thread is as fast, and immune to oversubscription on 2 cores
+if os.environ.get("PYTEST_XDIST_WORKER"):  # README's `pytest -n 2`: a worker per core, so the CLI and Ray
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses a worker starts take its one core, not both
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data"

@@ -24,6 +24,7 @@ from headsurgeon.hub.checkpoint import save as ck_save
 from headsurgeon.hub.checkpoint import (BaseModelError, CheckpointError, FormatVersionError, IntegrityError,
                                         NotACheckpointError, UntrustedProgramError, hf_state_dict, load_hybrid,
                                         read_manifest, save_hybrid)
+from headsurgeon.surgery.handle import EmbeddedSource
 from headsurgeon.surgery.replace import replace_heads
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
@@ -189,7 +190,7 @@ def test_reference_checkpoint_reproduces_logits_bit_for_bit(reference_ck, storie
         assert torch.equal(_logits(loaded, ids), want)
         assert loaded.replaced == PROGRAMS
         assert {k: ph.alpha for k, ph in loaded.program_heads.items()} == {"L0H1": 1.0, "L2H3": 0.5, "L4H7": 1.0}
-        assert loaded.handle.source["kind"] == "llama2c"
+        assert loaded.handle.source.kind == "llama2c"
     finally:
         loaded.restore()
 
@@ -221,7 +222,7 @@ def test_finetuned_checkpoint_embeds_weights_and_loads_without_base(embedded_ck,
         ids = _ids(own_stories)
         assert loaded.tokenizer(STORY).input_ids == own_stories.tokenizer(STORY).input_ids
         assert torch.equal(_logits(loaded, ids), want)
-        assert loaded.handle.source["kind"] == "embedded"
+        assert loaded.handle.source.kind == "embedded"
     finally:
         loaded.restore()
 
@@ -317,7 +318,7 @@ def test_zoo_base_is_referenced_by_name(tmp_path):
     # re-saving a hybrid loaded from an embedded checkpoint keeps pointing at the original base
     loaded_again = replace_heads(handle, {(1, 0): Program.parse("first()")})
     loaded_again.restore()
-    handle.source = {"kind": "embedded", "path": "/x", "base": {"kind": "zoo", "name": "tiny-stories"}}
+    handle.source = EmbeddedSource("/x", None, {"kind": "zoo", "name": "tiny-stories"})
     m2 = read_manifest(save_hybrid(loaded_again, tmp_path / "re"))
     assert m2["base"] == {"kind": "embedded", "original": {"kind": "zoo", "name": "tiny-stories"}}
 
@@ -402,7 +403,7 @@ def test_newer_format_version_is_refused(reference_ck, copy_of):
     m = json.loads((path / "manifest.json").read_text())
     m["format_version"] = ck.FORMAT_VERSION + 1
     (path / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(FormatVersionError, match=rf"format version {ck.FORMAT_VERSION + 1}.*Upgrade headsurgeon"):
+    with pytest.raises(FormatVersionError, match=rf"format version {ck.FORMAT_VERSION + 1}.*upgrade headsurgeon"):
         load_hybrid(path)
 
 

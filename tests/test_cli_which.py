@@ -8,7 +8,7 @@ import pytest
 
 from headsurgeon.cli import main
 from headsurgeon.hub.zoo import demo_corpus_path
-from headsurgeon.synth.candidate import Choice
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 
@@ -18,7 +18,7 @@ def programs(tmp_path_factory):
     ps = ProgramSet(model="tiny-stories")
     replacement = Program.parse("0.9*prev(1) + 0.1*uniform()")
     ps.add((0, 1), replacement, source="hand", scores={"test": {"iou": 0.6}},
-           explanation=Choice.of(Program.parse("first()"), "hand", 200, {"test": {"iou": 0.5}}, None))
+           explanation=ScoredProgram.of(Program.parse("first()"), "hand", {"test": {"iou": 0.5}}, budget=200))
     ps.add((1, 2), replacement, source="hand", scores={"test": {"iou": 0.4}})  # no explanation: stays neural
     return ps.save(tmp_path_factory.mktemp("which") / "programs.json")
 

@@ -34,10 +34,11 @@ def test_the_stages_use_the_cores_closed_sets():
     import argparse
 
     from headsurgeon.surgery import ablate, cli as surgery_cli, corpus
-    from headsurgeon.synth import candidate, metrics, select
+    from headsurgeon.kernels import scores
+    from headsurgeon.synth import metrics, select
 
     assert METRICS == ("iou", "jsd", "topq")
-    assert metrics.METRICS is METRICS and candidate.METRICS is METRICS and select.METRICS is METRICS
+    assert metrics.METRICS is METRICS and scores.METRICS is METRICS and select.METRICS is METRICS
     assert corpus.SPLITS is SPLITS and ablate.KINDS is ABLATION_KINDS
     parser = argparse.ArgumentParser()
     surgery_cli.register(parser.add_subparsers(dest="command"))

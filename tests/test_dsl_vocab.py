@@ -100,7 +100,7 @@ def test_token_mistakes_are_clear() -> None:
 
 def test_gloss_names_tokens() -> None:
     assert Program.parse('recent(tok("▁Lily"))', vocab=VOCAB).gloss(VOCAB) == "attends to the most recent 'Lily'"
-    assert Program.parse("recent(ids=[3])").gloss() == "attends to the most recent token #3"
+    assert Program.parse("recent(ids=[3])").gloss() == "attends to the most recent token with id 3"
     assert dsl.gloss(dsl.parse("key_in_set(ids=[1, 2])"), VOCAB) == "attends to every 'the' or 'a'"
     assert dsl.gloss(dsl.parse("gate(ids=[4], first(), prev(1))"), VOCAB) == (
         "when the query is '.', attends to the first token; otherwise to the previous token")

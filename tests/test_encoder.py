@@ -60,7 +60,7 @@ def test_weights_are_the_official_file():
 
 
 def test_the_hub_id_and_the_package_folder_load_the_installed_copy(minilm):
-    assert minilm.name == HUB_ID and minilm.source["name_or_path"] == HUB_ID
+    assert minilm.name == HUB_ID and minilm.source.name_or_path == HUB_ID
     assert (minilm.n_layers, minilm.n_heads, minilm.d_model, minilm.causal) == (6, 12, 384, False)
     other = _quiet_load(Path(pkg.__file__).parent)  # the package's folder (model/ inside)
     ids = torch.tensor([[101, 7592, 2088, 2003, 2307, 102]])

@@ -12,7 +12,7 @@ from headsurgeon.surgery.eval_report import EvalReport, evaluate_programs
 from headsurgeon.surgery.evaluate import per_head_delta_ppl
 from headsurgeon.surgery.replace import head_name
 from headsurgeon.surgery.sweep_order import cheapest, order_heads
-from headsurgeon.synth.candidate import Choice
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 
@@ -22,10 +22,10 @@ def program_set() -> ProgramSet:
     ps = ProgramSet(model="tiny-stories")
     fitted = Program.parse("0.9*prev(1) + 0.1*uniform()")
     ps.add((0, 1), fitted, "hand", {"test": {"iou": 0.6}},
-           explanation=Choice.of(Program.parse("first()"), "hand", 200, {"test": {"iou": 0.5}}))
+           explanation=ScoredProgram.of(Program.parse("first()"), "hand", {"test": {"iou": 0.5}}, budget=200))
     ps.add((1, 2), fitted, "hand", {"test": {"iou": 0.4}})
     ps.add((2, 0), Program.parse("prev(1)"), "hand", {"test": {"iou": 0.9}},
-           explanation=Choice.of(Program.parse("self()"), "hand", 200, {"test": {"iou": 0.3}}))
+           explanation=ScoredProgram.of(Program.parse("self()"), "hand", {"test": {"iou": 0.3}}, budget=200))
     return ps
 
 

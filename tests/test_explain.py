@@ -29,7 +29,8 @@ def test_explain_writes_programs_report_and_sweep(explained):
     assert len(ps) == 40 and ps.keys() == explained.programs.keys()
     for e in ps.entries.values():
         assert {"select", "test", "synth"} <= set(e.scores) and 0 <= e.scores["test"]["iou"] <= 1
-    assert [r["n_heads"] for r in explained.sweep] == [0, 20, 40]
+    for kind in ("replacement", "explanation"):  # both kinds swept, each row labelled
+        assert [r["n_heads"] for r in explained.sweep if r["which"] == kind] == [0, 20, 40]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["summary"]["heads"] == 40
     html = (out / "report.html").read_text()
@@ -37,7 +38,7 @@ def test_explain_writes_programs_report_and_sweep(explained):
     assert html.count("class='heatmap'") >= 40 * 3 and "id='sweep'" in html
     assert "L0H0" in html
     # explain --tasks: the downstream table (base and hybrid on the same 8 cloze questions)
-    (row,) = summary["downstream"]["rows"]
+    (row,) = summary["evaluation"]["kinds"]["explanation"]["downstream"]["rows"]
     assert row["task"] == "hs_cloze" and row["n"] == 8 and {"base", "hybrid", "delta_ci95"} <= set(row)
     table = html[html.index("id='downstream'"):]
     assert "<td>hs_cloze</td><td>acc</td><td class='num'>8</td>" in table

@@ -14,7 +14,8 @@ from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.surgery.replace import SurgeryError, replace_heads
 from headsurgeon.surgery.store import AttentionStore
 from headsurgeon.synth import dsl
-from headsurgeon.synth.candidate import Candidate, Choice
+from headsurgeon.kernels.scores import Scores
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import BUDGETS, READABLE_CHARS, Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import ROUND_TOLERANCE, select_programs
@@ -54,10 +55,10 @@ def vocab(stories):
 
 
 def _select(store, vocab=None):
-    cands = {h: [Candidate(h, Program.parse(t), "enumerative") for t in ("prev(2)", "decay(0.8)", "window(0, 3)")]
+    cands = {h: [ScoredProgram(Program.parse(t), "enumerative") for t in ("prev(2)", "decay(0.8)", "window(0, 3)")]
              for h in TRUTH}
     for h, t in TRUTH.items():
-        cands[h].append(Candidate(h, Program.parse(t), "llm", "the truth"))
+        cands[h].append(ScoredProgram(Program.parse(t), "llm", hypothesis="the truth"))
     return select_programs(store, cands, select_idx=list(range(8, 16)), test_idx=list(range(16, 24)),
                            synth_idx=list(range(8)), progress=False, vocab=vocab), cands
 
@@ -81,7 +82,7 @@ def test_frontier_keeps_a_readable_explanation_and_a_larger_replacement(store, v
         assert entry.frontier[-1].program == entry.program
         assert entry.explanation == entry.frontier[BUDGETS.index(READABLE_CHARS)]
     assert ps.programs("explanation")[(1, 1)] == Program.parse("first()")
-    rep = ps.entries[(0, 1)].replacement_choice()
+    rep = ps.entries[(0, 1)].replacement
     assert rep.budget is None and rep.size == ps.entries[(0, 1)].program.size and rep.text and rep.gloss
 
 
@@ -132,7 +133,7 @@ def test_old_programs_json_still_loads(tmp_path):
     e = ps.entries[(0, 1)]
     assert e.program == Program.parse("prev(1)") and e.explanation is None and e.frontier == []
     assert ps.vocab_fingerprint is None and ps.programs("explanation") == {}
-    rep = e.replacement_choice()
+    rep = e.replacement
     assert rep.text == "prev(1)" and rep.chars == 7 and rep.size == 2 and rep.scores["test"]["iou"] == 0.9
 
 
@@ -164,9 +165,9 @@ def test_programs_json_stays_under_a_megabyte_for_40_table_programs(tmp_path):
     for i in range(40):
         big = Program.parse(_table_program(rng))
         small = Program.parse(f"0.{i + 10}*prev(1) + 0.3*first()")
-        ps.add((i // 8, i % 8), big, "enumerative", scores, explanation=Choice.of(small, "enumerative", 200, scores),
-               frontier=[Choice.of(Program.parse("prev(1)"), "baseline", 60, scores),
-                         Choice.of(small, "enumerative", 200, scores), Choice.of(big, "enumerative", None, scores)])
+        ps.add((i // 8, i % 8), big, "enumerative", scores, explanation=ScoredProgram.of(small, "enumerative", scores, budget=200),
+               frontier=[ScoredProgram.of(Program.parse("prev(1)"), "baseline", scores, budget=60),
+                         ScoredProgram.of(small, "enumerative", scores, budget=200), ScoredProgram.of(big, "enumerative", scores)])
     assert 80_000 < len(ps.entries[(0, 0)].program.text) < 120_000
     path = ps.save(tmp_path / "programs.json")
     side = tmp_path / "programs.tables.safetensors"
@@ -175,7 +176,7 @@ def test_programs_json_stays_under_a_megabyte_for_40_table_programs(tmp_path):
     again = ProgramSet.load(path)
     for h in ps:
         assert again[h].hash == ps[h].hash
-        assert again.entries[h].chars == ps.entries[h].replacement_choice().chars == len(ps[h].render())
+        assert again.entries[h].chars == ps.entries[h].replacement.chars == len(ps[h].render())
         assert [c.program for c in again.entries[h].frontier] == [c.program for c in ps.entries[h].frontier]
     side.write_bytes(side.read_bytes()[:-1] + b" ")
     with pytest.raises(Exception, match="sha256"):
@@ -184,7 +185,7 @@ def test_programs_json_stays_under_a_megabyte_for_40_table_programs(tmp_path):
 
 def _two_heads(fingerprint=None) -> ProgramSet:
     ps = ProgramSet(model="stories260K", vocab_fingerprint=fingerprint)
-    ps.add((0, 0), Program.parse("0.7*prev(1) + 0.3*first()"), explanation=Choice.of(Program.parse("prev(1)"), "x", 200))
+    ps.add((0, 0), Program.parse("0.7*prev(1) + 0.3*first()"), explanation=ScoredProgram.of(Program.parse("prev(1)"), "x", budget=200))
     ps.add((0, 1), Program.parse("decay(0.5)"))
     return ps
 
@@ -215,7 +216,7 @@ def test_the_model_card_shows_glosses_and_sizes(tmp_path, stories):
     from headsurgeon.hub.checkpoint import save_hybrid
 
     ps = _two_heads()
-    ps.entries[(0, 0)].scores = {"test": {"iou": 0.75, "jsd": 0.2}}
+    ps.entries[(0, 0)].replacement.scores = Scores({"test": {"iou": 0.75, "jsd": 0.2}})
     with replace_heads(stories, ps) as hybrid:
         folder = save_hybrid(hybrid, tmp_path / "hybrid", programs=ps)
     card = (folder / "README.md").read_text()
@@ -233,8 +234,9 @@ def test_the_card_shows_no_absolute_path_caps_glosses_and_labels_scores_measured
 
     ps = _two_heads()
     entry = ps.entries[(0, 1)]
-    entry.text, entry.gloss = "decay(0.5)", "weighs each key by its token: " + ", ".join(f"#{i} 0.5" for i in range(136))
-    ps.entries[(0, 0)].scores = {"test": {"iou": 0.75, "jsd": 0.2}}
+    entry.replacement = ScoredProgram(entry.program, text="decay(0.5)",
+                                      gloss="weighs each key by its token: " + ", ".join(f"#{i} 0.5" for i in range(136)))
+    ps.entries[(0, 0)].replacement.scores = Scores({"test": {"iou": 0.75, "jsd": 0.2}})
     hybrid = replace_heads(stories, ps, copy=True)
     folder = save_hybrid(hybrid, tmp_path / "as-loaded", metrics={"corpus": str(tmp_path / "corpus.txt")}, programs=ps)
     card = (folder / "README.md").read_text()

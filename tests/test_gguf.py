@@ -121,7 +121,7 @@ IDS = torch.tensor([[0, 86, 9, 260, 100, 98, 117, 262, 98, 117, 14]])
 def test_load_model_reads_a_gguf_file_with_its_tokenizer_and_records_its_sha256(tiny, cache):
     h = load_model(str(tiny))
     assert (h.n_layers, h.n_heads, h.n_kv_heads, h.d_head, h.d_model, h.causal) == (2, 4, 2, 16, 64, True)
-    assert h.source == {"kind": "gguf", "path": str(tiny.resolve()), "sha256": sha256_file(tiny)}
+    assert h.source.to_json() == {"kind": "gguf", "path": str(tiny.resolve()), "sha256": sha256_file(tiny)}
     assert h.name == "tiny.gguf" and h.bos_id == 0
     assert h.tokenizer("the cat", add_special_tokens=False)["input_ids"] == [117, 259, 33, 100, 98, 117]
     fresh, _, _ = hs_gguf.read_gguf(tiny, cache=False)  # transformers' own conversion, unbridged

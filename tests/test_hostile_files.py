@@ -17,6 +17,7 @@ from headsurgeon.scaleout.journal import HeadJournal, JournalError
 from headsurgeon.synth.errors import ProgramError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import Entry, ProgramSet
+from headsurgeon.synth.scored import ScoredProgram
 
 PY = Program.python("def f(seq):\n    return np.ones((seq.n, seq.n))\n")
 
@@ -169,7 +170,7 @@ def keys(tmp_path, monkeypatch) -> Path:
 def journal(tmp_path) -> HeadJournal:
     book = HeadJournal(tmp_path / "out" / "heads")
     book.start({"seed": 0})
-    book.write({"head": "L0H0", "entry": Entry(Program.parse("prev(1)"), scores={"test": {"iou": 0.5}}).to_json((0, 0))})
+    book.write({"head": "L0H0", "entry": Entry(ScoredProgram(Program.parse("prev(1)"), scores={"test": {"iou": 0.5}})).to_json((0, 0))})
     return book
 
 
@@ -186,7 +187,7 @@ def test_journal_resumes_its_own_records_and_keeps_the_key_private(tmp_path, key
 
 def test_journal_refuses_a_forged_python_record(tmp_path, keys):
     journal(tmp_path)
-    forged = {"head": "L0H1", "entry": Entry(PY, scores={"test": {"iou": 1.0}}).to_json((0, 1)), "mac": "0" * 64}
+    forged = {"head": "L0H1", "entry": Entry(ScoredProgram(PY, scores={"test": {"iou": 1.0}})).to_json((0, 1)), "mac": "0" * 64}
     (tmp_path / "out" / "heads" / "L0H1.json").write_text(json.dumps(forged))
     with pytest.raises(JournalError, match=r"L0H1\.json was not written by this run.*delete .*heads to start over"):
         HeadJournal(tmp_path / "out" / "heads").start({"seed": 0})
@@ -220,7 +221,7 @@ def test_journal_python_needs_the_runs_own_trust(tmp_path, keys):
 
     book = HeadJournal(tmp_path / "heads")
     book.start({})
-    book.write({"head": "L0H0", "entry": Entry(PY).to_json((0, 0))})
+    book.write({"head": "L0H0", "entry": Entry(ScoredProgram(PY)).to_json((0, 0))})
     with pytest.raises(UntrustedProgramsError, match="L0H0 replacement.*start over"):
         book.programset([(0, 0)], trust=run_trust(["enumerative", "learned"], {}))
     assert book.programset([(0, 0)], trust=run_trust(["enumerative", "library"], {"library": [PY]}))

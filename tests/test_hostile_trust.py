@@ -9,7 +9,7 @@ import pytest
 
 from conftest import CORPUS, STORIES, need
 from headsurgeon.cli import main
-from headsurgeon.synth.candidate import Choice
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.trust import UntrustedProgramsError, trust_value
@@ -24,9 +24,9 @@ SLOTS = ("explanation", "frontier")
 def hidden_python(tmp_path, slot: str) -> str:
     """programs.json with a DSL replacement for L1H2 and a Python program in ``slot`` only."""
     ps = ProgramSet(model="stories260K")
-    python = Choice.of(PY, "someone", 200 if slot == "explanation" else None)
+    python = ScoredProgram.of(PY, "someone", budget=200 if slot == "explanation" else None)
     ps.add("L1H2", DSL, explanation=python if slot == "explanation" else None,
-           frontier=[Choice.of(DSL, "someone", 60), python] if slot == "frontier" else [])
+           frontier=[ScoredProgram.of(DSL, "someone", budget=60), python] if slot == "frontier" else [])
     path = tmp_path / f"{slot}.json"
     ps.save(path)
     return str(path)
@@ -60,7 +60,7 @@ def test_programset_gate_covers_every_slot(tmp_path, slot):
 
 def test_programs_built_in_process_are_your_own_code():
     ps = ProgramSet()
-    ps.add("L1H2", PY, explanation=Choice.of(PY, "me", 200))
+    ps.add("L1H2", PY, explanation=ScoredProgram.of(PY, "me", budget=200))
     ps.require_trusted()  # no origin: Program.python(...) in this process is like your own code
     ps.subset(["L1H2"]).require_trusted()
 

@@ -291,7 +291,7 @@ def test_push_again_replaces_stale_files_and_embeds_changed_weights(hub, tiny_gp
     first_sha = hub.repos["acme/tuned"][1][0]
     old = load_hybrid(f"hf://acme/tuned@{first_sha}", endpoint=hub.url, cache_dir=tmp_path / "c2")
     try:
-        assert read_manifest(old.handle.source["path"])["weights"]["stored"] == "embedded"
+        assert read_manifest(old.handle.source.path)["weights"]["stored"] == "embedded"
         with torch.no_grad():
             assert torch.equal(old(_ids(handle)), want)
     finally:

@@ -77,7 +77,7 @@ def test_recovers_known_categorical_programs(learned, synthetic_store, seqs):
     _, select = _splits(seqs)
     for head in [(0, 0), (0, 1)]:
         cands, fits = learned[head]
-        assert all(c.source == "learned" and c.head == head for c in cands)
+        assert all(c.source == "learned" for c in cands)  # filed under their head
         assert all(set(c.scores) == {"synth", "select"} and set(c.scores["select"]) == {"iou", "jsd"} for c in cands)
         best = max(cands, key=lambda c: c.scores["select"]["iou"])
         assert best.scores["select"]["iou"] > 0.97, (head, best.program.text, best.scores)

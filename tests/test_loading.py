@@ -14,7 +14,7 @@ def test_local_hf_directories(random_models, random_model_dirs, kind, heads, kv,
     h = random_models[kind]
     assert (h.n_layers, h.n_heads, h.n_kv_heads, h.d_head, h.causal) == (2, heads, kv, 8, causal)
     assert h.pattern_hooks == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
-    assert h.source["kind"] == "hf" and h.source["name_or_path"] == str(random_model_dirs[kind].resolve())
+    assert h.source.kind == "hf" and h.source.name_or_path == str(random_model_dirs[kind].resolve())
     ids = torch.tensor([h.tokenizer("Hello there, world")["input_ids"]])
     seen = {}
     h.model.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_pattern",
@@ -75,7 +75,7 @@ def test_live_objects(random_model_dirs, stories):
     hf = AutoModelForCausalLM.from_pretrained(random_model_dirs["gpt2"])  # default sdpa attention
     tok = AutoTokenizer.from_pretrained(random_model_dirs["gpt2"])
     h = load_model(hf, tokenizer=tok)
-    assert h.n_heads == 4 and h.source["kind"] == "object"
+    assert h.n_heads == 4 and h.source.kind == "object"
     again = load_model(stories.model, tokenizer=stories.tokenizer)  # a TransformerBridge
     assert again.model is stories.model and again.n_kv_heads == 4
     with pytest.raises(ModelLoadError, match="without its tokenizer"):

@@ -17,11 +17,17 @@ CHECK = (
 )
 
 
-@pytest.mark.parametrize("editable", [False, True], ids=["regular", "editable"])
-def test_install_imports_from_outside_the_repository(tmp_path, editable):
-    env_dir = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def venv_python(tmp_path_factory) -> Path:
+    """One fresh venv (with pip, without the repository) for both installs: each install replaces the last."""
+    env_dir = tmp_path_factory.mktemp("packaging") / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
-    py = env_dir / "bin" / "python"
+    return env_dir / "bin" / "python"
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["regular", "editable"])
+def test_install_imports_from_outside_the_repository(tmp_path, venv_python, editable):
+    py = venv_python
     cmd = [str(py), "-m", "pip", "install", "-q", "--no-deps", *(["-e"] if editable else []), str(ROOT)]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     if r.returncode != 0 and ("Could not find a version" in r.stderr or "Network is unreachable" in r.stderr):

@@ -15,7 +15,7 @@ from headsurgeon.report import words
 from headsurgeon.report.plots import token_label
 from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.synth.candidate import Choice
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import READABLE_CHARS, Program
 from headsurgeon.synth.programset import ProgramSet, head_key, head_label
 from headsurgeon.synth.select import score_programs, select_programs
@@ -49,8 +49,8 @@ def edited(ps: ProgramSet, vocab: Vocabulary, store) -> ProgramSet:
         p = Program.parse(text)
         scores = {s: {m: float(v[0, 0]) for m, v in score_programs(store, [head], [p], idx).items()}
                   for s, idx in SPLIT.items()}
-        rep = Choice.of(p, "library", None, scores, vocab)
-        ex = Choice.of(p, "library", READABLE_CHARS, scores, vocab) if readable else None
+        rep = ScoredProgram.of(p, "library", scores, vocab)
+        ex = ScoredProgram.of(p, "library", scores, vocab, budget=READABLE_CHARS) if readable else None
         out.add(head, p, "library", scores, explanation=ex, frontier=[c for c in (ex, rep) if c], vocab=vocab)
     return out
 

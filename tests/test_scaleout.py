@@ -150,12 +150,12 @@ def test_cli_explain_ray_options_parse():
 
     parser = build_parser()
     plain = parse(parser, ["explain", "tiny-stories"])
-    assert plain.ray is None and plain.heads_per_task is None and not plain.delta_ppl
+    assert plain.address is None and plain.heads_per_task is None and not plain.delta_ppl
     local = parse(parser, ["explain", "tiny-stories", "corpus.txt", "out", "--ray"])
-    assert local.ray == "" and local.out == "out"
+    assert local.address == "" and local.out == "out"  # --ray: the dest is ScaleoutConfig.address
     remote = parse(parser, ["explain", "tiny-stories", "--ray", "10.0.0.1:6379", "--heads-per-task", "4",
                             "--delta-ppl", "--store-url", "s3://b/store"])
-    assert (remote.ray, remote.heads_per_task, remote.delta_ppl, remote.store_url) == ("10.0.0.1:6379", 4, True,
+    assert (remote.address, remote.heads_per_task, remote.delta_ppl, remote.store_url) == ("10.0.0.1:6379", 4, True,
                                                                                        "s3://b/store")
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import CORPUS, need
-from headsurgeon.synth.candidate import Candidate
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.search import (
     Searcher, SearcherUnavailable, SearchSettings, make_searcher, register_searcher, run_searchers, searchers,
@@ -71,8 +71,8 @@ class OffsetSearcher:
         programs = [Program.parse(f"prev({k})") for k in range(1, self.max_k + 1)]
         got = {split: score_programs(store, heads, programs, list(idx))
                for split, idx in (("synth", synth_idx), ("select", select_idx))}
-        return {h: [Candidate(h, p, self.name, f"attends {k + 1} back",
-                              {s: {m: float(v[r, k]) for m, v in g.items()} for s, g in got.items()})
+        return {h: [ScoredProgram(p, self.name, {s: {m: float(v[r, k]) for m, v in g.items()} for s, g in got.items()},
+                                  f"attends {k + 1} back")
                     for k, p in enumerate(programs)]
                 for r, h in enumerate(heads)}
 
@@ -175,6 +175,6 @@ def test_explain_runs_a_registered_searcher(offsets, stories, tmp_path):
 
     result = explain(stories, need(CORPUS), tmp_path, max_len=16, max_sequences=24, searchers=("offsets",),
                      sweep_steps=(0.0, 1.0), progress=False)
-    assert len(offsets) == 1 and "offsets: 1 run(s)" in result.notes and "offsets" in result.timings
+    assert len(offsets) == 1 and "offsets: 1 run(s)" in result.notes and "offsets" in result.timings["search"]
     sources = {e.source for e in result.programs.entries.values()}
     assert sources <= {"offsets", "baseline"} and "offsets" in sources

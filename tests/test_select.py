@@ -6,7 +6,7 @@ import pytest
 
 from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.surgery.store import AttentionStore
-from headsurgeon.synth.candidate import Candidate
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import select_programs
@@ -26,10 +26,10 @@ def synthetic_store(stories, documents):
 
 
 def test_select_picks_the_true_program_and_reports_on_test(synthetic_store):
-    cands = {h: [Candidate(h, Program.parse(t), "enumerative") for t in ("prev(2)", "uniform()", "prev(1)")]
+    cands = {h: [ScoredProgram(Program.parse(t), "enumerative") for t in ("prev(2)", "uniform()", "prev(1)")]
              for h in TRUTH}
-    cands[(0, 1)].append(Candidate((0, 1), Program.parse(TRUTH[(0, 1)]), "llm", "mostly previous token"))
-    cands[(1, 0)].append(Candidate((1, 0), Program.parse(TRUTH[(1, 0)]), "learned"))
+    cands[(0, 1)].append(ScoredProgram(Program.parse(TRUTH[(0, 1)]), "llm", hypothesis="mostly previous token"))
+    cands[(1, 0)].append(ScoredProgram(Program.parse(TRUTH[(1, 0)]), "learned"))
     ps = select_programs(synthetic_store, cands, select_idx=list(range(8, 16)), test_idx=list(range(16, 24)),
                          synth_idx=list(range(8)), progress=False)
     assert {h: e.program for h, e in ps.entries.items()} == {h: Program.parse(t) for h, t in TRUTH.items()}
@@ -55,7 +55,7 @@ def test_programset_json_round_trip(tmp_path, synthetic_store):
         assert again[h] == ps[h] and again.entries[h].scores == ps.entries[h].scores
     assert again.ranked("test")[0] in ps.keys()
     path.write_text(path.read_text().replace('"version": 1', '"version": 99'))
-    with pytest.raises(Exception, match="newer"):
+    with pytest.raises(Exception, match="version 99; upgrade headsurgeon"):
         ProgramSet.load(path)
 
 
@@ -64,10 +64,10 @@ def test_each_program_is_scored_only_against_the_heads_that_consider_it(syntheti
     """Selection's metric work grows with the (head, program) pairs in the pools, not with heads x programs."""
     import headsurgeon.synth.select as select
 
-    cands = {h: [Candidate(h, Program.parse(f"prev({k})"), "enumerative") for k in (2, 3)] for h in TRUTH}
-    cands[(0, 1)].append(Candidate((0, 1), Program.parse(TRUTH[(0, 1)]), "llm"))
-    cands[(1, 0)].append(Candidate((1, 0), Program.parse("prev(5)"), "llm"))
-    cands[(1, 1)].append(Candidate((1, 1), Program.parse("prev(5)"), "llm"))
+    cands = {h: [ScoredProgram(Program.parse(f"prev({k})"), "enumerative") for k in (2, 3)] for h in TRUTH}
+    cands[(0, 1)].append(ScoredProgram(Program.parse(TRUTH[(0, 1)]), "llm"))
+    cands[(1, 0)].append(ScoredProgram(Program.parse("prev(5)"), "llm"))
+    cands[(1, 1)].append(ScoredProgram(Program.parse("prev(5)"), "llm"))
     select_idx = list(range(8, 16))
     scored: list[tuple[list, list]] = []
     real = select.score_programs

@@ -2,8 +2,8 @@
 against the best template, a size frontier, heatmaps on one window), and a summary in words.
 
 Modules: page.py (the document), heads.py (what is shown per head), plots.py (heatmaps, colour bars,
-frontier SVG), words.py (numbers, timings, sweep, notes, the metric paragraph), downstream.py (lm-eval task
-scores of base and hybrid).
+frontier SVG), words.py (numbers, timings, sweep, notes, the metric paragraph), cost.py (what swapping each
+kind of program in costs, from an EvalReport), downstream.py (lm-eval task scores of base and hybrid).
 """
 from __future__ import annotations
 

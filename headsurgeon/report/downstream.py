@@ -13,9 +13,9 @@ def _score(value: Any, stderr: Any) -> str:
     return words.number(value, 3) + (f" ± {words.number(stderr, 3)}" if stderr is not None else "")
 
 
-def downstream_table(result: dict[str, Any]) -> str:
+def downstream_table(result: dict[str, Any], label: str = "hybrid", table_id: str = "downstream") -> str:
     """``hs.downstream``'s result as a table: per task and metric, base and hybrid (± lm-eval's standard error),
-    and the difference with its 95% paired bootstrap interval."""
+    and the difference with its 95% paired bootstrap interval; ``label`` names the hybrid (e.g. "explanations")."""
     rows = []
     for r in result["rows"]:
         low_high = r.get("delta_ci95")
@@ -27,8 +27,9 @@ def downstream_table(result: dict[str, Any]) -> str:
                     f"<td class='num'>{delta}</td></tr>")
     limit = result.get("limit")
     caption = (f"lm-evaluation-harness, {'all' if limit is None else limit} examples per task, seed "
-               f"{result.get('seed', 0)}; base and hybrid ({result.get('hybrid_heads') or 0} heads replaced) answer "
+               f"{result.get('seed', 0)}; base and {label} ({result.get('hybrid_heads') or 0} heads replaced) answer "
                "the same examples; ± is lm-eval's standard error, the interval a 95% paired bootstrap.")
-    return (f"<p class='small'>{html.escape(caption)}</p><table id='downstream'><tr><th>task</th><th>metric</th>"
-            "<th>n</th><th>base</th><th>hybrid</th><th>hybrid − base [95% CI]</th></tr>"
+    name = html.escape(label)
+    return (f"<p class='small'>{html.escape(caption)}</p><table id='{html.escape(table_id)}'><tr><th>task</th>"
+            f"<th>metric</th><th>n</th><th>base</th><th>{name}</th><th>{name} − base [95% CI]</th></tr>"
             f"{''.join(rows)}</table>")

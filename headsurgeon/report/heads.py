@@ -1,8 +1,8 @@
 """What the report shows per head, read from a ProgramSet entry: explanation, replacement, frontier, best template.
 
-Reads synth/programset.py's ``Entry.explanation``, ``Entry.frontier`` and ``Entry.replacement_choice()`` (each a
-``Choice``, synth/candidate.py); on a record from before explanations (no frontier), a replacement that fits
-``READABLE_CHARS`` (synth/program.py) stands in as the explanation.
+Reads synth/programset.py's ``Entry.replacement``, ``.explanation`` and ``.frontier`` (each a ``ScoredProgram``,
+synth/scored.py); on a record from before explanations (no frontier), a replacement that fits ``READABLE_CHARS``
+(synth/program.py) stands in as the explanation.
 """
 from __future__ import annotations
 
@@ -13,29 +13,8 @@ import numpy as np
 
 from headsurgeon.synth.program import READABLE_CHARS, Program
 from headsurgeon.synth.programset import Entry, ProgramSet
+from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import BASELINES, score_programs
-
-
-@dataclass
-class Shown:
-    """One program as a person sees it: rendered text, gloss, size, characters, budget and scores per split."""
-
-    program: Program
-    text: str
-    gloss: str
-    size: int | None
-    chars: int | None
-    budget: int | None = None
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)
-    source: str = ""
-
-    def iou(self, split: str = "test") -> float | None:
-        """IoU on ``split`` (None when not measured)."""
-        return (self.scores.get(split) or {}).get("iou")
-
-    def jsd(self, split: str = "test") -> float | None:
-        """JSD on ``split`` (None when not measured)."""
-        return (self.scores.get(split) or {}).get("jsd")
 
 
 @dataclass
@@ -43,12 +22,14 @@ class HeadView:
     """Everything the report says about one head."""
 
     head: tuple[int, int]
-    replacement: Shown
-    explanation: Shown | None
-    frontier: list[Shown]
+    replacement: ScoredProgram
+    explanation: ScoredProgram | None
+    frontier: list[ScoredProgram]
     hypothesis: str = ""
     template: str | None = None
     template_iou: float | None = None
+    template_select_iou: float | None = None
+    windows: list = field(default_factory=list)  # report/windows.py ``Window``s, set by ``windows.add_windows``
 
     def same(self) -> bool:
         """Whether the explanation is the replacement itself."""
@@ -69,32 +50,25 @@ def safe(call: Any, default: Any) -> Any:
         return default
 
 
-def from_program(program: Program, vocab: Any, scores: dict | None = None, source: str = "",
-                 budget: int | None = None) -> Shown:
-    """A Shown built from a bare Program (rendered with ``vocab`` when given)."""
-    text = safe(lambda: program.render(vocab), program.text)
-    return Shown(program, text, safe(lambda: program.gloss(vocab), ""), safe(lambda: program.size, None),
-                 len(text), budget, dict(scores or {}), source)
-
-
-def from_choice(choice: Any, vocab: Any) -> Shown:
-    """A Shown from a ``Choice`` (synth/candidate.py); a text stored cut (programs.json) is rendered again."""
-    text = choice.text
-    if not text or (choice.chars is not None and len(text) < choice.chars and vocab is not None):
-        text = safe(lambda: choice.program.render(vocab), text or choice.program.text)
-    gloss = choice.gloss or safe(lambda: choice.program.gloss(vocab), "")
-    size = choice.size if choice.size is not None else safe(lambda: choice.program.size, None)
-    return Shown(choice.program, text, gloss, size, choice.chars if choice.chars is not None else len(text),
-                 choice.budget, dict(choice.scores or {}), choice.source)
+def shown(p: ScoredProgram, vocab: Any) -> ScoredProgram:
+    """``p`` as a person sees it: a text never rendered, or stored cut (programs.json), is rendered with ``vocab``."""
+    if not p.rendered:
+        text = safe(lambda: p.program.render(vocab), p.program.text)
+        gloss, chars = safe(lambda: p.program.gloss(vocab), ""), len(text)
+    else:
+        text, chars = p.text, p.chars
+        if len(text) < chars and vocab is not None:
+            text = safe(lambda: p.program.render(vocab), text)
+        gloss = safe(lambda: p.gloss, "") or safe(lambda: p.program.gloss(vocab), "")
+    return ScoredProgram(p.program, p.source, p.scores, p.hypothesis, p.budget, p.digits, text=text, gloss=gloss,
+                         chars=chars, size=safe(lambda: p.size, None))
 
 
 def view(head: tuple[int, int], entry: Entry, vocab: Any) -> HeadView:
     """The HeadView of one ProgramSet entry (synth/programset.py ``Entry``)."""
-    rep = safe(lambda: entry.replacement_choice(vocab if not entry.text else None), None)
-    replacement = from_choice(rep, vocab) if rep is not None else from_program(entry.program, vocab, entry.scores,
-                                                                               entry.source)
-    explanation = from_choice(entry.explanation, vocab) if entry.explanation is not None else None
-    frontier = [from_choice(c, vocab) for c in entry.frontier]
+    replacement = shown(entry.replacement, vocab)
+    explanation = shown(entry.explanation, vocab) if entry.explanation is not None else None
+    frontier = [shown(c, vocab) for c in entry.frontier]
     if explanation is None and not frontier and (replacement.chars or 0) <= READABLE_CHARS:
         explanation = replacement  # a record from before explanations: a readable replacement explains itself
     if not frontier:
@@ -122,6 +96,7 @@ def add_templates(heads: list[HeadView], store: Any, test_idx: list[int], select
     for r, v in enumerate(heads):
         best = int(np.argmax(choose[r]))
         v.template, v.template_iou = BASELINES[best], float(test[r, best])
+        v.template_select_iou = float(choose[r, best]) if select_idx else None
 
 
 def frontier_points(v: HeadView) -> list[tuple[int, float, str, bool]]:

@@ -11,8 +11,12 @@ import numpy as np
 
 from headsurgeon.synth.program import READABLE_CHARS
 from headsurgeon.synth.programset import ProgramSet, head_label
+from headsurgeon.synth.scored import ScoredProgram
 
 from . import heads as hv
+from .candidates import CANDIDATES_STYLE, candidates_html
+from .windows import WINDOWS_STYLE, add_windows, windows_html, windows_script
+from .cost import cost_html
 from .downstream import downstream_table
 from .grid import GRID_SCRIPT, GRID_STYLE, grid_html
 from . import words
@@ -112,7 +116,7 @@ def overview_table(views: list[hv.HeadView]) -> str:
             f"<th>trust</th></tr>{''.join(rows)}</table>")
 
 
-def program_block(label: str, s: hv.Shown) -> str:
+def program_block(label: str, s: ScoredProgram) -> str:
     """A program's facts in one line and its full text, wrapped."""
     facts = (f"size {s.size if s.size is not None else '–'}, {s.chars if s.chars is not None else '–'} characters, "
              f"test IoU {words.number(s.iou())}, JSD {words.number(s.jsd())}"
@@ -154,8 +158,10 @@ def head_section(v: hv.HeadView, rank: int, maps: dict[str, np.ndarray] | None, 
     plot = frontier_svg(hv.frontier_points(v), v.template_iou)
     parts.append(f"<div class='top'><div>{''.join(left)}</div><div><div class='small'>frontier: test IoU by size "
                  f"budget</div>{plot}</div></div>")
+    parts.append(candidates_html(v))
     if maps:
         parts.append(heatmaps(maps, tokens, window, v.same()))
+    parts.append(windows_html(v.windows))
     parts.append("</section>")
     return "".join(parts)
 
@@ -180,14 +186,15 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
                  title: str = "headsurgeon report", examples: int = 1, max_tokens: int = 24,
                  summary: dict | None = None, *, timings: dict[str, float] | None = None,
                  notes: list[str] | None = None, vocab: Any = None, select_idx: list[int] | None = None,
-                 downstream: dict | None = None) -> Path:
+                 downstream: dict | None = None, evaluation: Any = None) -> Path:
     """Write the self-contained HTML report (images inlined) and return its path.
 
     ``summary``: extra facts shown in words (its "timings_s"/"timings" and "notes" keys are read as
     ``timings`` and ``notes``); ``vocab``: the tokenizer's ``Vocabulary`` (synth/vocab.py), to render token ids
     as strings where a stored text is missing or cut (ignored, with a note, when its fingerprint is not the set's);
     ``select_idx``: choose the best template on select rather than test; ``downstream``: ``hs.downstream``'s
-    result, shown as a table of task scores.
+    result, shown as a table of task scores; ``evaluation``: an EvalReport (surgery/eval_report.py) of both kinds,
+    shown as the cost section (report/cost.py) in place of ``sweep_rows`` and ``downstream``.
     ``examples`` is kept for callers; one example window is shown.
     """
     out = Path(out)
@@ -204,6 +211,7 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
     views = hv.views(programs, vocab)
     hv.add_templates(views, store, test_idx, select_idx)
     views.sort(key=hv.HeadView.trust_key)
+    add_windows(views, store, test_idx, max_tokens)
     index = hv.example_window(store, test_idx, max_tokens) if examples else None
     tokens: list[str] = []
     window = ""
@@ -220,14 +228,18 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
         uri = "data:image/png;base64," + base64.b64encode(Path(sweep_png).read_bytes()).decode()
         sweep_img = f"<img id='sweep' alt='the cost as heads are replaced' src='{uri}' style='max-width:640px'>"
     doc = (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-           f"<style>{STYLE}{GRID_STYLE}{colour_css()}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
+           f"<style>{STYLE}{GRID_STYLE}{WINDOWS_STYLE}{CANDIDATES_STYLE}{colour_css()}</style></head><body>\n"
+           f"<h1>{html.escape(title)}</h1>\n"
            f"<p class='metrics' id='metrics'>{words.METRICS_PARAGRAPH}</p>\n<h2>Summary</h2>\n"
-           f"{summary_html(views, programs, timings, notes, extra, sweep_rows)}{sweep_img}\n"
-           + (f"<h2>Downstream tasks</h2>\n{downstream_table(downstream)}\n" if downstream else "") +
+           f"{summary_html(views, programs, timings, notes, extra, sweep_rows)}"
+           + (f"\n<h2>What swapping the programs in costs</h2>\n{cost_html(evaluation, sweep_img)}\n"
+              if evaluation is not None else f"{sweep_img}\n"
+              + (f"<h2>Downstream tasks</h2>\n{downstream_table(downstream)}\n" if downstream else "")) +
            f"<h2>Heads by layer</h2>\n{grid_html(views)}\n"
            "<h2>Heads, most trustworthy first</h2>\n<p class='small'>Ordered by the explanation's test IoU; heads "
            "without a readable explanation come last.</p>\n"
-           f"{overview_table(views)}\n<h2>Per head</h2>\n{''.join(sections)}\n{GRID_SCRIPT}\n</body></html>\n")
+           f"{overview_table(views)}\n<h2>Per head</h2>\n{''.join(sections)}\n{GRID_SCRIPT}\n"
+           f"{windows_script([v.windows for v in views], store)}\n</body></html>\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc, encoding="utf-8")
     return out

@@ -50,13 +50,31 @@ def seconds(s: float) -> str:
     return f"{h} h {r // 60} min"
 
 
-def timings_sentence(timings: dict[str, float]) -> str:
-    """{"capture": 1.2, "search": 40} → "capture 1.2 s, search 40 s (total 41 s)"."""
-    if not timings:
-        return ""
-    parts = ", ".join(f"{html.escape(str(k))} {seconds(v)}" for k, v in timings.items())
-    total = sum(float(v) for v in timings.values())
-    return f"{parts} (total {seconds(total)})" if len(timings) > 1 else parts
+#: how timing keys read in words (the rest as they are)
+TIMING_LABELS = {"delta_ppl": "per-head ΔPPL"}
+
+
+def _phase(key: str, value: Any) -> tuple[str, float]:
+    """One phase in words and its wall seconds; a nested phase ({"wall": s, part: s, ...}) lists its parts."""
+    label = html.escape(TIMING_LABELS.get(str(key), str(key)))
+    if not isinstance(value, dict):
+        return f"{label} {seconds(value)}", float(value)
+    parts = {k: float(v) for k, v in value.items() if k != "wall"}
+    wall = float(value.get("wall", sum(parts.values())))
+    inner = ", ".join(f"{html.escape(TIMING_LABELS.get(k, k))} {seconds(v)}" for k, v in parts.items())
+    return f"{label} {seconds(wall)}" + (f" ({inner})" if inner else ""), wall
+
+
+def timings_sentence(timings: dict[str, Any]) -> str:
+    """{"capture": 1.2, "search": {"wall": 40, "enumerative": 30}} → "capture 1.2 s, search 40 s (enumerative 30 s)
+    (total 41 s)": a nested phase's parts are shown inside it, never added again; ``"total"``, when given, is the
+    run's wall time, else the phases' walls are summed (they run one after another)."""
+    phases = [_phase(k, v) for k, v in timings.items() if k != "total"]
+    if not phases:
+        return f"total {seconds(timings['total'])}" if "total" in timings else ""
+    text = ", ".join(said for said, _ in phases)
+    total = float(timings["total"]) if "total" in timings else sum(wall for _, wall in phases)
+    return f"{text} (total {seconds(total)})" if len(phases) > 1 or "total" in timings else text
 
 
 def notes_list(notes: Iterable[Any]) -> str:

@@ -26,20 +26,24 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
+from ..kernels.formats import FileFormat, check_versioned, write_versioned
 from ..synth.errors import ProgramError
 from ..synth.programset import Entry, ProgramSet, head_key, head_label
 from ..kernels.core import Head, HeadsurgeonError
 
-FORMAT = "headsurgeon.head_journal"
-VERSION = 2  # 2: records and run.json carry an HMAC under a key outside OUT
+class JournalError(HeadsurgeonError, ValueError):
+    """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
+
+
+#: run.json's format (kernels/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
+RUN_FILE = FileFormat("headsurgeon.head_journal", 2, (2,), "a run file of a headsurgeon journal",
+                      "delete the output folder's heads/ to start over (its heads are searched again)",
+                      error=JournalError)
+FORMAT, VERSION = RUN_FILE.name, RUN_FILE.version
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 #: the largest run.json or record read (a record holds one head's entry: programs, scores, notes)
 MAX_RECORD_BYTES = 16 << 20
 KEY_BYTES = 32
-
-
-class JournalError(HeadsurgeonError, ValueError):
-    """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
 
 
 class JournalMismatchError(JournalError):
@@ -137,7 +141,7 @@ class HeadJournal:
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         run = self.directory / "run.json"
-        want = _canonical({"format": FORMAT, "version": VERSION, "fingerprint": fingerprint})
+        want = _canonical({**RUN_FILE.header(), "fingerprint": fingerprint})
         if os.path.lexists(run):
             body = self._open_run()
             if body != want:
@@ -153,7 +157,8 @@ class HeadJournal:
                 raise JournalError(f"{self.directory} holds {len(found)} head record(s) ({found[0].name}, ...) but no "
                                    f"run.json, so nothing says which run wrote them; {self._fix()}")
             self._run_id, self._key = self._new_key()
-            atomic_write_bytes(run, _dumps({**want, "run": self._run_id, "mac": self._mac("run", want)}))
+            write_versioned(run, RUN_FILE, {"fingerprint": want["fingerprint"], "run": self._run_id,
+                                            "mac": self._mac("run", want)}, encode=_dumps)
         return self.records()
 
     def _open_run(self) -> dict[str, Any]:
@@ -164,9 +169,7 @@ class HeadJournal:
             raise JournalError(f"{self.directory} holds {len(found)} head record(s) ({found[0].name}, ...) but no "
                                f"run.json, so nothing says which run wrote them; {self._fix()}")
         have = self._read(run)
-        if not isinstance(have, dict) or have.get("format") != FORMAT or have.get("version") != VERSION:
-            raise JournalError(f"{run} is not a run file of this headsurgeon's journal (format {FORMAT} version "
-                               f"{VERSION}); {self._fix()}")
+        check_versioned(have, RUN_FILE, str(run))
         self._run_id = have.get("run")
         self._key = self._load_key(run, self._run_id)
         body = {k: have.get(k) for k in ("format", "version", "fingerprint")}

@@ -5,6 +5,7 @@ commit, or the embedded zoo model); loading checks the files' hashes, then the w
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from headsurgeon.kernels.fileio import sha256_file
 from headsurgeon.surgery.gguf import read_gguf
+from headsurgeon.surgery.handle import GgufSource, HfSource, Llama2cSource, SourceRecord, ZooSource
 from headsurgeon.surgery.llama2c import load_llama2c
 from headsurgeon.surgery.loading import ModelLoadError, load_model, zoo_dir
 from headsurgeon.surgery.sources import installed_copy
@@ -24,30 +26,29 @@ from .errors import BaseModelError, CheckpointError
 __all__ = ["base_reference", "base_weights", "check_base_ref", "load_base", "portable", "located"]
 
 
-def base_reference(source: Mapping[str, Any], hf_model: Any) -> dict[str, Any] | None:
+def base_reference(source: SourceRecord, hf_model: Any) -> dict[str, Any] | None:
     """A JSON reference to the base model from a ModelHandle's source, or None when it cannot be re-loaded."""
-    kind = source.get("kind")
-    if kind == "llama2c" and source.get("path") and source.get("sha256"):
-        ref = {"kind": "llama2c", "path": str(source["path"]), "sha256": str(source["sha256"])}
-        if source.get("tokenizer"):
-            ref["tokenizer"] = str(source["tokenizer"])
-            ref["tokenizer_sha256"] = str(source.get("tokenizer_sha256") or sha256_file(Path(source["tokenizer"])))
+    if isinstance(source, Llama2cSource) and source.path and source.sha256:
+        ref = {"kind": "llama2c", "path": str(source.path), "sha256": str(source.sha256)}
+        if source.tokenizer:
+            ref["tokenizer"] = str(source.tokenizer)
+            ref["tokenizer_sha256"] = str(source.tokenizer_sha256 or sha256_file(Path(source.tokenizer)))
         return ref
-    if kind == "gguf" and source.get("path") and source.get("sha256"):
-        ref = {"kind": "gguf", "path": str(source["path"]), "sha256": str(source["sha256"])}
-        if source.get("name"):
-            ref["name"] = str(source["name"])  # the hub id an installed copy stands for: found again by that id
+    if isinstance(source, GgufSource) and source.path and source.sha256:
+        ref = {"kind": "gguf", "path": str(source.path), "sha256": str(source.sha256)}
+        if source.name:
+            ref["name"] = str(source.name)  # the hub id an installed copy stands for: found again by that id
         return ref
-    if kind == "hf" and source.get("name_or_path"):
-        name = str(source["name_or_path"])
+    if isinstance(source, HfSource) and source.name_or_path:
+        name = str(source.name_or_path)
         local = Path(name).is_absolute() or Path(name).exists()
-        ref = {"kind": "hf", "name_or_path": name, "local": bool(local), "revision": source.get("revision")}
+        ref = {"kind": "hf", "name_or_path": name, "local": bool(local), "revision": source.revision}
         commit = getattr(getattr(hf_model, "config", None), "_commit_hash", None)
         if commit and not local:
             ref["commit"] = str(commit)
         return ref
-    if kind == "zoo" and source.get("name"):
-        return {"kind": "zoo", "name": str(source["name"])}
+    if isinstance(source, ZooSource) and source.name:
+        return {"kind": "zoo", "name": str(source.name)}
     return None
 
 
@@ -192,7 +193,8 @@ def load_base(ref: Mapping[str, Any], device: str | torch.device, override: Any 
         if kind == "gguf":
             handle = load_model(str(gguf_file(ref)), device=device)
             if ref.get("name"):  # an installed copy keeps the hub id it stands for, so a re-save writes the same ref
-                handle.name, handle.source["name"] = str(ref["name"]), str(ref["name"])
+                handle.name = str(ref["name"])
+                handle.source = dataclasses.replace(handle.source, name=str(ref["name"]))
             return handle
         if kind == "hf":
             name = str(ref["name_or_path"])

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from headsurgeon.kernels.fileio import fsync_file
+from headsurgeon.surgery.handle import EmbeddedSource
 from headsurgeon.surgery.loading import load_model
 from headsurgeon.synth.errors import excerpt
 
@@ -67,8 +68,7 @@ def load_embedded(root: Path, manifest: Mapping[str, Any], device: str | torch.d
                               "again") from None
     handle = load_model(hf.eval(), tokenizer=tokenizer, device=device)
     handle.name = str(manifest.get("config", {}).get("name") or handle.name)
-    handle.source = {"kind": "embedded", "path": str(root), "weights_sha256": manifest["weights"].get("sha256"),
-                     "base": manifest["base"].get("original")}
+    handle.source = EmbeddedSource(str(root), manifest["weights"].get("sha256"), manifest["base"].get("original"))
     return handle
 
 

@@ -4,6 +4,7 @@ Each message names the file and the fix; the CLI prints them as one line (headsu
 """
 from __future__ import annotations
 from ...kernels.core import HeadsurgeonError
+from ...kernels.formats import FutureFormatError
 
 __all__ = ["CheckpointError", "NotACheckpointError", "IntegrityError", "FormatVersionError", "BaseModelError",
            "UntrustedProgramError"]
@@ -21,7 +22,7 @@ class IntegrityError(CheckpointError):
     """A file is missing, truncated, modified after saving, or not listed in the manifest."""
 
 
-class FormatVersionError(CheckpointError):
+class FormatVersionError(CheckpointError, FutureFormatError):
     """The checkpoint was written by a newer headsurgeon with a format this version cannot read."""
 
 

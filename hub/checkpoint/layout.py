@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from headsurgeon.kernels.fileio import fsync_file, json_bytes
+from headsurgeon.kernels.formats import FileFormat
 
-FORMAT = "headsurgeon.hybrid"
-FORMAT_VERSION = 1
+from .errors import FormatVersionError, IntegrityError
+
+#: manifest.json's format (kernels/formats.py); its version lives in ``format_version``
+CHECKPOINT = FileFormat("headsurgeon.hybrid", 1, (1,), "a headsurgeon hybrid checkpoint manifest",
+                        "the checkpoint is damaged: save it again", version_key="format_version",
+                        error=IntegrityError, future=FormatVersionError)
+FORMAT, FORMAT_VERSION = CHECKPOINT.name, CHECKPOINT.version
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 PROGRAM_DIR = "programs"

@@ -8,9 +8,11 @@ from typing import Any
 
 from headsurgeon.synth.errors import excerpt
 
-from .errors import FormatVersionError, IntegrityError, NotACheckpointError
+from headsurgeon.kernels.formats import check_versioned
+
+from .errors import IntegrityError, NotACheckpointError
 from .files import read_whole
-from .layout import FORMAT, FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES
+from .layout import CHECKPOINT, FORMAT, MANIFEST, MAX_MANIFEST_BYTES
 from .location import snapshot_blobs
 
 __all__ = ["read_manifest", "read_manifest_at", "hub_links"]
@@ -53,16 +55,7 @@ def read_manifest_at(root: Path, links_into: Path | None = None) -> dict[str, An
         raise NotACheckpointError(
             f"{path} is not a headsurgeon hybrid manifest (format {excerpt(found)}, expected {FORMAT!r})"
         )
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise IntegrityError(f"{path} has no integer format_version; the checkpoint is damaged: save it again")
-    if version > FORMAT_VERSION:
-        library = manifest.get("library")
-        writer = library.get("headsurgeon", "?") if isinstance(library, dict) else "?"
-        raise FormatVersionError(
-            f"{root} uses checkpoint format version {version}, written by headsurgeon {excerpt(writer)}; this "
-            f"headsurgeon reads up to version {FORMAT_VERSION}. Upgrade headsurgeon (pip install -U headsurgeon)"
-        )
+    check_versioned(manifest, CHECKPOINT, str(path))  # FormatVersionError for a newer version (kernels/formats.py)
     for key in ("heads", "files", "weights", "base"):
         if not isinstance(manifest.get(key), dict):
             raise IntegrityError(f"{path} lacks the {key!r} section; the checkpoint is damaged: save it again")

@@ -14,6 +14,7 @@ import torch
 
 from headsurgeon import __version__
 from headsurgeon.kernels.fileio import fsync_dir, sha256_file
+from headsurgeon.surgery.handle import EmbeddedSource, SourceRecord
 from headsurgeon.surgery.replace import HybridModel
 
 from ..card import render_card
@@ -21,7 +22,7 @@ from .base_models import base_reference, base_weights, portable
 from .embedded import write_embedded
 from .errors import CheckpointError
 from .folder import carry_user_files, checked_target, clean_stale, previous_files, swap_into_place
-from .layout import CARD, FORMAT, FORMAT_VERSION, MANIFEST, PROGRAM_DIR, WEIGHTS, json_file, write_file
+from .layout import CARD, CHECKPOINT, MANIFEST, PROGRAM_DIR, WEIGHTS, json_file, write_file
 from .lock import folder_lock
 from .programs import programs_of
 from .weights import check_savable, differing_tensors, hf_state_dict, weights_fingerprint
@@ -77,7 +78,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
     fingerprint = weights_fingerprint(state)
 
     # reference the base when the weights are untouched, otherwise embed them
-    source = {k: v for k, v in (handle.source or {}).items() if not str(k).startswith("_")}
+    source = handle.source
     ref = base_reference(source, hf)
     changed: list[str] | None = None
     if ref is not None:
@@ -90,8 +91,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
     embed = ref is None or changed is None or bool(changed)
 
     manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        **CHECKPOINT.header(),
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "library": library_versions(),
         "base": ({"kind": "embedded", "original": portable(ref, target) if ref else original_of(source)} if embed
@@ -155,22 +155,22 @@ def described(program: Any, entry: Any) -> dict[str, Any]:
     (as its replacement, explanation or a frontier point; synth/programset.py)."""
     found = None
     if entry is not None:
-        choices = [entry.replacement_choice()] if getattr(entry, "program", None) == program else []
+        choices = [entry.replacement] if getattr(entry, "program", None) == program else []
         choices += [c for c in [getattr(entry, "explanation", None)] + list(getattr(entry, "frontier", []))
                     if c is not None and c.program == program]
         found = choices[0] if choices else None
     if found is None:
         return {"size": program.size, "chars": len(program.text), "gloss": program.gloss()}
     return {"size": found.size, "chars": found.chars, "gloss": found.gloss, "source": found.source,
-            "scores": found.scores, "hypothesis": found.hypothesis}
+            "scores": found.scores.to_json(), "hypothesis": found.hypothesis}
 
 
-def original_of(source: Mapping[str, Any]) -> dict[str, Any] | None:
+def original_of(source: SourceRecord) -> dict[str, Any] | None:
     """Where embedded weights came from: a re-saved embedded checkpoint keeps its own original base."""
-    if source.get("kind") == "embedded":
-        return source.get("base")
+    if isinstance(source, EmbeddedSource):
+        return dict(source.base) if source.base is not None else None
     # a note, not a reference: absolute paths of the saving machine shrink to their file names
-    return {k: (Path(v).name if isinstance(v, str) and os.path.isabs(v) else v) for k, v in source.items()} or None
+    return {k: (Path(v).name if isinstance(v, str) and os.path.isabs(v) else v) for k, v in source.to_json().items()}
 
 
 def config_facts(hybrid: Any) -> dict[str, Any]:

@@ -87,7 +87,7 @@ _primitive("profile", (Param("w", "weights"), Param("tail", "nonneg", 0.0), Para
            _profile,
            "a positional profile: key j = i-d scores w[d] for d < len(w), else tail (default 0); key 0 scores "
            "bos if given; keys ahead of the query score 0",
-           "attends by distance with weights {w} (then {tail})", keywords=True)
+           "attends by distance, weighing {w}; farther tokens {tail}", keywords=True)
 
 # --------------------------------------------------------------------------------------------
 # token primitives
@@ -136,7 +136,7 @@ def _key_weight(node: Prim, ctx: Context) -> np.ndarray:
 _primitive("key_weight", (Param("w", "idweights"), Param("default", "nonneg", 1.0)), _key_weight,
            "every visible key scores the weight of its token id (listed ids), else default (default 1); "
            "mul(profile(..), key_weight(..)) adds position and key-token logits",
-           "weighs each key by its token ({w}; other tokens {default})", cost=2, keywords=True)
+           "weighs each key by its token ({w}; other tokens ×{default})", cost=2, keywords=True)
 
 
 def class_tables(node: Prim, query_ids: np.ndarray, key_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -164,7 +164,7 @@ _primitive("class_weight", (Param("q", "idclasses"), Param("k", "idclasses"), Pa
                             Param("default", "nonneg", 1.0)), _class_weight,
            "token classes (disjoint id lists): every visible key scores w[c][e] where the query token is in "
            "class q[c] and the key token in class k[e], default (default 1) when either is in no class",
-           "weighs each key by query token class {q} x key token class {k} (weights {w}; others {default})",
+           "weighs each key by its token's class and the query's ({w}; other pairs ×{default})",
            cost=2, keywords=True)
 
 
@@ -196,7 +196,7 @@ _primitive("match", (Param("q", "feature"), Param("k", "feature"), Param("pairs"
                      Param("select", "select", "closest")), _match,
            "keys whose (query value, key value) pair is listed; closest keeps only the nearest (largest j <= i "
            "when causal, else smallest |i-j|, ties to the left); pos values may be tag names, dep values label names",
-           "attends to the {select} token whose {k} pairs with its own {q} as in {pairs}", cost=2, keywords=True,
+           "attends to {select} whose {k} pairs with its own {q} (query → key: {pairs})", cost=2, keywords=True,
            support=lambda node: 1 if node.param("select") == "closest" else COUNTED, sparse=_match_sparse)
 
 # --------------------------------------------------------------------------------------------
@@ -272,14 +272,52 @@ def _share(x: float) -> str:
     return "<1%" if 0 < x < 0.005 else f"{x:.0%}"
 
 
-def _mix_gloss(node: Mix, gloss: Callable[[Any], str]) -> dict[str, str]:
+def _flat_terms(node: Mix, part: float = 1.0) -> list[tuple[float, Any]]:
+    """A mixture's terms as (fraction of the mixture, term), nested mixtures multiplied out."""
     total = sum(w for w, _ in node.terms)
-    clauses = [gloss(t) for _, t in node.terms]
-    if len(clauses) == 1:
-        return {"terms": clauses[0]}
-    parts = [f"{c if k == 0 else _tail(c)} ({_share(w / total)})" for k, ((w, _), c) in enumerate(zip(node.terms,
-                                                                                                       clauses))]
+    out: list[tuple[float, Any]] = []
+    for w, t in node.terms:
+        out += _flat_terms(t, part * w / total) if isinstance(t, Mix) else [(part * w / total, t)]
+    return out
+
+
+def _portion(share: float | None) -> str:
+    """The " (40%)" after a clause that is that share of the row; nothing for the whole row or an unknown share."""
+    return f" ({_share(share)})" if share is not None and share < 1.0 - 1e-9 else ""
+
+
+def _states_shares(node: Any) -> bool:
+    """Whether a clause states its own shares of the row (mixtures, and gates and fallbacks choosing per row)."""
+    return isinstance(node, (Mix, Gate, Fallback))
+
+
+def _mix_gloss(node: Mix, gloss: Callable[..., str]) -> dict[str, str]:
+    """Each term once, at its share of the row (nested mixtures multiplied out, so no "60% of (40% ...)")."""
+    base = getattr(gloss, "share", 1.0)
+    terms = _flat_terms(node)
+    if len(terms) == 1:
+        return {"terms": gloss(terms[0][1])}
+    parts = []
+    for k, (frac, t) in enumerate(terms):
+        share = None if base is None else base * frac
+        clause = gloss(t, share=share)
+        clause = clause if k == 0 else _tail(clause)
+        if base is None:
+            parts.append(f"{clause} (weight {float(f'{frac:.2g}'):g})")
+        else:
+            parts.append(clause if _states_shares(t) else clause + _portion(share))
     return {"terms": _and(parts)}
+
+
+def _inner(gloss: Callable[..., str]) -> float | None:
+    """The share a product's or sharpen's argument gets: the whole row at the root, else undefined (None)."""
+    return 1.0 if getattr(gloss, "share", 1.0) == 1.0 else None
+
+
+def _branch(gloss: Callable[..., str], node: Any) -> str:
+    """A gate's or fallback's branch, with the share of the row it stands for when inside a mixture."""
+    clause = gloss(node)
+    return clause if _states_shares(node) else clause + _portion(getattr(gloss, "share", 1.0))
 
 
 def _sum(node: Sum, ctx: Context) -> np.ndarray:
@@ -294,18 +332,19 @@ def _sum(node: Sum, ctx: Context) -> np.ndarray:
     return out
 
 
-def _sum_gloss(node: Sum, gloss: Callable[[Any], str]) -> dict[str, str]:
+def _sum_gloss(node: Sum, gloss: Callable[..., str]) -> dict[str, str]:
     weighted = any(w != 1.0 for w, _ in node.terms)
     parts = []
     for k, (w, t) in enumerate(node.terms):
-        clause = gloss(t) if k == 0 else _tail(gloss(t))
+        clause = gloss(t, share=None)  # raw scores added up: no shares of the row inside
+        clause = clause if k == 0 else _tail(clause)
         parts.append(f"{clause} (weight {float(f'{w:.2g}'):g})" if weighted else clause)
     return {"terms": _and(parts)}
 
 
 def _article(phrase: str) -> str:
     """``phrase`` with "a"/"an" in front, unless it is a quoted token."""
-    if phrase.startswith("'") or phrase.startswith("token"):
+    if phrase.startswith("'"):
         return phrase
     return ("an " if phrase[:1].lower() in "aeiou" else "a ") + phrase
 
@@ -375,16 +414,16 @@ register_combinator(CombinatorSpec(
     "fallback", Fallback, "fallback(A, B, ...)", "2 to MAX_NODES arguments", _fallback,
     "per row, the first argument whose row is non-empty",
     "{first}, otherwise {rest}",
-    lambda node, gloss: {"first": gloss(node.args[0]),
-                         "rest": ", otherwise ".join(_tail(gloss(a)) for a in node.args[1:])}, cost=2,
+    lambda node, gloss: {"first": _branch(gloss, node.args[0]),
+                         "rest": ", otherwise ".join(_tail(_branch(gloss, a)) for a in node.args[1:])}, cost=2,
     cost_per_child=True, sparse=fallback_sparse, support=max))
 register_combinator(CombinatorSpec(
     "gate", Gate, "gate(PRED, A, B)", "PRED as for recent; ids=[..]: 1 to MAX_IDS (65536) token ids", _gate,
     "rows whose query satisfies PRED take A, the others B (gate(tok(\"Lily\"), A, B) / gate(ids=[..], A, B) is the "
     "query-in-set gate)",
     "when the query is {pred}, {then}; otherwise {other}",
-    lambda node, gloss: {"pred": _article(gloss(node.pred)), "then": gloss(node.then),
-                         "other": _tail(gloss(node.other))}, cost=2, sparse=gate_sparse, support=max))
+    lambda node, gloss: {"pred": _article(gloss(node.pred)), "then": _branch(gloss, node.then),
+                         "other": _tail(_branch(gloss, node.other))}, cost=2, sparse=gate_sparse, support=max))
 register_combinator(CombinatorSpec(
     "sharpen", Sharpen, "sharpen(A, t) / sharpen(A, t, by=[[t1, [ids..]], ..])",
     "0 < t <= MAX_EXPONENT (1e6); by: 1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) ids in all",
@@ -392,13 +431,14 @@ register_combinator(CombinatorSpec(
     "A**t, renormalized per row (t > 0); with by, queries whose token is in a listed (disjoint) id set take "
     "that set's exponent instead",
     "{arg}, sharpened to the power {t}",
-    lambda node, gloss: {"arg": gloss(node.arg),
+    lambda node, gloss: {"arg": gloss(node.arg, share=_inner(gloss)),
                          "t": f"{float(f'{node.t:.2g}'):g}" + (" (per query token class)" if node.by else "")},
     cost=4, sparse=lambda node, ctx: sharpen_sparse(node, ctx, sharpen_exponents), support=max))
 register_combinator(CombinatorSpec(
     "mul", Mul, "mul(A, B, ...)", "2 to MAX_NODES arguments", _mul,
     "elementwise product (intersection of supports); mul(profile, key_weight, class_weight) adds them as logits",
     "{args}, the scores multiplied",
-    lambda node, gloss: {"args": _and([gloss(a) if k == 0 else _tail(gloss(a)) for k, a in enumerate(node.args)])},
+    lambda node, gloss: {"args": _and([gloss(a, share=_inner(gloss)) if k == 0 else
+                                       _tail(gloss(a, share=_inner(gloss))) for k, a in enumerate(node.args)])},
     cost=1, cost_per_child=True, sparse=mul_sparse, support=min))
 

@@ -6,11 +6,12 @@ appears in every table, in the prompt and in glosses at once.
 """
 from __future__ import annotations
 
+import math
 import string
 from typing import Any
 
-from .bounds import FLAGS, KINDS, MATCH_FEATURES, STRUCTURE_BOUNDS
-from .labels import POS_WORDS
+from .bounds import FLAGS, KINDS, KNOWN_POS_TAGS, MATCH_FEATURES, STRUCTURE_BOUNDS
+from .labels import POS_WORDS, dep_labels
 from .nodes import Pred, Prim
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, combinator_for
 from .tokens import token_string
@@ -101,10 +102,10 @@ def _num(x: float) -> str:
 
 
 def _token(token_id: int, vocab: Any) -> str:
-    """A token in a gloss: its string in quotes, word-start markers dropped ('Lily'), else #id."""
+    """A token in a gloss: its string in quotes, word-start markers dropped ('Lily'), else "token id 3"."""
     s = token_string(vocab, token_id) if vocab is not None else None
     if s is None:
-        return f"#{token_id}"
+        return f"token id {token_id}"
     shown = s.replace("\u2581", " ").replace("\u0120", " ").replace("\u010a", "\\n").strip() or s
     return f"'{shown}'"
 
@@ -117,11 +118,11 @@ def _clip(items: list[str], joiner: str) -> str:
 
 
 def _token_set(ids: Any, vocab: Any) -> str:
-    """A token set as a noun phrase: 'Lily', 'the' or 'a', token #3, token among #3 or #17."""
-    words = _clip([_token(int(i), vocab) for i in ids], "or")
+    """A token set as a noun phrase: 'Lily', 'the' or 'a'; without a vocabulary "token with id 3 or 17"."""
+    ids = [int(i) for i in ids]
     if vocab is None:
-        return ("token " if len(ids) == 1 else "token among ") + words
-    return words
+        return "token with id " + _clip([str(i) for i in ids], "or")
+    return _clip([_token(i, vocab) for i in ids], "or")
 
 
 def _pred_words(pred: Pred, vocab: Any) -> str:
@@ -135,25 +136,75 @@ def _pred_words(pred: Pred, vocab: Any) -> str:
     return _token_set(pred.value, vocab)
 
 
-def _words(value: Any, kind: str = "", vocab: Any = None) -> str:
-    """A parameter value of ``kind`` in a gloss: numbers plainly, tokens as strings, long lists clipped."""
+#: match features in words ("whose part of speech pairs with its own ...")
+_FEATURE_WORDS = {"token": "token", "position": "position", "word": "word index", "sent": "sentence index",
+                  "pos": "part of speech", "punct": "punctuation flag", "cap": "capitalization flag",
+                  "newline": "newline flag", "sent_end": "sentence-end flag", "word_start": "word-start flag",
+                  "dep_head": "dependency head", "dep": "dependency relation", "quote": "quote flag"}
+_SELECT_WORDS = {"closest": "the closest token", "all": "every token"}
+
+
+def _value(feature: str, value: Any, vocab: Any) -> str:
+    """One value of a match feature: a token string, a POS tag or dependency label in words, else the number."""
+    if feature == "token" and not isinstance(value, str):
+        return _token(int(value), vocab)
+    if feature == "pos":
+        tag = value if isinstance(value, str) else (KNOWN_POS_TAGS[value] if 0 <= value < len(KNOWN_POS_TAGS)
+                                                     else None)
+        return POS_WORDS.get(tag, str(tag)) if tag is not None else f"tag {value}"
+    if feature == "dep" and not isinstance(value, str):
+        labels = dep_labels()
+        return labels[value] if 0 <= value < len(labels) else f"label {value}"
+    return str(value)
+
+
+def _pairs(node: Prim, vocab: Any) -> str:
+    """``match``'s pairs as "query value → key value", clipped."""
+    q, k = node.param("q"), node.param("k")
+    return _clip([f"{_value(q, a, vocab)} → {_value(k, b, vocab)}" for a, b in node.param("pairs")], "and")
+
+
+def _class_pairs(node: Prim, vocab: Any) -> str:
+    """``class_weight``'s table as the query-class × key-class pairs that differ most from the default."""
+    q, k, default = node.param("q"), node.param("k"), float(node.param("default"))
+    w = [float(x) for row in node.param("w") for x in (row if isinstance(row, (list, tuple)) else [row])]
+    cells = [(w[c * len(k) + e], c, e) for c in range(len(q)) for e in range(len(k)) if c * len(k) + e < len(w)]
+    cells.sort(key=lambda t: -abs(math.log(max(t[0], 1e-30) / max(default, 1e-30))))
+    items = [f"query {_token_set(q[c], vocab)} with key {_token_set(k[e], vocab)} ×{_num(x)}" for x, c, e in cells]
+    return _clip(items, "and")
+
+
+def _distances(weights: Any) -> str:
+    """A distance profile in words: "itself 0.2, 1 back 1, 2 back 0.5", clipped."""
+    return _clip([f"{'itself' if d == 0 else f'{d} back'} {_num(float(x))}" for d, x in enumerate(weights)], "and")
+
+
+def _words(value: Any, kind: str = "", vocab: Any = None, node: Prim | None = None) -> str:
+    """A parameter value of ``kind`` in a gloss: numbers plainly, tokens as strings, long lists clipped, never a
+    Python list (``node`` gives the parameters that a table's words need, e.g. ``match``'s features)."""
     if isinstance(value, Pred):
         return _pred_words(value, vocab)
     if kind == "ids":
         return _token_set(value, vocab)
     if kind == "idweights":
-        return _clip([f"{_token(t, vocab)} {_num(w)}" for t, w in value], "and")
+        return _clip([f"{_token(t, vocab)} ×{_num(w)}" for t, w in value], "and")
     if kind == "idclasses":
-        classes = [_clip([_token(t, vocab) for t in c], "or") for c in value]
-        shown = "; ".join(classes[:_GLOSS_ITEMS]) + (f"; ... ({len(classes)} classes)" if len(classes) > _GLOSS_ITEMS
-                                                     else "")
-        return f"[{shown}]"
+        return "; ".join(_token_set(c, vocab) for c in value[:_GLOSS_ITEMS]) + (
+            f"; ... ({len(value)} classes)" if len(value) > _GLOSS_ITEMS else "")
+    if kind == "select":
+        return _SELECT_WORDS.get(value, str(value))
+    if kind == "feature":
+        return _FEATURE_WORDS.get(value, str(value))
+    if kind == "pairs" and node is not None:
+        return _pairs(node, vocab)
+    if kind == "matrix" and node is not None:
+        return _class_pairs(node, vocab)
+    if kind == "weights":
+        return _distances(value)
     if isinstance(value, float):
         return _num(value)
     if isinstance(value, (list, tuple)):
-        shown = ", ".join(_words(v) for v in value[:_GLOSS_ITEMS])
-        more = f", ... ({len(value)} in all)" if len(value) > _GLOSS_ITEMS else ""
-        return f"[{shown}{more}]"
+        return _clip([_words(v) for v in value], "and")
     return str(value)
 
 
@@ -162,8 +213,23 @@ def template_fields(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
-def gloss(node: Any, vocab: Any = None) -> str:
-    """An English clause for a tree (or a predicate), from the spec's gloss templates; ``vocab`` names tokens."""
+_SAME: Any = object()  # ChildGloss: the child takes its parent's share
+
+
+class ChildGloss:
+    """Renders a combinator's children (``gloss_fields``' callback): ``share`` is the part of the attention row the
+    node stands for (1.0 at the root, the product of the mixture shares above it, None under a product or sharpen
+    inside a mixture, where shares of the row are not defined), so nested mixtures state shares of the row once."""
+
+    def __init__(self, vocab: Any, share: float | None) -> None:
+        self.vocab, self.share = vocab, share
+
+    def __call__(self, child: Any, share: float | None = _SAME) -> str:
+        """The clause of ``child``, at ``share`` of the row (by default the parent's)."""
+        return _gloss(child, self.vocab, self.share if share is _SAME else share)
+
+
+def _gloss(node: Any, vocab: Any, share: float | None) -> str:
     if isinstance(node, Pred):
         return _pred_words(node, vocab)
     if isinstance(node, Prim):
@@ -172,8 +238,13 @@ def gloss(node: Any, vocab: Any = None) -> str:
             if all(node.param(k) == v for k, v in case):
                 return sentence
         kinds = {p.name: p.kind for p in spec.params}
-        return spec.gloss.format(**{k: _words(v, kinds.get(k, ""), vocab) for k, v in node.params})
+        return spec.gloss.format(**{k: _words(v, kinds.get(k, ""), vocab, node) for k, v in node.params})
     spec = combinator_for(node)
     if spec is None:
         raise TypeError(f"not a DSL node: {node!r}")
-    return spec.gloss.format(**spec.gloss_fields(node, lambda child: gloss(child, vocab)))
+    return spec.gloss.format(**spec.gloss_fields(node, ChildGloss(vocab, share)))
+
+
+def gloss(node: Any, vocab: Any = None) -> str:
+    """An English clause for a tree (or a predicate), from the spec's gloss templates; ``vocab`` names tokens."""
+    return _gloss(node, vocab, 1.0)

@@ -103,7 +103,8 @@ class CombinatorSpec:
     """The one declaration of a combinator: its node type, syntax, bound, cost, kernel, doc and gloss.
 
     ``cost`` counts per term or argument when ``cost_per_child``; ``gloss_fields(node, gloss)`` gives the
-    values of the ``gloss`` template's placeholders (``gloss`` renders a child). ``sparse(node, ctx)`` is
+    values of the ``gloss`` template's placeholders (``gloss(child, share=...)`` renders a child, ``gloss.share``
+    is the node's share of the attention row: synth/dsl/docs.py ``ChildGloss``). ``sparse(node, ctx)`` is
     the kernel on compressed rows (its children evaluated sparse), ``support(bounds)`` the children's
     per-row key bounds combined (mix: their sum; fallback, gate: the largest; mul: the smallest).
     """

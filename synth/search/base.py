@@ -2,7 +2,7 @@
 per head), how it is stopped (a time budget, a cancel event), and the registry ``explain`` runs searchers from.
 
 A searcher is an object with a ``name`` and ``search(store, *, synth_idx, select_idx, heads, progress,
-budget, cancel) -> {(layer, head): [Candidate, ...]}``. Registering a factory under a name
+budget, cancel) -> {(layer, head): [ScoredProgram, ...]}``. Registering a factory under a name
 (:func:`register_searcher`) makes it available to :func:`run_searchers` and ``headsurgeon.explain`` without
 editing the library; see docs/architecture.md for the recipe.
 """
@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..candidate import Candidate
+from ..scored import ScoredProgram
 from ..sequence import Sequence as TokenSequence
 from ...kernels.core import HeadsurgeonError, InputError
 
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 Head = tuple[int, int]
-CandidateMap = dict[Head, list[Candidate]]
+CandidateMap = dict[Head, list[ScoredProgram]]
 
 
 class PatternSource(Protocol):
@@ -79,7 +79,7 @@ class Searcher(Protocol):
     Conventions every searcher keeps:
 
     * ``synth_idx`` / ``select_idx`` are disjoint store indices; the searcher fits and ranks on synth, scores
-      on select (``Candidate.scores["synth"]`` / ``["select"]`` with ``"iou"`` and ``"jsd"``) and never reads
+      on select (``ScoredProgram.scores["synth"]`` / ``["select"]`` with ``"iou"`` and ``"jsd"``) and never reads
       any other sequence (``test`` stays unseen);
     * ``heads`` defaults to ``store.heads``; the result has a key per head it finished;
     * ``progress`` shows tqdm bars; ``budget`` (seconds of wall clock) and ``cancel`` (a ``threading.Event``)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..candidate import Candidate
+from ..scored import ScoredProgram
 from ..eaps import LIBRARY_BUDGET_S, LibraryProgram, probe_labels
 from ..errors import ProgramError
 from ..program import Program
@@ -104,8 +104,8 @@ class LibrarySearcher:
                                [store.sequences[i] for i in synth[:PROBE_WINDOWS]]))
         hyp = {p.hash: self.hypotheses.get(p.hash) or labels.get(p.hash) or self.names.get(p.hash, "").split(" (")[0]
                for p in programs}
-        return {h: [Candidate(h, p, SOURCE, hyp[p.hash], {split: {m: float(v[r]) for m, v in got.items()}
-                                                          for split, got in cols[p.hash].items()})
+        return {h: [ScoredProgram(p, SOURCE, {split: {m: float(v[r]) for m, v in got.items()}
+                                              for split, got in cols[p.hash].items()}, hyp[p.hash])
                     for p in programs]
                 for r, h in enumerate(heads)}
 

@@ -24,8 +24,12 @@ from .resume import MAX_WEIGHTS_BYTES, STATE_FILE
 from .train import TrainConfig, TrainResult
 from ...kernels.fileio import atomic_path, atomic_write_bytes, read_bounded
 from ...kernels.core import HeadsurgeonError, InputError
+from ...kernels.formats import FileFormat, read_versioned, write_versioned
 
-FORMAT_VERSION = 1
+#: config.json's format (kernels/formats.py): its only header is the version, in the field "format"
+RUN_CONFIG = FileFormat(None, 1, (1,), "a tp run's config.json", "train the run again with `headsurgeon tp train`",
+                        version_key="format", error=InputError)
+FORMAT_VERSION = RUN_CONFIG.version
 RUN_FILES = ("config.json", "model.safetensors", "metrics.json", "program.json", "program.py")
 
 
@@ -61,8 +65,12 @@ class Run:
         return discretize(self.model, self.vocab, self.labels, self.task)
 
 
+def _json(obj) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()
+
+
 def _write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+    atomic_write_bytes(path, _json(obj))
 
 
 def save_run(result: TrainResult, out: str | Path) -> Path:
@@ -70,20 +78,20 @@ def save_run(result: TrainResult, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = result.data
-    _write_json(
-        out / "config.json",
+    write_versioned(
+        out / "config.json", RUN_CONFIG,
         {
-            "format": FORMAT_VERSION,
             "task": data.name,
             "model": result.model_config.to_dict(),
             "train": result.train_config.to_dict(),
             "vocab": data.vocab,
             "labels": data.labels,
         },
+        encode=_json,
     )
     state = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
     with atomic_path(out / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": str(FORMAT_VERSION), "task": data.name})
+        save_file(state, str(tmp), metadata={"format": str(RUN_CONFIG.version), "task": data.name})
     _write_json(out / "metrics.json", {**result.metrics, "history": result.history})
     write_program(load_run(out), out)
     return out
@@ -105,9 +113,7 @@ def load_run(path: str | Path) -> Run:
     for f in (cfg_file, weights):
         if not f.exists():
             raise FileNotFoundError(f"{f} is missing; is {path} a run directory written by `headsurgeon tp train`?")
-    cfg = json.loads(read_bounded(cfg_file, 64 << 20, "a run's config.json"))  # no links or devices, size first
-    if cfg.get("format") != FORMAT_VERSION:
-        raise InputError(f"{cfg_file} has format {cfg.get('format')!r}; this version reads format {FORMAT_VERSION}")
+    cfg = read_versioned(cfg_file, RUN_CONFIG, 64 << 20)  # no links or devices, size first; its version checked
     model_cfg = dict(cfg["model"])
     model_cfg.setdefault("num_value_gate", False)  # runs written before the value gate existed counted only
     mc = ModelConfig.from_dict(model_cfg)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ... import dsl
-from ...candidate import Candidate
+from ...scored import ScoredProgram
 from ...program import Program
 from ..base import CandidateMap, Head, PatternSource, StopCheck, check_splits
 from .blas import single_thread_blas
@@ -67,8 +67,8 @@ def enumerative_search(
     budget: float | None = None,
     cancel: threading.Event | None = None,
     small: int = 4,
-) -> dict[tuple[int, int], list[Candidate]]:
-    """Search DSL programs for every head at once; ``{(layer, head): [Candidate, ...]}``, best JSD first.
+) -> dict[tuple[int, int], list[ScoredProgram]]:
+    """Search DSL programs for every head at once; ``{(layer, head): [ScoredProgram, ...]}``, best JSD first.
 
     ``synth_idx`` / ``select_idx``: store indices of the sequences to fit/rank on and to score for
     selection (default: a seeded 75/25 split of the store's documents). ``beam``: supports kept per
@@ -94,7 +94,7 @@ def enumerative_search(
 def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, beam: int, max_terms: int,
             seed: int, progress: bool, cache: Any, top_k: int, fit_sequences: int | None,
             library: list[Program] | None, gates: int, tables: bool, key_weights: int, spacy: bool | None,
-            stats: SearchStats | None, stop: StopCheck, small: int = 4) -> dict[tuple[int, int], list[Candidate]]:
+            stats: SearchStats | None, stop: StopCheck, small: int = 4) -> dict[tuple[int, int], list[ScoredProgram]]:
     """The body of :func:`enumerative_search` (arguments as there)."""
     t_start = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
@@ -192,13 +192,13 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
         pats = np.stack([fsel.pattern(p.node, memo) for p, _, _ in ranked[head]])
         sel[head] = {"iou": fsel.iou(pats, hi), "jsd": fsel.jsd(pats, hi)}
     del fsel
-    result: dict[tuple[int, int], list[Candidate]] = {}
+    result: dict[tuple[int, int], list[ScoredProgram]] = {}
     for head in heads:
         cands = []
         for k, (prog, iou_fit, jsd_fit) in enumerate(ranked[head]):
             scores = {"synth": {"iou": iou_fit, "jsd": jsd_fit},
                       "select": {"iou": float(sel[head]["iou"][k]), "jsd": float(sel[head]["jsd"][k])}}
-            cands.append(Candidate(head, prog, SOURCE, hypothesis(prog), scores))
+            cands.append(ScoredProgram(prog, SOURCE, scores, hypothesis(prog)))
         cands.sort(key=lambda c: (c.scores["synth"]["jsd"], c.program.text))
         result[head] = cands
     stats.seconds["select"] = time.perf_counter() - t0

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ...candidate import Candidate
+from ...scored import ScoredProgram
 from ...features import SPACY_FEATURES
 from ...metrics import score_many
 from ...tensors import program_patterns
@@ -82,7 +82,7 @@ def learned_search(store: PatternSource, heads: Sequence[tuple[int, int]] | None
                    steps: int | None = None, features: Sequence[str] | None = None,
                    config: LearnedConfig | None = None, threads: int | None = 1, head_chunk: int = 8,
                    return_models: bool = False, budget: float | None = None,
-                   cancel: threading.Event | None = None) -> dict[tuple[int, int], list[Candidate]]:
+                   cancel: threading.Event | None = None) -> dict[tuple[int, int], list[ScoredProgram]]:
     """Fit a learned categorical-predicate program per head; candidates scored on ``synth`` and ``select``.
 
     ``store`` needs ``.sequences``, ``.causal``, ``.heads`` and ``.batch(indices, heads) -> ([H,B,N,N],
@@ -167,8 +167,8 @@ def _search(store: PatternSource, heads: list[tuple[int, int]], synth_idx: list[
             if select_idx:
                 scores["select"] = _score_chunk(store, chunk, programs, select_idx, names)
             for h, (head, fits) in enumerate(zip(chunk, models)):
-                cands = [Candidate(head, prog, SOURCE, hypothesis=hypotheses[h][p_i],
-                                   scores={s: v[h][p_i] for s, v in scores.items()})
+                cands = [ScoredProgram(prog, SOURCE, {s: v[h][p_i] for s, v in scores.items()},
+                                       hypotheses[h][p_i])
                          for p_i, prog in enumerate(programs[h])]
                 out[head] = (cands, fits) if return_models else cands
             if progress and select_idx:

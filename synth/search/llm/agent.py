@@ -6,7 +6,7 @@ program}`` -> parse -> validate (``Program.parse`` / ``Program.python``) -> eval
 sandbox pool for Python) -> rank by JSD on ``synth`` -> ``rounds`` refinement rounds whose prompt shows
 the best programs' worst sequences (real vs predicted keys per query, as token strings) and the failures
 -> score the best ``keep`` candidates on ``select`` (IoU and JSD). The final choice across all searchers
-happens elsewhere; ``search`` returns ``Candidate`` lists with scores ``{"synth": {"jsd", "iou"},
+happens elsewhere; ``search`` returns ``ScoredProgram`` lists with scores ``{"synth": {"jsd", "iou"},
 "select": {"iou", "jsd"}}``, best (select IoU) first.
 
 Robustness, all counted in :class:`AgentStats`:
@@ -51,7 +51,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import prompts
-from ...candidate import Candidate
+from ...scored import ScoredProgram
 from ...errors import ProgramError
 from ...program import Program
 from ...sequence import sequences_key
@@ -108,7 +108,7 @@ class LLMAgent(ChatRequests, ProgramScoring):
     def search(self, store: PatternSource, heads: Sequence[tuple[int, int]] | None = None,
                synth_idx: Sequence[int] | None = None, select_idx: Sequence[int] | None = None,
                journal: str | os.PathLike | None = None, *, budget: float | None = None,
-               cancel: threading.Event | None = None) -> dict[tuple[int, int], list[Candidate]]:
+               cancel: threading.Event | None = None) -> dict[tuple[int, int], list[ScoredProgram]]:
         """Candidates per head (best select IoU first) from the chat model; resumable through ``journal``.
 
         ``store``: an ``AttentionStore`` (``sequences``, ``causal``, ``batch``); ``heads``: default all of
@@ -134,7 +134,7 @@ class LLMAgent(ChatRequests, ProgramScoring):
         fingerprint = {"synth": sequences_key(synth_seqs), "select": sequences_key(select_seqs),
                        "causal": causal, "store_model": str(getattr(store, "model_name", "") or "")}
 
-        results: dict[tuple[int, int], list[Candidate]] = {}
+        results: dict[tuple[int, int], list[ScoredProgram]] = {}
         self._journal = RunJournal(journal) if journal is not None else None
         if self._journal is not None:
             results.update(self._resume(self._journal, fingerprint, set(heads)))
@@ -181,7 +181,7 @@ class LLMAgent(ChatRequests, ProgramScoring):
         return {h: results[h] for h in heads}
 
     def _resume(self, journal: RunJournal, fingerprint: dict[str, Any], wanted: set[tuple[int, int]]
-                ) -> dict[tuple[int, int], list[Candidate]]:
+                ) -> dict[tuple[int, int], list[ScoredProgram]]:
         events = journal.read()
         runs = [e for e in events if e.get("event") == "run"]
         if runs and runs[-1].get("fingerprint") != fingerprint:
@@ -197,17 +197,17 @@ class LLMAgent(ChatRequests, ProgramScoring):
                 self.stats.journal_prompt_tokens += int(e.get("prompt_tokens") or 0)
                 self.stats.journal_completion_tokens += int(e.get("completion_tokens") or 0)
                 self.stats.journal_cost += float(e.get("cost") or 0.0)
-        restored: dict[tuple[int, int], list[Candidate]] = {}
+        restored: dict[tuple[int, int], list[ScoredProgram]] = {}
         for h, e in last.items():
             if h not in wanted or e.get("status") != "done":
                 continue
             try:
-                restored[h] = [candidate_from_json(h, c) for c in e.get("candidates", [])]
+                restored[h] = [candidate_from_json(c) for c in e.get("candidates", [])]
             except (ProgramError, ValueError, KeyError, TypeError):
                 continue  # an unreadable record: ask about this head again
         return restored
 
-    def _run_head(self, head: tuple[int, int], ctx: HeadContext) -> list[Candidate]:
+    def _run_head(self, head: tuple[int, int], ctx: HeadContext) -> list[ScoredProgram]:
         name = prompts.head_name(head)
         hs = self.stats.heads[name]
         hs.status = "running"
@@ -226,7 +226,7 @@ class LLMAgent(ChatRequests, ProgramScoring):
                                  "stats": asdict(hs)}, sync=True)
         return cands
 
-    def _search_head(self, head: tuple[int, int], ctx: HeadContext, hs: HeadStatus) -> tuple[list[Candidate], str]:
+    def _search_head(self, head: tuple[int, int], ctx: HeadContext, hs: HeadStatus) -> tuple[list[ScoredProgram], str]:
         cfg = self.config
         with self._store_lock:
             real, lengths = ctx.store.batch(ctx.synth_idx, [head])

@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ....kernels.argtypes import non_negative_float
+from ....kernels.configs import setting
 from ..base import SearcherUnavailable
 
 SOURCE = "llm"
@@ -35,8 +37,10 @@ class AgentConfig:
     (a local endpoint without a key gets a placeholder key).
     """
 
-    base_url: str | None = field(default_factory=lambda: env_value("HEADSURGEON_LLM_BASE_URL", "OPENAI_BASE_URL"))
-    model: str | None = field(default_factory=lambda: env_value("HEADSURGEON_LLM_MODEL"))
+    base_url: str | None = setting(default_factory=lambda: env_value("HEADSURGEON_LLM_BASE_URL", "OPENAI_BASE_URL"),
+                                   help="OpenAI-compatible endpoint (or HEADSURGEON_LLM_BASE_URL)")
+    model: str | None = setting(default_factory=lambda: env_value("HEADSURGEON_LLM_MODEL"),
+                                help="chat model for the LLM agent (or HEADSURGEON_LLM_MODEL)")
     api_key: str | None = field(default_factory=lambda: env_value("HEADSURGEON_LLM_API_KEY", "OPENAI_API_KEY"),
                                 repr=False)
     concurrency: int = 4                  # requests in flight at most
@@ -64,7 +68,8 @@ class AgentConfig:
     temperature: float = 0.7
     max_tokens: int | None = 2048         # completion tokens per reply
     json_mode: bool = False               # send response_format={"type": "json_object"}
-    cost_cap: float | None = None         # USD; None = no cap
+    cost_cap: float | None = setting(None, type=non_negative_float,  # USD; None = no cap
+                                     help="stop LLM requests past this many USD")
     price_prompt_per_1k: float = 0.0      # USD per 1000 prompt tokens
     price_completion_per_1k: float = 0.0  # USD per 1000 completion tokens
     seed: int = 0

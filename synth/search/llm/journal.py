@@ -11,7 +11,7 @@ from typing import Any
 
 
 from ....kernels.fileio import json_default
-from ...candidate import Candidate
+from ...scored import ScoredProgram
 from ...program import Program
 from .config import SOURCE
 from ....kernels.core import HeadsurgeonError, InputError
@@ -81,16 +81,15 @@ class RunJournal:
                 self._file = None
 
 
-def candidate_to_json(c: Candidate) -> dict[str, Any]:
+def candidate_to_json(c: ScoredProgram) -> dict[str, Any]:
     """A candidate as the journal records it."""
     return {"program": c.program.to_json(), "kind": c.program.kind, "hash": c.program.hash,
-            "hypothesis": c.hypothesis, "scores": c.scores}
+            "hypothesis": c.hypothesis, "scores": c.scores.to_json()}
 
 
-def candidate_from_json(head: tuple[int, int], obj: dict[str, Any]) -> Candidate:
+def candidate_from_json(obj: dict[str, Any]) -> ScoredProgram:
     """A journaled candidate back (an error when its program's hash changed)."""
     prog = Program.from_json(obj["program"], kind=obj.get("kind"))
     if obj.get("hash") and obj["hash"] != prog.hash:
         raise InputError(f"program hash changed ({obj['hash'][:12]} -> {prog.hash[:12]})")
-    return Candidate(head=head, program=prog, source=SOURCE, hypothesis=obj.get("hypothesis", ""),
-                     scores={k: dict(v) for k, v in (obj.get("scores") or {}).items()})
+    return ScoredProgram(prog, SOURCE, obj.get("scores") or {}, obj.get("hypothesis", ""))

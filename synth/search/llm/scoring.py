@@ -12,7 +12,7 @@ import numpy as np
 from ....kernels.normalize import normalize_scores
 from ....kernels.sparse import SparseRows
 from ... import prompts
-from ...candidate import Candidate
+from ...scored import ScoredProgram
 from ...errors import ProgramExecutionError
 from ...metrics import score_many
 from ...program import Program
@@ -31,7 +31,7 @@ class SynthFit:
     """A candidate scored on synth, with what its feedback needs: JSD per synth sequence and (for the programs
     shown as feedback) its synth patterns [B, N, N], dense or sparse (``synth.tensors.program_patterns``)."""
 
-    candidate: Candidate
+    candidate: ScoredProgram
     seq_jsd: np.ndarray
     pattern: ProgramTensor | None
 
@@ -118,11 +118,11 @@ class ProgramScoring:
         for k, (prog, hyp, pat) in enumerate(ok):
             seq_jsd = np.asarray(sc["jsd"][0, k], dtype=np.float64)
             scores = {"synth": {"jsd": float(seq_jsd.mean()), "iou": float(np.mean(sc["iou"][0, k]))}}
-            out.append(SynthFit(Candidate(head, prog, SOURCE, hyp, scores), seq_jsd, pat))
+            out.append(SynthFit(ScoredProgram(prog, SOURCE, scores, hyp), seq_jsd, pat))
         return out
 
     def _score_select(self, head: tuple[int, int], attempts: list[SynthFit], ctx: HeadContext,
-                      failures: list[dict[str, Any]]) -> list[Candidate]:
+                      failures: list[dict[str, Any]]) -> list[ScoredProgram]:
         if not attempts:
             return []
         with self._store_lock:
@@ -140,7 +140,7 @@ class ProgramScoring:
             sc = score_many(real, cand, lengths, ctx.causal, metrics=("iou", "jsd"))
         cands = []
         for k, (a, _) in enumerate(ok):
-            cands.append(Candidate(head=head, program=a.program, source=SOURCE, hypothesis=a.hypothesis, scores={
+            cands.append(ScoredProgram(a.program, SOURCE, hypothesis=a.hypothesis, scores={
                 "synth": {"jsd": a.jsd, "iou": a.iou},
                 "select": {"iou": float(sc["iou"][0, k]), "jsd": float(sc["jsd"][0, k])},
             }))

@@ -1,0 +1,102 @@
+"""explain after selection: both kinds of program measured as ``headsurgeon eval`` measures them
+(surgery/eval_report.py ``evaluate_programs`` on the run's own Splits), then OUT/sweep.png, OUT/report.html and
+OUT/summary.json, with the run's timings nested where phases nest.
+
+Replacements (the most faithful programs) and explanations (the best readable ones) each get the headline ΔPPL with
+a bootstrap interval, the sweep in IoU and/or ΔPPL order beside a random order and random programs, and, when asked,
+per-head ΔPPL with Spearman(IoU, ΔPPL) and lm-eval tasks (the held-out cloze, surgery/cloze.py, among them).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from headsurgeon.surgery.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
+from headsurgeon.synth.programset import head_label
+
+__all__ = ["measure_and_report", "nest_timings", "cloze_documents", "sweep_rows"]
+
+#: how the search stage's per-head parts are keyed in explain's timings (headsurgeon/scaleout/stage.py sums them)
+SEARCH = "search"
+
+
+def nest_timings(timings: dict[str, float], parts: Iterable[str]) -> dict[str, Any]:
+    """explain's flat timings with the search stage's per-head ``parts`` (per searcher, select, per-head ΔPPL: sums
+    over heads, which on Ray run in parallel) nested under ``"search"``, whose own ``"wall"`` is the stage's wall
+    time ("heads_wall", headsurgeon/scaleout/stage.py), so no second counts twice in a total."""
+    parts = set(parts) - {"heads_wall"}
+    out: dict[str, Any] = {}
+    for key, value in timings.items():
+        if key == "heads_wall":
+            out[SEARCH] = {"wall": float(value), **{k: float(timings[k]) for k in timings if k in parts}}
+        elif key not in parts:
+            out[key] = value
+    return out
+
+
+def total_seconds(timings: dict[str, Any]) -> float:
+    """The run's wall time: its phases run one after another, so the sum of their walls, nested parts left out."""
+    return sum(float(v["wall"]) if isinstance(v, dict) else float(v) for k, v in timings.items() if k != "total")
+
+
+def cloze_documents(splits: Any) -> list[str]:
+    """The held-out texts for the cloze: each test window's text (the document span it covers), as the model saw it
+    and never searched or selected on (surgery/corpus.py; Splits keep windows, not whole documents)."""
+    return [s.text for s in splits.test if s.text and s.text.strip()]
+
+
+def _with_cloze(tasks: list[str], include_path: Any, splits: Any, out: Path, seed: int) -> tuple[list[str], Any]:
+    """``tasks`` plus the held-out cloze written under OUT/cloze, and the include path that finds it."""
+    from headsurgeon.surgery.cloze import write_cloze_task
+
+    name, folder = write_cloze_task(cloze_documents(splits), out / "cloze", seed=seed)
+    given = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
+    return tasks + [name], given + [str(folder)]
+
+
+def sweep_rows(evaluation: EvalReport | None) -> list[dict[str, Any]]:
+    """Every kind's sweep rows, each labelled with its kind under ``"which"`` (replacements first)."""
+    if evaluation is None:
+        return []
+    return [{"which": kind, **row} for kind, kr in evaluation.kinds.items() for row in kr.sweep or []]
+
+
+def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out: Path, *, heads: Any, vocab: Any,
+                       timings: dict[str, Any], notes: list[str], seed: int = 0,
+                       sweep_steps: Iterable[float] = SWEEP_STEPS, order: str = "iou",
+                       delta_ppl: bool = False, tasks: list[str] | None = None,
+                       task_limit: int | float | None = None, include_path: Any = None, cloze: bool = False,
+                       progress: bool = True) -> tuple[EvalReport, dict[str, Any], dict[str, Any]]:
+    """Measure ``programs`` (both kinds), plot, write report.html and summary.json; return (the EvalReport, the
+    nested timings, the summary written).
+
+    ``heads``: the search stage's HeadsResult: its timings nest under "search", and its per-head ΔPPL (measured on
+    the test windows when ``delta_ppl``) is the replacements' per-head ΔPPL here, not measured again.
+    """
+    from headsurgeon.report import write_report
+
+    timings = nest_timings(timings, heads.timings)
+    tasks = list(tasks or [])
+    t0 = time.perf_counter()
+    if cloze:
+        tasks, include_path = _with_cloze(tasks, include_path, splits, out, seed)
+    evaluation = evaluate_programs(handle, splits, programs, which="both", per_head=delta_ppl, sweep=True,
+                                   order=order, steps=tuple(sweep_steps), tasks=tasks or None, limit=task_limit,
+                                   include_path=include_path, task_sweep=False, seed=seed, progress=progress,
+                                   known_per_head={"replacement": heads.delta_ppl} if delta_ppl else None)
+    png = out / "sweep.png"
+    if any(kr.sweep for kr in evaluation.kinds.values()):
+        evaluation.plot(png)
+    timings["measure"] = {"wall": time.perf_counter() - t0, **evaluation.seconds}
+    timings["total"] = total_seconds(timings)
+    idx = splits.indices
+    write_report(out / "report.html", programs, store, idx["test"], png, title=f"headsurgeon: {handle.name}",
+                 timings=timings, notes=notes, vocab=vocab, select_idx=idx["select"], evaluation=evaluation)
+    summary: dict[str, Any] = {"summary": programs.summary("test"), "evaluation": evaluation.to_json(),
+                               "timings_s": timings, "notes": notes}
+    if delta_ppl:  # the search tasks' own figures (headsurgeon/scaleout/task.py), as the journal holds them
+        summary["delta_ppl"] = {head_label(h): d for h, d in heads.delta_ppl.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return evaluation, timings, summary

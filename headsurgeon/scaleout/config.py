@@ -1,0 +1,32 @@
+"""Where explain's per-head tasks run (headsurgeon/scaleout/): the executor, the Ray cluster, the task size, and
+where workers read the store."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..kernels.argtypes import positive_int
+from ..kernels.configs import setting
+
+__all__ = ["ScaleoutConfig"]
+
+
+@dataclass(frozen=True)
+class ScaleoutConfig:
+    """The scale-out settings; the command line's ``--ray [ADDRESS]`` sets ``executor`` and ``address`` together."""
+
+    executor: str = setting("serial", flag=None, help="'serial' (this process) or 'ray'")
+    address: str | None = setting(
+        None, flag="--ray", nargs="?", const="", metavar="ADDRESS",
+        help="search and select on Ray: on the cluster at ADDRESS (HOST:PORT, e.g. 10.0.0.1:6379), or on a local "
+             "Ray runtime when no ADDRESS follows (pip install 'headsurgeon[ray]')")
+    heads_per_task: int | None = setting(None, type=positive_int,
+                                         help="heads per task (default: 64 serially; on Ray, the heads spread over "
+                                              "the cluster's CPUs)")
+    store_url: str | None = setting(None, metavar="URL",
+                                    help="where Ray workers read OUT/store (a shared path or an fsspec URL) when "
+                                         "not at OUT/store")
+
+    @classmethod
+    def from_ray_flag(cls, address: str | None, **settings: object) -> "ScaleoutConfig":
+        """The config for ``--ray [ADDRESS]``: None (not given) runs serially, "" on a local Ray runtime."""
+        return cls(executor="serial" if address is None else "ray", address=address or None, **settings)
