@@ -49,6 +49,7 @@ class FileFormat:
     version's field; ``default`` is the version of files that have none (older writers left it out), None when the
     field is required. ``error`` is the format's own error class, so callers keep catching what they caught;
     ``future`` the class for a newer version (default: one that is both ``error`` and a FutureFormatError).
+    ``writer`` is the path of keys to the headsurgeon version a document records (named when it is too new).
     """
 
     name: str | None
@@ -60,6 +61,7 @@ class FileFormat:
     default: int | None = None
     error: type[Exception] = FormatError
     future: type[Exception] | None = None
+    writer: tuple[str, ...] = ()
 
     def header(self, version: int | None = None) -> dict[str, Any]:
         """The leading fields a file of this format starts with (``version``: an older one this library writes)."""
@@ -85,15 +87,23 @@ def check_versioned(obj: Any, fmt: FileFormat, where: str) -> int:
     if not isinstance(version, int) or isinstance(version, bool):
         raise fmt.refuse(where, f"has a malformed version ({fmt.version_key!r} is {_short(version)}, "
                                 "not a whole number)")
-    return _check_version(version, fmt, where)
+    return _check_version(version, fmt, where, _writer(obj, fmt.writer))
 
 
-def _check_version(version: int, fmt: FileFormat, where: str) -> int:
+def _writer(obj: Any, keys: tuple[str, ...]) -> str | None:
+    """The headsurgeon version recorded under ``keys`` in a document (None when there is none)."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj if keys and isinstance(obj, str) else None
+
+
+def _check_version(version: int, fmt: FileFormat, where: str, writer: str | None = None) -> int:
     if version in fmt.readable:
         return version
     if version > max(fmt.readable):
-        raise (fmt.future or _future(fmt.error))(f"{where} is {fmt.what} of format version {version}; {UPGRADE} "
-                                                 f"(this one reads version {_versions(fmt)})")
+        by = f", written by headsurgeon {_short(writer, 40)}" if writer else ""
+        raise (fmt.future or _future(fmt.error))(f"{where} is {fmt.what} of format version {version}{by}; "
+                                                 f"{UPGRADE} (this one reads version {_versions(fmt)})")
     raise fmt.refuse(where, f"is {fmt.what} of format version {version}, which this headsurgeon no longer reads "
                             f"(it reads version {_versions(fmt)})")
 

@@ -402,8 +402,10 @@ def test_newer_format_version_is_refused(reference_ck, copy_of):
     path = copy_of(reference_ck[0])
     m = json.loads((path / "manifest.json").read_text())
     m["format_version"] = ck.FORMAT_VERSION + 1
+    m["library"]["headsurgeon"] = "9.1.0"
     (path / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(FormatVersionError, match=rf"format version {ck.FORMAT_VERSION + 1}.*upgrade headsurgeon"):
+    with pytest.raises(FormatVersionError, match=rf"format version {ck.FORMAT_VERSION + 1}, written by headsurgeon "
+                                                 r"'9.1.0'; upgrade headsurgeon"):
         load_hybrid(path)
 
 

@@ -84,8 +84,10 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
         from ..surgery.evaluate import perplexity
 
         base = perplexity(handle, [store.sequences[i] for i in indices["test"]], progress=False)
+        param = next(handle.model.parameters())
         delta = DeltaJob(_model_spec(model_spec) if executor == "ray" else None,
-                         None if tokenizer is None else str(tokenizer), base)
+                         None if tokenizer is None else str(tokenizer), base,
+                         dtype=str(param.dtype).removeprefix("torch."), device=param.device.type)
     job = HeadJob(store_location(store.directory, store_url if executor == "ray" else None),
                   tuple(indices["synth"]), tuple(indices["select"]), tuple(indices["test"]), factories, seed,
                   dict(options), vocab, handle.name, delta, str(out) if executor == "serial" else None, gate)

@@ -20,11 +20,14 @@ from .headstore import HeadStore
 
 @dataclass(frozen=True)
 class DeltaJob:
-    """How a worker measures ΔPPL: a model spec it can load itself, and the base perplexity on ``test``."""
+    """How a worker measures ΔPPL: a model spec it can load itself (in the driver's dtype and on its device type,
+    so its perplexities are comparable with the driver's base), and the base perplexity on ``test``."""
 
     model: Any
     tokenizer: Any
     base_ppl: float
+    dtype: str = "float32"
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None)
         from ..surgery.loading import load_model
 
         t0 = time.perf_counter()
-        model = handle if handle is not None else load_model(job.delta.model, tokenizer=job.delta.tokenizer)
+        model = handle if handle is not None else load_model(
+            job.delta.model, tokenizer=job.delta.tokenizer, dtype=job.delta.dtype, device=job.delta.device)
         seqs = [store.sequences[i] for i in job.test_idx]
         deltas = per_head_delta_ppl(model, chosen.programs(), seqs, base_ppl=job.delta.base_ppl, progress=False)
         t_delta = time.perf_counter() - t0

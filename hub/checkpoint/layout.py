@@ -16,7 +16,7 @@ from .errors import FormatVersionError, IntegrityError
 #: manifest.json's format (kernels/formats.py); its version lives in ``format_version``
 CHECKPOINT = FileFormat("headsurgeon.hybrid", 1, (1,), "a headsurgeon hybrid checkpoint manifest",
                         "the checkpoint is damaged: save it again", version_key="format_version",
-                        error=IntegrityError, future=FormatVersionError)
+                        error=IntegrityError, future=FormatVersionError, writer=("library", "headsurgeon"))
 FORMAT, FORMAT_VERSION = CHECKPOINT.name, CHECKPOINT.version
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
