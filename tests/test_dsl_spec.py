@@ -102,6 +102,19 @@ def random_combinator(name: str, rng: np.random.Generator, pool: list[dsl.Node],
     raise AssertionError(f"add a random instance of combinator {name}")
 
 
+def grow_trees(rng: np.random.Generator, pool: list[dsl.Node], preds: list[Pred], depth: int,
+               per: int) -> list[tuple[str, dsl.Node]]:
+    """``per`` random nodes of every combinator, ``depth`` times, each level's nodes joining ``pool``."""
+    grown = []
+    for _ in range(depth):
+        for name in dsl.COMBINATORS:
+            for _ in range(per):
+                node = random_combinator(name, rng, pool, preds)
+                grown.append((name, node))
+                pool.append(node)
+    return grown
+
+
 # --------------------------------------------------------------------------------------------
 # every spec entry is complete
 # --------------------------------------------------------------------------------------------
@@ -184,55 +197,7 @@ class ProgramStore:
         return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
 
 
-# compact-cell semantics of their own (the other primitives' cells come from the search library, which the
-# reference evaluator computes)
-COMPACT_OWN = ("profile", "key_weight", "class_weight")
-# every combinator, ``sum`` included (synth/search/enumerative/fitset.py keeps each row's raw total)
-COMPACT_COMBINATORS = tuple(dsl.COMBINATORS)
-NO_SPACY = ("token", "position", "word", "sent", "punct", "cap", "newline", "sent_end", "word_start")
-
-
-def _compact_reference(fs, node, split, causal) -> np.ndarray:
-    """The reference pattern of ``node`` on the fit set's cells, in the fit set's (sequence, query, key) order."""
-    pat = dsl.evaluate(node, split.ids, split.lengths, split.features, causal)
-    cells = []
-    for b in fs.order:
-        n = int(split.lengths[b])
-        vis = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
-        cells.append(pat[b, :n, :n][vis])
-    return np.concatenate(cells)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_compact_evaluator_matches_the_reference_on_every_primitive_and_combinator(causal: bool) -> None:
-    from headsurgeon.synth.search.enumerative import FitSet, Split
-    rng = np.random.default_rng(7 + causal)
-    seqs = random_sequences(rng, 10)
-    usable = [n for n, s in dsl.PRIMITIVE_SPECS.items() if set(s.features) <= set(NO_SPACY)]
-    prims = {name: [random_primitive(name, rng, NO_SPACY[2:]) for _ in range(3)] for name in usable}
-    preds = [Pred("flag", f) for f in ("punct", "cap", "word_start")]
-    needed = set().union(*(dsl.features_needed(p) for ps in prims.values() for p in ps), {"punct", "cap",
-                                                                                          "word_start"})
-    split = Split(ProgramStore(seqs, causal), list(range(len(seqs))), needed)
-    library = [Program.from_node(p) for name in usable if name not in COMPACT_OWN for p in prims[name]]
-    library = list({p.hash: p for p in library}.values())
-    fs = FitSet(split, library, [(0, 0)], preds, causal, progress=False)
-    memo: dict = {}
-    pool = [p for ps in prims.values() for p in ps]
-    cases = [(name, p) for name, ps in prims.items() for p in ps]
-    for depth in range(2):
-        for name in COMPACT_COMBINATORS:
-            for _ in range(4):
-                node = random_combinator(name, rng, pool, preds)
-                cases.append((name, node))
-                pool.append(node)
-    covered = set()
-    for name, node in cases:
-        got = fs.pattern(node, memo)
-        want = _compact_reference(fs, node, split, causal)
-        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{name}: {dsl.to_text(node)}")
-        covered.add(name)
-    assert covered == set(usable) | set(COMPACT_COMBINATORS)
+# (the enumerative fit set's cells against the reference: tests/test_spec_adapters.py)
 
 
 @pytest.mark.parametrize("causal", [True, False])

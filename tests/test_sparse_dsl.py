@@ -15,7 +15,7 @@ from headsurgeon.synth.dsl import Pred, Prim
 from headsurgeon.synth.features import batch_feature_arrays
 from headsurgeon.synth.sequence import pad_ids
 
-from test_dsl_spec import random_combinator, random_primitive, random_sequences
+from test_dsl_spec import grow_trees, random_primitive, random_sequences
 
 FEATURES = ("punct", "cap", "word_start", "word", "sent")
 DENSE_PRIMITIVES = {"decay", "uniform", "profile", "key_weight", "class_weight"}
@@ -57,12 +57,7 @@ def test_every_sparse_primitive_and_combinator_equals_the_dense_path_bit_for_bit
     pool = [random_primitive(name, rng, ("word", "sent")) for name in sparse_names for _ in range(3)]
     cases = [(p.name, p) for p in pool]
     preds = [Pred("flag", f) for f in ("punct", "cap", "word_start")]
-    for _ in range(2):
-        for name in dsl.COMBINATORS:
-            for _ in range(5):
-                node = random_combinator(name, rng, pool, preds)
-                cases.append((name, node))
-                pool.append(node)
+    cases += grow_trees(rng, pool, preds, depth=2, per=5)
     covered = set()
     for name, node in cases:
         assert dsl.is_sparse(node), dsl.to_text(node)

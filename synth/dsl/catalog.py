@@ -6,7 +6,9 @@ adapter turns a node and the evaluation context into a call of a numba kernel in
 ``headsurgeon.kernels.primitives``; ``causal`` is the model's mask policy and every kernel scores only
 visible keys. Primitives of small ``support`` (a bound on the keys of a row, or ``COUNTED``) also give a
 ``sparse`` adapter writing compressed rows (kernels/primitives/sparse_prims.py); the combinators' ``sparse``
-kernels combine those (synth/dsl/sparse.py decides which form a tree takes).
+kernels combine those (synth/dsl/sparse.py decides which form a tree takes). The primitives the enumerative
+searcher fits give a ``cells`` adapter scoring a fit set's compact cells, and every combinator one composing them
+(synth/dsl/cell_combinators.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import numpy as np
 from headsurgeon.kernels import primitives as kernels
 
 from .bounds import _err
+from .cell_combinators import (FALLBACK_CELLS, GATE_CELLS, MIX_CELLS, MUL_CELLS, SHARPEN_CELLS, SUM_CELLS,
+                               Cells)
 from .context import Context
 from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
 from .sparse_combinators import fallback_sparse, gate_sparse, mix_sparse, mul_sparse, sharpen_sparse, sum_sparse
@@ -83,11 +87,21 @@ def _profile(node: Prim, ctx: Context) -> np.ndarray:
                                  node.param("tail"), -1.0 if bos is None else bos, ctx.causal, out=ctx.buf())
 
 
+def _profile_cells(node: Prim, cells: Cells) -> np.ndarray:
+    w = np.asarray(node.param("w"), dtype=np.float32)
+    d = cells.cell_d
+    v = np.where(d < len(w), w[np.clip(d, 0, len(w) - 1)], np.float32(node.param("tail")))
+    v = np.where(d < 0, np.float32(0.0), v).astype(np.float32)
+    if node.param("bos") is not None:
+        v[cells.cell_first] = np.float32(node.param("bos"))
+    return v
+
+
 _primitive("profile", (Param("w", "weights"), Param("tail", "nonneg", 0.0), Param("bos", "optnonneg", None)),
            _profile,
            "a positional profile: key j = i-d scores w[d] for d < len(w), else tail (default 0); key 0 scores "
            "bos if given; keys ahead of the query score 0",
-           "attends by distance, weighing {w}; farther tokens {tail}", keywords=True)
+           "attends by distance, weighing {w}; farther tokens {tail}", keywords=True, cells=_profile_cells)
 
 # --------------------------------------------------------------------------------------------
 # token primitives
@@ -114,7 +128,9 @@ _primitive("key_in_set", (Param("ids", "ids"),),
            "every visible key whose token id is in the set (tokens=[..]: by token strings)", "attends to every {ids}",
            keywords=True, support=COUNTED,
            sparse=lambda node, ctx: kernels.sparse_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), ctx.lengths,
-                                                        ctx.causal, *ctx.leaf()))
+                                                        ctx.causal, *ctx.leaf()),
+           cells=lambda node, cells: np.isin(cells.cell_key,
+                                             np.asarray(node.param("ids"), dtype=np.int64)).astype(np.float32))
 _primitive("recent", (Param("pred", "pred"),),
            lambda node, ctx: kernels.score_recent(ctx.pred_mask(node.param("pred")), ctx.lengths, ctx.causal,
                                                   out=ctx.buf()),
@@ -133,10 +149,19 @@ def _key_weight(node: Prim, ctx: Context) -> np.ndarray:
     return kernels.score_class_table(np.zeros_like(kc), kc, row[None, :], ctx.lengths, ctx.causal, out=ctx.buf())
 
 
+def _key_weight_cells(node: Prim, cells: Cells) -> np.ndarray:
+    table = node.param("w")
+    tids = np.array([t for t, _ in table], dtype=np.int64)
+    wts = np.array([w for _, w in table], dtype=np.float32)
+    idx = kernels.value_index(cells.cell_key, tids)
+    return np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default"))).astype(np.float32)
+
+
 _primitive("key_weight", (Param("w", "idweights"), Param("default", "nonneg", 1.0)), _key_weight,
            "every visible key scores the weight of its token id (listed ids), else default (default 1); "
            "mul(profile(..), key_weight(..)) adds position and key-token logits",
-           "weighs each key by its token ({w}; other tokens ×{default})", cost=2, keywords=True)
+           "weighs each key by its token ({w}; other tokens ×{default})", cost=2, keywords=True,
+           cells=_key_weight_cells)
 
 
 def class_tables(node: Prim, query_ids: np.ndarray, key_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -160,12 +185,17 @@ def _class_weight(node: Prim, ctx: Context) -> np.ndarray:
     return kernels.score_class_table(qc, kc, table, ctx.lengths, ctx.causal, out=ctx.buf())
 
 
+def _class_weight_cells(node: Prim, cells: Cells) -> np.ndarray:
+    qc, kc, table = class_tables(node, cells.row_tok, cells.cell_key)
+    return table[qc[cells.row_of_cell], kc]
+
+
 _primitive("class_weight", (Param("q", "idclasses"), Param("k", "idclasses"), Param("w", "matrix"),
                             Param("default", "nonneg", 1.0)), _class_weight,
            "token classes (disjoint id lists): every visible key scores w[c][e] where the query token is in "
            "class q[c] and the key token in class k[e], default (default 1) when either is in no class",
            "weighs each key by its token's class and the query's ({w}; other pairs ×{default})",
-           cost=2, keywords=True)
+           cost=2, keywords=True, cells=_class_weight_cells)
 
 
 def _match_args(node: Prim, ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -404,26 +434,27 @@ register_combinator(CombinatorSpec(
     "mix", Mix, "w1*A + w2*B + ...", "1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)", _mix,
     "the sum of the row-normalized components, weights finite and > 0 (0.7*prev(1) + 0.3*first() puts 0.7 on "
     "the previous token and 0.3 on BOS whatever the components' scales; an empty row contributes nothing)",
-    "{terms}", _mix_gloss, cost=1, cost_per_child=True, sparse=mix_sparse))
+    "{terms}", _mix_gloss, cost=1, cost_per_child=True, sparse=mix_sparse, cells=MIX_CELLS))
 register_combinator(CombinatorSpec(
     "sum", Sum, "sum(w1*A, w2*B, ...)", "1 to MAX_NODES terms, weights 0 < w <= MAX_WEIGHT (1e30)", _sum,
     "the weighted sum of the components' raw scores, each row normalized once at the end (EAPS's \"add raw "
     "weights, then normalize each row\"; a weight of 1 may be left out: sum(2*prev(1), first()))",
-    "{terms}, adding up raw scores", _sum_gloss, cost=1, cost_per_child=True, sparse=sum_sparse))
+    "{terms}, adding up raw scores", _sum_gloss, cost=1, cost_per_child=True, sparse=sum_sparse, cells=SUM_CELLS))
 register_combinator(CombinatorSpec(
     "fallback", Fallback, "fallback(A, B, ...)", "2 to MAX_NODES arguments", _fallback,
     "per row, the first argument whose row is non-empty",
     "{first}, otherwise {rest}",
     lambda node, gloss: {"first": _branch(gloss, node.args[0]),
                          "rest": ", otherwise ".join(_tail(_branch(gloss, a)) for a in node.args[1:])}, cost=2,
-    cost_per_child=True, sparse=fallback_sparse, support=max))
+    cost_per_child=True, sparse=fallback_sparse, support=max, cells=FALLBACK_CELLS))
 register_combinator(CombinatorSpec(
     "gate", Gate, "gate(PRED, A, B)", "PRED as for recent; ids=[..]: 1 to MAX_IDS (65536) token ids", _gate,
     "rows whose query satisfies PRED take A, the others B (gate(tok(\"Lily\"), A, B) / gate(ids=[..], A, B) is the "
     "query-in-set gate)",
     "when the query is {pred}, {then}; otherwise {other}",
     lambda node, gloss: {"pred": _article(gloss(node.pred)), "then": _branch(gloss, node.then),
-                         "other": _tail(_branch(gloss, node.other))}, cost=2, sparse=gate_sparse, support=max))
+                         "other": _tail(_branch(gloss, node.other))}, cost=2, sparse=gate_sparse, support=max,
+    cells=GATE_CELLS))
 register_combinator(CombinatorSpec(
     "sharpen", Sharpen, "sharpen(A, t) / sharpen(A, t, by=[[t1, [ids..]], ..])",
     "0 < t <= MAX_EXPONENT (1e6); by: 1 to MAX_CLASSES (256) disjoint classes, MAX_IDS (65536) ids in all",
@@ -433,12 +464,12 @@ register_combinator(CombinatorSpec(
     "{arg}, sharpened to the power {t}",
     lambda node, gloss: {"arg": gloss(node.arg, share=_inner(gloss)),
                          "t": f"{float(f'{node.t:.2g}'):g}" + (" (per query token class)" if node.by else "")},
-    cost=4, sparse=lambda node, ctx: sharpen_sparse(node, ctx, sharpen_exponents), support=max))
+    cost=4, sparse=lambda node, ctx: sharpen_sparse(node, ctx, sharpen_exponents), support=max, cells=SHARPEN_CELLS))
 register_combinator(CombinatorSpec(
     "mul", Mul, "mul(A, B, ...)", "2 to MAX_NODES arguments", _mul,
     "elementwise product (intersection of supports); mul(profile, key_weight, class_weight) adds them as logits",
     "{args}, the scores multiplied",
     lambda node, gloss: {"args": _and([gloss(a, share=_inner(gloss)) if k == 0 else
                                        _tail(gloss(a, share=_inner(gloss))) for k, a in enumerate(node.args)])},
-    cost=1, cost_per_child=True, sparse=mul_sparse, support=min))
+    cost=1, cost_per_child=True, sparse=mul_sparse, support=min, cells=MUL_CELLS))
 

@@ -4,7 +4,8 @@ A ``PrimitiveSpec`` holds a primitive's name, parameters (each with a kind from 
 carries its bound and check), the feature arrays it reads, its kernel (an evaluate function over the
 evaluation context), its cost, a one-line doc and a gloss template. The parser's checks, the reference
 evaluator's dispatch, the docs tables, the LLM prompt's DSL reference and ``gloss`` all read these
-registries; ``register_primitive`` adds one (docs/architecture.md has the recipe).
+registries; ``register_primitive`` adds one (docs/architecture.md has the recipe). The enumerative searcher's fit
+set evaluates trees on its compact cells through the declarations' ``cells`` adapters (synth/dsl/cell_combinators.py).
 """
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ from ...kernels.core import InputError
 
 # A kernel takes a node and the evaluation context (synth/dsl/context.py, which reads this registry).
 Kernel = Callable[[Any, Any], np.ndarray]
+# A primitive's cells kernel takes the node and a fit set's cells (synth/dsl/cell_combinators.py ``Cells``).
+CellsKernel = Callable[[Any, Any], np.ndarray]
 
 __all__ = [
-    "REQUIRED", "Kernel", "Param", "PrimitiveSpec", "CombinatorSpec", "PRIMITIVE_SPECS", "COMBINATOR_SPECS",
-    "register_primitive", "unregister_primitive", "register_combinator", "combinator_for",
+    "REQUIRED", "Kernel", "CellsKernel", "Param", "PrimitiveSpec", "CellsAdapter", "CombinatorSpec",
+    "PRIMITIVE_SPECS", "COMBINATOR_SPECS", "register_primitive", "unregister_primitive", "register_combinator",
+    "unregister_combinator", "combinator_for",
     "PRIMITIVES", "PRIMITIVE_COST", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "COMBINATOR_COST", "COUNTED",
 ]
 
@@ -64,7 +68,9 @@ class PrimitiveSpec:
     ``support`` bounds the keys a query row can score: an int or ``support(node) -> int`` (prev: 1,
     window(a, b): b-a+1), ``COUNTED``, or None (every visible key: dense); with it, ``sparse(node, ctx)``
     returns the scores as compressed rows (``headsurgeon.kernels.sparse.SparseRows``), which is how
-    trees of such primitives are evaluated (synth/dsl/sparse.py).
+    trees of such primitives are evaluated (synth/dsl/sparse.py). ``cells(node, cells)`` gives the raw scores [C]
+    of a primitive the enumerative searcher fits (profile, key_weight, class_weight, key_in_set) on a fit set's
+    compact cells (synth/dsl/cell_combinators.py ``Cells``); the other primitives' cells come from their kernels.
     """
 
     name: str
@@ -80,6 +86,7 @@ class PrimitiveSpec:
     gloss_cases: tuple[tuple[tuple[tuple[str, Any], ...], str], ...] = ()
     support: int | str | Callable[[Any], int] | None = None
     sparse: Kernel | None = None
+    cells: CellsKernel | None = None
 
     @property
     def takes_pred(self) -> bool:
@@ -99,6 +106,16 @@ class PrimitiveSpec:
 
 
 @dataclass(frozen=True)
+class CellsAdapter:
+    """A combinator on a fit set's compact cells (synth/dsl/cell_combinators.py): ``values(node, cells, memo)`` gives
+    (row-normalized scores [C] with empty rows 0, empty rows [R]), ``raw(node, cells, memo)`` the raw scores [C]
+    its dense kernel hands a ``sum``."""
+
+    values: Callable[[Any, Any, dict], tuple[np.ndarray, np.ndarray]]
+    raw: Callable[[Any, Any, dict], np.ndarray]
+
+
+@dataclass(frozen=True)
 class CombinatorSpec:
     """The one declaration of a combinator: its node type, syntax, bound, cost, kernel, doc and gloss.
 
@@ -106,7 +123,8 @@ class CombinatorSpec:
     values of the ``gloss`` template's placeholders (``gloss(child, share=...)`` renders a child, ``gloss.share``
     is the node's share of the attention row: synth/dsl/docs.py ``ChildGloss``). ``sparse(node, ctx)`` is
     the kernel on compressed rows (its children evaluated sparse), ``support(bounds)`` the children's
-    per-row key bounds combined (mix: their sum; fallback, gate: the largest; mul: the smallest).
+    per-row key bounds combined (mix: their sum; fallback, gate: the largest; mul: the smallest). ``cells`` is the
+    combinator on the enumerative fit set's compact cells (a ``CellsAdapter``).
     """
 
     name: str
@@ -121,6 +139,7 @@ class CombinatorSpec:
     cost_per_child: bool = False
     sparse: Kernel | None = None
     support: Callable[[list[float]], float] = sum
+    cells: CellsAdapter | None = None
 
 
 PRIMITIVE_SPECS: dict[str, PrimitiveSpec] = {}
@@ -151,6 +170,11 @@ def register_combinator(spec: CombinatorSpec) -> CombinatorSpec:
     COMBINATOR_SPECS[spec.name] = spec
     _BY_TYPE[spec.node_type] = spec
     return spec
+
+
+def unregister_combinator(name: str) -> None:
+    """Remove a combinator added with ``register_combinator`` (tests use it to clean up)."""
+    del _BY_TYPE[COMBINATOR_SPECS.pop(name).node_type]
 
 
 def combinator_for(node: Any) -> CombinatorSpec | None:

@@ -1,25 +1,36 @@
 """The compact fit set: the visible cells of the primitives' and the real heads' patterns as [P, cells] arrays,
-with an exact re-implementation of the DSL semantics and of the metrics on those cells (tests check it
-against the kernels and ``score_many``)."""
+the DSL semantics on those cells (from the spec's ``cells`` adapters, synth/dsl/cell_combinators.py) and the
+metrics on them (tests check both against the kernels and ``score_many``)."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-from ....kernels import primitives
+from ....kernels.core import InputError
 from ... import dsl
+from ...dsl.cell_combinators import Cells
+from ...dsl.spec import CellsAdapter, combinator_for
 from ...metrics import score_many
 from ...program import Program
 from .mixtures import GramStats
 from .split import Split, chunk_size, pred_mask
 from .util import progress_bar
 
-#: float32's largest value (the kernels' ``sum`` saturates there)
-F32_MAX = float(np.finfo(np.float32).max)
+
+def cells_adapter(node: dsl.Node) -> CellsAdapter:
+    """The ``cells`` adapter of a combinator node's spec, or an error saying what its declaration lacks."""
+    spec = combinator_for(node)
+    if spec is None:
+        raise TypeError(f"not a DSL node: {node!r}")
+    if spec.cells is None:
+        raise InputError(f"combinator {spec.name!r} declares no cells adapter, so the enumerative fit set cannot "
+                         "evaluate it: give its CombinatorSpec cells=CellsAdapter(values, raw) "
+                         "(synth/dsl/cell_combinators.py has the built-in ones)")
+    return spec.cells
 
 
-class FitSet:
+class FitSet(Cells):
     """The fit sequences' visible cells: components [P, C], real patterns [H, C], row/sequence layout.
 
     Cells are stored in (sequence, query, key) order, so each query row is a contiguous segment
@@ -113,13 +124,18 @@ class FitSet:
     # ------------------------------------------------------------ DSL semantics on compact cells
     def rownorm(self, v: np.ndarray) -> np.ndarray:
         """Divide each row segment of v ([C] or [K, C]) by its sum, in place; empty rows stay 0."""
-        s = np.add.reduceat(v, self.row_start[:-1], axis=-1)
+        s = self.row_sums(v)
         inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
         v *= inv[..., self.row_of_cell]
         return v
 
+    def row_sums(self, v: np.ndarray) -> np.ndarray:
+        """Each row segment's sum of v ([C] -> [R], [K, C] -> [K, R])."""
+        return np.add.reduceat(v, self.row_start[:-1], axis=-1)
+
     def values(self, node: dsl.Node, memo: dict) -> tuple[np.ndarray, np.ndarray]:
-        """(row-normalized scores [C] with empty rows 0, empty rows [R]) of a tree, as the kernels compute."""
+        """(row-normalized scores [C] with empty rows 0, empty rows [R]) of a tree, as the kernels compute: library
+        primitives from their kernels, the others and the combinators through the spec's ``cells`` adapters."""
         hit = memo.get(node)
         if hit is not None:
             return hit
@@ -127,57 +143,11 @@ class FitSet:
             k = self.index.get(node)
             if k is not None:
                 out = (self.X[k], self.empty[k])
-            elif node.name in ("profile", "key_weight", "class_weight", "key_in_set"):
+            else:
                 v = self.rownorm(self.cell_scores(node))
-                out = (v, np.add.reduceat(v, self.row_start[:-1]) <= 0)
-            else:
-                raise KeyError(f"{dsl.to_text(node)} is not in the search library")
-        elif isinstance(node, dsl.Mix):
-            acc = np.zeros(self.C, dtype=np.float32)
-            emp = np.ones(self.R, dtype=bool)
-            for w, t in node.terms:
-                v, e = self.values(t, memo)
-                acc += np.float32(w) * v
-                emp &= e
-            out = (self.rownorm(acc), emp)
-        elif isinstance(node, dsl.Sum):
-            acc = np.zeros(self.C, dtype=np.float64)
-            with np.errstate(over="ignore"):
-                for w, t in node.terms:  # the kernels' raw_scale / raw_accumulate: float64 sums, saturating
-                    acc = np.minimum(acc + np.float64(w) * self.raw(t, memo), F32_MAX).astype(np.float32)
-                    acc = acc.astype(np.float64)
-            v = acc.astype(np.float32)
-            out = (self.rownorm(v), np.add.reduceat(v, self.row_start[:-1]) <= 0)
-        elif isinstance(node, dsl.Gate):
-            rows = self.query_rows(node.pred)
-            va, ea = self.values(node.then, memo)
-            vb, eb = self.values(node.other, memo)
-            out = (np.where(rows[self.row_of_cell], va, vb), np.where(rows, ea, eb))
-        elif isinstance(node, dsl.Fallback):
-            v, e = self.values(node.args[0], memo)
-            for alt in node.args[1:]:
-                va, ea = self.values(alt, memo)
-                v = np.where(e[self.row_of_cell], va, v)
-                e = e & ea
-            out = (v, e)
-        elif isinstance(node, dsl.Sharpen):
-            v, e = self.values(node.arg, memo)
-            if node.by:
-                texp = np.full(self.R, node.t, dtype=np.float32)
-                for tk, ids in node.by:
-                    texp[np.isin(self.row_tok, np.asarray(ids, dtype=np.int64))] = tk
-                out = (self.rownorm(np.power(v, texp[self.row_of_cell])), e)
-            else:
-                out = (self.rownorm(np.power(v, np.float32(node.t))), e)
-        elif isinstance(node, dsl.Mul):
-            v, _ = self.values(node.args[0], memo)
-            v = v.copy()
-            for other in node.args[1:]:
-                v *= self.values(other, memo)[0]
-            s = np.add.reduceat(v, self.row_start[:-1])
-            out = (self.rownorm(v), s <= 0)
+                out = (v, self.row_sums(v) <= 0)
         else:
-            raise TypeError(f"not a DSL node: {node!r}")
+            out = cells_adapter(node).values(node, self, memo)
         memo[node] = out
         return out
 
@@ -190,53 +160,19 @@ class FitSet:
             return hit
         if isinstance(node, dsl.Prim):
             k = self.index.get(node)
-            if k is not None:
-                out = self.X[k] * self.scale[k][self.row_of_cell]
-            elif node.name in ("profile", "key_weight", "class_weight", "key_in_set"):
-                out = self.cell_scores(node)
-            else:
-                raise KeyError(f"{dsl.to_text(node)} is not in the search library")
-        elif isinstance(node, dsl.Mix):
-            out = np.zeros(self.C, dtype=np.float32)
-            for w, t in node.terms:
-                out += np.float32(w) * self.values(t, memo)[0]
-        elif isinstance(node, dsl.Gate):
-            rows = self.query_rows(node.pred)[self.row_of_cell]
-            out = np.where(rows, self.raw(node.then, memo), self.raw(node.other, memo))
-        elif isinstance(node, dsl.Fallback):
-            out, e = self.raw(node.args[0], memo), self.values(node.args[0], memo)[1]
-            for alt in node.args[1:]:
-                out = np.where(e[self.row_of_cell], self.raw(alt, memo), out)
-                e = e & self.values(alt, memo)[1]
-        elif isinstance(node, dsl.Mul):
-            out = self.raw(node.args[0], memo).copy()
-            for other in node.args[1:]:
-                out *= self.raw(other, memo)
-        else:  # sum, sharpen: normalized by their kernels
-            out = self.values(node, memo)[0]
+            out = self.X[k] * self.scale[k][self.row_of_cell] if k is not None else self.cell_scores(node)
+        else:
+            out = cells_adapter(node).raw(node, self, memo)
         memo[key] = out
         return out
 
     def cell_scores(self, node: dsl.Prim) -> np.ndarray:
-        """Raw scores [C] of ``profile``, ``key_weight``, ``class_weight`` and ``key_in_set`` (kernel semantics)."""
-        if node.name == "key_in_set":
-            return np.isin(self.cell_key, np.asarray(node.param("ids"), dtype=np.int64)).astype(np.float32)
-        if node.name == "profile":
-            w = np.asarray(node.param("w"), dtype=np.float32)
-            d = self.cell_d
-            v = np.where(d < len(w), w[np.clip(d, 0, len(w) - 1)], np.float32(node.param("tail")))
-            v = np.where(d < 0, np.float32(0.0), v).astype(np.float32)
-            if node.param("bos") is not None:
-                v[self.cell_first] = np.float32(node.param("bos"))
-            return v
-        if node.name == "class_weight":
-            qc, kc, table = dsl.class_tables(node, self.row_tok, self.cell_key)
-            return table[qc[self.row_of_cell], kc]
-        table = node.param("w")
-        tids = np.array([t for t, _ in table], dtype=np.int64)
-        wts = np.array([w for _, w in table], dtype=np.float32)
-        idx = primitives.value_index(self.cell_key, tids)
-        return np.where(idx >= 0, wts[np.maximum(idx, 0)], np.float32(node.param("default"))).astype(np.float32)
+        """Raw scores [C] of a primitive outside the search library, by its spec's ``cells`` (profile, key_weight,
+        class_weight, key_in_set)."""
+        cells = dsl.PRIMITIVE_SPECS[node.name].cells
+        if cells is None:
+            raise KeyError(f"{dsl.to_text(node)} is not in the search library (and {node.name} declares no cells=)")
+        return cells(node, self)
 
     def row_softmax(self, logits: np.ndarray) -> np.ndarray:
         """exp(logits) normalized within each row segment ([C] -> [C])."""

@@ -1,0 +1,106 @@
+"""The searchers take the DSL's semantics from the spec: every combinator and fitted primitive declares a cells
+adapter, the enumerative fit set evaluates through them like the reference evaluator, and a combinator without one is
+refused by name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from test_dsl_spec import ProgramStore, grow_trees, random_primitive, random_sequences
+
+from headsurgeon.kernels.core import InputError
+from headsurgeon.synth import dsl
+from headsurgeon.synth.dsl import Pred
+from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, combinator_for, register_combinator,
+                                        unregister_combinator)
+from headsurgeon.synth.program import Program
+from headsurgeon.synth.search.enumerative import FitSet, Split
+
+# primitives the enumerative searcher fits and so evaluates outside its library (synth/search/enumerative/small.py,
+# tables.py); every other primitive's cells come from the library, which the reference kernels compute
+FITTED = ("profile", "key_weight", "class_weight", "key_in_set")
+NO_SPACY = ("token", "position", "word", "sent", "punct", "cap", "newline", "sent_end", "word_start")
+PREDS = [Pred("flag", f) for f in ("punct", "cap", "word_start")]
+
+
+def test_every_combinator_and_fitted_primitive_declares_cells() -> None:
+    for name, spec in dsl.COMBINATOR_SPECS.items():
+        assert isinstance(spec.cells, CellsAdapter), f"{name} has no cells adapter"
+        assert callable(spec.cells.values) and callable(spec.cells.raw), name
+    for name in FITTED:
+        assert callable(dsl.PRIMITIVE_SPECS[name].cells), name
+
+
+def _fit_set(rng: np.random.Generator, causal: bool) -> tuple[FitSet, Split, dict[str, list[dsl.Node]]]:
+    """A fit set over random sequences, its split and random instances of every usable primitive; the library
+    holds all but the fitted ones."""
+    seqs = random_sequences(rng, 10)
+    usable = [n for n, s in dsl.PRIMITIVE_SPECS.items() if set(s.features) <= set(NO_SPACY)]
+    prims = {name: [random_primitive(name, rng, NO_SPACY[2:]) for _ in range(3)] for name in usable}
+    needed = set().union(*(dsl.features_needed(p) for ps in prims.values() for p in ps), {f.value for f in PREDS})
+    split = Split(ProgramStore(seqs, causal), list(range(len(seqs))), needed)
+    library = [Program.from_node(p) for name in usable if name not in FITTED for p in prims[name]]
+    library = list({p.hash: p for p in library}.values())
+    return FitSet(split, library, [(0, 0)], PREDS, causal, progress=False), split, prims
+
+
+def _cells(fs: FitSet, split: Split, dense: np.ndarray, causal: bool) -> np.ndarray:
+    """A [B, N, N] array's visible cells in the fit set's (sequence, query, key) order."""
+    cells = []
+    for b in fs.order:
+        n = int(split.lengths[b])
+        vis = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+        cells.append(dense[b, :n, :n][vis])
+    return np.concatenate(cells)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fit_set_evaluates_every_primitive_and_combinator_like_the_reference(causal: bool) -> None:
+    """Patterns and raw scores on the fit set's cells equal the kernels: bit for bit for 0/1 primitives, to
+    float32 round-off otherwise, because the fit set normalizes a row by multiplying with the float32 reciprocal
+    of its float32 sum, the kernels divide by a float64 sum (kernels/normalize.py), and its sharpen takes float32
+    exponents (the searcher's scores have always been computed this way)."""
+    rng = np.random.default_rng(7 + causal)
+    fs, split, prims = _fit_set(rng, causal)
+    pool = [p for ps in prims.values() for p in ps]
+    cases = [(name, p) for name, ps in prims.items() for p in ps]
+    cases += grow_trees(rng, pool, PREDS, depth=2, per=4)
+    memo: dict = {}
+    exact = set()
+    for name, node in cases:
+        text = f"{name}: {dsl.to_text(node)}"
+        got = fs.pattern(node, memo)
+        want = _cells(fs, split, dsl.evaluate(node, split.ids, split.lengths, split.features, causal), causal)
+        raw = _cells(fs, split, dsl.evaluate_scores(node, split.ids, split.lengths, split.features, causal), causal)
+        if isinstance(node, dsl.Prim) and set(np.unique(raw)) <= {0.0, 1.0}:
+            np.testing.assert_array_equal(got, want, err_msg=text)
+            exact.add(name)
+        else:
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=text)
+        if not isinstance(node, (dsl.Sum, dsl.Sharpen)):  # those two hand ``sum`` their normalized rows
+            np.testing.assert_allclose(fs.raw(node, memo), raw, rtol=1e-5, atol=1e-6, err_msg=text)
+    assert {name for name, _ in cases} == set(prims) | set(dsl.COMBINATORS)
+    assert {"first", "prev", "key_in_set", "same_token"} <= exact
+
+
+@dataclass(frozen=True)
+class Twice:
+    """A toy combinator's node: its argument's scores, doubled."""
+
+    arg: object
+
+
+def test_a_combinator_without_cells_is_refused_by_name() -> None:
+    fs, _, _ = _fit_set(np.random.default_rng(1), True)
+    register_combinator(CombinatorSpec(
+        "twice", Twice, "twice(A)", "one argument", lambda node, ctx: 2 * ctx.eval(node.arg), "A's scores doubled",
+        "{arg}", lambda node, gloss: {"arg": gloss(node.arg)}, cost=1))
+    try:
+        node = Twice(dsl.parse("prev(1)"))
+        for evaluate in (fs.values, fs.raw, fs.pattern):
+            with pytest.raises(InputError, match=r"combinator 'twice' declares no cells adapter.*cells=CellsAdapter"):
+                evaluate(node, {})
+    finally:
+        unregister_combinator("twice")
+    assert combinator_for(node) is None and "twice" not in dsl.COMBINATOR_SPECS
