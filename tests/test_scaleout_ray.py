@@ -1,7 +1,7 @@
 """explain on Ray (headsurgeon/scaleout/): a local runtime and a `ray start` cluster reached by address select
 exactly the programs, with the same scores, as the serial run; a worker killed mid-run is retried by Ray; a
 driver killed mid-run resumes from the per-head journal; an unreachable cluster or an invisible store is a clear
-error. A serial explain never imports Ray. stories260K, 24 windows of 16 tokens, the enumerative searcher."""
+error. A serial explain never imports Ray. stories260K, 24 windows of 16 tokens, a narrow enumerative search."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,9 @@ from conftest import CORPUS, STORIES, need
 ray = pytest.importorskip("ray", reason="pip install 'headsurgeon[ray]' (in the test extra)")
 
 MODEL = f"llama2c:{STORIES / 'stories260K.bin'}"
+# a narrow enumerative search (the full one is tests/test_enumerative.py's): what is checked here is the executor
 SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequences=24, searchers=["enumerative"],
+                enumerative={"beam": 2, "max_terms": 2, "tables": False, "gates": 1, "small": 0},
                 sweep_steps=[0.0, 1.0], progress=False, seed=0)
 
 # a driver in its own process (run outside the repository, whose folders shadow the installed package)

@@ -14,6 +14,7 @@ from ..errors import excerpt
 from .bounds import (MAX_DEPTH, MAX_LITERAL_CHARS, MAX_NODES, _Budget, _check_text_size, _DEPTH_MESSAGE, _err,
                      _make_pred, _NODES_MESSAGE, _show)
 from .build import _checked, _measure, make_mix, make_prim, make_sharpen, make_sum, validate
+from .memo import memo
 from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS
 
@@ -160,5 +161,6 @@ def from_json(obj: Any) -> Node:
 
 def canonical_json(node: Node) -> str:
     """Compact, key-sorted JSON text: the canonical form that program hashes are computed from (validated first)."""
-    return json.dumps(to_json(node), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return memo(node, "canonical_json",
+                lambda: json.dumps(to_json(node), sort_keys=True, separators=(",", ":"), ensure_ascii=True))
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .bounds import _show
 from .build import validate
+from .memo import memo
 from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 from .spec import PRIMITIVE_SPECS
 from .tokens import fmt_token
@@ -73,6 +74,8 @@ def to_text(node: Node, vocab: Any = None) -> str:
     ``parse(to_text(t)) == t``; with a ``Vocabulary`` token ids print as token strings and
     ``parse(to_text(t, vocab), vocab=vocab) == t``.
     """
+    if vocab is None:  # the canonical text, once per node object (synth/dsl/memo.py)
+        return memo(node, "text", lambda: _to_text(validate(node), None))
     return _to_text(validate(node), vocab)
 
 
@@ -88,17 +91,29 @@ def _terms(terms: tuple, vocab: Any, omit_one: bool) -> list[str]:
 
 def _to_text(node: Node, vocab: Any) -> str:
     """``to_text`` of a validated tree (recursion depth at most MAX_DEPTH)."""
+    if isinstance(node, Prim) and vocab is None:
+        return memo(node, "text", lambda: _prim_text(node, None))
     if isinstance(node, Prim):
-        spec = PRIMITIVE_SPECS[node.name]
-        if spec.takes_pred:
-            return f"{node.name}({_fmt_pred(node.params[0][1], vocab)})"
-        kinds = {p.name: p.kind for p in spec.params}
-        if spec.keywords:
-            inner = ", ".join(f"{'tokens' if vocab is not None and kinds[k] == 'ids' else k}="
-                              f"{_fmt_param(kinds[k], v, vocab, node)}" for k, v in node.params if v is not None)
-        else:
-            inner = ", ".join(_fmt_param(kinds[k], v, vocab, node) for k, v in node.params)
-        return f"{node.name}({inner})"
+        return _prim_text(node, vocab)
+    return _combinator_text(node, vocab)
+
+
+def _prim_text(node: Prim, vocab: Any) -> str:
+    """One primitive's text."""
+    spec = PRIMITIVE_SPECS[node.name]
+    if spec.takes_pred:
+        return f"{node.name}({_fmt_pred(node.params[0][1], vocab)})"
+    kinds = {p.name: p.kind for p in spec.params}
+    if spec.keywords:
+        inner = ", ".join(f"{'tokens' if vocab is not None and kinds[k] == 'ids' else k}="
+                          f"{_fmt_param(kinds[k], v, vocab, node)}" for k, v in node.params if v is not None)
+    else:
+        inner = ", ".join(_fmt_param(kinds[k], v, vocab, node) for k, v in node.params)
+    return f"{node.name}({inner})"
+
+
+def _combinator_text(node: Node, vocab: Any) -> str:
+    """One combinator's text, its children through ``_to_text``."""
     if isinstance(node, Mix):
         return " + ".join(_terms(node.terms, vocab, omit_one=False))
     if isinstance(node, Sum):

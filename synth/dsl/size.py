@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .memo import memo
 from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
 
 __all__ = ["size"]
@@ -23,8 +24,8 @@ def _literals(value: Any) -> int:
 
 def size(node: Any) -> int:
     """Nodes plus scalar literals of a tree."""
-    if isinstance(node, Prim):
-        return 1 + sum(_literals(v) for _, v in node.params)
+    if isinstance(node, Prim):  # once per primitive object (synth/dsl/memo.py): tables are large
+        return memo(node, "size", lambda: 1 + sum(_literals(v) for _, v in node.params))
     if isinstance(node, Pred):
         return 1 + _literals(node.value)
     if isinstance(node, (Mix, Sum)):
