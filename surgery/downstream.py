@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,7 +15,7 @@ from .task_data import hub_data
 from .replace import HybridModel
 from ..kernels.core import InputError
 
-__all__ = ["downstream", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for", "task_manager",
+__all__ = ["downstream", "base_run", "BaseRun", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for", "task_manager",
            "check_tasks"]
 
 #: lm-eval task YAML files shipped with headsurgeon (the ``eaps6`` group); always on the include path
@@ -113,20 +114,53 @@ def _stderr(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def task_list(tasks: list[str] | str) -> list[str]:
+    """Task names from a list or a comma-separated string; none is an InputError."""
+    names = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
+    if not names:
+        raise InputError("no tasks given: name lm-eval tasks, e.g. tasks=['eaps6'] or --tasks hellaswag,piqa")
+    return names
+
+
+def _settings(tasks: list[str], limit: Any, include_path: Any, num_fewshot: Any, seed: int) -> tuple:
+    return (("tasks", tuple(tasks)), ("limit", limit), ("include_path", tuple(task_folders(include_path))),
+            ("num_fewshot", num_fewshot), ("seed", seed))
+
+
+@dataclass(frozen=True)
+class BaseRun:
+    """The base model's lm-eval run on some tasks (:func:`base_run`): ``downstream(..., base=)`` compares hybrids
+    with it instead of evaluating the base again."""
+
+    model: str
+    settings: tuple  # (name, value) pairs: tasks, limit, include_path, num_fewshot, seed
+    result: dict[str, Any]
+
+
+def base_run(handle: Any, tasks: list[str] | str, *, limit: int | float | None = None,
+             include_path: str | Path | list[str | Path] | None = None, batch_size: int = 16,
+             num_fewshot: int | None = None, seed: int = 0) -> BaseRun:
+    """lm-eval's run of the base model ``handle`` (a ModelHandle with an LM head) on ``tasks``, for ``downstream``."""
+    require_lm_head(handle)
+    tasks = task_list(tasks)
+    result = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
+    return BaseRun(handle.name, _settings(tasks, limit, include_path, num_fewshot, seed), result)
+
+
 def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, which: str = "replacement",
                trust_programs: bool = False, limit: int | float | None = None,
                include_path: str | Path | list[str | Path] | None = None, batch_size: int = 16,
                num_fewshot: int | None = None, n_boot: int = 1000, seed: int = 0,
-               tokenizer: Any = None, device: str = "cpu") -> dict[str, Any]:
+               tokenizer: Any = None, device: str = "cpu", base: "BaseRun | None" = None) -> dict[str, Any]:
     """Per task and metric: base and hybrid scores with lm-eval's standard errors, and their difference with a
     paired bootstrap interval over the same examples.
 
     ``model`` is a spec or ModelHandle (with ``programs``: a ProgramSet, mapping or programs.json) or a
     HybridModel (its base is the handle it was built on). Without programs only the base is evaluated.
+    ``base``: the base model's run from :func:`base_run` with the same tasks and settings, reused instead of
+    evaluating the base again (``evaluate_programs`` measures two kinds against one base).
     """
-    tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
-    if not tasks:
-        raise InputError("no tasks given: name lm-eval tasks, e.g. tasks=['eaps6'] or --tasks hellaswag,piqa")
+    tasks = task_list(tasks)
     if isinstance(model, HybridModel):
         if programs is not None:
             raise InputError("pass either a HybridModel or programs, not both")
@@ -140,7 +174,16 @@ def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, whic
         lm = (lm_for(hybrid, batch_size) if hybrid is not None
               else lm_for(handle, batch_size, programs=programs, which=which, trust_programs=trust_programs))
         hybrid = lm.model
-    base_run = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
+    settings = _settings(tasks, limit, include_path, num_fewshot, seed)
+    if base is None:
+        base_run = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
+    elif (base.model, base.settings) != (handle.name, settings):
+        differ = [f"{name} {a!r} there, {b!r} here" for (name, a), (_, b) in
+                  zip((("model", base.model), *base.settings), (("model", handle.name), *settings)) if a != b]
+        raise InputError(f"base= was run with other settings ({'; '.join(differ)}): pass base_run() of the same "
+                         "model, tasks and settings, or no base")
+    else:
+        base_run = base.result
     runs = {"base": base_run}
     if lm is not None:
         runs["hybrid"] = evaluate_tasks(lm, tasks, limit, include_path, seed, num_fewshot)

@@ -409,6 +409,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
     if sweep and "delta_ppl" in orders:
         report.order_on, report.order_sequences = order_on, len(order_seqs)
     costs = _Costs(handle, test, base)
+    base_tasks = None  # lm-eval's run of the base, once, which every kind's hybrid is compared with
     for kind in kinds:
         kr = _measure_kind(handle, programs, kind, costs, base_losses, seed, per_head,
                            (known_per_head or {}).get(kind), progress, seconds)
@@ -419,19 +420,23 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
             _sweep(handle, programs, kind, kr, orders, costs, order_seqs, steps, seed, progress, seconds)
         if tasks:
             with _timed(seconds, "tasks"):
-                _downstream(handle, programs, kind, kr, tasks, sweep and task_sweep, task_kw, progress)
+                if base_tasks is None:
+                    from .downstream import base_run
+
+                    base_tasks = base_run(handle, tasks, **task_kw)
+                _downstream(handle, programs, kind, kr, tasks, sweep and task_sweep, task_kw, progress, base_tasks)
     return report
 
 
 def _downstream(handle: Any, programs: ProgramSet, kind: str, report: KindReport, tasks: Any, sweep: bool,
-                task_kw: dict, progress: bool) -> None:
+                task_kw: dict, progress: bool, base: Any = None) -> None:
     """lm-eval tasks on the base and this kind's hybrid (surgery/downstream.py); with ``sweep`` also per step."""
     from .downstream import downstream
     from .downstream_sweep import downstream_sweep
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NEURAL_WARNING)
-        report.downstream = downstream(handle, tasks, programs, which=kind, **task_kw)
+        report.downstream = downstream(handle, tasks, programs, which=kind, base=base, **task_kw)
     if sweep:
         order = report.head_orders[report.sweep_orders[0]]  # type: ignore[index]  # the ΔPPL sweep's order
         report.downstream_sweep = downstream_sweep(handle, programs.programs(kind), tasks, order=order,

@@ -86,6 +86,25 @@ def test_downstream_base_above_chance_random_hybrid_lower(handle, random_program
     assert low <= row["delta"] <= high < 0
 
 
+def test_a_base_run_is_reused_and_must_match_the_settings(handle, random_programs):
+    """downstream(base=base_run(...)) gives the rows of a call that evaluates the base itself, from the given run
+    (a doctored score shows through); a run of another limit is refused, naming both settings."""
+    import copy
+
+    from headsurgeon.kernels.core import InputError
+    from headsurgeon.surgery.downstream import BaseRun, base_run, downstream
+
+    kw = dict(programs=str(random_programs), limit=20, include_path=TASKS)
+    base = base_run(handle, "hs_cloze", limit=20, include_path=TASKS)
+    assert downstream(handle, ["hs_cloze"], base=base, **kw) == downstream(handle, ["hs_cloze"], **kw)
+    doctored = copy.deepcopy(base.result)
+    doctored["results"]["hs_cloze"]["acc,none"] = 0.125
+    rows = downstream(handle, "hs_cloze", base=BaseRun(base.model, base.settings, doctored), **kw)["rows"]
+    assert rows[0]["base"] == 0.125
+    with pytest.raises(InputError, match=r"other settings \(limit 20 there, 10 here\): pass base_run\(\)"):
+        downstream(handle, ["hs_cloze"], base=base, **{**kw, "limit": 10})
+
+
 def test_downstream_rolling_and_generate_tasks(handle):
     import headsurgeon as hs
 

@@ -25,6 +25,7 @@ from headsurgeon.surgery.evaluate import EvaluationError, perplexity, replacemen
 from headsurgeon.surgery.loading import load_model  # noqa: E402
 from headsurgeon.surgery.providers import StoredPatterns  # noqa: E402
 from headsurgeon.surgery.replace import replace_heads  # noqa: E402
+from conftest import NARROW_SEARCH  # noqa: E402
 
 MODEL_DIR = Path(pkg.__file__).parent / "model"
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -144,7 +145,7 @@ def test_explain_runs_end_to_end(minilm, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(DOCS) + "\n")
     result = explain(minilm, corpus, tmp_path / "out", max_len=16, max_sequences=24, searchers=("enumerative",),
-                     sweep_steps=(0.0, 1.0), progress=False)
+                     enumerative=NARROW_SEARCH, sweep_steps=(0.0, 1.0), progress=False)
     assert (tmp_path / "out" / "programs.json").is_file() and (tmp_path / "out" / "report.html").is_file()
     assert "embedding_distance" in result.sweep[-1] and result.sweep[-1]["embedding_distance"] >= 0
     assert "embedding distance" in result.summary_table()

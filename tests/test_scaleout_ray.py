@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, STORIES, need
+from conftest import CORPUS, NARROW_SEARCH, STORIES, need
 
 ray = pytest.importorskip("ray", reason="pip install 'headsurgeon[ray]' (in the test extra)")
 
 MODEL = f"llama2c:{STORIES / 'stories260K.bin'}"
-# a narrow enumerative search (the full one is tests/test_enumerative.py's): what is checked here is the executor
 SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequences=24, searchers=["enumerative"],
-                enumerative={"beam": 2, "max_terms": 2, "tables": False, "gates": 1, "small": 0},
+                enumerative=NARROW_SEARCH,
                 sweep_steps=[0.0, 1.0], progress=False, seed=0)
 
 # a driver in its own process (run outside the repository, whose folders shadow the installed package)

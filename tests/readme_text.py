@@ -1,0 +1,75 @@
+"""README.md's text and a scratch checkout to run its examples in (tests/test_readme.py, tests/test_readme_cli.py).
+
+The text is read from README.md at test time, so a changed README is what gets tested. Commands run in
+a scratch checkout folder whose ``../shared`` is the real one, so the README's relative paths hold.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import SHARED, need
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    start = README.index(f"## {title}")
+    end = README.find("\n## ", start + 3)
+    return README[start: end if end != -1 else None]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def scratch(tmp_path: Path) -> Path:
+    """A folder laid out like a checkout beside ../shared."""
+    need(SHARED / "data")
+    (tmp_path / "shared").symlink_to(SHARED)
+    work = tmp_path / "checkout"
+    work.mkdir()
+    return work
+
+
+def run(command: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def cli_lines() -> tuple[dict[str, str], list[str]]:
+    """README's CLI variables (M, C) and its command lines, comments dropped."""
+    text = section("Command line")
+    variables = dict(re.findall(r'`(M|C)="?([^`"]+)"?`', text))
+    lines = [line.split("  #")[0].strip() for line in blocks(text, "bash")[0].splitlines() if line.strip()]
+    return variables, lines
+
+
+def _outputs(line: str) -> list[str]:
+    return re.findall(r"hs-out/[\w.\-/]+", line)
+
+
+def chain(lines: list[str], first: str) -> list[str]:
+    """The line starting with ``first`` and every later line that reads what a line of the chain wrote (a path under
+    one of its ``hs-out/`` paths), in README order: a group of lines that can run in a folder of its own."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    group, written = [lines[start]], list(_outputs(lines[start]))
+    for line in lines[start + 1:]:
+        if any(p == w or p.startswith(w.rstrip("/") + "/") for p in _outputs(line) for w in written):
+            group.append(line)
+            written += _outputs(line)
+    return group
+
+
+def run_lines(lines: list[str], variables: dict[str, str], work: Path) -> None:
+    """Run each line with bash in ``work`` (the README's variables set), failing on the first that fails."""
+    prefix = " ".join(f"{k}={shlex.quote(v)};" for k, v in variables.items())
+    for line in lines:
+        r = run(["bash", "-c", f"{prefix} {line}"], work)
+        assert r.returncode == 0, f"README command failed: {line}\n{r.stderr[-3000:]}"
+    assert not [p for p in work.iterdir() if p.name != "hs-out"], "README commands wrote outside hs-out/"
