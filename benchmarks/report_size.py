@@ -37,6 +37,7 @@ from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import score_programs
 from headsurgeon.synth.sequence import Sequence
+from headsurgeon.synth.program_store import ProgramStore
 from headsurgeon.synth.vocab import Vocabulary
 
 WORDS = ("the cat sat on a mat . Lily saw big dog and ran to park she said hello with her friend "
@@ -62,35 +63,11 @@ def sequences(count: int, seed: int = 0) -> list[Sequence]:
     return out
 
 
-class KnownStore:
-    """A duck-typed attention store whose heads are known programs, patterns computed once per window."""
-
-    def __init__(self, seqs: list[Sequence], programs: dict[tuple[int, int], Program]) -> None:
-        self.sequences, self.causal, self.programs = seqs, True, programs
-        self.heads = list(programs)
-        self._cache: dict[str, np.ndarray] = {}
-
-    def _all(self, program: Program) -> np.ndarray:
-        if program.hash not in self._cache:
-            self._cache[program.hash] = program.evaluate(self.sequences, causal=True)
-        return self._cache[program.hash]
-
-    def pattern(self, index: int, layer: int, head: int) -> np.ndarray:
-        n = self.sequences[index].n
-        return self._all(self.programs[(layer, head)])[index, :n, :n]
-
-    def batch(self, indices=None, heads=None, dtype=np.float32):
-        idx = list(range(len(self.sequences))) if indices is None else list(indices)
-        n = max(self.sequences[i].n for i in idx)
-        pats = np.stack([self._all(self.programs[h])[idx, :n, :n] for h in (heads or self.heads)])
-        return pats.astype(dtype), np.array([self.sequences[i].n for i in idx], dtype=np.int64)
-
-
-def build(layers: int, heads: int, windows: int) -> tuple[ProgramSet, KnownStore, dict[str, list[int]]]:
+def build(layers: int, heads: int, windows: int) -> tuple[ProgramSet, ProgramStore, dict[str, list[int]]]:
     """The ProgramSet and store of ``layers`` x ``heads`` known heads."""
     keys = [(layer, h) for layer in range(layers) for h in range(heads)]
     truth = {k: Program.parse(TRUTHS[n % len(TRUTHS)]) for n, k in enumerate(keys)}
-    store = KnownStore(sequences(windows), truth)
+    store = ProgramStore(sequences(windows), truth)
     third = windows // 3
     split = {"synth": list(range(third)), "select": list(range(third, 2 * third)),
              "test": list(range(2 * third, windows))}

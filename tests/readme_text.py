@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 from conftest import SHARED, need

@@ -180,23 +180,6 @@ def test_gloss_fills_the_templates() -> None:
 # the specialized evaluators agree with the reference evaluator
 # --------------------------------------------------------------------------------------------
 
-class ProgramStore:
-    """A duck-typed attention store whose one head is a fixed program."""
-
-    def __init__(self, sequences: list[Sequence], causal: bool) -> None:
-        self.sequences, self.causal = sequences, causal
-
-    @property
-    def heads(self) -> list[tuple[int, int]]:
-        return [(0, 0)]
-
-    def batch(self, indices=None, heads=None, dtype=np.float32):
-        idx = list(range(len(self.sequences))) if indices is None else list(indices)
-        seqs = [self.sequences[i] for i in idx]
-        pats = Program.parse("prev(1)").evaluate(seqs, causal=self.causal)[None]
-        return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
-
-
 # (the enumerative fit set's cells against the reference: tests/test_spec_adapters.py)
 
 

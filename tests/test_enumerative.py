@@ -13,6 +13,7 @@ from headsurgeon.synth.search.enumerative import (
 )
 from headsurgeon.synth.metrics import score_many
 from headsurgeon.synth.program import BUDGETS, Program
+from headsurgeon.synth.program_store import ProgramStore
 from headsurgeon.synth.sequence import Sequence
 
 STORY = """Once upon a time, there was a little girl named Lily. She loved to play outside in the park.
@@ -47,26 +48,6 @@ def story_sequences(max_len: int = 24) -> list[Sequence]:
             out.append(Sequence(ids=np.array(ids), tokens=tokens, text=line[lo:hi], offsets=np.array(offsets),
                                 doc=doc, has_bos=True))
     return out
-
-
-class ProgramStore:
-    """A duck-typed attention store whose heads are known programs."""
-
-    def __init__(self, sequences: list[Sequence], programs: dict[tuple[int, int], Program], causal: bool = True):
-        self.sequences = sequences
-        self.programs = programs
-        self.causal = causal
-
-    @property
-    def heads(self) -> list[tuple[int, int]]:
-        return list(self.programs)
-
-    def batch(self, indices=None, heads=None, dtype=np.float32):
-        idx = list(range(len(self.sequences))) if indices is None else list(indices)
-        heads = self.heads if heads is None else heads
-        seqs = [self.sequences[i] for i in idx]
-        pats = np.stack([self.programs[h].evaluate(seqs, causal=self.causal) for h in heads])
-        return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
 
 
 TRUTH = {

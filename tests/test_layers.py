@@ -57,23 +57,26 @@ def test_import_contracts_are_kept(tree):
     assert r.returncode == 0, "import-linter contracts broken:\n" + r.stdout[r.stdout.find("Contracts"):] + r.stderr
 
 
-def test_layers_contract_catches_an_upward_import(tree, tmp_path):
-    """The contract is not vacuous: a kernel that imports the hub breaks it."""
+def _plant(tree: Path, tmp_path: Path, file: str, code: str, contract: str) -> subprocess.CompletedProcess:
+    """import-linter's ``contract`` on a copy of ``tree`` whose ``file`` (under headsurgeon/) ends with ``code``."""
     planted = tmp_path / "tree"
     shutil.copytree(tree, planted)
-    with open(planted / "headsurgeon" / "kernels" / "fileio.py", "a", encoding="utf-8") as f:
-        f.write("\nfrom headsurgeon.hub import zoo  # planted by the test\n")
-    r = _lint_imports(planted, "--contract", "layers")
+    with open(planted / "headsurgeon" / file, "a", encoding="utf-8") as f:
+        f.write(code)
+    return _lint_imports(planted, "--contract", contract)
+
+
+def test_layers_contract_catches_an_upward_import(tree, tmp_path):
+    """The contract is not vacuous: a kernel that imports the hub breaks it."""
+    r = _plant(tree, tmp_path, "kernels/fileio.py", "\nfrom headsurgeon.hub import zoo  # planted by the test\n",
+               "layers")
     assert r.returncode != 0 and "headsurgeon.kernels.fileio -> headsurgeon.hub.zoo" in r.stdout, r.stdout
 
 
 def test_acyclic_contract_covers_the_facade_subpackages(tree, tmp_path):
     """A function-level import back from ray_run.py into run.py (the cycle issue 25 removed) breaks the contract."""
-    planted = tmp_path / "tree"
-    shutil.copytree(tree, planted)
-    with open(planted / "headsurgeon" / "scaleout" / "ray_run.py", "a", encoding="utf-8") as f:
-        f.write("\n\ndef _planted():\n    from .run import run_heads  # planted by the test\n")
-    r = _lint_imports(planted, "--contract", "acyclic")
+    r = _plant(tree, tmp_path, "scaleout/ray_run.py",
+               "\n\ndef _planted():\n    from .run import run_heads  # planted by the test\n", "acyclic")
     assert r.returncode != 0 and "headsurgeon.scaleout" in r.stdout, r.stdout
 
 

@@ -17,6 +17,7 @@ from headsurgeon.report import windows
 from headsurgeon.report.windows import add_windows, decode, encode
 from headsurgeon.synth import dsl
 from headsurgeon.synth.program import READABLE_CHARS, Program
+from headsurgeon.synth.program_store import ProgramStore
 from headsurgeon.synth.programset import ProgramSet, head_label
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import score_programs
@@ -44,25 +45,7 @@ def sequences(count: int = 24, seed: int = 0) -> list[Sequence]:
     return out
 
 
-class KnownStore:
-    """A duck-typed attention store whose heads are known programs (``pattern`` and ``batch``, as the report reads)."""
-
-    def __init__(self, seqs: list[Sequence], programs: dict[tuple[int, int], str]) -> None:
-        self.sequences, self.causal = seqs, True
-        self.programs = {h: Program.parse(t) for h, t in programs.items()}
-        self.heads = list(self.programs)
-
-    def pattern(self, index: int, layer: int, head: int) -> np.ndarray:
-        seq = self.sequences[index]
-        return self.programs[(layer, head)].evaluate([seq], causal=True)[0][: seq.n, : seq.n]
-
-    def batch(self, indices=None, heads=None, dtype=np.float32):
-        seqs = [self.sequences[i] for i in indices]
-        pats = np.stack([self.programs[h].evaluate(seqs, causal=True) for h in (heads or self.heads)])
-        return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
-
-
-def scored(store: KnownStore, head, text: str, source: str, budget: int | None = None) -> ScoredProgram:
+def scored(store: ProgramStore, head, text: str, source: str, budget: int | None = None) -> ScoredProgram:
     p = Program.parse(text)
     scores = {s: {m: float(v[0, 0]) for m, v in score_programs(store, [head], [p], idx).items()}
               for s, idx in SPLIT.items()}
@@ -72,7 +55,7 @@ def scored(store: KnownStore, head, text: str, source: str, budget: int | None =
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A report of two heads: each explained by a simpler program than the truth, replaced by the truth."""
-    store = KnownStore(sequences(), TRUTH)
+    store = ProgramStore(sequences(), TRUTH)
     ps = ProgramSet(model="known")
     for head, truth in TRUTH.items():
         ex = scored(store, head, EXPLAINED[head], "enumerative", READABLE_CHARS)
@@ -111,7 +94,7 @@ def test_windows_read_each_window_once_for_all_heads(built):
     """A store that decodes all heads of a window at once (``patterns``) is read once per window, not per head."""
     _, _, ps, store = built
 
-    class Counting(KnownStore):
+    class Counting(ProgramStore):
         reads = 0
 
         def patterns(self, index: int) -> np.ndarray:

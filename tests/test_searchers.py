@@ -10,6 +10,7 @@ import pytest
 from conftest import CORPUS, need
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
+from headsurgeon.synth.program_store import ProgramStore
 from headsurgeon.synth.search import (
     Searcher, SearcherUnavailable, SearchSettings, make_searcher, register_searcher, run_searchers, searchers,
     unregister_searcher,
@@ -35,25 +36,6 @@ def tiny_sequences(n: int = 12, length: int = 10) -> list[Sequence]:
         out.append(Sequence(ids=np.array(ids), tokens=["<s>"] + words, text=text, offsets=np.array(offsets),
                             doc=doc, has_bos=True))
     return out
-
-
-class TinyStore:
-    """A duck-typed ``PatternSource`` whose heads are known programs."""
-
-    def __init__(self, sequences: list[Sequence], programs: dict[tuple[int, int], str]) -> None:
-        self.sequences = sequences
-        self.programs = {h: Program.parse(t) for h, t in programs.items()}
-        self.causal = True
-
-    @property
-    def heads(self) -> list[tuple[int, int]]:
-        return list(self.programs)
-
-    def batch(self, indices=None, heads=None, dtype=np.float32):
-        idx = list(range(len(self.sequences))) if indices is None else list(indices)
-        seqs = [self.sequences[i] for i in idx]
-        pats = np.stack([self.programs[h].evaluate(seqs, causal=True) for h in (heads or self.heads)])
-        return pats.astype(dtype), np.array([s.n for s in seqs], dtype=np.int64)
 
 
 class OffsetSearcher:
@@ -95,7 +77,7 @@ def offsets():
 
 @pytest.fixture(scope="module")
 def store():
-    return TinyStore(tiny_sequences(), TRUTH)
+    return ProgramStore(tiny_sequences(), TRUTH)
 
 
 SYNTH, SELECT, TEST = list(range(6)), list(range(6, 9)), list(range(9, 12))
