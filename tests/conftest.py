@@ -13,6 +13,21 @@ torch.set_num_threads(1)  # tiny models: one thread is as fast, and immune to ov
 if os.environ.get("PYTEST_XDIST_WORKER"):  # README's `pytest -n 2`: a worker per core, so the CLI and Ray
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses a worker starts take its one core, not both
 
+#: the files that run longest (a suite run's --durations), in that order: collected first, so that pytest-xdist
+#: starts them first and both workers finish near the same time
+LONGEST_FIRST = ("test_readme_cli.py", "test_readme_cli_rest.py", "test_scaleout_ray.py", "test_architectures.py",
+                 "test_downstream.py", "test_readme.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist would otherwise hand out files by test count
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data"
 STORIES = DATA / "models" / "stories260K"

@@ -157,7 +157,8 @@ class FlakyWindowSum(WindowSum):
 
 def test_a_failing_program_of_a_sandboxed_kind_drops_only_itself():
     """The library searcher scores each sandboxed program alone (synth/search/library.py): a failure is a note."""
-    from test_searchers import SELECT, SYNTH, TRUTH, TinyStore, tiny_sequences
+    from headsurgeon.synth.program_store import ProgramStore
+    from test_searchers import SELECT, SYNTH, TRUTH, tiny_sequences
 
     from headsurgeon.synth.search.library import LibrarySearcher
 
@@ -165,7 +166,7 @@ def test_a_failing_program_of_a_sandboxed_kind_drops_only_itself():
     try:
         programs = [Program.parse("prev(1)"), Program.of("window_sum", 13), Program.of("window_sum", 2)]
         searcher = LibrarySearcher(programs)
-        found = searcher.search(TinyStore(tiny_sequences(), TRUTH), synth_idx=SYNTH, select_idx=SELECT, progress=False)
+        found = searcher.search(ProgramStore(tiny_sequences(), TRUTH), synth_idx=SYNTH, select_idx=SELECT, progress=False)
     finally:
         unregister_backend("window_sum")
     assert {c.program.text for c in found[(0, 0)]} == {"prev(1)", "window_sum(2)"}

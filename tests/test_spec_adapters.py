@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from test_dsl_spec import ProgramStore, grow_trees, random_primitive, random_sequences
+from test_dsl_spec import grow_trees, random_primitive, random_sequences
 
 from headsurgeon.kernels.core import InputError
 from headsurgeon.synth import dsl
@@ -16,6 +16,7 @@ from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, combinator
                                         unregister_combinator)
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.search.enumerative import FitSet, Split
+from headsurgeon.synth.program_store import ProgramStore
 
 # primitives the enumerative searcher fits and so evaluates outside its library (synth/search/enumerative/small.py,
 # tables.py); every other primitive's cells come from the library, which the reference kernels compute
@@ -39,7 +40,7 @@ def _fit_set(rng: np.random.Generator, causal: bool) -> tuple[FitSet, Split, dic
     usable = [n for n, s in dsl.PRIMITIVE_SPECS.items() if set(s.features) <= set(NO_SPACY)]
     prims = {name: [random_primitive(name, rng, NO_SPACY[2:]) for _ in range(3)] for name in usable}
     needed = set().union(*(dsl.features_needed(p) for ps in prims.values() for p in ps), {f.value for f in PREDS})
-    split = Split(ProgramStore(seqs, causal), list(range(len(seqs))), needed)
+    split = Split(ProgramStore(seqs, {(0, 0): "prev(1)"}, causal=causal), list(range(len(seqs))), needed)
     library = [Program.from_node(p) for name in usable if name not in FITTED for p in prims[name]]
     library = list({p.hash: p for p in library}.values())
     return FitSet(split, library, [(0, 0)], PREDS, causal, progress=False), split, prims
