@@ -7,8 +7,6 @@ The public API is re-exported here lazily (``import headsurgeon`` stays fast)::
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -47,7 +45,7 @@ _EXPORTS = {
     "jsd_distance": "headsurgeon.synth.metrics", "score_many": "headsurgeon.synth.metrics",
     "topq_iou": "headsurgeon.synth.metrics", "RealPatterns": "headsurgeon.synth.metrics",
     "run_demo": "headsurgeon.demo", "demo_corpus_path": "headsurgeon.hub.zoo", "Vocabulary": "headsurgeon.synth.vocab",
-    "explain": "headsurgeon.explain", **{name: "headsurgeon.configs" for name in (
+    "explain": "headsurgeon.pipeline", **{name: "headsurgeon.configs" for name in (
         "ExplainConfig", "ModelConfig", "CorpusConfig", "CaptureConfig", "SearchConfig", "ScaleoutConfig",
         "MeasureConfig")},
     "spearman_ci": "headsurgeon.surgery.evaluate",
@@ -62,7 +60,7 @@ if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time
         CaptureConfig, CorpusConfig, ExplainConfig, MeasureConfig, ModelConfig, ScaleoutConfig, SearchConfig,
     )
     from .demo import run_demo
-    from .explain import explain
+    from .pipeline import explain
     from .hub.checkpoint import load_hybrid, save_hybrid
     from .hub.remote import push_hybrid
     from .hub.zoo import demo_corpus_path
@@ -113,15 +111,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
-
-
-class _Package(types.ModuleType):
-    """Keeps ``hs.explain`` the function: importing the submodule headsurgeon.explain sets the attribute to it."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__ == f"{__name__}.{name}":
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -64,7 +64,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from headsurgeon.configs import ExplainConfig, ScaleoutConfig
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     # --library files are untrusted: explain parses and validates them, they run only in the sandbox (synth/eaps.py)
     scaleout = ScaleoutConfig.from_ray_flag(args.address, heads_per_task=args.heads_per_task, store_url=args.store_url)

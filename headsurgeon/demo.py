@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from headsurgeon.explain import ExplainResult, explain
+from headsurgeon.pipeline import ExplainResult, explain
 from headsurgeon.surgery.capture import padded_batch
 from headsurgeon.surgery.replace import head_name, replace_heads
 

@@ -457,7 +457,7 @@ def dead_port() -> int:
 
 
 def test_check_endpoint_fails_fast_on_a_dead_port_and_passes_a_live_server(tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
     from headsurgeon.synth.search.llm import EndpointError, check_endpoint
 
     dead = f"http://127.0.0.1:{dead_port()}/v1"

@@ -65,7 +65,7 @@ def test_the_cli_defaults_are_the_config_defaults(monkeypatch, tmp_path):
         seen["config"] = config
         raise InputError("stand-in: stop here")
 
-    monkeypatch.setattr(importlib.import_module("headsurgeon.explain"), "explain", stand_in)
+    monkeypatch.setattr(importlib.import_module("headsurgeon.pipeline"), "explain", stand_in)
     assert main(["explain", "m", "c", str(tmp_path)]) == 1
     assert seen["config"] == ExplainConfig()
     args = parse(build_parser(), ["explain", "m", "c", "o", "--max-len", "20", "--ray", "host:6379", "--llm-model",
@@ -78,7 +78,7 @@ def test_the_cli_defaults_are_the_config_defaults(monkeypatch, tmp_path):
 
 
 def test_one_default_per_setting():
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
     from headsurgeon.surgery.capture import capture
     from headsurgeon.surgery.corpus import load_corpus, make_sequences
     from headsurgeon.surgery.eval_report import evaluate_programs
@@ -109,7 +109,7 @@ def test_one_default_per_setting():
 
 
 def test_a_config_and_shortcuts_together_or_unknown_names_are_input_errors(tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     with pytest.raises(InputError, match=r"config= and keyword settings.*max_len is ExplainConfig\.corpus\.max_len"):
         explain("tiny-stories", None, tmp_path, config=ExplainConfig(), max_len=16)
@@ -210,7 +210,7 @@ def test_model_help_names_gguf_files_and_the_installed_real_models():
 
 def test_explain_runs_from_a_config_and_each_stage_gets_its_settings(tmp_path):
     import headsurgeon as hs
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
     from headsurgeon.surgery.store import AttentionStore
 
     config = hs.ExplainConfig(corpus=hs.CorpusConfig(max_len=16, max_sequences=12),

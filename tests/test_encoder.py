@@ -140,7 +140,7 @@ def test_cls_and_sep_are_special_features(minilm):
 
 
 def test_explain_runs_end_to_end(minilm, tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(DOCS) + "\n")

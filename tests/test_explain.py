@@ -14,7 +14,7 @@ from headsurgeon.synth.programset import ProgramSet
 
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory, stories):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     out = tmp_path_factory.mktemp("explain")
     return explain(stories, need(CORPUS), out, max_len=24, max_sequences=40, searchers=(),
@@ -92,7 +92,7 @@ def test_report_renders_in_headless_chromium(explained, tmp_path):
 
 def test_capture_only_then_the_same_call_goes_on_from_the_store(tmp_path, stories):
     """Capture on one machine (--capture-only), search on another: the second call reuses every shard."""
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     kwargs = dict(max_len=24, max_sequences=30, searchers=(), library=["prev(1)"], sweep_steps=(0.0, 1.0),
                   progress=False)

@@ -22,7 +22,7 @@ KINDS = ("replacement", "explanation")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     out = tmp_path_factory.mktemp("explain-measures")
     result = explain("tiny-stories", hs.demo_corpus_path(), out, max_len=24, max_sequences=16,

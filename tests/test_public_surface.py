@@ -33,8 +33,14 @@ def test_every_export_resolves_to_the_object_its_module_defines():
         assert getattr(headsurgeon, name) is getattr(importlib.import_module(module), name), name
 
 
-def test_importing_the_explain_submodule_keeps_hs_explain_the_function():
-    code = ("import headsurgeon as hs, headsurgeon.demo, headsurgeon.explain\n"
+def test_hs_explain_is_the_function_whatever_is_imported():
+    """No submodule is named like an export (headsurgeon/pipeline.py holds explain), so importing the package's
+    modules never replaces ``hs.explain`` by a module."""
+    import pkgutil
+
+    clash = sorted(set(headsurgeon._EXPORTS) & {m.name for m in pkgutil.iter_modules(headsurgeon.__path__)})
+    assert not clash, f"rename the modules {clash}: importing one would shadow the export of the same name"
+    code = ("import headsurgeon as hs, headsurgeon.demo, headsurgeon.pipeline, headsurgeon.explain_measure\n"
             "assert callable(hs.explain) and hs.explain.__name__ == 'explain', hs.explain\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -31,7 +31,7 @@ DRIVER = textwrap.dedent("""
     import json, sys
     import torch
     torch.set_num_threads(1)
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
     kw = json.loads(sys.argv[1])
     result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
     print(json.dumps({"ray_imported": "ray" in sys.modules, "notes": result.notes}))
@@ -100,7 +100,7 @@ def test_a_serial_explain_never_imports_ray(serial):
 
 
 def test_local_ray_selects_the_serial_programs_and_delta_ppl(serial, local_ray, tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     out, _ = serial
     result = explain(MODEL, need(CORPUS), tmp_path / "out", executor="ray", delta_ppl=True, **SETTINGS)
@@ -113,7 +113,7 @@ def test_local_ray_selects_the_serial_programs_and_delta_ppl(serial, local_ray, 
 
 
 def test_a_worker_that_cannot_see_the_store_is_a_clear_error(serial, local_ray, tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
     from headsurgeon.scaleout import StoreUnreachable
 
     with pytest.raises(StoreUnreachable, match="cannot read the store.*hs-nowhere.*fsspec URL"):
@@ -122,7 +122,7 @@ def test_a_worker_that_cannot_see_the_store_is_a_clear_error(serial, local_ray, 
 
 
 def test_a_killed_driver_resumes_from_the_journal(serial, local_ray, tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     out = tmp_path / "out"
     proc = _drive(tmp_path, out, wait=False, heads_per_task=2)
@@ -258,7 +258,7 @@ def test_llm_caps_hold_across_the_cluster(local_ray):
 def test_a_searcher_registered_at_run_time_runs_on_workers(local_ray, tmp_path):
     """The driver's registry entry travels with the task: a searcher registered only in this process (as
     docs/architecture.md's recipe does) runs on workers whose registry never saw it, and selects as serially."""
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
     from headsurgeon.synth.search import register_searcher, unregister_searcher
 
     def factory(settings):

@@ -153,7 +153,7 @@ def test_cancel_and_budget_stop_before_new_heads(store):
 
 
 def test_explain_runs_a_registered_searcher(offsets, stories, tmp_path):
-    from headsurgeon.explain import explain
+    from headsurgeon.pipeline import explain
 
     result = explain(stories, need(CORPUS), tmp_path, max_len=16, max_sequences=24, searchers=("offsets",),
                      sweep_steps=(0.0, 1.0), progress=False)

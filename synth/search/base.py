@@ -3,7 +3,7 @@ per head), how it is stopped (a time budget, a cancel event), and the registry `
 
 A searcher is an object with a ``name`` and ``search(store, *, synth_idx, select_idx, heads, progress,
 budget, cancel) -> {(layer, head): [ScoredProgram, ...]}``. Registering a factory under a name
-(:func:`register_searcher`) makes it available to :func:`run_searchers` and ``headsurgeon.explain`` without
+(:func:`register_searcher`) makes it available to :func:`run_searchers` and ``hs.explain`` without
 editing the library; see docs/architecture.md for the recipe.
 """
 from __future__ import annotations
