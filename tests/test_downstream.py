@@ -198,6 +198,16 @@ def test_eaps6_names_the_seed_papers_six_tasks_in_lm_evals_registry():
     assert all(m in manager.all_tasks and m not in manager.all_groups for m in members)
 
 
+def test_tasks_of_the_include_path_alone_skip_indexing_lm_evals_own():
+    """Tasks that the include path defines need only its folders indexed; a group, or any lm-eval task, needs all."""
+    from headsurgeon.surgery.downstream import task_manager
+
+    local = task_manager(TASKS, ["hs_cloze", "hs_rolling"])
+    assert {"hs_cloze", "hs_rolling"} <= set(local.all_tasks) and "hellaswag" not in local.all_tasks
+    assert "hellaswag" in task_manager(TASKS, ["hs_cloze", "hellaswag"]).all_tasks
+    assert "hellaswag" in task_manager(TASKS, ["eaps6"]).all_tasks  # a group: its members are lm-eval's
+
+
 def test_identity_hybrid_scores_exactly_as_the_base(handle):
     """Every head replaced by its own pattern on the very rows lm-eval scores: the same answers, the same numbers."""
     import numpy as np
