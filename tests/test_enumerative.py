@@ -379,7 +379,7 @@ def test_raw_sums_and_feature_gates_evaluate_exactly_and_fit_budgets() -> None:
     terms = [dsl.parse("prev(1)"), dsl.parse("same_word()"), dsl.parse(f"key_in_set(ids=[{ids['the']}])")]
     sums = raw_sums(fs, 0, terms)
     assert any(len(n.terms) == 3 for n in sums) and all(isinstance(n, dsl.Sum) for n in sums)
-    extra = [f"gate(quote, sum(2*prev(1), first()), same_word())",
+    extra = ["gate(quote, sum(2*prev(1), first()), same_word())",
              f"gate(punct, first(), sum(key_in_set(ids=[{ids['.']}]), 4*prev(1)))",
              "sum(mul(decay(0.5), same_word()), fallback(same_word(), first()))"]
     nodes = sums + [dsl.parse(t) for t in extra]

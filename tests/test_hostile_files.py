@@ -291,7 +291,8 @@ def test_cli_explain_checks_task_names_before_capture(capsys, tmp_path, monkeypa
 
     from headsurgeon.surgery import downstream
 
-    monkeypatch.setattr(downstream, "task_manager", lambda include_path=None: SimpleNamespace(all_tasks={"eaps6"}))
+    monkeypatch.setattr(downstream, "task_manager",
+                        lambda include_path=None, tasks=None: SimpleNamespace(all_tasks={"eaps6"}))
     line = one_line(capsys, ["explain", "tiny-stories", str(need(CORPUS)), str(tmp_path / "out"),
                              "--tasks", "no_such_task_xyz"], "explain")
     assert "no_such_task_xyz" in line
