@@ -99,19 +99,6 @@ def test_a_serial_explain_never_imports_ray(serial):
     assert len(list((out / "heads").glob("L*H*.json"))) == 40  # every head journaled, serial or not
 
 
-def test_local_ray_selects_the_serial_programs_and_delta_ppl(serial, local_ray, tmp_path):
-    from headsurgeon.pipeline import explain
-
-    out, _ = serial
-    result = explain(MODEL, need(CORPUS), tmp_path / "out", executor="ray", delta_ppl=True, **SETTINGS)
-    assert _programs(tmp_path / "out") == _programs(out)  # same programs, same scores, same frontier
-    want = json.loads((out / "summary.json").read_text())["delta_ppl"]
-    got = json.loads((tmp_path / "out" / "summary.json").read_text())["delta_ppl"]
-    assert len(got) == 40 and got.keys() == want.keys()
-    assert all(abs(got[h] - want[h]) <= 1e-9 * max(1.0, abs(want[h])) for h in want)
-    assert len(result.delta_ppl) == 40
-
-
 def test_a_worker_that_cannot_see_the_store_is_a_clear_error(serial, local_ray, tmp_path):
     from headsurgeon.pipeline import explain
     from headsurgeon.scaleout import StoreUnreachable
@@ -121,11 +108,13 @@ def test_a_worker_that_cannot_see_the_store_is_a_clear_error(serial, local_ray, 
                 **SETTINGS)
 
 
-def test_a_killed_driver_resumes_from_the_journal(serial, local_ray, tmp_path):
+def test_a_killed_driver_resumes_on_ray_with_the_serial_programs_and_delta_ppl(serial, local_ray, tmp_path):
+    """A serial driver killed mid-run; the same call on a local Ray runtime resumes from the journal, computes the
+    other heads and every head's ΔPPL on workers, and ends where the serial run did."""
     from headsurgeon.pipeline import explain
 
     out = tmp_path / "out"
-    proc = _drive(tmp_path, out, wait=False, heads_per_task=2)
+    proc = _drive(tmp_path, out, wait=False, heads_per_task=2, delta_ppl=True)
     try:
         _wait_for_records(out, 6, proc)
     finally:
@@ -133,11 +122,16 @@ def test_a_killed_driver_resumes_from_the_journal(serial, local_ray, tmp_path):
         proc.communicate()
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert 6 <= len(before) < 40 and not (out / "programs.json").exists()
-    result = explain(MODEL, need(CORPUS), out, executor="ray", heads_per_task=2, **SETTINGS)  # resume on Ray
+    result = explain(MODEL, need(CORPUS), out, executor="ray", heads_per_task=2, delta_ppl=True,
+                     **SETTINGS)  # resume on Ray
     assert f"resumed {len(before)} of 40 heads from the journal {out / 'heads'}" in result.notes
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert len(after) == 40 and all(after[name] == before[name] for name in before)  # finished heads untouched
-    assert _programs(out) == _programs(serial[0])
+    assert _programs(out) == _programs(serial[0])  # same programs, same scores, same frontier
+    want = json.loads((serial[0] / "summary.json").read_text())["delta_ppl"]
+    got = json.loads((out / "summary.json").read_text())["delta_ppl"]
+    assert len(got) == 40 and got.keys() == want.keys() and len(result.delta_ppl) == 40
+    assert all(abs(got[h] - want[h]) <= 1e-9 * max(1.0, abs(want[h])) for h in want)
 
 
 @pytest.fixture
