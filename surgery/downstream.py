@@ -15,8 +15,8 @@ from .task_data import hub_data
 from .replace import HybridModel
 from ..kernels.core import InputError
 
-__all__ = ["downstream", "base_run", "BaseRun", "paired_bootstrap", "TASKS_DIR", "task_folders", "evaluate_tasks", "reported_metrics", "lm_for", "task_manager",
-           "check_tasks"]
+__all__ = ["downstream", "base_run", "BaseRun", "paired_bootstrap", "TASKS_DIR", "task_folders", "task_list",
+           "evaluate_tasks", "reported_metrics", "lm_for", "task_manager", "check_tasks"]
 
 #: lm-eval task YAML files shipped with headsurgeon (the ``eaps6`` group); always on the include path
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -185,22 +185,22 @@ def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, whic
         hybrid = lm.model
     settings = _settings(tasks, limit, include_path, num_fewshot, seed)
     if base is None:
-        base_run = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
+        base_result = evaluate_tasks(lm_for(handle, batch_size), tasks, limit, include_path, seed, num_fewshot)
     elif (base.model, base.settings) != (handle.name, settings):
         differ = [f"{name} {a!r} there, {b!r} here" for (name, a), (_, b) in
                   zip((("model", base.model), *base.settings), (("model", handle.name), *settings)) if a != b]
         raise InputError(f"base= was run with other settings ({'; '.join(differ)}): pass base_run() of the same "
                          "model, tasks and settings, or no base")
     else:
-        base_run = base.result
-    runs = {"base": base_run}
+        base_result = base.result
+    runs = {"base": base_result}
     if lm is not None:
         runs["hybrid"] = evaluate_tasks(lm, tasks, limit, include_path, seed, num_fewshot)
     rows = []
-    for task in base_run["results"]:
-        if task not in base_run.get("samples", {}):
+    for task in base_result["results"]:
+        if task not in base_result.get("samples", {}):
             continue  # a group's summary row: its member tasks have their own rows
-        for metric, filt in reported_metrics(base_run, task):
+        for metric, filt in reported_metrics(base_result, task):
             row: dict[str, Any] = {"task": task, "metric": metric if filt == "none" else f"{metric},{filt}"}
             for label, run in runs.items():
                 res = run["results"][task]
