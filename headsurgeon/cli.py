@@ -175,7 +175,7 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
-    """Error types the CLI reports as one line: the library's own (kernels/core.py) and a missing input path.
+    """Error types the CLI reports as one line: the library's own (hskernels/core.py) and a missing input path.
     Anything else is a bug and keeps its traceback."""
     return (HeadsurgeonError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 

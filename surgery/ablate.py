@@ -20,7 +20,7 @@ from .loading import ModelHandle, load_model
 from .providers import MeanOutputs, MeanPatterns, ResamplePatterns, UniformPatterns, ZeroPatterns
 from .replace import HybridModel, SurgeryError, parse_head, replace_heads
 
-KINDS = ABLATION_KINDS  # the closed set lives in kernels/core.py
+KINDS = ABLATION_KINDS  # the closed set lives in hskernels/core.py
 
 
 def reference_patterns(handle: ModelHandle, sequences: list[Sequence], heads: list[tuple[int, int]],

@@ -87,7 +87,7 @@ def _resume(store: AttentionStore) -> set[int]:
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
-    """Delete temporaries a killed capture left mid-write (kernels/fileio.py names them ``.<file>.<random>.tmp``)."""
+    """Delete temporaries a killed capture left mid-write (hskernels/fileio.py names them ``.<file>.<random>.tmp``)."""
     for path in directory.glob(".*.tmp"):
         if path.name.startswith((".shard_", ".manifest.json.", f".{SEQUENCES_FILE}.")):
             path.unlink(missing_ok=True)

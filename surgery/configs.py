@@ -1,7 +1,7 @@
 """The settings of the stages that touch a live model, one dataclass each: corpus windows, the model, capture and
 the measurements after selection. Each field is the one default of its setting: the library's functions
 (load_corpus, make_sequences, capture, evaluate_programs, load_model) take their defaults from it and the command
-line builds its flags from it (kernels/configs.py). Imports nothing heavy, so the CLI starts fast.
+line builds its flags from it (hskernels/configs.py). Imports nothing heavy, so the CLI starts fast.
 """
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ class AttentionStore:
             self._memory[index] = entry
 
     def write_shard(self, shard: int, entries: dict[str, np.ndarray]) -> dict:
-        """Stream the shard to disk atomically (kernels/fileio.py ``atomic_path``: safetensors writes straight from
+        """Stream the shard to disk atomically (hskernels/fileio.py ``atomic_path``: safetensors writes straight from
         the arrays, no second copy in memory), recording its size and sha256; returns the record."""
         path = self.shard_path(shard)
         with atomic_path(path) as tmp:
@@ -180,7 +180,7 @@ class AttentionStore:
     def save_manifest(self, done_shards: Iterable[int]) -> None:
         """Write the small manifest (the sequences live in sequences.json, written once by save_sequences)."""
         assert self.directory is not None
-        write_versioned(self.directory / MANIFEST, STORE_MANIFEST, self.manifest(done_shards))  # kernels/formats.py
+        write_versioned(self.directory / MANIFEST, STORE_MANIFEST, self.manifest(done_shards))  # hskernels/formats.py
 
     def save_sequences(self) -> None:
         assert self.directory is not None

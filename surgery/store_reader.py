@@ -2,8 +2,8 @@
 ``HeadStore`` (headsurgeon/scaleout/headstore.py) read manifests, sequences and shards through it.
 
 A :class:`ByteSource` serves a store folder's files whole (bounded) or by byte range: :class:`LocalBytes` never reads
-through a link (kernels/fileio.py ``read_bounded``), :class:`FsspecBytes` serves an fsspec URL. :class:`StoreReader`
-makes the manifest's checks (format and version through kernels/formats.py, settings, sequences, finished shards)
+through a link (hskernels/fileio.py ``read_bounded``), :class:`FsspecBytes` serves an fsspec URL. :class:`StoreReader`
+makes the manifest's checks (format and version through hskernels/formats.py, settings, sequences, finished shards)
 and decodes shards whole (size and sha256 against the manifest) or one head's byte range (size and header against
 the manifest and the layout), so a damaged store fails with the same message whichever reader meets it. The
 :class:`Layout` (dense or top-q) is the store's one mode value: what tensors a sequence has and how they decode.
@@ -44,7 +44,7 @@ STORE_MANIFEST = FileFormat("headsurgeon.attention_store", 1, (0, 1), "an attent
                             "delete the directory and capture again", default=0, error=StoreError)
 MANIFEST = "manifest.json"
 SEQUENCES_FILE = "sequences.json"
-#: the largest manifest.json / sequences.json read (no symlinks or devices; kernels/fileio.py ``read_bounded``)
+#: the largest manifest.json / sequences.json read (no symlinks or devices; hskernels/fileio.py ``read_bounded``)
 MAX_MANIFEST_BYTES = 256 << 20
 MAX_SEQUENCES_BYTES = 8 << 30
 #: the largest shard read when the manifest has no record of it (recorded shards are read up to their size only)
@@ -257,7 +257,7 @@ def manifest_from_bytes(data: bytes, where: str) -> dict:
 
 
 def check_manifest(meta: dict, where: str) -> None:
-    """Refuse a manifest of another format, a malformed version, or a version not read here (kernels/formats.py)."""
+    """Refuse a manifest of another format, a malformed version, or a version not read here (hskernels/formats.py)."""
     check_versioned(meta, STORE_MANIFEST, where)
 
 

@@ -23,9 +23,9 @@ float16 and float32 inputs are read in place (float16 is never copied to float32
 inputs are cast to float32 once (the kernels are compiled for float16 and float32 only).
 
 Candidates may also come as a list with one entry per program: a dense [B,N,N] array or a sparse
-``SparseRows`` (kernels/sparse.py, what ``synth.tensors.program_rows`` returns for programs of small
+``SparseRows`` (hskernels/sparse.py, what ``synth.tensors.program_rows`` returns for programs of small
 support). Sparse ones are scored from their stored keys in O(nnz + n) per triple
-(kernels/sparse_metrics.py), never densified; the numbers equal the dense path's to float tolerance.
+(hskernels/sparse_metrics.py), never densified; the numbers equal the dense path's to float tolerance.
 """
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ class RealPatterns:
 
     def _score_sparse(self, rows: list[SparseRows], wanted: tuple[str, ...], per_sequence: bool
                       ) -> dict[str, np.ndarray]:
-        """Metrics of sparse programs from their stored keys (kernels/sparse_metrics.py)."""
+        """Metrics of sparse programs from their stored keys (hskernels/sparse_metrics.py)."""
         lens, causal = self.lengths, self.causal
         H, B, P = self.real.shape[0], lens.shape[0], len(rows)
         rowptr, cols, vals, N = stack_rows(rows, lens)

@@ -32,12 +32,12 @@ WHICH = WHICHES
 
 
 def head_key(head: Any) -> Head:
-    """(3, 5) or "L3H5" → Head(3, 5): the one parser (kernels/core.py)."""
+    """(3, 5) or "L3H5" → Head(3, 5): the one parser (hskernels/core.py)."""
     return Head.parse(head)
 
 
 def head_label(head: Any) -> str:
-    """(3, 5) → "L3H5": the one formatter (kernels/core.py)."""
+    """(3, 5) → "L3H5": the one formatter (hskernels/core.py)."""
     return str(Head.parse(head))
 
 
@@ -240,7 +240,7 @@ class ProgramSet:
                   origin: str = "this programs.json document") -> "ProgramSet":
         """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them). The set's
         ``origin`` marks its programs as someone else's: Python ones pass only the trust gate (synth/trust.py)."""
-        check_versioned(obj, PROGRAMS, origin)  # kernels/formats.py: a newer version says to upgrade
+        check_versioned(obj, PROGRAMS, origin)  # hskernels/formats.py: a newer version says to upgrade
         entries = {}
         for item in obj.get("programs", []):
             entries[head_key(item["head"])] = Entry.from_json(item, tables)

@@ -4,7 +4,7 @@ Each (program, sequence, mask policy) pattern is cached on its own, unpadded, un
 ``cache_key(program.hash, sequence.key, mask_policy(causal))``; so a repeated call is all hits, and a
 batch that is partly cached evaluates only the missing sequences (one evaluation per program on the
 missing subset). DSL programs of small support (``dsl.is_sparse``: prev, first, window, same-token,
-key sets, match and their combinations) are evaluated as compressed rows (kernels/sparse.py) and cached
+key sets, match and their combinations) are evaluated as compressed rows (hskernels/sparse.py) and cached
 packed (one int32 array per sequence, a few percent of the dense n x n float32); the rest run as
 ``program.evaluate`` decides (numba kernels, or Python in the sandbox pool) and are cached dense.
 
@@ -70,7 +70,7 @@ def _scratch(shape: tuple[int, int, int]) -> np.ndarray | None:
     """This thread's reusable float32 buffer of ``shape`` (None when it would exceed ``SCRATCH_BYTES``).
 
     Reused across calls, so a repeated evaluation writes into memory that is already mapped: no fresh
-    page faults (they dominate simple programs; kernels/primitives/buffers.py).
+    page faults (they dominate simple programs; hskernels/primitives/buffers.py).
     """
     if 4 * shape[0] * shape[1] * shape[2] > SCRATCH_BYTES:
         return None

@@ -1,4 +1,4 @@
-"""The shared vocabulary (kernels/core.py): one head parser and formatter, the closed sets, the error base."""
+"""The shared vocabulary (hskernels/core.py): one head parser and formatter, the closed sets, the error base."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +30,7 @@ def test_closed_sets_and_their_check():
 
 
 def test_the_stages_use_the_cores_closed_sets():
-    """One tuple per closed set: the stages and the CLI take theirs from kernels/core.py (issue 25 item 2)."""
+    """One tuple per closed set: the stages and the CLI take theirs from hskernels/core.py (issue 25 item 2)."""
     import argparse
 
     from headsurgeon.surgery import ablate, cli as surgery_cli, corpus

@@ -1,4 +1,4 @@
-"""The versioned formats share one reader/writer (kernels/formats.py), the model source is a typed record
+"""The versioned formats share one reader/writer (hskernels/formats.py), the model source is a typed record
 (surgery/source_record.py), and AttentionStore and HeadStore read stores through one reader (surgery/store_reader.py).
 """
 from __future__ import annotations

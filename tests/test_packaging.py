@@ -37,7 +37,7 @@ def test_install_imports_from_outside_the_repository(tmp_path, venv_python, edit
     assert r.returncode == 0, r.stderr[-2000:]
     location = Path(r.stdout.strip())
     if editable:
-        assert location == ROOT / "kernels" / "__init__.py"
+        assert location == ROOT / "hskernels" / "__init__.py"
     else:
         assert "site-packages" in location.parts and location.parent.name == "kernels"
         assert location.parent.parent.name == "headsurgeon"
@@ -49,10 +49,30 @@ def test_install_imports_from_outside_the_repository(tmp_path, venv_python, edit
 
 def repository_packages() -> list[Path]:
     """Every package folder under the installed root folders, as a path relative to the installed headsurgeon/."""
-    roots = {"surgery": "surgery", "kernels": "kernels", "synth": "synth", "hub": "hub", ".": "headsurgeon"}
+    roots = {"surgery": "surgery", "kernels": "hskernels", "synth": "synth", "hub": "hub", ".": "headsurgeon"}
     found = []
     for name, folder in roots.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             if "__pycache__" not in init.parts and "zoo_data" not in init.parts:
                 found.append(Path(name) / init.parent.relative_to(ROOT / folder))
     return found
+
+
+def test_no_root_folder_shadows_an_installed_package():
+    """Python run from the checkout (``python -m``, Ray workers, which inherit the driver's path) finds the root
+    folders first: a folder named like an installed package's top-level module (``kernels``, which transformers
+    imports) would replace that package."""
+    from importlib.metadata import packages_distributions
+
+    installed = packages_distributions()
+    folders = [p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name != "headsurgeon"]
+    assert len(folders) >= 4, folders
+    clashes = {name: installed[name] for name in folders if name in installed}
+    assert not clashes, f"root folders shadow installed packages when Python runs from the checkout: {clashes}"
+
+
+def test_transformers_imports_from_the_checkout():
+    """The failure that test guards against, end to end: transformers' hub-kernels module imports ``kernels``."""
+    r = subprocess.run([sys.executable, "-c", "import transformers.integrations.hub_kernels"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

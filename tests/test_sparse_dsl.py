@@ -1,6 +1,6 @@
 """The sparse program-tensor form: every sparse-capable primitive and combinator equals the dense path bit for bit.
 
-kernels/sparse.py (the form), kernels/primitives/sparse_*.py (kernels), kernels/normalize.py
+hskernels/sparse.py (the form), hskernels/primitives/sparse_*.py (kernels), hskernels/normalize.py
 (``normalize_rows``), synth/dsl/sparse.py (which trees, and their evaluation).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Consumers of sparse program tensors: metrics from stored keys, the tensor cache holding packed rows, and
-``program_rows`` / ``score_programs`` — the same numbers as the dense path (kernels/sparse_metrics.py,
+``program_rows`` / ``score_programs`` — the same numbers as the dense path (hskernels/sparse_metrics.py,
 synth/tensors.py, synth/select.py)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The per-head journal of an explain run: one record per finished head under ``OUT/heads/``, written atomically
-(kernels/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
+(hskernels/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
 
 Layout: ``run.json`` holds the fingerprint of the inputs (store, splits, seed, searchers and their options) and a
 random run id; ``L{layer}H{head}.json`` holds a head's selected entry (synth/programset.py ``Entry.to_json``), the
@@ -35,7 +35,7 @@ class JournalError(HeadsurgeonError, ValueError):
     """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
 
 
-#: run.json's format (kernels/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
+#: run.json's format (hskernels/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
 RUN_FILE = FileFormat("headsurgeon.head_journal", 2, (2,), "a run file of a headsurgeon journal",
                       "delete the output folder's heads/ to start over (its heads are searched again)",
                       error=JournalError)
@@ -70,7 +70,7 @@ def _canonical(obj: Any) -> Any:
 
 
 def _is_record_name(name: str) -> bool:
-    """``L3H5.json``, the one spelling a record file has (kernels/core.py ``Head``)."""
+    """``L3H5.json``, the one spelling a record file has (hskernels/core.py ``Head``)."""
     try:
         return name.endswith(".json") and f"{Head.parse(name[:-5])}.json" == name
     except HeadsurgeonError:
@@ -91,7 +91,7 @@ class HeadJournal:
         return f"delete {self.directory} to start over (its heads are searched again)"
 
     def _read(self, path: Path) -> Any:
-        """A JSON file of the journal, read bounded (kernels/fileio.py), or a JournalError naming it and the fix."""
+        """A JSON file of the journal, read bounded (hskernels/fileio.py), or a JournalError naming it and the fix."""
         try:
             return json.loads(read_bounded(path, MAX_RECORD_BYTES, "a journal file"))
         except (OSError, UnsafeFileError, ValueError, RecursionError) as e:

@@ -13,7 +13,7 @@ from headsurgeon.kernels.formats import FileFormat
 
 from .errors import FormatVersionError, IntegrityError
 
-#: manifest.json's format (kernels/formats.py); its version lives in ``format_version``
+#: manifest.json's format (hskernels/formats.py); its version lives in ``format_version``
 CHECKPOINT = FileFormat("headsurgeon.hybrid", 1, (1,), "a headsurgeon hybrid checkpoint manifest",
                         "the checkpoint is damaged: save it again", version_key="format_version",
                         error=IntegrityError, future=FormatVersionError, writer=("library", "headsurgeon"))

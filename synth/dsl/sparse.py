@@ -57,7 +57,7 @@ def _evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray, features: Mappin
     ctx = Context(ids, lengths, features, causal, pos_tags)
     if ctx.ids.shape[0] == 0 or ctx.n == 0:
         return empty_rows_like(ctx.lengths, ctx.n)
-    # a lone primitive writes its rows normalized in the same pass (kernels/primitives/sparse_prims.py)
+    # a lone primitive writes its rows normalized in the same pass (hskernels/primitives/sparse_prims.py)
     ctx.normalize_leaf = normalized and isinstance(node, Prim)
     ctx.leaf_out = out if ctx.normalize_leaf else None
     rows = ctx.eval_sparse(node)

@@ -1,7 +1,7 @@
 """The combinators' sparse adapters: each composes its children's compressed rows like its dense twin in catalog.py.
 
 Referenced from the combinators' declarations in synth/dsl/catalog.py (``sparse=``); ``ctx.eval_sparse``
-evaluates a child (synth/dsl/context.py). The kernels are in kernels/primitives/sparse_combinators.py.
+evaluates a child (synth/dsl/context.py). The kernels are in hskernels/primitives/sparse_combinators.py.
 """
 from __future__ import annotations
 

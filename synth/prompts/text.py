@@ -46,7 +46,7 @@ PYTHON_EXAMPLE = '''def program(seq):
 
 
 def head_name(head: tuple[int, int]) -> str:
-    """``(layer, head)`` -> ``"L<layer>H<head>"`` (the name prompts, journals and stats use; kernels/core.py)."""
+    """``(layer, head)`` -> ``"L<layer>H<head>"`` (the name prompts, journals and stats use; hskernels/core.py)."""
     return str(Head.parse(head))
 
 

@@ -1,7 +1,7 @@
 """Training state saved after every epoch (weights, Adam moments, RNG streams, history), so a killed run resumes.
 
 One safetensors file holds the tensors and, in its metadata, the JSON bookkeeping, written atomically
-(kernels/fileio.py): a run killed mid-write keeps the previous epoch's state whole. Resuming restores every
+(hskernels/fileio.py): a run killed mid-write keeps the previous epoch's state whole. Resuming restores every
 random stream, so a resumed run ends bit-for-bit where an uninterrupted one would.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ from ...kernels.fileio import atomic_path, atomic_write_bytes, read_bounded
 from ...kernels.core import HeadsurgeonError, InputError
 from ...kernels.formats import FileFormat, read_versioned, write_versioned
 
-#: config.json's format (kernels/formats.py): its only header is the version, in the field "format"
+#: config.json's format (hskernels/formats.py): its only header is the version, in the field "format"
 RUN_CONFIG = FileFormat(None, 1, (1,), "a tp run's config.json", "train the run again with `headsurgeon tp train`",
                         version_key="format", error=InputError)
 FORMAT_VERSION = RUN_CONFIG.version

@@ -127,7 +127,7 @@ def _score_profile(lengths, n, w, tail, bos, causal, out):  # pragma: no cover -
                 out[b, i, j] = v
 
 
-# Allocating wrappers (see kernels/primitives/buffers.py for ``out``).
+# Allocating wrappers (see hskernels/primitives/buffers.py for ``out``).
 
 def score_self(lengths, n, causal, out=None) -> np.ndarray:
     """Each query attends to itself."""

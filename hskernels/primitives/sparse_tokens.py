@@ -1,6 +1,6 @@
 """Sparse kernels of the token primitives (same token, induction, key sets, recent, match): rows of keys.
 
-Same conventions as kernels/primitives/sparse_prims.py (two passes, ascending keys, ``normalized``).
+Same conventions as hskernels/primitives/sparse_prims.py (two passes, ascending keys, ``normalized``).
 """
 from __future__ import annotations
 

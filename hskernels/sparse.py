@@ -4,7 +4,7 @@ A ``SparseRows`` holds a padded batch [B, N, N] as compressed rows: row (b, i) o
 ``rowptr[b*N + i] : rowptr[b*N + i + 1]`` of ``cols`` (int32 key indices, strictly ascending) and
 ``vals`` (float32). Cells not listed are 0, so ``to_dense()`` is the dense array cell for cell. The DSL
 evaluates programs of small support this way (synth/dsl/sparse.py); normalization
-(``kernels.normalize.normalize_rows``), the metrics (kernels/sparse_metrics.py), the tensor cache and
+(``kernels.normalize.normalize_rows``), the metrics (hskernels/sparse_metrics.py), the tensor cache and
 the hybrid's hook consume it without densifying (docs/architecture.md, "Normalization").
 
 One sequence's rows travel as a single int32 array (``pack_sequence``): a header ``[PACK_TAG, n, nnz,
@@ -105,7 +105,7 @@ class SparseRows:
 
 
 class RowsBuffer:
-    """Reusable arrays for one ``SparseRows`` result at a time (kernels/primitives/sparse_prims.py, normalize.py).
+    """Reusable arrays for one ``SparseRows`` result at a time (hskernels/primitives/sparse_prims.py, normalize.py).
 
     A result built into a buffer is a view of it, valid until the buffer's next use; repeated evaluations
     then write into memory that is already mapped (no fresh page faults). Arrays grow, never shrink.
@@ -275,7 +275,7 @@ def from_packed(packed: list[np.ndarray], n: int) -> SparseRows:
         raise InputError(f"a packed sequence of length {int(lengths.max())} does not fit width {n}")
     for p in packed:
         if not is_packed(p) or p.shape[0] != _packed_size(int(p[1]), int(p[2]), int(p[3])):
-            raise InputError("not a packed sparse sequence (kernels/sparse.py pack_sequence makes them)")
+            raise InputError("not a packed sparse sequence (hskernels/sparse.py pack_sequence makes them)")
     flat = np.concatenate(packed) if packed else np.zeros(0, np.int32)
     starts = np.zeros(len(packed) + 1, dtype=np.int64)
     np.cumsum([p.shape[0] for p in packed], out=starts[1:])

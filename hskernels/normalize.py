@@ -13,7 +13,7 @@ Python) becomes a pattern by exactly the same rule:
 6. padded query rows (``i >= length``) are all zero.
 
 ``normalize_scores`` is the numpy/numba implementation the whole library uses; ``normalize_rows`` applies
-the same rules to the sparse form (kernels/sparse.py) without densifying it.
+the same rules to the sparse form (hskernels/sparse.py) without densifying it.
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def _normalize_rows_kernel(rowptr, cols, vals, lengths, n, causal, fill, optr, o
 
 
 def normalize_rows(rows: SparseRows, causal: bool, out: RowsBuffer | None = None) -> SparseRows:
-    """``normalize_scores`` on compressed rows (kernels/sparse.py): the same six rules, a new ``SparseRows``.
+    """``normalize_scores`` on compressed rows (hskernels/sparse.py): the same six rules, a new ``SparseRows``.
 
     Keys outside the visible grid are dropped, an empty visible row becomes the single key 0 with weight
     1, padded rows stay empty; ``to_dense()`` of the result equals ``normalize_scores`` of the dense scores.

@@ -15,7 +15,7 @@ turns them into attention.
 * ``combinators``: mix, raw sums, fallback, gate, sharpen, multiply, row normalization (in place on whole batches);
 * ``buffers``: output buffers, offset clipping and ``threads_for``;
 * ``sparse_prims``, ``sparse_tokens``, ``sparse_combinators``: the same primitives (those of small support) and combinators
-  writing compressed rows (kernels/sparse.py) instead of dense [B, N, N] arrays.
+  writing compressed rows (hskernels/sparse.py) instead of dense [B, N, N] arrays.
 
 All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences; batches below
 ``SMALL_WORK`` cells run single-threaded (``threads_for``).

@@ -81,7 +81,7 @@ def _score_dep_children(heads, lengths, causal, out):  # pragma: no cover - comp
                     out[b, i, j] = 1.0
 
 
-# Allocating wrappers (see kernels/primitives/buffers.py for ``out``).
+# Allocating wrappers (see hskernels/primitives/buffers.py for ``out``).
 
 score_group_start = per_token_kernel(
     _score_group_start, "score_group_start",

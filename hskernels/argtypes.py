@@ -2,7 +2,7 @@
 
 They sit in the bottom layer so that the subcommands of each package (surgery/cli.py, synth/tp/cli.py)
 and the top-level CLI share one definition; the settings that use them, with their defaults, are config fields
-(kernels/configs.py).
+(hskernels/configs.py).
 """
 from __future__ import annotations
 

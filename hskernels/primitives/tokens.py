@@ -139,7 +139,7 @@ def _score_class_table(qc, kc, table, lengths, causal, out):  # pragma: no cover
                 out[b, i, j] = row[kc[b, j]]
 
 
-# Allocating wrappers (see kernels/primitives/buffers.py for ``out``).
+# Allocating wrappers (see hskernels/primitives/buffers.py for ``out``).
 
 score_same_token = per_token_kernel(
     _score_same_token, "score_same_token",

@@ -5,7 +5,7 @@ The keys of each query row go straight into compressed rows (the token primitive
 Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: count the keys of every row into
 ``rowptr[r + 1]``; True: write them from ``rowptr[r]``), so the output is exactly sized and no dense
 [B, N, N] array is touched. Keys are written in ascending order with weight 1, on visible cells only
-(the invariant of kernels/primitives/__init__.py), so ``to_dense()`` equals the dense kernel's output.
+(the invariant of hskernels/primitives/__init__.py), so ``to_dense()`` equals the dense kernel's output.
 With ``normalized=True`` the rows come out as attention directly (weights ``1/count``, an empty visible
 row attending to key 0): ``normalize_scores`` of the dense output, without a separate pass, which is how a
 program that is a single primitive is evaluated (synth/dsl/sparse.py).

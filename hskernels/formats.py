@@ -2,7 +2,7 @@
 
 Six formats carry a version (docs/architecture.md, "Versioned files"): the attention store's manifest, programs.json,
 the checkpoint manifest, the journal's run.json, a tp run's config.json and the tensor cache's shards. Each is a
-:class:`FileFormat`; :func:`read_versioned` reads a file through kernels/fileio.py ``read_bounded`` (no links, size
+:class:`FileFormat`; :func:`read_versioned` reads a file through hskernels/fileio.py ``read_bounded`` (no links, size
 first) and :func:`check_versioned` refuses another format, a malformed version, and a version this library does not
 read, so a file from a newer headsurgeon fails with one message naming the file, its version and the fix.
 :func:`write_versioned` writes a document with its header through ``atomic_write_bytes``.
@@ -127,7 +127,7 @@ def parse_versioned(data: bytes, fmt: FileFormat, where: str) -> dict[str, Any]:
 
 
 def read_versioned(path: str | Path, fmt: FileFormat, limit: int) -> dict[str, Any]:
-    """Read a file of ``fmt`` bounded by ``limit`` bytes (kernels/fileio.py ``read_bounded``) and check its version.
+    """Read a file of ``fmt`` bounded by ``limit`` bytes (hskernels/fileio.py ``read_bounded``) and check its version.
 
     A missing file raises FileNotFoundError (callers name what to run), a link, device or oversized file
     read_bounded's UnsafeFileError (it names the file and the fix); other refusals are ``fmt``'s error.

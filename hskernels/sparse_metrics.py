@@ -1,8 +1,8 @@
-"""Metric kernels for sparse program tensors (kernels/sparse.py) against dense real patterns: O(nnz + n) per triple.
+"""Metric kernels for sparse program tensors (hskernels/sparse.py) against dense real patterns: O(nnz + n) per triple.
 
 Soft IoU needs ``Σ min(p, q)`` only where q is non-zero, and ``Σ max = Σ p + Σ q - Σ min`` with the real
 pattern's row sums ``Σ p`` computed once per (head, sequence) and shared by every program. The JSD row identity of
-kernels/metrics_kernels.py, ``2 JSD² = ln2 · rowsum(p) + Σ_{q_j > 0} (p log p + q log 2q - s log s)``
+hskernels/metrics_kernels.py, ``2 JSD² = ln2 · rowsum(p) + Σ_{q_j > 0} (p log p + q log 2q - s log s)``
 (``s = p + q``), likewise needs the real row sums and q's non-zeros only; a stored key of weight 0 adds
 nothing (its bracket is ``p log p - p log p``), so it is skipped. Top-q sets of a sparse pattern come from
 its stored keys (the same heap and tie rule as ``metrics_kernels.topq_sets``). numpy and numba only.

@@ -4,7 +4,7 @@ that turns those fields into argparse flags and parsed flags back into a config.
 A setting is declared once (surgery/configs.py, synth/search/config.py, headsurgeon/scaleout/config.py,
 headsurgeon/pipeline.py ExplainConfig): its default, its help and its flag. The library's functions take their
 defaults from the field, and every subcommand builds its flags from it (headsurgeon/cli.py, surgery/cli.py), so
-a default exists in one place. It sits in the bottom layer, next to kernels/argtypes.py, so every package's
+a default exists in one place. It sits in the bottom layer, next to hskernels/argtypes.py, so every package's
 command line shares it; it needs the standard library only.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The combinators on compressed rows (kernels/sparse.py): the same arithmetic as combinators.py, per stored key.
+"""The combinators on compressed rows (hskernels/sparse.py): the same arithmetic as combinators.py, per stored key.
 
-Each function mirrors its dense twin in kernels/primitives/combinators.py operation for operation (float32
+Each function mirrors its dense twin in hskernels/primitives/combinators.py operation for operation (float32
 products, float64 row sums, the same fastmath flags), so ``to_dense()`` of the result equals the dense
 result wherever a row's float64 sum is exact — always for indicator scores, and for any float32 weights
 within 2**28 of each other in a row (a float64 sum of such values is exact in any order). Unions (mix,

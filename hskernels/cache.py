@@ -48,7 +48,7 @@ __all__ = ["TensorCache", "CacheStats", "CacheEntryWarning", "cache_key"]
 SHARD_SUFFIX = ".safetensors"
 KEY_FILE = ".cache-key"
 MAX_HEADER_BYTES = 64 << 20
-#: a shard's ``format`` metadata, ``headsurgeon-tensor-cache/1`` (kernels/formats.py); shards without it still load
+#: a shard's ``format`` metadata, ``headsurgeon-tensor-cache/1`` (hskernels/formats.py); shards without it still load
 SHARD_FORMAT = FileFormat("headsurgeon-tensor-cache", 1, (1,), "a tensor-cache shard",
                           "clear the cache folder (TensorCache.clear(disk=True))", error=UnsafeFileError)
 _MAC_PREFIX = "hmac-sha256:"
