@@ -272,6 +272,31 @@ def test_library_has_the_documented_grid() -> None:
 # ------------------------------------------------------------------------------------------
 
 
+def test_a_heads_candidates_do_not_depend_on_the_other_heads_searched_with_it() -> None:
+    """Explain's tasks hold 64 heads serially and a few on Ray: a head's candidates and the bits of their scores
+    are the same searched alone, with two others or with 19 (BLAS rounds products of other sizes differently)."""
+    seqs = story_sequences()
+    rng = np.random.default_rng(5)
+    programs = {}
+    for k in range(20):
+        w = rng.dirichlet(np.ones(3)).round(3)
+        text = f"{w[0]}*prev({1 + k % 3}) + {w[1]}*first() + {w[2]}*decay(0.{5 + k % 4})"
+        programs[(k // 8, k % 8)] = Program.parse(text)
+    store = ProgramStore(seqs, programs)
+    kw = dict(synth_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 0],
+              select_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 1],
+              seed=0, progress=False, spacy=False, top_k=4, small=0)
+
+    def found(heads):
+        result = enumerative_search(store, heads=heads, **kw)
+        return {h: [(c.program.text, c.scores) for c in v] for h, v in result.items()}
+
+    every = found(list(programs))
+    for head in [(0, 1), (1, 5), (2, 3)]:
+        assert found([head])[head] == every[head]
+        assert found([(0, 0), head, (2, 0)])[head] == every[head]
+
+
 def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
     from headsurgeon.surgery.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents

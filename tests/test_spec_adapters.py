@@ -1,6 +1,6 @@
 """The searchers take the DSL's semantics from the spec: every combinator and fitted primitive declares a cells
 adapter, the enumerative fit set evaluates through them like the reference evaluator, and a combinator without one is
-refused by name."""
+refused by name; the learned searcher's positional rows come from the primitives' ``position`` scores the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +12,12 @@ from test_dsl_spec import grow_trees, random_primitive, random_sequences
 from headsurgeon.kernels.core import InputError
 from headsurgeon.synth import dsl
 from headsurgeon.synth.dsl import Pred
-from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, combinator_for, register_combinator,
-                                        unregister_combinator)
+from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, Param, PrimitiveSpec, combinator_for,
+                                        register_combinator, register_primitive, unregister_combinator,
+                                        unregister_primitive)
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.search.enumerative import FitSet, Split
+from headsurgeon.synth.search.learned.rows import positional_rows, positional_specs
 from headsurgeon.synth.program_store import ProgramStore
 
 # primitives the enumerative searcher fits and so evaluates outside its library (synth/search/enumerative/small.py,
@@ -60,7 +62,7 @@ def _cells(fs: FitSet, split: Split, dense: np.ndarray, causal: bool) -> np.ndar
 def test_fit_set_evaluates_every_primitive_and_combinator_like_the_reference(causal: bool) -> None:
     """Patterns and raw scores on the fit set's cells equal the kernels: bit for bit for 0/1 primitives, to
     float32 round-off otherwise, because the fit set normalizes a row by multiplying with the float32 reciprocal
-    of its float32 sum, the kernels divide by a float64 sum (kernels/normalize.py), and its sharpen takes float32
+    of its float32 sum, the kernels divide by a float64 sum (hskernels/normalize.py), and its sharpen takes float32
     exponents (the searcher's scores have always been computed this way)."""
     rng = np.random.default_rng(7 + causal)
     fs, split, prims = _fit_set(rng, causal)
@@ -105,3 +107,54 @@ def test_a_combinator_without_cells_is_refused_by_name() -> None:
     finally:
         unregister_combinator("twice")
     assert combinator_for(node) is None and "twice" not in dsl.COMBINATOR_SPECS
+
+
+# the learned searcher's positional rows (synth/search/learned/rows.py) take each primitive's ``position`` scores
+
+def _kernel_rows(node: dsl.Node, lengths: np.ndarray, n: int, causal: bool) -> np.ndarray:
+    ids = np.zeros((len(lengths), n), dtype=np.int64)
+    return dsl.evaluate(node, ids, lengths.astype(np.int64), {}, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_learned_positional_rows_are_the_declared_position_scores(causal: bool) -> None:
+    """Every term the learned searcher mixes has ``position=`` in its declaration, and its torch rows equal the
+    kernel's normalized pattern on visible rows (float64 against the kernels' float32)."""
+    import torch
+
+    from headsurgeon.synth.search.learned import LearnedConfig
+
+    lengths = np.array([7, 3, 1, 5])
+    specs = positional_specs(LearnedConfig(offsets=3, decays=(0.3, 0.9)), causal)
+    comps, nonempty = positional_rows(specs, torch.tensor(lengths), 7, causal)
+    for t, text in enumerate(specs):
+        node = dsl.parse(text)
+        assert callable(dsl.PRIMITIVE_SPECS[node.name].position), f"{node.name} declares no position scores"
+        want = _kernel_rows(node, lengths, 7, causal)
+        rows = (comps[t] * nonempty[t][..., None]).numpy()
+        for b, n in enumerate(lengths):  # empty rows fall back to position 0 in the kernels, stay 0 here
+            full = nonempty[t][b, :n].numpy().astype(bool)
+            np.testing.assert_allclose(rows[b, :n, :n][full], want[b, :n, :n][full], rtol=0, atol=1e-6, err_msg=text)
+
+
+def test_a_primitive_declared_with_position_scores_joins_the_learned_rows_and_others_are_refused() -> None:
+    """A primitive registered at run time with ``position=`` is a learned term with no edit to the searcher; one
+    without it (``key_in_set``) is refused by name."""
+    import torch
+
+    from headsurgeon.kernels import primitives as kernels
+
+    register_primitive(PrimitiveSpec(
+        "last_three", (), lambda node, ctx: kernels.score_window(ctx.lengths, ctx.n, 0, 2, ctx.causal, out=ctx.buf()),
+        "keys i-2 to i", "attends to itself and the two tokens before it",
+        position=lambda node, i, j: ((i - j >= 0) & (i - j <= 2)).double()))
+    try:
+        lengths = np.array([6, 4])
+        comps, _ = positional_rows(["last_three()"], torch.tensor(lengths), 6, True)
+        want = _kernel_rows(dsl.parse("last_three()"), lengths, 6, True)
+        for b, n in enumerate(lengths):
+            np.testing.assert_allclose(comps[0][b, :n, :n].numpy(), want[b, :n, :n], atol=1e-7)
+    finally:
+        unregister_primitive("last_three")
+    with pytest.raises(InputError, match=r"key_in_set\(ids=\[1\]\) is not a positional primitive.*position="):
+        positional_rows(["key_in_set(ids=[1])"], torch.tensor([3]), 3, True)

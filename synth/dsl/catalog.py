@@ -5,7 +5,7 @@ reference, ``gloss``) reads these declarations through the registries of synth/d
 adapter turns a node and the evaluation context into a call of a numba kernel in
 ``headsurgeon.kernels.primitives``; ``causal`` is the model's mask policy and every kernel scores only
 visible keys. Primitives of small ``support`` (a bound on the keys of a row, or ``COUNTED``) also give a
-``sparse`` adapter writing compressed rows (kernels/primitives/sparse_prims.py); the combinators' ``sparse``
+``sparse`` adapter writing compressed rows (hskernels/primitives/sparse_prims.py); the combinators' ``sparse``
 kernels combine those (synth/dsl/sparse.py decides which form a tree takes). The primitives the enumerative
 searcher fits give a ``cells`` adapter scoring a fit set's compact cells, and every combinator one composing them
 (synth/dsl/cell_combinators.py).
@@ -40,20 +40,22 @@ def _primitive(name: str, params: tuple[Param, ...], kernel: Callable[[Prim, Con
 # --------------------------------------------------------------------------------------------
 
 _primitive("self", (), lambda node, ctx: kernels.score_self(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
-           "the query itself", "attends to itself", support=1,
+           "the query itself", "attends to itself", support=1, position=lambda node, i, j: (i == j).double(),
            sparse=lambda node, ctx: kernels.sparse_self(ctx.lengths, ctx.n, ctx.causal, *ctx.leaf()))
 _primitive("prev", (Param("k", "offset", 1),),
            lambda node, ctx: kernels.score_prev(ctx.lengths, ctx.n, node.param("k"), ctx.causal, out=ctx.buf()),
            "key i-k", "attends to the token {k} positions back", json_scalar=True,
            gloss_cases=(((("k", 1),), "attends to the previous token"),), support=1,
+           position=lambda node, i, j: (j == i - node.param("k")).double(),
            sparse=lambda node, ctx: kernels.sparse_prev(ctx.lengths, ctx.n, node.param("k"), ctx.causal, *ctx.leaf()))
 _primitive("next", (Param("k", "offset", 1),),
            lambda node, ctx: kernels.score_next(ctx.lengths, ctx.n, node.param("k"), ctx.causal, out=ctx.buf()),
            "key i+k (sees anything only without a causal mask)", "attends to the token {k} positions ahead",
            json_scalar=True, gloss_cases=(((("k", 1),), "attends to the next token"),), support=1,
+           position=lambda node, i, j: (j == i + node.param("k")).double(),
            sparse=lambda node, ctx: kernels.sparse_next(ctx.lengths, ctx.n, node.param("k"), ctx.causal, *ctx.leaf()))
 _primitive("first", (), lambda node, ctx: kernels.score_first(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
-           "position 0 (BOS)", "attends to the first token", support=1,
+           "position 0 (BOS)", "attends to the first token", support=1, position=lambda node, i, j: (j == 0).double(),
            sparse=lambda node, ctx: kernels.sparse_first(ctx.lengths, ctx.n, ctx.causal, *ctx.leaf()))
 
 
@@ -70,12 +72,17 @@ _primitive("window", (Param("a", "int"), Param("b", "int")),
            support=lambda node: node.param("b") - node.param("a") + 1,
            sparse=lambda node, ctx: kernels.sparse_window(ctx.lengths, ctx.n, node.param("a"), node.param("b"),
                                                           ctx.causal, *ctx.leaf()))
+def _decay_position(node: Prim, i: Any, j: Any) -> Any:
+    distance = (i - j).abs().double()
+    return distance.new_tensor(node.param("rate")) ** distance  # float64 rate ** |i-j|, as torch computes it
+
+
 _primitive("decay", (Param("rate", "rate"),),
            lambda node, ctx: kernels.score_decay(ctx.lengths, ctx.n, node.param("rate"), ctx.causal, out=ctx.buf()),
            "rate**|i-j| over visible keys, 0 < rate <= 1",
-           "attends to nearby tokens, the weight shrinking by a factor {rate} per position")
+           "attends to nearby tokens, the weight shrinking by a factor {rate} per position", position=_decay_position)
 _primitive("uniform", (), lambda node, ctx: kernels.score_uniform(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
-           "every visible key", "attends evenly to every token it sees")
+           "every visible key", "attends evenly to every token it sees", position=lambda node, i, j: (j >= 0).double())
 _primitive("none", (), lambda node, ctx: kernels.score_none(ctx.lengths, ctx.n, ctx.causal, out=ctx.buf()),
            "nothing (the row falls back to position 0)", "attends to nothing (so to the first token)", support=0,
            sparse=lambda node, ctx: kernels.sparse_none(ctx.lengths, ctx.n, ctx.causal, *ctx.leaf()))

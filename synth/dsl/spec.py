@@ -22,9 +22,11 @@ from ...kernels.core import InputError
 Kernel = Callable[[Any, Any], np.ndarray]
 # A primitive's cells kernel takes the node and a fit set's cells (synth/dsl/cell_combinators.py ``Cells``).
 CellsKernel = Callable[[Any, Any], np.ndarray]
+# A positional primitive's scores from query and key positions (int64 tensors that broadcast): float64 scores.
+PositionKernel = Callable[[Any, Any, Any], Any]
 
 __all__ = [
-    "REQUIRED", "Kernel", "CellsKernel", "Param", "PrimitiveSpec", "CellsAdapter", "CombinatorSpec",
+    "REQUIRED", "Kernel", "CellsKernel", "PositionKernel", "Param", "PrimitiveSpec", "CellsAdapter", "CombinatorSpec",
     "PRIMITIVE_SPECS", "COMBINATOR_SPECS", "register_primitive", "unregister_primitive", "register_combinator",
     "unregister_combinator", "combinator_for",
     "PRIMITIVES", "PRIMITIVE_COST", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "COMBINATOR_COST", "COUNTED",
@@ -71,6 +73,9 @@ class PrimitiveSpec:
     trees of such primitives are evaluated (synth/dsl/sparse.py). ``cells(node, cells)`` gives the raw scores [C]
     of a primitive the enumerative searcher fits (profile, key_weight, class_weight, key_in_set) on a fit set's
     compact cells (synth/dsl/cell_combinators.py ``Cells``); the other primitives' cells come from their kernels.
+    ``position(node, i, j)`` gives a positional primitive's raw float64 scores from query positions ``i`` and key
+    positions ``j`` (torch int64 tensors that broadcast), before masking: the learned searcher's differentiable rows
+    (synth/search/learned/rows.py) are built from it.
     """
 
     name: str
@@ -87,6 +92,7 @@ class PrimitiveSpec:
     support: int | str | Callable[[Any], int] | None = None
     sparse: Kernel | None = None
     cells: CellsKernel | None = None
+    position: PositionKernel | None = None
 
     @property
     def takes_pred(self) -> bool:

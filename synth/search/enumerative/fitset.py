@@ -13,6 +13,7 @@ from ...dsl.cell_combinators import Cells
 from ...dsl.spec import CellsAdapter, combinator_for
 from ...metrics import score_many
 from ...program import Program
+from .blas import row_products
 from .mixtures import GramStats
 from .split import Split, chunk_size, pred_mask
 from .util import progress_bar
@@ -49,7 +50,8 @@ class FitSet(Cells):
         width = int(split.lengths.max())
         comps, reals, empties, scales, prows, row_len, seq_rows = [], [], [], [], [], [], []
         cell_d, cell_key, row_tok = [], [], []
-        iou_sum, jsd_sum = np.zeros((H, P)), np.zeros((H, P))
+        iou_seq: list[np.ndarray] = []  # [H, P, Bc] per chunk, summed once at the end: the same sum for any chunking
+        jsd_seq: list[np.ndarray] = []
         chunks = split.chunks(chunk_size(P + H, width, 64))
         bar = progress_bar(len(chunks), desc, progress)
         for pos in chunks:
@@ -79,8 +81,8 @@ class FitSet(Cells):
             if score_singles:
                 cand[..., 0] += empty & inside[None]  # standalone programs: empty rows attend to position 0
                 sc = score_many(real, cand, lens, causal, ("iou", "jsd"), per_sequence=True)
-                iou_sum += sc["iou"].sum(axis=2)
-                jsd_sum += sc["jsd"].sum(axis=2)
+                iou_seq.append(sc["iou"])
+                jsd_seq.append(sc["jsd"])
             del cand, real
             bar.update(1)
         bar.close()
@@ -101,7 +103,8 @@ class FitSet(Cells):
         np.cumsum(seq_rows, out=self.seq_row_start[1:])
         self.seq_cell_start = self.row_start[self.seq_row_start]
         self.rows_per_seq = np.asarray(seq_rows, dtype=np.float64)
-        self.prim_iou, self.prim_jsd = iou_sum / self.B, jsd_sum / self.B
+        self.prim_iou, self.prim_jsd = ((np.concatenate(v, axis=2).sum(axis=2) if v else np.zeros((H, P))) / self.B
+                                        for v in (iou_seq, jsd_seq))
         self.cell_d = np.concatenate(cell_d)  # query position - key position
         self.cell_key = np.concatenate(cell_key).astype(np.int64)  # key token id
         self.row_tok = np.concatenate(row_tok).astype(np.int64)  # query token id
@@ -111,13 +114,13 @@ class FitSet(Cells):
     def stats(self) -> tuple["GramStats", list["GramStats"]]:
         """Gram statistics overall and for the rows of each query predicate."""
         X, Rl = self.X, self.real
-        tot = GramStats((X @ X.T).astype(np.float64), (Rl @ X.T).astype(np.float64),
+        tot = GramStats((X @ X.T).astype(np.float64), row_products(Rl, X).astype(np.float64),
                      np.einsum("hc,hc->h", Rl, Rl, dtype=np.float64))
         groups = []
         for g in range(len(self.preds)):
             cm = self.pred_rows[g][self.row_of_cell]
             Xg, Rg = X[:, cm], Rl[:, cm]
-            groups.append(GramStats((Xg @ Xg.T).astype(np.float64), (Rg @ Xg.T).astype(np.float64),
+            groups.append(GramStats((Xg @ Xg.T).astype(np.float64), row_products(Rg, Xg).astype(np.float64),
                                  np.einsum("hc,hc->h", Rg, Rg, dtype=np.float64)))
         return tot, groups
 

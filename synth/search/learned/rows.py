@@ -1,5 +1,6 @@
-"""Attention rows in torch: visible cells, positional terms, closest/all selection of matching keys (exact when
-hard, Gumbel-relaxed when soft). The tests check them against the kernels."""
+"""Attention rows in torch: visible cells, positional terms (each primitive's ``position`` scores, declared beside its
+kernel in synth/dsl/catalog.py), closest/all selection of matching keys (exact when hard, Gumbel-relaxed when soft).
+The tests check them against the kernels."""
 from __future__ import annotations
 
 import torch
@@ -45,22 +46,11 @@ def positional_rows(specs: list[str], lengths: torch.Tensor, n: int, causal: boo
     comps = []
     for text in specs:
         node = dsl.parse(text)
-        name = node.name
-        if name == "first":
-            raw = (j == 0).double()
-        elif name == "self":
-            raw = (i == j).double()
-        elif name == "prev":
-            raw = (j == i - node.param("k")).double()
-        elif name == "next":
-            raw = (j == i + node.param("k")).double()
-        elif name == "uniform":
-            raw = torch.ones((), dtype=torch.float64)
-        elif name == "decay":
-            raw = torch.tensor(node.param("rate"), dtype=torch.float64) ** (i - j).abs().double()
-        else:  # pragma: no cover - specs come from positional_specs
-            raise InputError(f"not a positional term: {text}")
-        comps.append(raw * vis)
+        spec = dsl.PRIMITIVE_SPECS.get(node.name) if isinstance(node, dsl.Prim) else None
+        if spec is None or spec.position is None:
+            raise InputError(f"{text} is not a positional primitive with position= scores in its declaration "
+                             "(synth/dsl/catalog.py); the learned searcher's terms need one")
+        comps.append(spec.position(node, i, j) * vis)
     stack = torch.stack(comps)  # [T, B, R, N]
     total = stack.sum(-1)
     nonempty = (total > 0).double()
