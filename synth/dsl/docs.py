@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import string
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .bounds import FLAGS, KINDS, KNOWN_POS_TAGS, MATCH_FEATURES, STRUCTURE_BOUNDS
@@ -110,10 +111,12 @@ def _token(token_id: int, vocab: Any) -> str:
     return f"'{shown}'"
 
 
-def _clip(items: list[str], joiner: str) -> str:
-    """At most ``_GLOSS_ITEMS`` items joined (``a, b or c``), with the count when clipped."""
-    if len(items) > _GLOSS_ITEMS:
-        return ", ".join(items[:_GLOSS_ITEMS]) + f", ... ({len(items)} in all)"
+def _clip(values: Sequence[Any], joiner: str, words: Callable[[Any], str] = str) -> str:
+    """At most ``_GLOSS_ITEMS`` values in ``words`` joined (``a, b or c``), with the count when clipped; only the
+    values shown are put in words (a class table has thousands of cells)."""
+    if len(values) > _GLOSS_ITEMS:
+        return ", ".join(words(v) for v in values[:_GLOSS_ITEMS]) + f", ... ({len(values)} in all)"
+    items = [words(v) for v in values]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {joiner} " + items[-1]
 
 
@@ -121,8 +124,8 @@ def _token_set(ids: Any, vocab: Any) -> str:
     """A token set as a noun phrase: 'Lily', 'the' or 'a'; without a vocabulary "token with id 3 or 17"."""
     ids = [int(i) for i in ids]
     if vocab is None:
-        return "token with id " + _clip([str(i) for i in ids], "or")
-    return _clip([_token(i, vocab) for i in ids], "or")
+        return "token with id " + _clip(ids, "or")
+    return _clip(ids, "or", lambda i: _token(i, vocab))
 
 
 def _pred_words(pred: Pred, vocab: Any) -> str:
@@ -161,7 +164,8 @@ def _value(feature: str, value: Any, vocab: Any) -> str:
 def _pairs(node: Prim, vocab: Any) -> str:
     """``match``'s pairs as "query value → key value", clipped."""
     q, k = node.param("q"), node.param("k")
-    return _clip([f"{_value(q, a, vocab)} → {_value(k, b, vocab)}" for a, b in node.param("pairs")], "and")
+    return _clip(node.param("pairs"), "and",
+                 lambda pair: f"{_value(q, pair[0], vocab)} → {_value(k, pair[1], vocab)}")
 
 
 def _class_pairs(node: Prim, vocab: Any) -> str:
@@ -170,13 +174,14 @@ def _class_pairs(node: Prim, vocab: Any) -> str:
     w = [float(x) for row in node.param("w") for x in (row if isinstance(row, (list, tuple)) else [row])]
     cells = [(w[c * len(k) + e], c, e) for c in range(len(q)) for e in range(len(k)) if c * len(k) + e < len(w)]
     cells.sort(key=lambda t: -abs(math.log(max(t[0], 1e-30) / max(default, 1e-30))))
-    items = [f"query {_token_set(q[c], vocab)} with key {_token_set(k[e], vocab)} ×{_num(x)}" for x, c, e in cells]
-    return _clip(items, "and")
+    return _clip(cells, "and", lambda cell: f"query {_token_set(q[cell[1]], vocab)} with key "
+                                            f"{_token_set(k[cell[2]], vocab)} ×{_num(cell[0])}")
 
 
 def _distances(weights: Any) -> str:
     """A distance profile in words: "itself 0.2, 1 back 1, 2 back 0.5", clipped."""
-    return _clip([f"{'itself' if d == 0 else f'{d} back'} {_num(float(x))}" for d, x in enumerate(weights)], "and")
+    return _clip(list(enumerate(weights)), "and",
+                 lambda dx: f"{'itself' if dx[0] == 0 else f'{dx[0]} back'} {_num(float(dx[1]))}")
 
 
 def _words(value: Any, kind: str = "", vocab: Any = None, node: Prim | None = None) -> str:
@@ -187,7 +192,7 @@ def _words(value: Any, kind: str = "", vocab: Any = None, node: Prim | None = No
     if kind == "ids":
         return _token_set(value, vocab)
     if kind == "idweights":
-        return _clip([f"{_token(t, vocab)} ×{_num(w)}" for t, w in value], "and")
+        return _clip(value, "and", lambda tw: f"{_token(tw[0], vocab)} ×{_num(tw[1])}")
     if kind == "idclasses":
         return "; ".join(_token_set(c, vocab) for c in value[:_GLOSS_ITEMS]) + (
             f"; ... ({len(value)} classes)" if len(value) > _GLOSS_ITEMS else "")
@@ -204,7 +209,7 @@ def _words(value: Any, kind: str = "", vocab: Any = None, node: Prim | None = No
     if isinstance(value, float):
         return _num(value)
     if isinstance(value, (list, tuple)):
-        return _clip([_words(v) for v in value], "and")
+        return _clip(value, "and", _words)
     return str(value)
 
 
