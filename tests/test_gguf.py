@@ -211,6 +211,31 @@ def test_a_hybrid_on_a_gguf_base_records_the_file_and_verifies_it_on_load(tmp_pa
         hs.load_hybrid(tmp_path / "ck")
 
 
+def test_a_hybrid_trained_on_a_gguf_base_saves_its_weights_and_loads_bit_for_bit(tmp_path, cache):
+    """The real SmolLM2's save-after-training test (tests/test_architectures.py, slow) at a fast size: a copied
+    hybrid on a dequantized GGUF base, trained, stores its weights and loads back with identical logits."""
+    base = write_tiny_gguf(tmp_path / "base.gguf")
+    h = load_model(str(base))
+    with torch.no_grad():
+        before = h.model(IDS)
+    hybrid = hs.replace_heads(h, {(0, 0): "first()", (1, 3): "prev(1)"}, copy=True)
+    opt = torch.optim.SGD([p for p in hybrid.parameters() if p.requires_grad], lr=0.05)
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(hybrid(IDS)[0, :-1], IDS[0, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        want = hybrid(IDS)
+    hs.save_hybrid(hybrid, tmp_path / "ck")
+    manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    assert manifest["weights"]["stored"] == "embedded"
+    back = hs.load_hybrid(tmp_path / "ck")
+    with torch.no_grad():
+        assert torch.equal(back(IDS), want) and not torch.equal(want, before)
+        assert torch.equal(h.model(IDS), before)  # the copy trained, the base did not
+
+
 def test_the_command_line_takes_a_gguf_file(tiny, cache, capsys):
     from headsurgeon.cli import main
 

@@ -122,7 +122,7 @@ def test_a_killed_driver_resumes_on_ray_with_the_serial_programs_and_delta_ppl(s
         proc.communicate()
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert 6 <= len(before) < 40 and not (out / "programs.json").exists()
-    result = explain(MODEL, need(CORPUS), out, executor="ray", heads_per_task=2, delta_ppl=True,
+    result = explain(MODEL, need(CORPUS), out, executor="ray", heads_per_task=12, delta_ppl=True,
                      **SETTINGS)  # resume on Ray
     assert f"resumed {len(before)} of 40 heads from the journal {out / 'heads'}" in result.notes
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
