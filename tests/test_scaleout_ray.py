@@ -5,6 +5,7 @@ error. A serial explain never imports Ray. stories260K, 24 windows of 16 tokens,
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -53,6 +54,23 @@ def _drive(tmp: Path, out: Path, wait: bool = True, **kw) -> subprocess.Popen | 
 
 def _programs(out: Path) -> dict:
     return json.loads((out / "programs.json").read_text())
+
+
+def _assert_same_programs(got: dict, want: dict, path: str = "programs.json") -> None:
+    """The same programs, texts, glosses and frontiers; scores equal to 1e-12. A numba kernel compiled in one process
+    and loaded from numba's cache in another differ in a score's 16th digit (docs/architecture.md, Scale-out)."""
+    if isinstance(want, float) and isinstance(got, float):
+        assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-15), f"{path}: {got!r} != {want!r}"
+    elif isinstance(want, dict) and isinstance(got, dict):
+        assert got.keys() == want.keys(), f"{path}: keys {sorted(got)} != {sorted(want)}"
+        for key in want:
+            _assert_same_programs(got[key], want[key], f"{path}/{key}")
+    elif isinstance(want, list) and isinstance(got, list):
+        assert len(got) == len(want), f"{path}: {len(got)} items != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same_programs(g, w, f"{path}[{i}]")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
 
 
 def _wait_for_records(out: Path, n: int, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -127,7 +145,7 @@ def test_a_killed_driver_resumes_on_ray_with_the_serial_programs_and_delta_ppl(s
     assert f"resumed {len(before)} of 40 heads from the journal {out / 'heads'}" in result.notes
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert len(after) == 40 and all(after[name] == before[name] for name in before)  # finished heads untouched
-    assert _programs(out) == _programs(serial[0])  # same programs, same scores, same frontier
+    _assert_same_programs(_programs(out), _programs(serial[0]))  # same programs, same scores, same frontier
     want = json.loads((serial[0] / "summary.json").read_text())["delta_ppl"]
     got = json.loads((out / "summary.json").read_text())["delta_ppl"]
     assert len(got) == 40 and got.keys() == want.keys() and len(result.delta_ppl) == 40
@@ -193,7 +211,7 @@ def test_a_cluster_by_address_survives_a_killed_worker(serial, cluster, tmp_path
             proc.communicate()
     assert proc.returncode == 0, stderr[-3000:]
     assert not psutil.pid_exists(killed) or psutil.Process(killed).status() == psutil.STATUS_ZOMBIE
-    assert _programs(out) == _programs(serial[0])
+    _assert_same_programs(_programs(out), _programs(serial[0]))
 
 
 def test_llm_caps_hold_across_the_cluster(local_ray):
@@ -284,5 +302,5 @@ def test_a_searcher_registered_at_run_time_runs_on_workers(local_ray, tmp_path):
         explain(MODEL, need(CORPUS), tmp_path / "ray", executor="ray", heads_per_task=8, **kw)
     finally:
         unregister_searcher("hs-offsets")
-    assert _programs(tmp_path / "ray") == _programs(tmp_path / "serial")
+    _assert_same_programs(_programs(tmp_path / "ray"), _programs(tmp_path / "serial"))
     assert any(e["source"] == "hs-offsets" for e in _programs(tmp_path / "ray")["programs"])
