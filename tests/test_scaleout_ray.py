@@ -27,7 +27,7 @@ SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequenc
                 enumerative=NARROW_SEARCH,
                 sweep_steps=[0.0, 1.0], progress=False, seed=0)
 
-# a driver in its own process (run outside the repository, whose folders shadow the installed package)
+# a driver in its own process, as a user runs explain (a fresh interpreter: whether it imports Ray is its own)
 DRIVER = textwrap.dedent("""
     import json, sys
     import torch
