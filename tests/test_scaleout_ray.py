@@ -145,7 +145,7 @@ def test_a_killed_driver_resumes_on_ray_with_the_serial_programs_and_delta_ppl(s
     assert f"resumed {len(before)} of 40 heads from the journal {out / 'heads'}" in result.notes
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert len(after) == 40 and all(after[name] == before[name] for name in before)  # finished heads untouched
-    _assert_same_programs(_programs(out), _programs(serial[0]))  # same programs, same scores, same frontier
+    _assert_same_programs(_programs(out), _programs(serial[0]))  # same programs and frontier, scores to 1e-12
     want = json.loads((serial[0] / "summary.json").read_text())["delta_ppl"]
     got = json.loads((out / "summary.json").read_text())["delta_ppl"]
     assert len(got) == 40 and got.keys() == want.keys() and len(result.delta_ppl) == 40

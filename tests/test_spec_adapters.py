@@ -12,7 +12,7 @@ from test_dsl_spec import grow_trees, random_primitive, random_sequences
 from headsurgeon.kernels.core import InputError
 from headsurgeon.synth import dsl
 from headsurgeon.synth.dsl import Pred
-from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, Param, PrimitiveSpec, combinator_for,
+from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, PrimitiveSpec, combinator_for,
                                         register_combinator, register_primitive, unregister_combinator,
                                         unregister_primitive)
 from headsurgeon.synth.program import Program
