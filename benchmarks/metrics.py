@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from headsurgeon.kernels.cache import TensorCache
-from headsurgeon.kernels.metrics_kernels import kernel_threads
 from headsurgeon.kernels.sparse import from_dense
 from headsurgeon.synth.metrics import RealPatterns, score_many, topq_count, visible_cells
 from headsurgeon.synth.sequence import Sequence
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ids, source = load_sequences(B, rng)
     lengths = np.array([len(t) for t in ids], dtype=np.int64)
     print(f"workload: {H} heads x {P} programs x {B} sequences ({source}; lengths mean {lengths.mean():.1f}, "
-          f"max {lengths.max()}); numba threads: {kernel_threads()}")
+          f"max {lengths.max()}); serial numba kernels")
     t = time.perf_counter()
     real = real_patterns(H, lengths, rng)
     fams = families(P)

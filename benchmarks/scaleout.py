@@ -115,19 +115,8 @@ def compare_executors(args, root: Path) -> dict:
     print(f"Ray start-up (init, one worker importing the task module, shutdown): {startup:.1f} s")
     print(f"load average before: {load()}")
     wall, res = stage(handle, splits, store, root / "serial", args.searchers, executor="serial", heads_per_task=heads)
-    rows.append(("serial (1 task of all heads; numba threads: all cores)", wall, load()))
+    rows.append(("serial (1 task of all heads)", wall, load()))
     results["serial"] = res
-    import numba
-
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)  # as each Ray worker runs (headsurgeon/scaleout/ray_run.py)
-    try:
-        wall, res = stage(handle, splits, store, root / "serial1", args.searchers, executor="serial",
-                          heads_per_task=heads)
-    finally:
-        numba.set_num_threads(threads)
-    rows.append(("serial (1 task of all heads; numba threads: 1)", wall, load()))
-    results["serial1"] = res
     for cpus in (2, 1):
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         try:
@@ -140,11 +129,11 @@ def compare_executors(args, root: Path) -> dict:
     print("\n| run | wall s | speed-up vs serial | load average after |\n|---|---|---|---|")
     for name, wall, after in rows:
         print(f"| {name} | {wall:.1f} | {base / wall:.2f}x | {after} |")
-    same = all(programs_json(results[k]) == programs_json(results["serial"]) for k in ("serial1", "ray1", "ray2"))
+    same = all(programs_json(results[k]) == programs_json(results["serial"]) for k in ("ray1", "ray2"))
     print(f"\nthe other runs select the serial run's programs with the same scores: {same}")
     summed = {k: round(v, 1) for k, v in results["serial"].timings.items()}
     print(f"serial per-stage seconds: {summed}")
-    return {"serial": base, "serial1": rows[1][1], "ray2": rows[2][1], "ray1": rows[3][1], "startup": startup,
+    return {"serial": base, "ray2": rows[1][1], "ray1": rows[2][1], "startup": startup,
             "same": same}
 
 

@@ -16,8 +16,8 @@ Dense candidate rows (decay, uniform, ...) store their non-zeros on consecutive 
 scored with contiguous loads and ``fast_log``, a branch-free float64 log that LLVM vectorizes
 (libm's ``log`` is a scalar call), which makes dense rows about 2x cheaper than a scalar loop.
 
-The work runs in parallel over (sequence, head) pairs so one real pattern (and its ``a log a``) is
-loaded once and all programs of that sequence stream past it. float16 inputs are read through a
+The work runs over (sequence, head) pairs so one real pattern (and its ``a log a``) is loaded once and
+all programs of that sequence stream past it. float16 inputs are read through a
 65,536-entry lookup table (numba has no CPU float16), so nothing is copied to float32 up front.
 Only numpy and numba (and llvmlite, numba's own code generator, for two bit-cast intrinsics) are
 imported here (the layering rule of docs/architecture.md).
@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic, overload
@@ -111,7 +110,7 @@ def _read_ol(row, lut, j):
     return impl
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
     """One pass over x[p0:p1, b0:b1]: visible positive entries per row and invalid entries per pattern.
 
@@ -122,7 +121,7 @@ def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
     Bc = b1 - b0
     rows = np.zeros((Bc, Pc, N), dtype=np.int64)
     bad = np.zeros((Pc, Bc), dtype=np.int64)
-    for t in prange(Pc * Bc):
+    for t in range(Pc * Bc):
         pp = t // Bc
         bb = t % Bc
         b = b0 + bb
@@ -145,7 +144,7 @@ def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
     return rows, bad
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwlog, ctot):
     """Fill the row-compressed visible positives of x[p0:p1, b0:b1] (value, ``v log 2v``, key index).
 
@@ -153,7 +152,7 @@ def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwl
     """
     Pc = p1 - p0
     Bc = b1 - b0
-    for t in prange(Pc * Bc):
+    for t in range(Pc * Bc):
         pp = t // Bc
         bb = t % Bc
         b = b0 + bb
@@ -214,7 +213,7 @@ def _sift_up(hv, hp, i):
             return
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def topq_sets(x, lut, lengths, causal, p0, p1, b0, b1, qs, qmax):
     """Top-q visible positive cells of each x[p, b] as sorted flat indices ``i*L + j``.
 
@@ -229,7 +228,7 @@ def topq_sets(x, lut, lengths, causal, p0, p1, b0, b1, qs, qmax):
     qm = max(qmax, 1)
     idx = np.zeros((Pc, Bc, qm), dtype=np.int32)
     cnt = np.zeros((Pc, Bc), dtype=np.int32)
-    for t in prange(Pc * Bc):
+    for t in range(Pc * Bc):
         pp = t // Bc
         bb = t % Bc
         b = b0 + bb
@@ -321,17 +320,16 @@ def _scattered_terms(a_buf, alog, i, cidx, cval, cwlog, k0, k1, do_jsd):
     return mn, acc
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
                 rowptr, cidx, cval, cwlog, ctot,
                 do_iou, do_jsd, do_topq,
                 r_tq_idx, r_tq_cnt, c_tq_idx, c_tq_cnt,
-                out_iou, out_jsd, out_tq, nchunks):
+                out_iou, out_jsd, out_tq):
     """Per-sequence metrics for every head of ``real`` x the ``Pc`` CSR-packed candidates, b in [b0, b1).
 
     CSR rows are ordered (b - b0, p, i); ``cwlog[k] = v log(2v)`` of each stored value ``v``.
     Writes ``out_*[h, p, b - b0]`` (float64). ``r_tq_*`` are indexed [h, b - b0], ``c_tq_*`` [p, b - b0].
-    Sequences are split into ``nchunks`` contiguous chunks run in parallel (pass a few per thread).
     Within a sequence the loop is tiled by query row: row i of every head (decoded once, with its
     ``a log a``) and row i of every program stay in L1/L2 while all (head, program) pairs use them.
 
@@ -341,65 +339,59 @@ def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
     H = real.shape[0]
     Bc = b1 - b0
     need_dense = do_iou or do_jsd
-    nchunks = max(1, min(Bc, nchunks))
     Nd = N if need_dense else 0
-    for c in prange(nchunks):
-        ra = np.zeros((H, Nd), dtype=np.float32)
-        ralog = np.zeros((H, Nd), dtype=np.float64)
-        rsum = np.zeros(H, dtype=np.float64)
-        atot = np.zeros(H, dtype=np.float64)
-        minsum = np.zeros((H, Pc), dtype=np.float64)
-        jsd = np.zeros((H, Pc), dtype=np.float64)
-        for bb in range(c * Bc // nchunks, (c + 1) * Bc // nchunks):
-            b = b0 + bb
-            L = lengths[b]
-            if need_dense:
-                atot[:] = 0.0
-                minsum[:, :] = 0.0
-                jsd[:, :] = 0.0
-                for i in range(L):
-                    jmax = i + 1 if causal else L
+    ra = np.zeros((H, Nd), dtype=np.float32)
+    ralog = np.zeros((H, Nd), dtype=np.float64)
+    rsum = np.zeros(H, dtype=np.float64)
+    atot = np.zeros(H, dtype=np.float64)
+    minsum = np.zeros((H, Pc), dtype=np.float64)
+    jsd = np.zeros((H, Pc), dtype=np.float64)
+    for bb in range(Bc):
+        b = b0 + bb
+        L = lengths[b]
+        if need_dense:
+            atot[:] = 0.0
+            minsum[:, :] = 0.0
+            jsd[:, :] = 0.0
+            for i in range(L):
+                jmax = i + 1 if causal else L
+                for h in range(H):
+                    row = real[h, b, i]
+                    rs = 0.0
+                    for j in range(jmax):
+                        a = _read(row, lut, j)
+                        ra[h, j] = a
+                        rs += a
+                    for j in range(jmax):
+                        av = np.float64(ra[h, j])
+                        ralog[h, j] = av * fast_log(av)
+                    rsum[h] = rs
+                    atot[h] += rs
+                for p in range(Pc):
+                    base = (bb * Pc + p) * N
+                    k0 = rowptr[base + i]
+                    k1 = rowptr[base + i + 1]
+                    run = k1 > k0 and cidx[k1 - 1] - cidx[k0] == k1 - k0 - 1
                     for h in range(H):
-                        row = real[h, b, i]
-                        rs = 0.0
-                        for j in range(jmax):
-                            a = _read(row, lut, j)
-                            ra[h, j] = a
-                            rs += a
-                        for j in range(jmax):
-                            av = np.float64(ra[h, j])
-                            ralog[h, j] = av * fast_log(av)
-                        rsum[h] = rs
-                        atot[h] += rs
-                    for p in range(Pc):
-                        base = (bb * Pc + p) * N
-                        k0 = rowptr[base + i]
-                        k1 = rowptr[base + i + 1]
-                        run = k1 > k0 and cidx[k1 - 1] - cidx[k0] == k1 - k0 - 1
-                        for h in range(H):
-                            if run:
-                                mn, acc = _run_terms(ra, ralog, h, cval, cwlog, k0, cidx[k0], k1 - k0, do_jsd)
-                            else:
-                                mn, acc = _scattered_terms(ra, ralog, h, cidx, cval, cwlog, k0, k1, do_jsd)
-                            minsum[h, p] += mn
-                            if do_jsd:
-                                acc += LN2 * rsum[h]
-                                if acc > 0.0:
-                                    jsd[h, p] += math.sqrt(0.5 * acc)
-                for h in range(H):
-                    for p in range(Pc):
-                        if do_iou:
-                            den = atot[h] + ctot[bb, p] - minsum[h, p]
-                            out_iou[h, p, bb] = minsum[h, p] / den if den > 0.0 else 1.0
+                        if run:
+                            mn, acc = _run_terms(ra, ralog, h, cval, cwlog, k0, cidx[k0], k1 - k0, do_jsd)
+                        else:
+                            mn, acc = _scattered_terms(ra, ralog, h, cidx, cval, cwlog, k0, k1, do_jsd)
+                        minsum[h, p] += mn
                         if do_jsd:
-                            out_jsd[h, p, bb] = jsd[h, p] / L
-            if do_topq:
-                for h in range(H):
-                    for p in range(Pc):
-                        out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb],
-                                                    c_tq_idx[p, bb], c_tq_cnt[p, bb])
+                            acc += LN2 * rsum[h]
+                            if acc > 0.0:
+                                jsd[h, p] += math.sqrt(0.5 * acc)
+            for h in range(H):
+                for p in range(Pc):
+                    if do_iou:
+                        den = atot[h] + ctot[bb, p] - minsum[h, p]
+                        out_iou[h, p, bb] = minsum[h, p] / den if den > 0.0 else 1.0
+                    if do_jsd:
+                        out_jsd[h, p, bb] = jsd[h, p] / L
+        if do_topq:
+            for h in range(H):
+                for p in range(Pc):
+                    out_tq[h, p, bb] = _set_iou(r_tq_idx[h, bb], r_tq_cnt[h, bb],
+                                                c_tq_idx[p, bb], c_tq_cnt[p, bb])
 
-
-def kernel_threads() -> int:
-    """Number of threads numba's parallel kernels use (for benchmark reports)."""
-    return int(numba.get_num_threads())

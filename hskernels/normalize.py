@@ -19,9 +19,8 @@ from __future__ import annotations
 
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .primitives import threads_for
 from .sparse import RowsBuffer, SparseRows
 from .core import InputError
 
@@ -61,11 +60,11 @@ def visible_mask(lengths: np.ndarray, n: int, causal: bool) -> np.ndarray:
 _FASTMATH = {"reassoc", "nsz", "arcp", "contract"}
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def _normalize_kernel(scores, lengths, causal, masked, out, bad, bad_value):  # pragma: no cover - compiled
     """Fill ``out`` (may be ``scores`` itself) with normalized rows; record the first bad cell (i*N+j)."""
     nb, n, _ = scores.shape
-    for b in prange(nb):
+    for b in range(nb):
         length = lengths[b]
         bad[b] = -1
         for i in range(n):
@@ -138,8 +137,7 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
     bad_value = np.zeros(scores.shape[0], dtype=np.float64)
     if scores.shape[0] == 0 or scores.shape[1] == 0:
         return out
-    with threads_for(scores.size):
-        _normalize_kernel(scores, lengths, bool(causal), masked, out, bad, bad_value)
+    _normalize_kernel(scores, lengths, bool(causal), masked, out, bad, bad_value)
     hit = np.flatnonzero(bad >= 0)
     if hit.size:
         b = int(hit[0])
@@ -152,12 +150,12 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _normalize_rows_kernel(rowptr, cols, vals, lengths, n, causal, fill, optr, ocols, ovals, bad,
                            bad_value):  # pragma: no cover - compiled
     """The rules of ``_normalize_kernel`` per stored key: count (``fill`` False) or write the normalized rows."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         length = lengths[b]
         if not fill:
             bad[b] = -1

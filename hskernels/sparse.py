@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from .core import InputError
 
 __all__ = ["SparseRows", "RowsBuffer", "PACK_TAG", "pack_sequence", "is_packed", "from_packed", "empty_rows_like",
@@ -181,10 +181,10 @@ def empty_rows_like(lengths: np.ndarray, n: int) -> SparseRows:
                       np.zeros(0, np.float32), lengths, int(n))
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _scatter(rowptr, cols, vals, n, out):  # pragma: no cover - compiled
     """Dense [B, N, N] of compressed rows (every cell written)."""
-    for b in prange(out.shape[0]):
+    for b in range(out.shape[0]):
         out[b] = 0.0
         for i in range(n):
             r = b * n + i

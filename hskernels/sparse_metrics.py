@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .metrics_kernels import _read, _sift_down, _sift_up, fast_log
 
@@ -22,7 +22,7 @@ LN2 = math.log(2.0)
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def sparse_totals(rowptr, cols, vals, lengths, causal, N, b0, b1):  # pragma: no cover - compiled
     """(visible mass float64 [P, b1-b0], invalid visible entries int64 [P, b1-b0]) of P stacked programs.
 
@@ -33,7 +33,7 @@ def sparse_totals(rowptr, cols, vals, lengths, causal, N, b0, b1):  # pragma: no
     Bc = b1 - b0
     tot = np.zeros((P, Bc), dtype=np.float64)
     bad = np.zeros((P, Bc), dtype=np.int64)
-    for t in prange(P * Bc):
+    for t in range(P * Bc):
         p = t // Bc
         bb = t % Bc
         b = b0 + bb
@@ -55,30 +55,30 @@ def sparse_totals(rowptr, cols, vals, lengths, causal, N, b0, b1):  # pragma: no
     return tot, bad
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def entry_terms(vals):  # pragma: no cover - compiled
     """``v log 2v`` of every stored weight (0 for v <= 0), shared by every head a program is scored against."""
     out = np.zeros(vals.shape[0], dtype=np.float64)
-    for k in prange(vals.shape[0]):
+    for k in range(vals.shape[0]):
         v = np.float64(vals[k])
         if v > 0.0:
             out[k] = v * fast_log(2.0 * v)
     return out
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def score_sparse_block(real, lut, lengths, causal, b0, b1, N, rowptr, cols, vals, vlog, ctot,
                        do_iou, do_jsd, out_iou, out_jsd):  # pragma: no cover - compiled
     """Soft IoU and mean row JSD of every head of ``real`` x the P stacked sparse programs, b in [b0, b1).
 
     ``vlog`` is ``entry_terms(vals)``, ``ctot`` [P, b1-b0] the programs' masses; writes ``out_*[h, p, b - b0]``.
-    Parallel over (sequence, head): the real pattern is decoded once into a float32 block with its row
+    Per (sequence, head): the real pattern is decoded once into a float32 block with its row
     sums, then every program's stored keys look it up (two logs per key: ``a log a`` and ``s log s``).
     """
     H = real.shape[0]
     P = rowptr.shape[0]
     Bc = b1 - b0
-    for t in prange(Bc * H):
+    for t in range(Bc * H):
         bb = t // H
         h = t % H
         b = b0 + bb
@@ -123,7 +123,7 @@ def score_sparse_block(real, lut, lengths, causal, b0, b1, N, rowptr, cols, vals
                 out_jsd[h, p, bb] = jsd / L
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def topq_sets_sparse(rowptr, cols, vals, lengths, causal, N, b0, b1, qs, qmax):  # pragma: no cover - compiled
     """Top-q visible positive cells of P stacked sparse programs, as ``metrics_kernels.topq_sets`` returns them.
 
@@ -135,7 +135,7 @@ def topq_sets_sparse(rowptr, cols, vals, lengths, causal, N, b0, b1, qs, qmax): 
     qm = max(qmax, 1)
     idx = np.zeros((P, Bc, qm), dtype=np.int32)
     cnt = np.zeros((P, Bc), dtype=np.int32)
-    for t in prange(P * Bc):
+    for t in range(P * Bc):
         p = t // Bc
         bb = t % Bc
         b = b0 + bb

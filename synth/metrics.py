@@ -226,7 +226,7 @@ class RealPatterns:
                 metrics_kernels.score_block(self._rx, self._rlut, lens, causal, b0, b1, P, N, np.zeros(1, np.int64),
                                             empty_i, np.zeros(0, np.float32), np.zeros(0), np.zeros((b1 - b0, P)),
                                             False, False, True, r_idx, r_cnt, c_idx, c_cnt,
-                                            dummy, dummy, buf, 8 * metrics_kernels.kernel_threads())
+                                            dummy, dummy, buf)
                 out["topq"][:, :, b0:b1] = buf
         return out if per_sequence else {m: v.mean(axis=2) for m, v in out.items()}
 
@@ -262,7 +262,6 @@ class RealPatterns:
         qmax_all = int(qs.max()) if do_topq else 1
         # Bound the row counts [Bc, P, N], the top-q sets [X, Bc, q] and the outputs per block.
         b_step = max(1, min(B, _BLOCK_CELLS // (P * N), _BLOCK_CELLS // (H * qmax_all), _BLOCK_CELLS // (H * P)))
-        nchunks = 8 * metrics_kernels.kernel_threads()
         for b0 in range(0, B, b_step):
             b1 = min(B, b0 + b_step)
             Bc = b1 - b0
@@ -304,7 +303,7 @@ class RealPatterns:
                                rowptr, cidx, cval, cwlog, ctot,
                                do_iou, do_jsd, do_topq,
                                r_idx, r_cnt, c_idx, c_cnt,
-                               bufs["iou"], bufs["jsd"], bufs["topq"], nchunks)
+                               bufs["iou"], bufs["jsd"], bufs["topq"])
                 for m in wanted:
                     if per_sequence:
                         results[m][:, p0:p1, b0:b1] = bufs[m]

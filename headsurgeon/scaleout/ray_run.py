@@ -107,9 +107,8 @@ def ray_map(job: HeadJob, heads: list[tuple[int, int]], finished: Callable[[list
             from ..synth.search.llm.config import AgentConfig
 
             gate = start_gate(job.llm_gate, job.options.get("llm") or AgentConfig(progress=False))
-        # one CPU per task, and numba's parallel kernels (hskernels/) told so, as Ray tells OpenMP
-        task = ray.remote(explain_heads).options(num_cpus=1, max_retries=max_retries, retry_exceptions=[OSError],
-                                                 runtime_env={"env_vars": {"NUMBA_NUM_THREADS": "1"}})
+        # one CPU per task (the numba kernels, hskernels/, are serial)
+        task = ray.remote(explain_heads).options(num_cpus=1, max_retries=max_retries, retry_exceptions=[OSError])
         job_ref = ray.put(job)
         pending = {task.remote(job_ref, chunk): chunk for chunk in chunks}
         try:

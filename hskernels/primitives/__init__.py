@@ -13,16 +13,17 @@ turns them into attention.
 * ``tokens``: same_token, same_token_recent, induction, keys, recent, match, class_table, value_index;
 * ``structure``: group_start, same_group, same_value, dep_head, dep_children (word, sentence, dependency arrays);
 * ``combinators``: mix, raw sums, fallback, gate, sharpen, multiply, row normalization (in place on whole batches);
-* ``buffers``: output buffers, offset clipping and ``threads_for``;
+* ``buffers``: output buffers and offset clipping;
 * ``sparse_prims``, ``sparse_tokens``, ``sparse_combinators``: the same primitives (those of small support) and combinators
   writing compressed rows (hskernels/sparse.py) instead of dense [B, N, N] arrays.
 
-All kernels are ``@njit(parallel=True, cache=True)`` with ``prange`` over sequences; batches below
-``SMALL_WORK`` cells run single-threaded (``threads_for``).
+All kernels are serial ``@njit(cache=True)`` loops over sequences: numba's parallel kernels cost three times
+the compile time and measured no faster on whole runs (benchmarks/RESULTS.md, "Serial kernels"); processes
+(``explain --ray``) are the way to more cores.
 """
 from __future__ import annotations
 
-from .buffers import SMALL_WORK, clip_offset, out_buffer, threads_for
+from .buffers import clip_offset, out_buffer
 from .combinators import (empty_rows, fallback_rows, gate_rows, mix_accumulate, mix_scale, multiply, raw_accumulate,
                           raw_scale, row_normalize, sharpen_rows, sharpen_rows_by)
 from .positional import (score_decay, score_first, score_next, score_none, score_prev, score_profile,
@@ -47,7 +48,7 @@ __all__ = [
     "mix_scale", "mix_accumulate", "raw_scale", "raw_accumulate", "fallback_rows", "gate_rows", "sharpen_rows",
     "sharpen_rows_by", "multiply",
     "row_normalize",
-    "empty_rows", "threads_for", "SMALL_WORK", "out_buffer", "clip_offset",
+    "empty_rows", "out_buffer", "clip_offset",
     "sparse_self", "sparse_prev", "sparse_next", "sparse_first", "sparse_window", "sparse_none", "sparse_same_token",
     "sparse_same_token_recent", "sparse_induction", "sparse_keys", "sparse_recent", "sparse_match",
     "sparse_group_start", "sparse_same_group", "sparse_same_value", "sparse_dep_head", "sparse_dep_children",

@@ -1,33 +1,12 @@
-"""Output buffers, offset clipping and the small-batch thread policy shared by every kernel family."""
+"""Output buffers and offset clipping shared by every kernel family."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-import numba
 import numpy as np
 from ...kernels.core import InputError
 
-__all__ = ["SMALL_WORK", "threads_for", "out_buffer", "clip_offset", "per_token_kernel"]
-
-# Below this many score cells (B*N*N) a kernel runs on one thread: on small batches the cost of
-# waking the OpenMP team (milliseconds on busy, oversubscribed machines) exceeds the work.
-SMALL_WORK = 1 << 16
-
-
-@contextmanager
-def threads_for(cells: int) -> Iterator[None]:
-    """Run the enclosed kernels single-threaded when the batch is small (numba's setting is thread-local)."""
-    if cells >= SMALL_WORK:
-        yield
-        return
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
-
+__all__ = ["out_buffer", "clip_offset", "per_token_kernel"]
 
 # ``out`` may pass a reusable float32 [B,N,N] buffer (every cell is overwritten); otherwise numpy
 # allocates it, not the kernel: numpy puts large arrays on transparent huge pages, whose first-touch

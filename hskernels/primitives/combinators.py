@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 __all__ = ["mix_scale", "mix_accumulate", "raw_scale", "raw_accumulate", "fallback_rows", "gate_rows", "sharpen_rows",
            "sharpen_rows_by",
@@ -20,11 +20,11 @@ def _row_sum(row):  # pragma: no cover - compiled
     return total
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def mix_scale(a, weight):  # pragma: no cover - compiled
     """a <- weight * rownorm(a) in place (the first term of a mix); empty rows stay empty."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row = a[b, i]
             total = _row_sum(row)
@@ -34,11 +34,11 @@ def mix_scale(a, weight):  # pragma: no cover - compiled
                     row[j] *= scale
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def mix_accumulate(out, a, weight):  # pragma: no cover - compiled
     """out += weight * rownorm(a): each non-empty row of ``a`` contributes ``weight`` of mass."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row = a[b, i]
             total = _row_sum(row)
@@ -53,12 +53,12 @@ def mix_accumulate(out, a, weight):  # pragma: no cover - compiled
 _F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def raw_scale(a, weight):  # pragma: no cover - compiled
     """a <- weight * a in place, no row normalization (the first term of ``sum``), saturating at float32's max."""
     nb, n, _ = a.shape
     w = np.float64(weight)
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row = a[b, i]
             for j in range(n):
@@ -67,12 +67,12 @@ def raw_scale(a, weight):  # pragma: no cover - compiled
                     row[j] = np.float32(min(np.float64(v) * w, _F32_MAX))
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def raw_accumulate(out, a, weight):  # pragma: no cover - compiled
     """out += weight * a, raw scores (a term of ``sum``), saturating at float32's max."""
     nb, n, _ = a.shape
     w = np.float64(weight)
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row, orow = a[b, i], out[b, i]
             for j in range(n):
@@ -81,30 +81,30 @@ def raw_accumulate(out, a, weight):  # pragma: no cover - compiled
                     orow[j] = np.float32(min(np.float64(orow[j]) + np.float64(v) * w, _F32_MAX))
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def fallback_rows(a, alt):  # pragma: no cover - compiled
     """Rows of ``a`` with zero mass are replaced by the same rows of ``alt`` (in place on ``a``)."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             if _row_sum(a[b, i]) <= 0.0:
                 a[b, i, :] = alt[b, i, :]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def gate_rows(qmask, a, alt):  # pragma: no cover - compiled
     """Rows whose query mask is unset take ``alt``'s row (in place on ``a``)."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             if not qmask[b, i]:
                 a[b, i, :] = alt[b, i, :]
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def _sharpen_rows(a, t, ti):  # pragma: no cover - compiled
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row = a[b, i]
             total = 0.0
@@ -138,11 +138,11 @@ def sharpen_rows(a: np.ndarray, t: float) -> None:
     _sharpen_rows(a, float(t), ti)
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def sharpen_rows_by(a, texp):  # pragma: no cover - compiled
     """a <- rownorm(a ** texp[b, i]) per query row (in place); empty rows stay empty."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row = a[b, i]
             t = texp[b, i]
@@ -160,22 +160,22 @@ def sharpen_rows_by(a, texp):  # pragma: no cover - compiled
                     row[j] *= inv
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def multiply(a, other):  # pragma: no cover - compiled
     """a <- a * other, elementwise (in place)."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row, orow = a[b, i], other[b, i]
             for j in range(n):
                 row[j] *= orow[j]
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def row_normalize(a):  # pragma: no cover - compiled
     """Divide every row with positive mass by its sum (in place); empty rows stay empty."""
     nb, n, _ = a.shape
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             row = a[b, i]
             total = _row_sum(row)
@@ -185,12 +185,12 @@ def row_normalize(a):  # pragma: no cover - compiled
                     row[j] *= inv
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def empty_rows(a):  # pragma: no cover - compiled
     """Boolean [B,N]: rows of ``a`` with no positive mass."""
     nb, n, _ = a.shape
     res = np.empty((nb, n), np.bool_)
-    for b in prange(nb):
+    for b in range(nb):
         for i in range(n):
             res[b, i] = _row_sum(a[b, i]) <= 0.0
     return res

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .buffers import clip_offset, out_buffer
 
@@ -10,21 +10,21 @@ __all__ = ["score_self", "score_prev", "score_next", "score_first", "score_windo
     "score_uniform", "score_none", "score_profile"]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_self(lengths, n, causal, out):  # pragma: no cover - compiled
     """Each query attends to itself."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             out[b, i, i] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_prev(lengths, n, k, causal, out):  # pragma: no cover - compiled
     """Query i attends to key i-k (k >= 1)."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             j = i - k
@@ -32,11 +32,11 @@ def _score_prev(lengths, n, k, causal, out):  # pragma: no cover - compiled
                 out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_next(lengths, n, k, causal, out):  # pragma: no cover - compiled
     """Query i attends to key i+k (encoders; empty under a causal mask)."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             j = i + k
@@ -44,17 +44,17 @@ def _score_next(lengths, n, k, causal, out):  # pragma: no cover - compiled
                 out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_first(lengths, n, causal, out):  # pragma: no cover - compiled
     """Every query attends to position 0 (BOS)."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             out[b, i, 0] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_window(lengths, n, lo, hi, causal, out):  # pragma: no cover - compiled
     """Keys at relative offsets lo..hi behind the query (j = i - d, lo <= d <= hi; d < 0 looks ahead).
 
@@ -62,7 +62,7 @@ def _score_window(lengths, n, lo, hi, causal, out):  # pragma: no cover - compil
     costs at most ``length`` steps whatever ``lo`` and ``hi`` are.
     """
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -74,14 +74,14 @@ def _score_window(lengths, n, lo, hi, causal, out):  # pragma: no cover - compil
                 out[b, i, i - d] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_decay(lengths, n, rate, causal, out):  # pragma: no cover - compiled
     """Exponential decay rate**|i-j| over visible keys (the query itself scores 1)."""
     nb = lengths.shape[0]
     table = np.empty(max(n, 1), np.float32)
     for d in range(n):
         table[d] = rate ** d
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -90,11 +90,11 @@ def _score_decay(lengths, n, rate, causal, out):  # pragma: no cover - compiled
                 out[b, i, j] = table[abs(i - j)]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_uniform(lengths, n, causal, out):  # pragma: no cover - compiled
     """Uniform over all visible keys."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -102,20 +102,20 @@ def _score_uniform(lengths, n, causal, out):  # pragma: no cover - compiled
             out[b, i, :jmax] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_none(lengths, n, causal, out):  # pragma: no cover - compiled
     """All-zero scores (every visible row falls back to position 0 after normalization)."""
     nb = lengths.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_profile(lengths, n, w, tail, bos, causal, out):  # pragma: no cover - compiled
     """Key i-d scores w[d] (d < len(w)) or tail; key 0 scores bos when bos >= 0; keys ahead score 0."""
     nb = lengths.shape[0]
     nw = w.shape[0]
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):

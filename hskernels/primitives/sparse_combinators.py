@@ -9,7 +9,7 @@ sum) and intersections (mul) merge the ascending keys of two rows; fallback and 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..sparse import SparseRows
 from .combinators import _F32_MAX
@@ -29,9 +29,9 @@ def _total(vals, k0, k1):  # pragma: no cover - compiled
     return total
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def _mix_scale(rowptr, vals, weight):  # pragma: no cover - compiled
-    for r in prange(rowptr.shape[0] - 1):
+    for r in range(rowptr.shape[0] - 1):
         k0, k1 = rowptr[r], rowptr[r + 1]
         total = _total(vals, k0, k1)
         if total > 0.0:
@@ -40,10 +40,10 @@ def _mix_scale(rowptr, vals, weight):  # pragma: no cover - compiled
                 vals[k] *= scale
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _raw_scale(rowptr, vals, weight):  # pragma: no cover - compiled
     w = np.float64(weight)
-    for r in prange(rowptr.shape[0] - 1):
+    for r in range(rowptr.shape[0] - 1):
         for k in range(rowptr[r], rowptr[r + 1]):
             v = vals[k]
             if v != 0.0:
@@ -53,7 +53,7 @@ def _raw_scale(rowptr, vals, weight):  # pragma: no cover - compiled
 def _merge_py(mode, ap, ac, av, bp, bc, bv, weight, fill, op, oc, ov):  # pragma: no cover - compiled
     """Row-wise merge of a and b: union (mix: a + rownorm(b)*w; raw: a + b*w) or intersection (mul: a*b)."""
     w = np.float64(weight)
-    for r in prange(ap.shape[0] - 1):
+    for r in range(ap.shape[0] - 1):
         ka, ka1, kb, kb1 = ap[r], ap[r + 1], bp[r], bp[r + 1]
         scale = np.float32(0.0)
         if mode == _MIX:
@@ -104,7 +104,7 @@ def _compiled(fastmath: object, name: str):
     """``_merge_py`` compiled under its own name (so each variant has its own on-disk cache entry)."""
     _merge_py.__qualname__ = _merge_py.__name__ = name
     try:
-        return njit(parallel=True, cache=True, fastmath=fastmath)(_merge_py)
+        return njit(cache=True, fastmath=fastmath)(_merge_py)
     finally:
         _merge_py.__qualname__ = _merge_py.__name__ = "_merge_py"
 
@@ -152,9 +152,9 @@ def sparse_mul(a: SparseRows, other: SparseRows) -> SparseRows:
     return _merged(_MUL, a, other, 1.0)
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def _row_normalize(rowptr, vals):  # pragma: no cover - compiled
-    for r in prange(rowptr.shape[0] - 1):
+    for r in range(rowptr.shape[0] - 1):
         k0, k1 = rowptr[r], rowptr[r + 1]
         total = _total(vals, k0, k1)
         if total > 0.0:
@@ -168,9 +168,9 @@ def sparse_row_normalize(a: SparseRows) -> None:
     _row_normalize(a.rowptr, a.vals)
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def _empty(rowptr, vals, out):  # pragma: no cover - compiled
-    for r in prange(rowptr.shape[0] - 1):
+    for r in range(rowptr.shape[0] - 1):
         out[r] = _total(vals, rowptr[r], rowptr[r + 1]) <= 0.0
 
 
@@ -181,10 +181,10 @@ def sparse_empty_rows(a: SparseRows) -> np.ndarray:
     return out.reshape(a.shape[0], a.n)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _pick(take_b, ap, ac, av, bp, bc, bv, fill, op, oc, ov):  # pragma: no cover - compiled
     """Row r from b where take_b[r], else from a."""
-    for r in prange(ap.shape[0] - 1):
+    for r in range(ap.shape[0] - 1):
         if take_b[r]:
             p, c, v = bp, bc, bv
         else:
@@ -222,10 +222,10 @@ def sparse_gate(qmask: np.ndarray, a: SparseRows, alt: SparseRows) -> SparseRows
     return _picked(~np.asarray(qmask, dtype=np.bool_), a, alt)
 
 
-@njit(parallel=True, cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH)
 def _sharpen(rowptr, vals, texp, ti):  # pragma: no cover - compiled
     """Per row r: v <- v ** texp[r] (repeated squaring when ti > 0), then rownorm (``_sharpen_rows``)."""
-    for r in prange(rowptr.shape[0] - 1):
+    for r in range(rowptr.shape[0] - 1):
         k0, k1 = rowptr[r], rowptr[r + 1]
         t = texp[r]
         total = 0.0

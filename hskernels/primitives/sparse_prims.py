@@ -13,10 +13,10 @@ program that is a single primitive is evaluated (synth/dsl/sparse.py).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..sparse import RowsBuffer, SparseRows, empty_rows_like
-from .buffers import clip_offset, threads_for
+from .buffers import clip_offset
 
 __all__ = ["sparse_self", "sparse_prev", "sparse_next", "sparse_first", "sparse_window", "sparse_none",
            "sparse_group_start", "sparse_same_group", "sparse_same_value", "sparse_dep_head", "sparse_dep_children"]
@@ -54,23 +54,22 @@ def _run(kernel, args: tuple, lengths: np.ndarray, n: int, normalized: bool, out
     B = lengths.shape[0]
     rowptr = np.zeros(B * n + 1, dtype=np.int64) if out is None else out.zeros("rowptr", B * n + 1, np.int64)
     none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
-    with threads_for(B * n * 8):
-        kernel(*args, lengths, n, False, normalized, rowptr, none_i, none_f)
-        np.cumsum(rowptr, out=rowptr)
-        nnz = int(rowptr[-1])
-        cols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
-        vals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)
-        if nnz:
-            kernel(*args, lengths, n, True, normalized, rowptr, cols, vals)
+    kernel(*args, lengths, n, False, normalized, rowptr, none_i, none_f)
+    np.cumsum(rowptr, out=rowptr)
+    nnz = int(rowptr[-1])
+    cols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
+    vals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)
+    if nnz:
+        kernel(*args, lengths, n, True, normalized, rowptr, cols, vals)
     return SparseRows(rowptr, cols, vals, lengths, int(n), normalized)
 
 
 # ------------------------------------------------------------------ positional
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_offset(k, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
     """Key i - k (k > 0: prev, k < 0: next, k == 0: self), visible keys only."""
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             j = i - k
@@ -80,17 +79,17 @@ def _sp_offset(k, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_first(lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         for i in range(lengths[b]):
             _end(fill, norm, rowptr, cols, vals, b * n + i, _put(fill, norm, rowptr, cols, vals, b * n + i, 0, 0))
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_window(lo, hi, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
     """Keys i - d for lo <= d <= hi, clipped to the visible keys (ascending j = descending d)."""
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             dlo = max(lo, i - L + 1)
@@ -133,9 +132,9 @@ def sparse_window(lengths, n, lo, hi, causal, normalized: bool = False,
     return _run(_sp_window, (clip_offset(lo, n), clip_offset(hi, n), causal), lengths, n, normalized, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_none(lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         for i in range(lengths[b]):
             _end(fill, norm, rowptr, cols, vals, b * n + i, 0)
 
@@ -148,9 +147,9 @@ def sparse_none(lengths, n, causal, normalized: bool = False,
 
 # ------------------------------------------------------------------ structure
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_group_start(groups, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         for i in range(lengths[b]):
             g = groups[b, i]
             c = 0
@@ -161,10 +160,10 @@ def _sp_group_start(groups, causal, lengths, n, fill, norm, rowptr, cols, vals):
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_same_value(values, skip_self, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover
     """Keys sharing the query's value; ``skip_self``: not the query itself, and values < 0 match nothing."""
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             v = values[b, i]
@@ -177,9 +176,9 @@ def _sp_same_value(values, skip_self, causal, lengths, n, fill, norm, rowptr, co
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_dep_head(heads, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             h = heads[b, i]
@@ -189,9 +188,9 @@ def _sp_dep_head(heads, causal, lengths, n, fill, norm, rowptr, cols, vals):  # 
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_dep_children(heads, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             jmax = i + 1 if causal else L

@@ -4,9 +4,8 @@ Same conventions as hskernels/primitives/sparse_prims.py (two passes, ascending 
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..sparse import RowsBuffer, SparseRows
 from .sparse_prims import _end, _put, _run
@@ -15,9 +14,9 @@ __all__ = ["sparse_same_token", "sparse_same_token_recent", "sparse_induction", 
            "sparse_match"]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_same_token(ids, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             t = ids[b, i]
@@ -29,9 +28,9 @@ def _sp_same_token(ids, causal, lengths, n, fill, norm, rowptr, cols, vals):  # 
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_same_token_recent(ids, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         for i in range(lengths[b]):
             t = ids[b, i]
             c = 0
@@ -42,9 +41,9 @@ def _sp_same_token_recent(ids, causal, lengths, n, fill, norm, rowptr, cols, val
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_induction(ids, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             t = ids[b, i]
@@ -58,9 +57,9 @@ def _sp_induction(ids, causal, lengths, n, fill, norm, rowptr, cols, vals):  # p
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_keys(mask, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             jmax = i + 1 if causal else L
@@ -71,9 +70,9 @@ def _sp_keys(mask, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragm
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_recent(mask, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         last = -1
         for i in range(lengths[b]):
             if mask[b, i]:
@@ -84,9 +83,9 @@ def _sp_recent(mask, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pra
             _end(fill, norm, rowptr, cols, vals, b * n + i, c)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sp_match(qidx, kidx, table, closest, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover
-    for b in prange(lengths.shape[0]):
+    for b in range(lengths.shape[0]):
         L = lengths[b]
         for i in range(L):
             r = b * n + i
@@ -124,40 +123,39 @@ def _sp_match(qidx, kidx, table, closest, causal, lengths, n, fill, norm, rowptr
             _end(fill, norm, rowptr, cols, vals, r, c)
 
 
-@njit(parallel=True, cache=True)
-def _sp_same_token_linked(ids, vocab, nchunks, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover
+@njit(cache=True)
+def _sp_same_token_linked(ids, vocab, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover
     """``_sp_same_token`` in O(n + nnz) per sequence: each position links to the previous occurrence of its
-    token (a per-chunk ``last`` table indexed by token id), and a row walks that chain from the query
+    token (a ``last`` table indexed by token id), and a row walks that chain from the query
     (causal: earlier occurrences) or from the token's last occurrence (all others), writing keys from the
     row's end so they come out ascending."""
     nb = lengths.shape[0]
-    for c in prange(nchunks):
-        last = np.full(vocab, -1, dtype=np.int64)
-        prev = np.empty(max(n, 1), dtype=np.int64)
-        for b in range(c * nb // nchunks, (c + 1) * nb // nchunks):
-            L = lengths[b]
-            for i in range(L):
-                t = ids[b, i]
-                prev[i] = last[t]
-                last[t] = i
-            for i in range(L):
-                r = b * n + i
-                j = prev[i] if causal else last[ids[b, i]]
-                cnt = 0
-                if fill:
-                    k = rowptr[r + 1] - 1
-                    w = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r])) if norm else np.float32(1.0)
-                while j >= 0:
-                    if j != i:
-                        if fill:
-                            cols[k] = j
-                            vals[k] = w
-                            k -= 1
-                        cnt += 1
-                    j = prev[j]
-                _end(fill, norm, rowptr, cols, vals, r, cnt)
-            for i in range(L):
-                last[ids[b, i]] = -1
+    last = np.full(vocab, -1, dtype=np.int64)
+    prev = np.empty(max(n, 1), dtype=np.int64)
+    for b in range(nb):
+        L = lengths[b]
+        for i in range(L):
+            t = ids[b, i]
+            prev[i] = last[t]
+            last[t] = i
+        for i in range(L):
+            r = b * n + i
+            j = prev[i] if causal else last[ids[b, i]]
+            cnt = 0
+            if fill:
+                k = rowptr[r + 1] - 1
+                w = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r])) if norm else np.float32(1.0)
+            while j >= 0:
+                if j != i:
+                    if fill:
+                        cols[k] = j
+                        vals[k] = w
+                        k -= 1
+                    cnt += 1
+                j = prev[j]
+            _end(fill, norm, rowptr, cols, vals, r, cnt)
+        for i in range(L):
+            last[ids[b, i]] = -1
 
 
 def sparse_same_token(ids, lengths, causal, normalized: bool = False,
@@ -166,8 +164,7 @@ def sparse_same_token(ids, lengths, causal, normalized: bool = False,
     vocab = int(ids.max()) + 1 if ids.size else 1
     if ids.size and (int(ids.min()) < 0 or vocab > 1 << 24):  # no id-indexed table: the quadratic scan
         return _run(_sp_same_token, (ids, causal), lengths, ids.shape[1], normalized, out)
-    chunks = max(1, min(ids.shape[0], 4 * numba.get_num_threads()))
-    return _run(_sp_same_token_linked, (ids, vocab, chunks, causal), lengths, ids.shape[1], normalized, out)
+    return _run(_sp_same_token_linked, (ids, vocab, causal), lengths, ids.shape[1], normalized, out)
 
 
 def sparse_same_token_recent(ids, lengths, causal, normalized: bool = False,

@@ -1,18 +1,18 @@
 """Kernels of the structure primitives: scores read from word, sentence and dependency arrays."""
 from __future__ import annotations
 
-from numba import njit, prange
+from numba import njit
 
 from .buffers import per_token_kernel
 
 __all__ = ["score_group_start", "score_same_group", "score_same_value", "score_dep_head", "score_dep_children"]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_group_start(groups, lengths, causal, out):  # pragma: no cover - compiled
     """The first key with the query's group value (sentence start, word start)."""
     nb, n = groups.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             g = groups[b, i]
@@ -22,11 +22,11 @@ def _score_group_start(groups, lengths, causal, out):  # pragma: no cover - comp
                     break
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_same_group(groups, lengths, causal, out):  # pragma: no cover - compiled
     """All visible keys sharing the query's group value, the query included (same word)."""
     nb, n = groups.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -37,11 +37,11 @@ def _score_same_group(groups, lengths, causal, out):  # pragma: no cover - compi
                     out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_same_value(values, lengths, causal, out):  # pragma: no cover - compiled
     """Visible keys j != i whose value equals the query's, values < 0 (none) matching nothing (same lemma)."""
     nb, n = values.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -54,11 +54,11 @@ def _score_same_value(values, lengths, causal, out):  # pragma: no cover - compi
                     out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_dep_head(heads, lengths, causal, out):  # pragma: no cover - compiled
     """The token holding the query's dependency head (none for roots / -1)."""
     nb, n = heads.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -67,11 +67,11 @@ def _score_dep_head(heads, lengths, causal, out):  # pragma: no cover - compiled
                 out[b, i, h] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_dep_children(heads, lengths, causal, out):  # pragma: no cover - compiled
     """The visible tokens whose dependency head is the query."""
     nb, n = heads.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):

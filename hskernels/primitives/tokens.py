@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .buffers import out_buffer, per_token_kernel
 
@@ -10,11 +10,11 @@ __all__ = ["score_same_token", "score_same_token_recent", "score_induction", "sc
     "score_match", "score_class_table", "value_index"]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_same_token(ids, lengths, causal, out):  # pragma: no cover - compiled
     """Keys holding the query's token: earlier ones (causal) or all other ones (non-causal)."""
     nb, n = ids.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -25,11 +25,11 @@ def _score_same_token(ids, lengths, causal, out):  # pragma: no cover - compiled
                     out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_same_token_recent(ids, lengths, causal, out):  # pragma: no cover - compiled
     """The most recent earlier occurrence (j < i) of the query's token."""
     nb, n = ids.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         for i in range(lengths[b]):
             t = ids[b, i]
@@ -39,11 +39,11 @@ def _score_same_token_recent(ids, lengths, causal, out):  # pragma: no cover - c
                     break
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_induction(ids, lengths, causal, out):  # pragma: no cover - compiled
     """Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token."""
     nb, n = ids.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -56,11 +56,11 @@ def _score_induction(ids, lengths, causal, out):  # pragma: no cover - compiled
                         out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_keys(mask, lengths, causal, out):  # pragma: no cover - compiled
     """All visible keys whose mask is set (key_in_set and other key predicates)."""
     nb, n = mask.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -70,11 +70,11 @@ def _score_keys(mask, lengths, causal, out):  # pragma: no cover - compiled
                     out[b, i, j] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_recent(mask, lengths, causal, out):  # pragma: no cover - compiled
     """The most recent key j <= i whose mask is set."""
     nb, n = mask.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         last = -1
         for i in range(lengths[b]):
@@ -84,11 +84,11 @@ def _score_recent(mask, lengths, causal, out):  # pragma: no cover - compiled
                 out[b, i, last] = 1.0
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_match(qidx, kidx, table, lengths, closest, causal, out):  # pragma: no cover - compiled
     """Fill ``out`` for ``score_match``."""
     nb, n = qidx.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):
@@ -125,11 +125,11 @@ def _score_match(qidx, kidx, table, lengths, closest, causal, out):  # pragma: n
                         break
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _score_class_table(qc, kc, table, lengths, causal, out):  # pragma: no cover - compiled
     """Every visible key j scores table[qc[b, i], kc[b, j]] (query class x key class)."""
     nb, n = qc.shape
-    for b in prange(nb):
+    for b in range(nb):
         out[b] = 0.0
         length = lengths[b]
         for i in range(length):

@@ -60,8 +60,7 @@ def evaluate_scores(node: Node, ids: np.ndarray, lengths: np.ndarray,
     # the child it writes into first), so ``out`` goes on top of the stack.
     ctx.free = _take_scratch(shape) + ([out] if out is not None else [])
     try:
-        with kernels.threads_for(shape[0] * ctx.n * ctx.n):
-            result = ctx.eval(node)
+        result = ctx.eval(node)
     finally:
         _give_scratch([a for a in ctx.free if a is not out])
     if out is not None and result is not out:  # defensive; not expected

@@ -144,8 +144,6 @@ def _search(store: PatternSource, heads: list[tuple[int, int]], synth_idx: list[
             real, _ = _read_patterns(store, fit_idx, chunk)
             models = []
             for h, head in enumerate(chunk):
-                if threads:  # again each time: numba's OpenMP kernels (scoring) reset the shared thread count
-                    torch.set_num_threads(int(threads))
                 head_seed = (int(seed) * 1_000_003 + head[0] * 10_007 + head[1]) % (1 << 62)
                 models.append(fit_head(real[h], data, space, cfg, seed=head_seed))
                 bar.update(1)
