@@ -188,10 +188,11 @@ def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_pa
 
 
 def test_eaps6_names_the_seed_papers_six_tasks_in_lm_evals_registry():
-    """The group ships with headsurgeon and its members are lm-eval tasks (the datasets themselves need a network)."""
+    """The group ships with headsurgeon (tests/lm_eval_tasks does not define it) and its members are lm-eval tasks
+    (the datasets themselves need a network). The manager is the one the next test builds: one full index per file."""
     from headsurgeon.surgery.downstream import task_manager
 
-    manager = task_manager()
+    manager = task_manager(TASKS, ["eaps6"])
     entry = manager.task_index["eaps6"]
     members = entry.cfg["task"]
     assert sorted(members) == sorted(["hellaswag", "piqa", "sciq", "arc_easy", "social_iqa", "copa"])
@@ -256,4 +257,4 @@ def test_unknown_task_names_the_fix(handle):
     import headsurgeon as hs
 
     with pytest.raises(ValueError, match="knows no task 'no_such_task'.*include"):
-        hs.downstream(handle, "no_such_task")
+        hs.downstream(handle, "no_such_task", include_path=TASKS)  # the file's one full index
