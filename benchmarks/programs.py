@@ -385,22 +385,19 @@ def bench_programs(sequences: list[Sequence], feats: dict[str, np.ndarray], prog
                    repeats: int) -> dict[str, np.ndarray]:
     """Time every program on both paths (interleaved, medians) and check that they agree.
 
-    Columns (ms, medians): ``fresh`` = ``Program.evaluate`` returning a new array, numba on one thread,
+    Columns (ms, medians): ``fresh`` = ``Program.evaluate`` returning a new array (the kernels are serial),
     as process CPU time (the per-core comparison with the single-threaded reference; robust to other
     jobs on a shared machine); ``out`` = the same writing into a reused ``out=`` buffer (block-wise
     evaluation: no first-touch page faults); ``python`` = the reference, CPU time; then the same
-    ``fresh`` evaluation with numba's default threads and the reference as wall-clock times.
+    ``fresh`` evaluation and the reference as wall-clock times.
     """
-    import numba
-
-    threads = numba.get_num_threads()
     inputs = per_sequence_inputs(sequences, feats)
     lengths = [s.n for s in sequences]
     width = max(lengths)
     block = np.empty((len(sequences), width, width), dtype=np.float32)
     print(f"\n== programs: {len(progs)} DSL programs x {len(sequences)} sequences (N={width}, "
           f"mean length {np.mean(lengths):.1f}), causal, {repeats} repeats, medians, ms ==")
-    print(f"{'':<46} {'---------- CPU time, 1 thread ----------':>41}  {f'---- wall, numba {threads}t ----':>27}")
+    print(f"{'':<46} {'---------- CPU time, 1 thread ----------':>41}  {'------- wall clock -------':>27}")
     print(f"{'program':<46} {'fresh':>7} {'out':>6} {'python':>7} {'x fresh':>8} {'x out':>6}  "
           f"{'fresh':>7} {'python':>8} {'x':>6}   {'max|diff|':>8}")
     cols = ("fresh", "out", "ref", "wall_fresh", "wall_ref")
@@ -412,10 +409,8 @@ def bench_programs(sequences: list[Sequence], feats: dict[str, np.ndarray], prog
         program.evaluate(sequences[:4], features={k: v[:4] for k, v in feats.items()})  # compile/load
         times: dict[str, list[float]] = {c: [] for c in cols}
         for _ in range(repeats):
-            numba.set_num_threads(1)
             times["fresh"].append(_timed(lambda: program.evaluate(sequences, features=feats))[1])
             times["out"].append(_timed(lambda: program.evaluate(sequences, features=feats, out=block))[1])
-            numba.set_num_threads(threads)
             times["wall_fresh"].append(_timed(lambda: program.evaluate(sequences, features=feats))[0])
             wall, cpu = _timed(lambda: [reference_normalize(ref(s)) for s in inputs])
             times["ref"].append(cpu)
@@ -442,7 +437,7 @@ def bench_programs(sequences: list[Sequence], feats: dict[str, np.ndarray], prog
     print(f"speedup vs the per-sequence reference (goal >= 50x): CPU, 1 thread, fresh output: total "
           f"{t['ref'] / t['fresh']:.0f}x (per program: geometric mean {geo:.0f}x, min {min(ratios):.0f}x, "
           f"max {max(ratios):.0f}x); into a reused buffer: {t['ref'] / t['out']:.0f}x; "
-          f"wall clock with {threads} threads: {t['wall_ref'] / t['wall_fresh']:.0f}x")
+          f"wall clock: {t['wall_ref'] / t['wall_fresh']:.0f}x")
     return patterns
 
 
@@ -491,15 +486,11 @@ EAPS_DENSE = [("decay(0.8)", r_decay(0.8)), ("uniform()", e_uniform)]
 
 
 def bench_eaps(sequences: list[Sequence], feats: dict[str, np.ndarray], repeats: int) -> dict[str, float]:
-    """Sparse and dense DSL programs vs the same programs written EAPS-style, CPU time on one thread."""
-    import numba
-
+    """Sparse and dense DSL programs vs the same programs written EAPS-style, CPU time."""
     from headsurgeon.kernels.sparse import RowsBuffer
     from headsurgeon.synth import dsl
     from headsurgeon.synth.sequence import pad_ids
 
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
     inputs = per_sequence_inputs(sequences, {})
     ids, lengths = pad_ids(sequences)
     width = ids.shape[1]
@@ -534,7 +525,6 @@ def bench_eaps(sequences: list[Sequence], feats: dict[str, np.ndarray], repeats:
             nnz = got.nnz / lengths.sum() if hasattr(got, "nnz") else float(np.mean(lengths + 1) / 2)
             print(f"{text:<16} {group:<7} {m['numba'] * 1e3:8.2f} {m['reused'] * 1e3:8.2f} {m['eaps'] * 1e3:8.1f} "
                   f"{m['eaps'] / m['numba']:5.0f}x {m['eaps'] / m['reused']:8.0f}x  {nnz:7.2f} {diff:9.1e}")
-    numba.set_num_threads(threads)
     geo = lambda names: math.exp(statistics.fmean(math.log(ratios[t]) for t, _ in names))  # noqa: E731
     print(f"sparse programs vs EAPS-style (geometric mean over {', '.join(t for t, _ in EAPS_SPARSE)}): "
           f"{geo(EAPS_SPARSE):.0f}x (goal >= 50x); dense programs into a reused buffer: {geo(EAPS_DENSE):.0f}x "
@@ -638,9 +628,6 @@ def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndar
     H, P = real.shape[0], cand.shape[0]
     print(f"\n== metrics scoring: {H} real heads (stories260K) x {P} programs ({len(sparse)} sparse) x {B} sequences "
           f"= {H * P * B:,} triples, IoU + JSD ==")
-    import numba
-
-    threads = numba.get_num_threads()
     score_many(real[:, :2], [f if isinstance(f, np.ndarray) else f.take([0, 1]) for f in forms][:2],
                lengths[:2], True, metrics=("iou", "jsd"))  # compile/load
     score_many(real[:, :2], cand[:, :2], lengths[:2], True, metrics=("iou", "jsd"))
@@ -652,9 +639,7 @@ def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndar
         chosen = [forms[p] for p in members]
         t_wall, t_cpu1 = [], []
         for _ in range(repeats):
-            numba.set_num_threads(1)
             t_cpu1.append(_timed(lambda: score_many(real, chosen, lengths, True, metrics=("iou", "jsd")))[1])
-            numba.set_num_threads(threads)
             t_wall.append(_timed(lambda: score_many(real, chosen, lengths, True, metrics=("iou", "jsd")))[0])
         res = score_many(real, chosen, lengths, True, metrics=("iou", "jsd"), per_sequence=True)
         triples = [(rng.randrange(H), rng.randrange(len(members)), rng.randrange(B)) for _ in range(sample)]
@@ -665,8 +650,8 @@ def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndar
                   for (h, p, b), (i, j) in zip(triples, loop))
         scale = H * len(members) * B / sample
         mc, mw = statistics.median(t_cpu1), statistics.median(t_wall)
-        print(f"{label:>6} ({len(members):2d} programs): score_many CPU {mc:6.2f} s on 1 thread, wall {mw:6.2f} s "
-              f"with {threads} threads; numpy loop CPU {loop_cpu * scale:7.2f} s (extrapolated from {sample} "
+        print(f"{label:>6} ({len(members):2d} programs): score_many CPU {mc:6.2f} s, wall {mw:6.2f} s; "
+              f"numpy loop CPU {loop_cpu * scale:7.2f} s (extrapolated from {sample} "
               f"triples) -> {loop_cpu * scale / mc:4.0f}x per core, {loop_wall * scale / mw:4.0f}x wall "
               f"(max |diff| {err:.1e})")
         if label == "all":
@@ -796,7 +781,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     feats, spacy = load_features(sequences)
     print(f"{len(sequences)} sequences, features {sorted(feats)} in {time.perf_counter() - t0:.1f} s; "
-          f"numba {numba.__version__}, {numba.get_num_threads()} threads")
+          f"numba {numba.__version__} (serial kernels)")
     k = min(400, len(sequences))
     bench_eaps(sequences[:k], {name: v[:k, : max(q.n for q in sequences[:k])] for name, v in feats.items()},
                args.repeats)

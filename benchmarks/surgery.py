@@ -458,10 +458,10 @@ def run(name: str, work: Workload, warm_repeats: int, cold_repeats: int, profile
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options, fix the thread counts, run the chosen models."""
+    """Parse options, fix torch's thread count, run the chosen models."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="few repeats, small GPT-2 batch (smoke run, ~3 min)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op and numba threads (default 1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; the numba kernels are serial)")
     ap.add_argument("--models", nargs="+", default=["stories", "gpt2"], choices=["stories", "gpt2"])
     ap.add_argument("--repeats", type=int, default=None, help="warm repeats (cold uses a third, at least 1)")
     ap.add_argument("--profile", action="store_true", help="profile the warm path even within the goal")
@@ -472,9 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     import numba
 
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    print(f"torch {torch.__version__}: {torch.get_num_threads()} intra-op thread(s); numba {numba.__version__}: "
-          f"{numba.get_num_threads()} thread(s); CPU shared with other jobs (see the docstring)")
+    print(f"torch {torch.__version__}: {torch.get_num_threads()} intra-op thread(s); numba {numba.__version__} (serial "
+          f"kernels); CPU shared with other jobs (see the docstring)")
     plans = {  # name: (loader, batch, length, n_batches, warm repeats, cold repeats)
         "stories": (load_stories, 16, 128, 2 if args.quick else 4, 5 if args.quick else 15, 2 if args.quick else 5),
         "gpt2": (load_gpt2, 2 if args.quick else 8, 128, 1 if args.quick else 2, 3 if args.quick else 7,
