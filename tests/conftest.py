@@ -15,8 +15,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # README's `pytest -n 2`: a worker pe
 
 #: the files that run longest (a suite run's --durations), in that order: collected first, so that pytest-xdist
 #: starts them first and both workers finish near the same time
-LONGEST_FIRST = ("test_readme_cli.py", "test_scaleout_ray.py", "test_readme_cli_rest.py", "test_downstream.py",
-                 "test_architectures.py", "test_readme.py", "test_known_heads.py")
+LONGEST_FIRST = ("test_scaleout_ray.py", "test_readme_cli.py", "test_readme_cli_rest.py", "test_architectures.py",
+                 "test_downstream.py", "test_readme.py", "test_known_heads.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
