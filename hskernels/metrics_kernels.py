@@ -121,26 +121,25 @@ def scan_rows(x, lut, lengths, causal, p0, p1, b0, b1, N):
     Bc = b1 - b0
     rows = np.zeros((Bc, Pc, N), dtype=np.int64)
     bad = np.zeros((Pc, Bc), dtype=np.int64)
-    for t in range(Pc * Bc):
-        pp = t // Bc
-        bb = t % Bc
-        b = b0 + bb
-        L = lengths[b]
-        nbad = 0
-        for i in range(L):
-            jmax = i + 1 if causal else L
-            row = x[p0 + pp, b, i]
-            c = 0
-            for j in range(jmax):
-                v = _read(row, lut, j)
-                if v > 0.0:
-                    if v == np.inf:
+    for pp in range(Pc):
+        for bb in range(Bc):
+            b = b0 + bb
+            L = lengths[b]
+            nbad = 0
+            for i in range(L):
+                jmax = i + 1 if causal else L
+                row = x[p0 + pp, b, i]
+                c = 0
+                for j in range(jmax):
+                    v = _read(row, lut, j)
+                    if v > 0.0:
+                        if v == np.inf:
+                            nbad += 1
+                        c += 1
+                    elif not (v == 0.0):
                         nbad += 1
-                    c += 1
-                elif not (v == 0.0):
-                    nbad += 1
-            rows[bb, pp, i] = c
-        bad[pp, bb] = nbad
+                rows[bb, pp, i] = c
+            bad[pp, bb] = nbad
     return rows, bad
 
 
@@ -152,25 +151,24 @@ def fill_csr(x, lut, lengths, causal, p0, p1, b0, b1, N, rowptr, cidx, cval, cwl
     """
     Pc = p1 - p0
     Bc = b1 - b0
-    for t in range(Pc * Bc):
-        pp = t // Bc
-        bb = t % Bc
-        b = b0 + bb
-        L = lengths[b]
-        tot = 0.0
-        for i in range(L):
-            jmax = i + 1 if causal else L
-            k = rowptr[(bb * Pc + pp) * N + i]
-            row = x[p0 + pp, b, i]
-            for j in range(jmax):
-                v = _read(row, lut, j)
-                if v > 0.0:
-                    cidx[k] = j
-                    cval[k] = v
-                    cwlog[k] = v * math.log(2.0 * v)
-                    tot += v
-                    k += 1
-        ctot[bb, pp] = tot
+    for pp in range(Pc):
+        for bb in range(Bc):
+            b = b0 + bb
+            L = lengths[b]
+            tot = 0.0
+            for i in range(L):
+                jmax = i + 1 if causal else L
+                k = rowptr[(bb * Pc + pp) * N + i]
+                row = x[p0 + pp, b, i]
+                for j in range(jmax):
+                    v = _read(row, lut, j)
+                    if v > 0.0:
+                        cidx[k] = j
+                        cval[k] = v
+                        cwlog[k] = v * math.log(2.0 * v)
+                        tot += v
+                        k += 1
+            ctot[bb, pp] = tot
 
 
 @njit(inline="always")
@@ -228,35 +226,34 @@ def topq_sets(x, lut, lengths, causal, p0, p1, b0, b1, qs, qmax):
     qm = max(qmax, 1)
     idx = np.zeros((Pc, Bc, qm), dtype=np.int32)
     cnt = np.zeros((Pc, Bc), dtype=np.int32)
-    for t in range(Pc * Bc):
-        pp = t // Bc
-        bb = t % Bc
-        b = b0 + bb
-        L = lengths[b]
-        q = qs[b]
-        hv = np.empty(qm, dtype=np.float64)
-        hp = np.empty(qm, dtype=np.int32)
-        size = 0
-        if q > 0:
-            for i in range(L):
-                jmax = i + 1 if causal else L
-                row = x[p0 + pp, b, i]
-                for j in range(jmax):
-                    v = _read(row, lut, j)
-                    if v > 0.0:
-                        if size < q:
-                            hv[size] = v
-                            hp[size] = i * L + j
-                            _sift_up(hv, hp, size)
-                            size += 1
-                        elif v > hv[0]:
-                            hv[0] = v
-                            hp[0] = i * L + j
-                            _sift_down(hv, hp, size, 0)
-        kept = np.sort(hp[:size])
-        for k in range(size):
-            idx[pp, bb, k] = kept[k]
-        cnt[pp, bb] = size
+    for pp in range(Pc):
+        for bb in range(Bc):
+            b = b0 + bb
+            L = lengths[b]
+            q = qs[b]
+            hv = np.empty(qm, dtype=np.float64)
+            hp = np.empty(qm, dtype=np.int32)
+            size = 0
+            if q > 0:
+                for i in range(L):
+                    jmax = i + 1 if causal else L
+                    row = x[p0 + pp, b, i]
+                    for j in range(jmax):
+                        v = _read(row, lut, j)
+                        if v > 0.0:
+                            if size < q:
+                                hv[size] = v
+                                hp[size] = i * L + j
+                                _sift_up(hv, hp, size)
+                                size += 1
+                            elif v > hv[0]:
+                                hv[0] = v
+                                hp[0] = i * L + j
+                                _sift_down(hv, hp, size, 0)
+            kept = np.sort(hp[:size])
+            for k in range(size):
+                idx[pp, bb, k] = kept[k]
+            cnt[pp, bb] = size
     return idx, cnt
 
 

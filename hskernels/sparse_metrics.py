@@ -33,25 +33,24 @@ def sparse_totals(rowptr, cols, vals, lengths, causal, N, b0, b1):  # pragma: no
     Bc = b1 - b0
     tot = np.zeros((P, Bc), dtype=np.float64)
     bad = np.zeros((P, Bc), dtype=np.int64)
-    for t in range(P * Bc):
-        p = t // Bc
-        bb = t % Bc
-        b = b0 + bb
-        L = lengths[b]
-        s = 0.0
-        nbad = 0
-        for i in range(L):
-            jmax = i + 1 if causal else L
-            r = b * N + i
-            for k in range(rowptr[p, r], rowptr[p, r + 1]):
-                if cols[k] < jmax:
-                    v = np.float64(vals[k])
-                    if v > 0.0 and v != np.inf:
-                        s += v
-                    elif not (v == 0.0):
-                        nbad += 1
-        tot[p, bb] = s
-        bad[p, bb] = nbad
+    for p in range(P):
+        for bb in range(Bc):
+            b = b0 + bb
+            L = lengths[b]
+            s = 0.0
+            nbad = 0
+            for i in range(L):
+                jmax = i + 1 if causal else L
+                r = b * N + i
+                for k in range(rowptr[p, r], rowptr[p, r + 1]):
+                    if cols[k] < jmax:
+                        v = np.float64(vals[k])
+                        if v > 0.0 and v != np.inf:
+                            s += v
+                        elif not (v == 0.0):
+                            nbad += 1
+            tot[p, bb] = s
+            bad[p, bb] = nbad
     return tot, bad
 
 
@@ -78,49 +77,48 @@ def score_sparse_block(real, lut, lengths, causal, b0, b1, N, rowptr, cols, vals
     H = real.shape[0]
     P = rowptr.shape[0]
     Bc = b1 - b0
-    for t in range(Bc * H):
-        bb = t // H
-        h = t % H
-        b = b0 + bb
-        L = lengths[b]
-        ra = np.zeros((L, L), dtype=np.float32)
-        rsum = np.zeros(L, dtype=np.float64)
-        atot = 0.0
-        for i in range(L):
-            jmax = i + 1 if causal else L
-            row = real[h, b, i]
-            s = 0.0
-            for j in range(jmax):
-                a = _read(row, lut, j)
-                ra[i, j] = a
-                s += a
-            rsum[i] = s
-            atot += s
-        for p in range(P):
-            mn = 0.0
-            jsd = 0.0
+    for bb in range(Bc):
+        for h in range(H):
+            b = b0 + bb
+            L = lengths[b]
+            ra = np.zeros((L, L), dtype=np.float32)
+            rsum = np.zeros(L, dtype=np.float64)
+            atot = 0.0
             for i in range(L):
                 jmax = i + 1 if causal else L
-                r = b * N + i
-                acc = 0.0
-                for k in range(rowptr[p, r], rowptr[p, r + 1]):
-                    j = cols[k]
-                    v = np.float64(vals[k])
-                    if j < jmax and v > 0.0:
-                        a = np.float64(ra[i, j])
-                        mn += a if a < v else v
-                        if do_jsd:
-                            s = a + v
-                            acc += a * fast_log(a) + vlog[k] - s * fast_log(s)
+                row = real[h, b, i]
+                s = 0.0
+                for j in range(jmax):
+                    a = _read(row, lut, j)
+                    ra[i, j] = a
+                    s += a
+                rsum[i] = s
+                atot += s
+            for p in range(P):
+                mn = 0.0
+                jsd = 0.0
+                for i in range(L):
+                    jmax = i + 1 if causal else L
+                    r = b * N + i
+                    acc = 0.0
+                    for k in range(rowptr[p, r], rowptr[p, r + 1]):
+                        j = cols[k]
+                        v = np.float64(vals[k])
+                        if j < jmax and v > 0.0:
+                            a = np.float64(ra[i, j])
+                            mn += a if a < v else v
+                            if do_jsd:
+                                s = a + v
+                                acc += a * fast_log(a) + vlog[k] - s * fast_log(s)
+                    if do_jsd:
+                        acc += LN2 * rsum[i]
+                        if acc > 0.0:
+                            jsd += math.sqrt(0.5 * acc)
+                if do_iou:
+                    den = atot + ctot[p, bb] - mn
+                    out_iou[h, p, bb] = mn / den if den > 0.0 else 1.0
                 if do_jsd:
-                    acc += LN2 * rsum[i]
-                    if acc > 0.0:
-                        jsd += math.sqrt(0.5 * acc)
-            if do_iou:
-                den = atot + ctot[p, bb] - mn
-                out_iou[h, p, bb] = mn / den if den > 0.0 else 1.0
-            if do_jsd:
-                out_jsd[h, p, bb] = jsd / L
+                    out_jsd[h, p, bb] = jsd / L
 
 
 @njit(cache=True)
@@ -135,34 +133,33 @@ def topq_sets_sparse(rowptr, cols, vals, lengths, causal, N, b0, b1, qs, qmax): 
     qm = max(qmax, 1)
     idx = np.zeros((P, Bc, qm), dtype=np.int32)
     cnt = np.zeros((P, Bc), dtype=np.int32)
-    for t in range(P * Bc):
-        p = t // Bc
-        bb = t % Bc
-        b = b0 + bb
-        L = lengths[b]
-        q = qs[b]
-        hv = np.empty(qm, dtype=np.float64)
-        hp = np.empty(qm, dtype=np.int32)
-        size = 0
-        if q > 0:
-            for i in range(L):
-                jmax = i + 1 if causal else L
-                r = b * N + i
-                for k in range(rowptr[p, r], rowptr[p, r + 1]):
-                    j = cols[k]
-                    v = np.float64(vals[k])
-                    if j < jmax and v > 0.0:
-                        if size < q:
-                            hv[size] = v
-                            hp[size] = i * L + j
-                            _sift_up(hv, hp, size)
-                            size += 1
-                        elif v > hv[0]:
-                            hv[0] = v
-                            hp[0] = i * L + j
-                            _sift_down(hv, hp, size, 0)
-        kept = np.sort(hp[:size])
-        for k in range(size):
-            idx[p, bb, k] = kept[k]
-        cnt[p, bb] = size
+    for p in range(P):
+        for bb in range(Bc):
+            b = b0 + bb
+            L = lengths[b]
+            q = qs[b]
+            hv = np.empty(qm, dtype=np.float64)
+            hp = np.empty(qm, dtype=np.int32)
+            size = 0
+            if q > 0:
+                for i in range(L):
+                    jmax = i + 1 if causal else L
+                    r = b * N + i
+                    for k in range(rowptr[p, r], rowptr[p, r + 1]):
+                        j = cols[k]
+                        v = np.float64(vals[k])
+                        if j < jmax and v > 0.0:
+                            if size < q:
+                                hv[size] = v
+                                hp[size] = i * L + j
+                                _sift_up(hv, hp, size)
+                                size += 1
+                            elif v > hv[0]:
+                                hv[0] = v
+                                hp[0] = i * L + j
+                                _sift_down(hv, hp, size, 0)
+            kept = np.sort(hp[:size])
+            for k in range(size):
+                idx[p, bb, k] = kept[k]
+            cnt[p, bb] = size
     return idx, cnt
