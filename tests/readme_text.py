@@ -102,6 +102,25 @@ def commands(line: str, variables: dict[str, str]) -> list[list[str]]:
     return [argv[1:] for argv in out]
 
 
+#: runs README's Python blocks in order in one fresh Python process, each in a namespace of its own (as a new script)
+PYTHON_RUNNER = """
+import json, sys, traceback
+for i, code in enumerate(json.loads(sys.argv[1])):
+    try:
+        exec(compile(code, f"<README Python block {i}>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        print(f"README Python block {i} failed:\\n{code}", file=sys.stderr)
+        traceback.print_exc()
+        sys.exit(1)
+"""
+
+
+def run_python_blocks(codes: list[str], work: Path) -> None:
+    """Run README's Python blocks in ``work``, failing with the first failing block and its traceback."""
+    r = run([sys.executable, "-c", PYTHON_RUNNER, json.dumps(codes)], work)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
 def run_lines(lines: list[str], variables: dict[str, str], work: Path) -> None:
     """Run the lines in order in ``work`` (the README's variables set), failing on the first that fails."""
     plan = [(line, argv) for line in lines for argv in commands(line, variables)]
