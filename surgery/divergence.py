@@ -1,0 +1,186 @@
+"""What a swap does to the model's predictions, per window: KL(base ‖ other) of the next-token distributions and both
+negative log-likelihoods, summed over the predicted tokens; and their paired bootstrap intervals over windows.
+
+Every cost the library reports comes from these sums (surgery/eval_report.py, surgery/head_costs.py, surgery/build.py):
+KL is the mean per predicted token (token-weighted, like perplexity), ΔNLL the mean per-token change in
+cross-entropy, ΔPPL = exp(ΔNLL) − 1. Windows are resampled whole, both runs together (paired), and each resample's
+means are weighted by its predicted tokens.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..kernels.core import InputError
+from ..synth.sequence import Sequence
+from .batches import padded_batch
+
+__all__ = ["WindowCosts", "CostSummary", "summarize", "token_costs", "BaseDistributions", "window_costs"]
+
+
+@dataclass
+class WindowCosts:
+    """Per window: summed KL(base ‖ other), summed base and other NLL, and the predicted tokens they cover."""
+
+    kl: np.ndarray
+    nll_base: np.ndarray
+    nll_other: np.ndarray
+    tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not (len(self.kl) == len(self.nll_base) == len(self.nll_other) == n):
+            raise InputError("WindowCosts: kl, nll_base, nll_other and tokens must hold one value per window")
+
+    @classmethod
+    def zeros(cls, n: int) -> "WindowCosts":
+        return cls(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64))
+
+    def summary(self, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> "CostSummary":
+        return summarize(self, n_boot=n_boot, seed=seed, level=level)
+
+
+def _wide(point: float, low: float, high: float) -> bool:
+    """Whether an interval is wider than the effect it bounds (it reaches zero, or spans more than |point|)."""
+    return bool(low <= 0.0 <= high or (high - low) > abs(point))
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    """Mean per-token KL(base ‖ other), ΔNLL and ΔPPL, each with a paired bootstrap interval over windows."""
+
+    kl: float
+    kl_ci95: tuple[float, float]
+    delta_nll: float
+    delta_nll_ci95: tuple[float, float]
+    delta_ppl: float
+    delta_ppl_ci95: tuple[float, float]
+    tokens: int
+    windows: int
+
+    @property
+    def kl_wide(self) -> bool:
+        """KL is never negative: its interval is too wide when it spans more than the estimate itself."""
+        return bool(self.kl_ci95[1] - self.kl_ci95[0] > abs(self.kl))
+
+    @property
+    def delta_wide(self) -> bool:
+        return _wide(self.delta_ppl, *self.delta_ppl_ci95)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kl": self.kl, "kl_ci95": list(self.kl_ci95), "delta_nll": self.delta_nll,
+                "delta_nll_ci95": list(self.delta_nll_ci95), "delta_ppl_pct": 100 * self.delta_ppl,
+                "delta_ppl_ci95_pct": [100 * self.delta_ppl_ci95[0], 100 * self.delta_ppl_ci95[1]],
+                "tokens": self.tokens, "windows": self.windows, "kl_wide": self.kl_wide,
+                "delta_wide": self.delta_wide}
+
+    def describe(self) -> str:
+        """One line: ΔPPL and KL with their intervals, and the tokens they were counted over."""
+        lo, hi = self.delta_ppl_ci95
+        klo, khi = self.kl_ci95
+        warn = []
+        if self.delta_wide:
+            warn.append("ΔPPL interval wider than the effect")
+        if self.kl_wide:
+            warn.append("KL interval wider than the effect")
+        tail = f" [{'; '.join(warn)}]" if warn else ""
+        return (f"ΔPPL {100 * self.delta_ppl:+.2f}% [{100 * lo:+.2f}, {100 * hi:+.2f}], KL {self.kl:.4f} "
+                f"[{klo:.4f}, {khi:.4f}] nats/token over {self.tokens} predicted tokens in {self.windows} windows"
+                f"{tail}")
+
+
+def summarize(costs: WindowCosts, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> CostSummary:
+    """Point estimates and paired percentile bootstrap intervals; windows resampled whole, means token-weighted."""
+    tokens = np.asarray(costs.tokens, dtype=np.float64)
+    total = tokens.sum()
+    if total <= 0:
+        raise InputError("no predicted tokens to measure: every window has a single token; use longer windows")
+    kl, nb, no = (np.asarray(a, dtype=np.float64) for a in (costs.kl, costs.nll_base, costs.nll_other))
+    point_kl = kl.sum() / total
+    point_dnll = (no.sum() - nb.sum()) / total
+    rng = np.random.default_rng(seed)
+    n = len(tokens)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    t = np.maximum(tokens[idx].sum(1), 1.0)
+    boot_kl = kl[idx].sum(1) / t
+    boot_dnll = (no[idx].sum(1) - nb[idx].sum(1)) / t
+    q = [(1 - level) / 2, (1 + level) / 2]
+    klo, khi = (float(x) for x in np.quantile(boot_kl, q))
+    dlo, dhi = (float(x) for x in np.quantile(boot_dnll, q))
+    return CostSummary(float(point_kl), (klo, khi), float(point_dnll), (dlo, dhi), math.expm1(point_dnll),
+                       (math.expm1(dlo), math.expm1(dhi)), int(total), n)
+
+
+def token_costs(base_logp: torch.Tensor, other_logits: torch.Tensor, targets: torch.Tensor,
+                valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of a batch: summed KL(base ‖ other), base NLL, other NLL and predicted-token count.
+
+    ``base_logp``: log-softmax of the base at the predicting positions [B, N-1, V]; ``other_logits`` the other model's
+    logits there; ``targets`` the next tokens [B, N-1]; ``valid`` [B, N-1] marks predicted tokens.
+    """
+    other_logp = torch.log_softmax(other_logits.float(), dim=-1)
+    kl = (base_logp.exp() * (base_logp - other_logp)).sum(-1).clamp_min(0.0)
+    nll_b = -base_logp.gather(-1, targets[..., None])[..., 0]
+    nll_o = -other_logp.gather(-1, targets[..., None])[..., 0]
+    zero = torch.zeros_like(kl)
+    return (torch.where(valid, kl, zero).sum(1).double(), torch.where(valid, nll_b, zero).sum(1).double(),
+            torch.where(valid, nll_o, zero).sum(1).double(), valid.sum(1))
+
+
+class BaseDistributions:
+    """The base model's next-token log-probabilities on fixed batches of windows, computed once and kept while they
+    fit ``max_bytes`` (recomputed per use beyond it), so each measured swap costs one forward, not two."""
+
+    def __init__(self, handle: Any, sequences: list[Sequence], batch_size: int = 16,
+                 max_bytes: int = 1 << 30) -> None:
+        if not sequences:
+            raise InputError("measuring a swap needs at least one window")
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        self.handle, self.sequences, self.max_bytes = handle, sequences, max_bytes
+        order = sorted(range(len(sequences)), key=lambda i: (sequences[i].n, i))
+        self.batches: list[list[int]] = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+        self._kept: dict[int, torch.Tensor] = {}
+        self._bytes = 0
+
+    def inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return padded_batch([self.sequences[i] for i in self.batches[k]])
+
+    @torch.no_grad()
+    def logp(self, k: int, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Base log-probabilities of batch ``k`` at the predicting positions, float32 [B, N-1, V] on the CPU."""
+        if k in self._kept:
+            return self._kept[k]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits = self.handle.forward(ids, mask)
+        out = torch.log_softmax(logits[:, :-1].float().cpu(), dim=-1)
+        size = out.numel() * out.element_size()
+        if self._bytes + size <= self.max_bytes:
+            self._kept[k] = out
+            self._bytes += size
+        return out
+
+
+def window_costs(base: BaseDistributions, call: Callable[..., torch.Tensor],
+                 register: Callable[[list[Sequence]], None] | None = None) -> WindowCosts:
+    """Per-window KL(base ‖ call) and NLLs over ``base``'s windows; ``call(ids, attention_mask=)`` gives logits."""
+    if register is not None:
+        register(base.sequences)
+    out = WindowCosts.zeros(len(base.sequences))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k, rows in enumerate(base.batches):
+            ids, mask = base.inputs(k)
+            base_logp = base.logp(k, ids, mask)
+            logits = call(ids, attention_mask=mask)[:, :-1].float().cpu()
+            kl, nb, no, n = token_costs(base_logp, logits, ids[:, 1:], mask[:, 1:].bool())
+            out.kl[rows], out.nll_base[rows], out.nll_other[rows] = kl.numpy(), nb.numpy(), no.numpy()
+            out.tokens[rows] = n.numpy()
+    return out
+
