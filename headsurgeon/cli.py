@@ -99,6 +99,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build(args: argparse.Namespace) -> int:
+    from headsurgeon.build import build_hybrid
+    from headsurgeon.configs import BuildConfig
+
+    result = build_hybrid(args.model, args.corpus, args.programs, args.out, config=from_flags(BuildConfig, args),
+                          trust_programs=args.trust_programs)
+    print(json.dumps(result.to_json(), indent=1) if args.json else result.format())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from headsurgeon.demo import format_summary, run_demo
 
@@ -140,6 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_flags(p, ExplainConfig)  # every setting of every stage (headsurgeon/configs.py)
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("build", help="swap as many heads as fit a share or a ΔPPL budget, cheapest causal cost "
+                                     "first; optionally heal; save the hybrid with build.json")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("corpus", help="text file, split by document as explain splits it (use explain's corpus flags)")
+    p.add_argument("--programs", required=True, help="programs.json from explain")
+    p.add_argument("--out", default=None, help="checkpoint folder to write (with build.json)")
+    p.add_argument("--trust-programs", action="store_true",
+                   help="run Python programs from --programs (untrusted code, even in the sandbox; DSL needs no trust)")
+    from headsurgeon.configs import BuildConfig
+
+    add_flags(p, BuildConfig)
+    p.add_argument("--json", action="store_true", help="print build.json's record instead of the summary")
+    p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("demo", help="the whole pipeline on the embedded tiny-stories model, offline (a few minutes)")
     p.add_argument("--out", default="headsurgeon-demo", help="output directory")

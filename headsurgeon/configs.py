@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .kernels.argtypes import fraction, positive_float, positive_int
 from .kernels.configs import nested, setting, with_shortcuts
+from .kernels.core import WHICHES
 from .scaleout.config import ScaleoutConfig
 from .surgery.configs import CaptureConfig, CorpusConfig, MeasureConfig, ModelConfig
 from .synth.search.config import SearchConfig
 
-__all__ = ["ExplainConfig", "CaptureConfig", "CorpusConfig", "MeasureConfig", "ModelConfig", "ScaleoutConfig",
+__all__ = ["ExplainConfig", "BuildConfig", "CaptureConfig", "CorpusConfig", "MeasureConfig", "ModelConfig", "ScaleoutConfig",
            "SearchConfig"]
 
 
@@ -36,3 +38,37 @@ class ExplainConfig:
         """``config``, or one built from explain's keyword ``shortcuts``; both together or an unknown name is an
         InputError."""
         return with_shortcuts(cls, config, shortcuts, "explain()")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """``build``'s settings: which programs, how many heads (a share, or a perplexity budget on the select windows),
+    healing, and where the result is judged (headsurgeon/build.py)."""
+
+    model: ModelConfig = nested(ModelConfig)
+    corpus: CorpusConfig = nested(CorpusConfig)
+    which: str = setting("explanation", choices=WHICHES, help="swap each head's readable explanation or its "
+                                                             "replacement (its most faithful program)")
+    fraction: float | None = setting(None, type=fraction, metavar="F",
+                                     help="swap this share of all the model's heads, cheapest first")
+    budget_ppl: float | None = setting(None, type=positive_float, metavar="PCT",
+                                       help="swap as many heads as fit under this ΔPPL (percent) on the select "
+                                            "windows, cheapest first")
+    heal: bool = setting(False, action="store_true",
+                         help="tune the norm gains on the synth windows after the swap; the base is tuned the same "
+                              "way and every healed cost is against that tuned base")
+    heal_steps: int = setting(40, type=positive_int, help="optimizer steps of --heal")
+    heldout: Any = setting(None, metavar="FILE",
+                           help="text whose windows are measured beside the test split (never seen by selection or "
+                                "healing)")
+    control: bool = setting(False, action="store_true",
+                            help="also build the same number of heads in select-IoU order, healed the same way, and "
+                                 "measure it on the same windows")
+    chunk: int | None = setting(None, type=positive_int,
+                                help="heads added between joint re-measurements (default: 2%% of the model's heads)")
+    progress: bool = setting(True, flag=None, help="progress bars")
+
+    @classmethod
+    def resolve(cls, config: "BuildConfig | None", shortcuts: Mapping[str, Any]) -> "BuildConfig":
+        """``config``, or one built from build_hybrid's keyword ``shortcuts`` (InputError on both or unknown)."""
+        return with_shortcuts(cls, config, shortcuts, "build_hybrid()")

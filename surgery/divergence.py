@@ -20,7 +20,8 @@ from ..kernels.core import InputError
 from ..synth.sequence import Sequence
 from .batches import padded_batch
 
-__all__ = ["WindowCosts", "CostSummary", "summarize", "token_costs", "BaseDistributions", "window_costs"]
+__all__ = ["WindowCosts", "CostSummary", "summarize", "means", "token_costs", "BaseDistributions", "window_costs",
+           "base_costs"]
 
 
 @dataclass
@@ -46,8 +47,11 @@ class WindowCosts:
 
 
 def _wide(point: float, low: float, high: float) -> bool:
-    """Whether an interval is wider than the effect it bounds (it reaches zero, or spans more than |point|)."""
-    return bool(low <= 0.0 <= high or (high - low) > abs(point))
+    """Whether an interval is wider than the effect it bounds: it reaches zero, or reaches further than |point| from
+    the point on either side (an effect of +4.7% ± 100% says nothing)."""
+    if high <= low:
+        return False  # no spread at all (e.g. the base against itself)
+    return bool(low <= 0.0 <= high or max(point - low, high - point) > abs(point))
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,8 @@ class CostSummary:
 
     @property
     def kl_wide(self) -> bool:
-        """KL is never negative: its interval is too wide when it spans more than the estimate itself."""
-        return bool(self.kl_ci95[1] - self.kl_ci95[0] > abs(self.kl))
+        """KL is never negative, so its interval is too wide when it reaches further than the estimate from it."""
+        return _wide(self.kl, *self.kl_ci95)
 
     @property
     def delta_wide(self) -> bool:
@@ -94,15 +98,27 @@ class CostSummary:
                 f"{tail}")
 
 
-def summarize(costs: WindowCosts, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> CostSummary:
-    """Point estimates and paired percentile bootstrap intervals; windows resampled whole, means token-weighted."""
+def _arrays(costs: WindowCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(kl, base NLL, other NLL, tokens) as float64, refusing a measurement without a predicted token."""
     tokens = np.asarray(costs.tokens, dtype=np.float64)
-    total = tokens.sum()
-    if total <= 0:
+    if tokens.sum() <= 0:
         raise InputError("no predicted tokens to measure: every window has a single token; use longer windows")
     kl, nb, no = (np.asarray(a, dtype=np.float64) for a in (costs.kl, costs.nll_base, costs.nll_other))
-    point_kl = kl.sum() / total
-    point_dnll = (no.sum() - nb.sum()) / total
+    return kl, nb, no, tokens
+
+
+def means(costs: WindowCosts) -> tuple[float, float]:
+    """(mean per-token KL, mean per-token ΔNLL), token-weighted: the point estimates :func:`summarize` bootstraps."""
+    kl, nb, no, tokens = _arrays(costs)
+    total = tokens.sum()
+    return float(kl.sum() / total), float((no.sum() - nb.sum()) / total)
+
+
+def summarize(costs: WindowCosts, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> CostSummary:
+    """Point estimates and paired percentile bootstrap intervals; windows resampled whole, means token-weighted."""
+    kl, nb, no, tokens = _arrays(costs)
+    total = tokens.sum()
+    point_kl, point_dnll = means(costs)
     rng = np.random.default_rng(seed)
     n = len(tokens)
     idx = rng.integers(0, n, size=(n_boot, n))
@@ -112,29 +128,37 @@ def summarize(costs: WindowCosts, n_boot: int = 2000, seed: int = 0, level: floa
     q = [(1 - level) / 2, (1 + level) / 2]
     klo, khi = (float(x) for x in np.quantile(boot_kl, q))
     dlo, dhi = (float(x) for x in np.quantile(boot_dnll, q))
-    return CostSummary(float(point_kl), (klo, khi), float(point_dnll), (dlo, dhi), math.expm1(point_dnll),
+    return CostSummary(point_kl, (klo, khi), point_dnll, (dlo, dhi), math.expm1(point_dnll),
                        (math.expm1(dlo), math.expm1(dhi)), int(total), n)
+
+
+def _nll(logp: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per row: the summed negative log-likelihood of ``targets`` under ``logp`` over the ``valid`` positions."""
+    nll = -logp.gather(-1, targets[..., None])[..., 0]
+    return torch.where(valid, nll, torch.zeros_like(nll)).sum(1).double()
 
 
 def token_costs(base_logp: torch.Tensor, other_logits: torch.Tensor, targets: torch.Tensor,
                 valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row of a batch: summed KL(base ‖ other), base NLL, other NLL and predicted-token count.
 
-    ``base_logp``: log-softmax of the base at the predicting positions [B, N-1, V]; ``other_logits`` the other model's
-    logits there; ``targets`` the next tokens [B, N-1]; ``valid`` [B, N-1] marks predicted tokens.
+    ``base_logp``: log-softmax of the base at the predicting positions [B, T, V]; ``other_logits`` the other model's
+    logits there; ``targets`` the tokens predicted [B, T]; ``valid`` [B, T] marks predicted tokens.
     """
     other_logp = torch.log_softmax(other_logits.float(), dim=-1)
     kl = (base_logp.exp() * (base_logp - other_logp)).sum(-1).clamp_min(0.0)
-    nll_b = -base_logp.gather(-1, targets[..., None])[..., 0]
-    nll_o = -other_logp.gather(-1, targets[..., None])[..., 0]
-    zero = torch.zeros_like(kl)
-    return (torch.where(valid, kl, zero).sum(1).double(), torch.where(valid, nll_b, zero).sum(1).double(),
-            torch.where(valid, nll_o, zero).sum(1).double(), valid.sum(1))
+    kl = torch.where(valid, kl, torch.zeros_like(kl)).sum(1).double()
+    return kl, _nll(base_logp, targets, valid), _nll(other_logp, targets, valid), valid.sum(1)
 
 
 class BaseDistributions:
     """The base model's next-token log-probabilities on fixed batches of windows, computed once and kept while they
-    fit ``max_bytes`` (recomputed per use beyond it), so each measured swap costs one forward, not two."""
+    fit ``max_bytes`` (recomputed per use beyond it), so each measured swap costs one forward, not two.
+
+    A masked LM (no causal mask) predicts each token with it masked, as pseudo-perplexity does
+    (surgery/evaluate.py ``_pseudo_losses``): a batch is up to ``batch_size`` masked copies of one window, and
+    ``batches[k]`` names the window of each row.
+    """
 
     def __init__(self, handle: Any, sequences: list[Sequence], batch_size: int = 16,
                  max_bytes: int = 1 << 30) -> None:
@@ -143,28 +167,72 @@ class BaseDistributions:
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
         self.handle, self.sequences, self.max_bytes = handle, sequences, max_bytes
-        order = sorted(range(len(sequences)), key=lambda i: (sequences[i].n, i))
-        self.batches: list[list[int]] = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+        self._masked: list[np.ndarray] | None = None  # per batch of a masked LM: the masked position of each row
+        if handle.causal:
+            order = sorted(range(len(sequences)), key=lambda i: (sequences[i].n, i))
+            self.batches: list[list[int]] = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+        else:
+            self.mask_id = _mask_id(handle)
+            spans = [(i, np.arange(1 if s.has_bos else 0, s.n)) for i, s in enumerate(sequences)]
+            chunks = [(i, cols[c: c + batch_size]) for i, cols in spans for c in range(0, len(cols), batch_size)]
+            self.batches, self._masked = [[i] * len(cols) for i, cols in chunks], [cols for _, cols in chunks]
         self._kept: dict[int, torch.Tensor] = {}
         self._bytes = 0
 
     def inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return padded_batch([self.sequences[i] for i in self.batches[k]])
+        """Batch ``k``'s ids and attention mask (a masked LM's rows each with one position masked)."""
+        if self._masked is None:
+            return padded_batch([self.sequences[i] for i in self.batches[k]])
+        cols = torch.from_numpy(self._masked[k])
+        ids = torch.from_numpy(self.sequences[self.batches[k][0]].ids).long().repeat(len(cols), 1)
+        ids[torch.arange(len(cols)), cols] = self.mask_id
+        return ids, torch.ones_like(ids)
+
+    def targets(self, k: int, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the tokens batch ``k`` predicts [B, T], which of them count [B, T] bool)."""
+        if self._masked is None:
+            return ids[:, 1:], mask[:, 1:].bool()
+        cols = self._masked[k]
+        tokens = torch.from_numpy(self.sequences[self.batches[k][0]].ids[cols]).long()[:, None]
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+
+    def predicting(self, k: int, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` of batch ``k`` at the positions that predict its targets, float32 [B, T, V] on the CPU."""
+        if self._masked is None:
+            return logits[:, :-1].float().cpu()
+        cols = torch.from_numpy(self._masked[k]).to(logits.device)
+        return logits[torch.arange(len(cols), device=logits.device), cols][:, None].float().cpu()
 
     @torch.no_grad()
     def logp(self, k: int, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Base log-probabilities of batch ``k`` at the predicting positions, float32 [B, N-1, V] on the CPU."""
+        """Base log-probabilities of batch ``k`` at the predicting positions, float32 [B, T, V] on the CPU."""
         if k in self._kept:
             return self._kept[k]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             logits = self.handle.forward(ids, mask)
-        out = torch.log_softmax(logits[:, :-1].float().cpu(), dim=-1)
+        out = torch.log_softmax(self.predicting(k, logits), dim=-1)
         size = out.numel() * out.element_size()
         if self._bytes + size <= self.max_bytes:
             self._kept[k] = out
             self._bytes += size
         return out
+
+
+def _mask_id(handle: Any) -> int:
+    """The mask token of a bidirectional model with a masked-LM head (otherwise nothing predicts a token)."""
+    mask_id = getattr(handle.tokenizer, "mask_token_id", None)
+    if mask_id is None or not handle.is_masked_lm:
+        raise InputError(f"{handle.name} is bidirectional without a masked-LM head and mask token: it predicts no "
+                         "token, so there is no KL or perplexity to measure")
+    return int(mask_id)
+
+
+def _add(out: WindowCosts, rows: list[int], kl: torch.Tensor, nll_base: torch.Tensor, nll_other: torch.Tensor,
+         tokens: torch.Tensor) -> None:
+    """Add a batch's per-row sums to their windows (a masked LM's rows share one window)."""
+    for total, part in ((out.kl, kl), (out.nll_base, nll_base), (out.nll_other, nll_other), (out.tokens, tokens)):
+        np.add.at(total, rows, part.numpy())
 
 
 def window_costs(base: BaseDistributions, call: Callable[..., torch.Tensor],
@@ -178,9 +246,17 @@ def window_costs(base: BaseDistributions, call: Callable[..., torch.Tensor],
         for k, rows in enumerate(base.batches):
             ids, mask = base.inputs(k)
             base_logp = base.logp(k, ids, mask)
-            logits = call(ids, attention_mask=mask)[:, :-1].float().cpu()
-            kl, nb, no, n = token_costs(base_logp, logits, ids[:, 1:], mask[:, 1:].bool())
-            out.kl[rows], out.nll_base[rows], out.nll_other[rows] = kl.numpy(), nb.numpy(), no.numpy()
-            out.tokens[rows] = n.numpy()
+            logits = base.predicting(k, call(ids, attention_mask=mask))
+            _add(out, rows, *token_costs(base_logp, logits, *base.targets(k, ids, mask)))
     return out
 
+
+def base_costs(base: BaseDistributions) -> WindowCosts:
+    """The base against itself (KL 0, its own NLL on both sides): its perplexity, from the pass every swap reuses."""
+    out = WindowCosts.zeros(len(base.sequences))
+    for k, rows in enumerate(base.batches):
+        ids, mask = base.inputs(k)
+        targets, valid = base.targets(k, ids, mask)
+        nll = _nll(base.logp(k, ids, mask), targets, valid)
+        _add(out, rows, torch.zeros_like(nll), nll, nll, valid.sum(1))
+    return out

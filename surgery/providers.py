@@ -127,6 +127,13 @@ class MeanPatterns:
             count[:n] += 1
         self.mean = (total / np.maximum(count, 1)).astype(np.float32)
 
+    @classmethod
+    def from_mean(cls, mean: np.ndarray) -> "MeanPatterns":
+        """From a mean pattern already accumulated (surgery/head_costs.py streams it batch by batch)."""
+        out = cls.__new__(cls)
+        out.mean = np.asarray(mean, dtype=np.float32)
+        return out
+
     def patterns(self, sequences: list[Sequence], causal: bool) -> np.ndarray:
         width = max(s.n for s in sequences)
         if width > self.mean.shape[0]:

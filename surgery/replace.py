@@ -473,7 +473,7 @@ def _from_programset(handle: ModelHandle, programs: ProgramSet, which: Which) ->
     return chosen
 
 
-def _independent(handle: ModelHandle) -> ModelHandle:
+def independent_handle(handle: ModelHandle) -> ModelHandle:
     """A handle whose model is a deep copy (own weights); the tokenizer is shared."""
     model = _copy.deepcopy(handle.model)
     return dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None))
@@ -513,7 +513,7 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
         alphas_old = {}
         handle = load_model(model)
     if copy:
-        handle = _independent(handle)
+        handle = independent_handle(handle)
     program_set = programs if isinstance(programs, ProgramSet) else getattr(model, "program_set", None)
     if isinstance(programs, ProgramSet):
         programs = _from_programset(handle, programs, which)

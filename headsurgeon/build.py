@@ -1,0 +1,309 @@
+"""``build_hybrid``: swap as many heads as fit under a budget, cheapest causal cost first, heal what is left, and judge
+the result on windows that neither selection nor healing saw.
+
+The order comes from each head's single-swap KL on the select windows (surgery/head_costs.py). Costs compound, so
+the set grows in chunks re-measured jointly on the select windows: a chunk whose joint cost exceeds twice the sum of
+its heads' single costs is taken apart, and its heads that cost more together than alone go to the back of the
+queue. Healing tunes the norm gains on the synth windows (surgery/heal.py); the base is tuned the same way and every
+healed figure is against that tuned base. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
+bootstrap intervals (surgery/divergence.py).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .configs import BuildConfig
+from .kernels.core import InputError
+from .kernels.fileio import json_bytes
+
+__all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
+
+BUILD_FILE = "build.json"
+#: a chunk whose joint cost passes this multiple of its heads' summed single costs is taken apart
+COMPOUND_LIMIT = 2.0
+
+
+@dataclass
+class BuildResult:
+    """What ``build_hybrid`` chose and what it cost: heads in the order added, the joint re-measurements on the select
+    windows, the test cost before healing, and (with healing) the healed cost against the equally tuned base."""
+
+    model: str
+    which: str
+    target: dict[str, Any]
+    heads: list[str]
+    order: list[str]
+    steps: list[dict[str, Any]]
+    select: dict[str, Any] | None
+    test: dict[str, Any] | None
+    windows: dict[str, int]
+    costs: dict[str, Any]
+    healed: dict[str, Any] | None = None
+    control: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        """What a reader asks first: how many heads, what they cost on held-out windows, before and after healing."""
+        total = self.target.get("model_heads", 0)
+        lines = [f"{self.model}: {len(self.heads)} of {total} heads swapped for their {self.which}s "
+                 f"({100 * len(self.heads) / max(total, 1):.1f}%), cheapest single-swap KL first; judged on "
+                 f"{self.windows.get('measured', 0)} windows no selection or healing saw"]
+        if self.test:
+            lines.append(f"  untuned:  {_line(self.test)}")
+        if self.healed:
+            lines.append(f"  healed:   {_line(self.healed['test'])}  (against the base tuned the same way)")
+        if self.control:
+            lines.append(f"  control, the same number of heads in select-IoU order:")
+            lines.append(f"    untuned: {_line(self.control['test'])}")
+            if self.control.get("healed"):
+                lines.append(f"    healed:  {_line(self.control['healed'])}")
+        lines.append(f"  heads: {', '.join(self.heads[:40])}{' …' if len(self.heads) > 40 else ''}")
+        if self.checkpoint:
+            lines.append(f"  wrote {self.checkpoint} (with {BUILD_FILE})")
+        return "\n".join(lines)
+
+
+def _line(summary: dict[str, Any]) -> str:
+    lo, hi = summary["delta_ppl_ci95_pct"]
+    klo, khi = summary["kl_ci95"]
+    wide = "  [interval wider than the effect]" if summary.get("delta_wide") else ""
+    return (f"ΔPPL {summary['delta_ppl_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}], KL {summary['kl']:.4f} [{klo:.4f}, "
+            f"{khi:.4f}] over {summary['tokens']} tokens{wide}")
+
+
+class _Joint:
+    """Joint costs of head sets on fixed windows, each distinct set measured once."""
+
+    def __init__(self, handle: Any, windows: list[Any], programs: dict[Any, Any]) -> None:
+        from .surgery.divergence import BaseDistributions
+
+        self.handle, self.programs = handle, programs
+        self.base = BaseDistributions(handle, windows)
+        self.known: dict[frozenset, Any] = {}
+
+    def measure(self, heads: list[Any]) -> Any:
+        from .surgery.divergence import summarize, window_costs
+        from .surgery.replace import replace_heads
+
+        key = frozenset(heads)
+        if key not in self.known:
+            with replace_heads(self.handle, {h: self.programs[h] for h in heads}) as hybrid:
+                self.known[key] = summarize(window_costs(self.base, hybrid, hybrid.register_sequences))
+        return self.known[key]
+
+
+def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int, budget: float | None, chunk: int,
+          steps: list[dict[str, Any]]) -> list[Any]:
+    """Heads in ``order`` added chunk by chunk under ``k_max`` heads (and the ΔPPL ``budget``, a ratio, on the select
+    windows), each chunk re-measured jointly; see the module docstring for chunks that compound."""
+    from .surgery.replace import head_name
+
+    chosen: list[Any] = []
+    current = 0.0
+    queue, deferred = list(order), []
+
+    def fits(summary: Any) -> bool:
+        return budget is None or summary.delta_ppl <= budget
+
+    def record(heads: list[Any], summary: Any, kept: bool) -> None:
+        steps.append({"heads": len(chosen) + (len(heads) if kept else 0), "tried": [head_name(h) for h in heads],
+                      "kept": kept, "kl": summary.kl, "delta_ppl_pct": 100 * summary.delta_ppl})
+
+    while queue and len(chosen) < k_max:
+        take = queue[: min(chunk, k_max - len(chosen))]
+        queue = queue[len(take):]
+        summary = joint.measure(chosen + take)
+        compounds = summary.kl - current > COMPOUND_LIMIT * sum(single[h] for h in take) + 1e-9
+        if fits(summary) and not (compounds and len(take) > 1):
+            record(take, summary, True)
+            chosen += take
+            current = summary.kl
+            continue
+        record(take, summary, False)
+        for h in take:  # one at a time: keep the heads that fit and do not compound; the rest wait
+            if len(chosen) >= k_max:
+                break
+            alone = joint.measure(chosen + [h])
+            ok = fits(alone) and alone.kl - current <= COMPOUND_LIMIT * single[h] + 1e-9
+            record([h], alone, ok)
+            if ok:
+                chosen.append(h)
+                current = alone.kl
+            elif fits(alone):
+                deferred.append(h)
+        if budget is not None and not fits(summary) and not any(s["kept"] for s in steps[-len(take):]):
+            break  # nothing of the cheapest remaining chunk fits the budget: the rest costs more
+        if not queue and deferred:
+            queue, deferred = deferred, []  # compounding heads get a second chance once the cheap ones are in
+            single = {**single, **{h: math.inf for h in queue}}  # ...accepted on budget alone
+    return chosen
+
+
+def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[Any, list[Any]]:
+    from .surgery.corpus import load_corpus, make_sequences, read_documents
+
+    splits = load_corpus(handle, corpus, **asdict(cfg.corpus))
+    if not splits.select or not splits.test or not splits.synth:
+        raise InputError(f"build needs synth, select and test windows; the corpus gave {splits.sizes()}: give more "
+                         "documents or raise --max-sequences")
+    extra = []
+    if heldout is not None:
+        extra = make_sequences(handle, read_documents(heldout, cfg.corpus.separator), max_len=cfg.corpus.max_len,
+                               max_sequences=cfg.corpus.max_sequences)
+    return splits, extra
+
+
+def _heal_pair(handle: Any, programs: dict[Any, Any], synth: list[Any], steps: int) -> tuple[Any, Any]:
+    """The hybrid on its own copy of the weights, healed on the synth windows; and its HealReport."""
+    from .surgery.heal import heal
+    from .surgery.replace import replace_heads
+
+    hybrid = replace_heads(handle, programs, copy=True)
+    report = heal(hybrid, synth, steps=steps, progress=False)
+    return hybrid, report
+
+
+def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None = None, *,
+                 config: BuildConfig | None = None, trust_programs: Any = False, **shortcuts: Any) -> BuildResult:
+    """Swap the cheapest heads (single-swap KL on the select windows) of ``programs`` (a ProgramSet or programs.json)
+    until ``fraction`` of the model's heads or the ``budget_ppl`` (percent, select windows) is reached, growing the
+    set with joint re-measurement; measure it on the test windows (and ``heldout`` text); with ``heal``, tune the norm
+    gains of the hybrid and of the base on the synth windows and compare the two. With ``out``, save the (healed)
+    hybrid there with ``build.json``. Settings: :class:`BuildConfig`, or its fields as keywords."""
+    from .hub.checkpoint import save_hybrid
+    from .surgery.divergence import BaseDistributions, summarize, window_costs
+    from .surgery.head_costs import head_costs
+    from .surgery.loading import load_model
+    from .surgery.replace import head_name, independent_handle, replace_heads
+    from .surgery.scorable import require_lm_head
+    from .synth.programset import ProgramSet
+
+    cfg = BuildConfig.resolve(config, shortcuts)
+    if (cfg.fraction is None) == (cfg.budget_ppl is None):
+        raise InputError("build needs exactly one of fraction (a share of the model's heads, e.g. 0.25) and "
+                         "budget_ppl (a ΔPPL in percent on the select windows, e.g. 5)")
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if isinstance(programs, (str, Path)):
+        programs = ProgramSet.load(programs)
+    if not isinstance(programs, ProgramSet):
+        raise InputError(f"programs must be a ProgramSet or a programs.json path, got {type(programs).__name__}")
+    programs = programs.trusted(trust_programs)
+    handle = load_model(model, **asdict(cfg.model))
+    require_lm_head(handle)
+    splits, heldout = _windows(handle, corpus, cfg.heldout, cfg)
+    chosen_programs = programs.programs(cfg.which)
+    if not chosen_programs:
+        raise InputError(f"the program set holds no {cfg.which}s; build with which='replacement', or explain first")
+    model_heads = handle.n_layers * handle.n_heads
+    k_max = len(chosen_programs) if cfg.fraction is None else min(len(chosen_programs),
+                                                                    int(round(cfg.fraction * model_heads)))
+    seconds["load"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    costs = head_costs(handle, programs, splits.select, which=(cfg.which,), reference=splits.synth,
+                       progress=cfg.progress)
+    seconds["head costs"] = time.perf_counter() - t
+    order = costs.order(cfg.which)
+    single = {h: costs.kl(h, cfg.which) or 0.0 for h in order}
+
+    t = time.perf_counter()
+    joint = _Joint(handle, splits.select, chosen_programs)
+    steps: list[dict[str, Any]] = []
+    chunk = cfg.chunk or max(1, round(0.02 * model_heads))
+    budget = None if cfg.budget_ppl is None else cfg.budget_ppl / 100
+    heads = _grow(joint, order, single, k_max, budget, chunk, steps)
+    select = joint.measure(heads).to_json() if heads else None
+    seconds["growth"] = time.perf_counter() - t
+
+    measured = splits.test + heldout
+    t = time.perf_counter()
+    base = BaseDistributions(handle, measured)
+    swap = {h: chosen_programs[h] for h in heads}
+    test = None
+    if heads:
+        with replace_heads(handle, swap) as hybrid:
+            test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
+    control = _control(programs, cfg.which, len(heads), base, handle) if cfg.control and heads else None
+    seconds["test"] = time.perf_counter() - t
+
+    final = replace_heads(handle, swap) if heads else None
+    healed = None
+    if cfg.heal and heads:
+        t = time.perf_counter()
+        from .surgery.heal import heal
+
+        tuned = independent_handle(handle)
+        base_report = heal(tuned, splits.synth, steps=cfg.heal_steps, progress=False)
+        tuned_base = BaseDistributions(tuned, measured)
+        final, report = _heal_pair(handle, swap, splits.synth, cfg.heal_steps)
+        healed = {"heal": report.to_json(), "base_heal": base_report.to_json(),
+                  "test": summarize(window_costs(tuned_base, final, final.register_sequences)).to_json(),
+                  "tuned_base_vs_base": summarize(window_costs(base, lambda ids, attention_mask=None:
+                                                               tuned.forward(ids, attention_mask))).to_json()}
+        if control is not None:
+            control_hybrid, _ = _heal_pair(handle, control["programs"], splits.synth, cfg.heal_steps)
+            control["healed"] = summarize(window_costs(tuned_base, control_hybrid,
+                                                       control_hybrid.register_sequences)).to_json()
+        seconds["heal"] = time.perf_counter() - t
+    if control is not None:
+        control.pop("programs")
+    result = BuildResult(
+        model=handle.name, which=cfg.which,
+        target={"fraction": cfg.fraction, "budget_ppl": cfg.budget_ppl, "k_max": k_max, "model_heads": model_heads,
+                "program_heads": len(chosen_programs), "chunk": chunk},
+        heads=[head_name(h) for h in heads], order=[head_name(h) for h in order], steps=steps, select=select,
+        test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "test": len(splits.test),
+                            "heldout": len(heldout), "measured": len(measured)},
+        costs=costs.to_json(), healed=healed, control=control, seconds=seconds)
+    if out is not None:
+        if final is None:
+            raise InputError("no head fits the budget on the select windows, so there is no hybrid to save; raise "
+                             "--budget-ppl or --fraction")
+        result.checkpoint = str(out)
+        result.seconds["total"] = time.perf_counter() - t0
+        save_hybrid(final, out, metrics={"build": _card_metrics(result)}, overwrite=True,
+                    extra_files={BUILD_FILE: json_bytes(result.to_json())})
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def _card_metrics(result: BuildResult) -> dict[str, Any]:
+    """The figures the model card shows (the full record is build.json)."""
+    out: dict[str, Any] = {"which": result.which, "heads": len(result.heads),
+                           "measured_windows": result.windows["measured"]}
+    for name, summary in (("untuned", result.test), ("healed", (result.healed or {}).get("test"))):
+        if summary:
+            out[f"{name}_delta_ppl_pct"] = round(summary["delta_ppl_pct"], 3)
+            out[f"{name}_delta_ppl_ci95_pct"] = [round(x, 3) for x in summary["delta_ppl_ci95_pct"]]
+            out[f"{name}_kl"] = round(summary["kl"], 5)
+    return out
+
+
+def _control(programs: Any, which: str, k: int, base: Any, handle: Any) -> dict[str, Any]:
+    """The same number of heads in select-IoU order (the order a pattern metric gives), measured on the same windows."""
+    from .surgery.divergence import summarize, window_costs
+    from .surgery.replace import head_name, replace_heads
+
+    chosen = programs.programs(which)
+
+    def select_iou(h: Any) -> float:
+        entry = programs.entries[h]
+        scored = entry.explanation if which == "explanation" else entry
+        value = scored.iou("select") if scored is not None else None
+        return -1.0 if value is None else value
+
+    heads = sorted(chosen, key=lambda h: (-select_iou(h), h))[:k]
+    swap = {h: chosen[h] for h in heads}
+    with replace_heads(handle, swap) as hybrid:
+        test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
+    return {"order": "select IoU", "heads": [head_name(h) for h in heads], "test": test, "programs": swap}
+

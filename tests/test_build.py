@@ -1,0 +1,133 @@
+"""Per-head causal cost (surgery/head_costs.py) and ``build`` (headsurgeon/build.py) on the embedded model: resumed
+swaps give the numbers of whole hybrid forwards, the build grows under its budget with joint re-measurement, and its
+checkpoint carries build.json and loads back exactly (seconds)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import headsurgeon as hs
+from headsurgeon.build import BUILD_FILE, build_hybrid
+from headsurgeon.kernels.core import InputError
+from headsurgeon.surgery.ablate import ablate
+from headsurgeon.surgery.divergence import BaseDistributions, window_costs
+from headsurgeon.surgery.head_costs import head_costs
+from headsurgeon.surgery.replace import parse_head
+from headsurgeon.synth.program import Program
+from headsurgeon.synth.programset import ProgramSet
+from headsurgeon.synth.scored import ScoredProgram
+
+EXPLANATIONS = ["prev(1)", "first()", "self()", "prev(2)", "window(1, 3)", "first()", "prev(1)", "self()"]
+
+
+@pytest.fixture(scope="module")
+def handle():
+    return hs.load_model("tiny-stories")
+
+
+@pytest.fixture(scope="module")
+def splits(handle):
+    return hs.load_corpus(handle, hs.demo_corpus_path(), max_len=40, max_sequences=50)
+
+
+@pytest.fixture(scope="module")
+def programs(handle) -> ProgramSet:
+    """Every head: a mixture as replacement and a one-primitive explanation with a made-up select IoU."""
+    ps = ProgramSet(model=handle.name)
+    for k, (layer, head) in enumerate(handle.heads):
+        ps.add((layer, head), Program.parse("0.5*prev(1) + 0.5*first()"), "hand", {"select": {"iou": 0.5}},
+               explanation=ScoredProgram.of(Program.parse(EXPLANATIONS[k % len(EXPLANATIONS)]), "hand",
+                                            {"select": {"iou": (k * 37 % 100) / 100}}, budget=200))
+    return ps
+
+
+@pytest.fixture(scope="module")
+def costs(handle, splits, programs):
+    return head_costs(handle, programs, splits.select, which=("explanation", "replacement"),
+                      heads=["L0H1", "L1H2", "L2H0", "L3H3"], reference=splits.synth, progress=False)
+
+
+def test_resumed_swaps_equal_whole_hybrid_forwards(handle, splits, programs, costs):
+    """The layers below are not re-run, yet each swap's KL and NLL per window are those of a whole hybrid forward,
+    for programs of both kinds and for the mean ablation over the reference windows."""
+    assert costs.resumed
+    base = BaseDistributions(handle, splits.select)
+    for head in ["L0H1", "L2H0", "L3H3"]:
+        key = parse_head(head)
+        for kind in ("explanation", "replacement"):
+            with hs.replace_heads(handle, {head: programs.programs(kind)[key]}) as hybrid:
+                whole = window_costs(base, hybrid, hybrid.register_sequences)
+            got = costs.costs[key][kind]
+            np.testing.assert_allclose(got.kl, whole.kl, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(got.nll_other, whole.nll_other, rtol=1e-6)
+            np.testing.assert_array_equal(got.tokens, whole.tokens)
+        with ablate(handle, [head], "mean", reference=splits.synth) as ablated:
+            whole = window_costs(base, ablated, ablated.register_sequences)
+        np.testing.assert_allclose(costs.costs[key]["mean"].kl, whole.kl, rtol=1e-4, atol=1e-6)
+
+
+def test_costs_order_ratio_and_json(costs):
+    order = costs.order("explanation")
+    kls = [costs.kl(h, "explanation") for h in order]
+    assert kls == sorted(kls) and len(order) == 4 and all(k > 0 for k in kls)
+    h = order[0]
+    assert costs.ratio(h, "explanation") == pytest.approx(costs.kl(h, "explanation") / costs.kl(h, "mean"))
+    s = costs.summary(h, "explanation")
+    assert s.kl_ci95[0] <= s.kl <= s.kl_ci95[1] and s.tokens == costs.tokens
+    row = costs.to_json()["heads"][f"L{h[0]}H{h[1]}"]
+    assert set(row) >= {"explanation", "replacement", "mean", "explanation_over_mean", "programs"}
+    assert "ratio" in costs.format("explanation").splitlines()[0]
+
+
+def test_head_costs_refuses_bad_input(handle, splits, programs):
+    with pytest.raises(InputError, match="which"):
+        head_costs(handle, programs, splits.select, which=("both",), progress=False)
+    with pytest.raises(InputError, match="windows"):
+        head_costs(handle, programs, [], progress=False)
+    with pytest.raises(InputError, match="L9H0"):
+        head_costs(handle, {"L9H0": "prev(1)"}, splits.select, which=("replacement",), progress=False)
+
+
+@pytest.fixture(scope="module")
+def built(handle, programs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("build") / "hybrid"
+    result = build_hybrid(handle, hs.demo_corpus_path(), programs, out, fraction=0.25, max_len=40, max_sequences=50,
+                          control=True, chunk=2, progress=False)
+    return result, out
+
+
+def test_fraction_build_swaps_the_share_cheapest_first_and_saves(built, handle, splits):
+    result, out = built
+    assert len(result.heads) == round(0.25 * 16)
+    first = result.order[: len(result.heads)]
+    assert result.heads[0] == first[0]  # the cheapest single swap goes in first
+    kept = [s for s in result.steps if s["kept"]]
+    assert kept[-1]["heads"] == len(result.heads) and kept[-1]["kl"] == pytest.approx(result.select["kl"])
+    assert result.test["tokens"] == sum(s.n - 1 for s in splits.test)
+    assert result.control["heads"] and len(result.control["heads"]) == len(result.heads)
+    record = json.loads((out / BUILD_FILE).read_text())
+    assert record["heads"] == result.heads and record["test"] == result.test
+    again = hs.load_hybrid(out)
+    assert sorted(f"L{l}H{h}" for l, h in again.replaced) == sorted(result.heads)
+    ids = torch.from_numpy(splits.test[0].ids)[None]
+    with hs.replace_heads(handle, again.replaced) as fresh:
+        assert torch.equal(again(ids), fresh(ids))
+
+
+def test_budget_build_stays_under_budget(handle, programs):
+    result = build_hybrid(handle, hs.demo_corpus_path(), programs, budget_ppl=3.0, max_len=40, max_sequences=50,
+                          chunk=2, progress=False)
+    assert result.heads, "the cheapest heads fit a 3% budget on the embedded model"
+    assert result.select["delta_ppl_pct"] <= 3.0
+    rejected = [s for s in result.steps if not s["kept"]]
+    assert rejected and all(s["delta_ppl_pct"] > 3.0 or len(s["tried"]) > 1 for s in rejected)
+
+
+def test_build_needs_exactly_one_target(handle, programs):
+    with pytest.raises(InputError, match="exactly one"):
+        build_hybrid(handle, hs.demo_corpus_path(), programs, progress=False)
+    with pytest.raises(InputError, match="exactly one"):
+        build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.1, budget_ppl=1.0, progress=False)
