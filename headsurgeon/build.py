@@ -210,7 +210,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
 
     t = time.perf_counter()
     costs = head_costs(handle, programs, splits.select, which=(cfg.which,), reference=splits.synth,
-                       progress=cfg.progress)
+                       progress=cfg.progress, path=cfg.costs)
     seconds["head costs"] = time.perf_counter() - t
     order = costs.order(cfg.which)
     single = {h: costs.kl(h, cfg.which) or 0.0 for h in order}

@@ -64,6 +64,9 @@ class BuildConfig:
     control: bool = setting(False, action="store_true",
                             help="also build the same number of heads in select-IoU order, healed the same way, and "
                                  "measure it on the same windows")
+    costs: Any = setting(None, metavar="FILE",
+                         help="keep the per-head causal costs here: progress is written after each batch, and a rerun "
+                              "with the same model, windows and programs goes on from it")
     chunk: int | None = setting(None, type=positive_int,
                                 help="heads added between joint re-measurements (default: 2%% of the model's heads)")
     progress: bool = setting(True, flag=None, help="progress bars")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
 
 import numpy as np
@@ -19,6 +20,8 @@ from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
 from ..kernels.core import InputError
+from ..kernels.fileio import sha256_bytes
+from ..kernels.formats import FileFormat, read_versioned, write_versioned
 from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from .batches import padded_batch
@@ -29,7 +32,13 @@ from .providers import MeanPatterns
 from .replace import HeadKey, ProgramHead, head_name, parse_head, pattern_edits_take_effect, replace_heads
 from .scorable import require_lm_head
 
-__all__ = ["HeadCosts", "head_costs", "mean_patterns", "VARIANTS"]
+__all__ = ["HeadCosts", "head_costs", "mean_patterns", "VARIANTS", "COSTS_FILE"]
+
+#: the progress and result file of ``head_costs(..., path=)``: per (head, variant) the per-window sums, and the
+#: batches done, bound to the model, windows and programs by a fingerprint
+COSTS_FILE = FileFormat("headsurgeon.head_costs", 1, (1,), "a per-head causal cost file",
+                        "delete it to measure the costs again")
+_COSTS_LIMIT = 256 << 20
 
 Variant = Literal["replacement", "explanation", "mean"]
 VARIANTS: tuple[str, ...] = ("replacement", "explanation", "mean")
@@ -221,48 +230,98 @@ def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[s: s + size]
 
 
+class _Progress:
+    """The costs measured so far and the batches done, written atomically after each batch when given a path."""
+
+    def __init__(self, path: Any, fingerprint: str, jobs: dict[HeadKey, dict[str, Any]], n: int) -> None:
+        self.path, self.fingerprint = path, fingerprint
+        self.costs = {h: {v: WindowCosts.zeros(n) for v in vs} for h, vs in jobs.items()}
+        self.done: set[int] = set()
+        if path is not None and Path(path).exists():
+            self._resume(read_versioned(path, COSTS_FILE, _COSTS_LIMIT))
+
+    def _resume(self, doc: dict[str, Any]) -> None:
+        if doc.get("fingerprint") != self.fingerprint:
+            warnings.warn(f"{self.path} holds costs of other heads, programs, windows or another model; measuring "
+                          "again and replacing it")
+            return
+        for name, variants in doc.get("costs", {}).items():
+            for v, arrays in variants.items():
+                c = self.costs[parse_head(name)][v]
+                for key in ("kl", "nll_base", "nll_other", "tokens"):
+                    getattr(c, key)[:] = np.asarray(arrays[key], dtype=getattr(c, key).dtype)
+        self.done = {int(b) for b in doc.get("done", [])}
+
+    def save(self, complete: bool = False) -> None:
+        if self.path is None:
+            return
+        body = {"fingerprint": self.fingerprint, "done": sorted(self.done), "complete": complete,
+                "costs": {head_name(h): {v: {k: getattr(c, k).tolist() for k in ("kl", "nll_base", "nll_other",
+                                                                                  "tokens")}
+                                         for v, c in vs.items()} for h, vs in self.costs.items()}}
+        write_versioned(self.path, COSTS_FILE, body)
+
+
+def _fingerprint(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: list[Sequence],
+                 reference: list[Sequence] | None) -> str:
+    """What the costs depend on: the model, the windows' ids, each swap's program (or the ablation's reference)."""
+    parts = [handle.name, str(handle.n_layers), str(handle.n_heads)]
+    parts += [sha256_bytes(np.asarray(s.ids, dtype="<i8").tobytes()) for s in windows]
+    parts += ["ref:" + sha256_bytes(np.asarray(s.ids, dtype="<i8").tobytes()) for s in reference or []]
+    for h in sorted(jobs):
+        for v, source in sorted(jobs[h].items()):
+            program = getattr(source, "program", None)
+            parts.append(f"{head_name(h)}:{v}:{getattr(program, 'hash', v)}")
+    return sha256_bytes("\n".join(parts).encode())
+
+
 @torch.no_grad()
 def _resumed(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: list[Sequence], batch_size: int,
-             max_bytes: int, progress: bool) -> tuple[dict[HeadKey, dict[str, WindowCosts]], bool]:
+             max_bytes: int, progress: bool, state: _Progress) -> tuple[dict[HeadKey, dict[str, WindowCosts]], bool]:
     """Every (head, variant) swap on every window, resuming at the head's layer (equal-length batches, no padding)."""
     runner = _Runner(handle, max_bytes)
-    out = {h: {v: WindowCosts.zeros(len(windows)) for v in vs} for h, vs in jobs.items()}
+    out = state.costs
     by_length: dict[int, list[int]] = {}
     for i, s in enumerate(windows):
         by_length.setdefault(s.n, []).append(i)
     layers = sorted({h[0] for h in jobs})
     rows_cap = max(1, max_bytes // max(1, max(s.n for s in windows) * handle.vocab_size * 4))
-    total = sum(len(v) for v in jobs.values()) * len(windows)
-    bar = tqdm(total=total, desc="per-head causal cost", unit="swap", disable=not progress)
+    per_window = sum(len(v) for v in jobs.values())
+    bar = tqdm(total=per_window * len(windows), desc="per-head causal cost", unit="swap", disable=not progress)
+    batches = [b for _, members in sorted(by_length.items()) for b in _chunks(members, batch_size)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for n, members in sorted(by_length.items()):
-            for batch_idx in _chunks(members, batch_size):
-                seqs = [windows[i] for i in batch_idx]
-                ids, _ = padded_batch(seqs)
-                ids = ids.to(handle.device)
-                resid, logits = runner.residuals(ids, layers)
-                base_logp = torch.log_softmax(logits[:, :-1].float().cpu(), dim=-1)
-                targets = ids[:, 1:].cpu()
-                valid = torch.ones_like(targets, dtype=torch.bool)
-                for layer in layers:
-                    if runner.resume and not runner.checked:
-                        runner.check(layer, ids, resid[layer], logits)
-                    edits = []
-                    for h in (h for h in jobs if h[0] == layer):
-                        for variant, source in jobs[h].items():
-                            pats = torch.from_numpy(source.patterns(seqs, handle.causal))
-                            edits += [(b, h, variant, pats[b]) for b in range(len(seqs))]
-                    for chunk in _chunks(edits, rows_cap):
-                        got = runner.run(layer, ids, resid.get(layer) if runner.resume else None,
-                                         [(b, h[1], p) for b, h, _, p in chunk])[:, :-1].float().cpu()
-                        rows = [b for b, _, _, _ in chunk]
-                        kl, nb, no, cnt = token_costs(base_logp[rows], got, targets[rows], valid[rows])
-                        for r, (b, h, variant, _) in enumerate(chunk):
-                            c, w = out[h][variant], batch_idx[b]
-                            c.kl[w], c.nll_base[w], c.nll_other[w], c.tokens[w] = (float(kl[r]), float(nb[r]),
-                                                                                 float(no[r]), int(cnt[r]))
-                        bar.update(len(chunk))
+        for number, batch_idx in enumerate(batches):
+            if number in state.done:
+                bar.update(per_window * len(batch_idx))
+                continue
+            seqs = [windows[i] for i in batch_idx]
+            ids, _ = padded_batch(seqs)
+            ids = ids.to(handle.device)
+            resid, logits = runner.residuals(ids, layers)
+            base_logp = torch.log_softmax(logits[:, :-1].float().cpu(), dim=-1)
+            targets = ids[:, 1:].cpu()
+            valid = torch.ones_like(targets, dtype=torch.bool)
+            for layer in layers:
+                if runner.resume and not runner.checked:
+                    runner.check(layer, ids, resid[layer], logits)
+                edits = []
+                for h in (h for h in jobs if h[0] == layer):
+                    for variant, source in jobs[h].items():
+                        pats = torch.from_numpy(source.patterns(seqs, handle.causal))
+                        edits += [(b, h, variant, pats[b]) for b in range(len(seqs))]
+                for chunk in _chunks(edits, rows_cap):
+                    got = runner.run(layer, ids, resid.get(layer) if runner.resume else None,
+                                     [(b, h[1], p) for b, h, _, p in chunk])[:, :-1].float().cpu()
+                    rows = [b for b, _, _, _ in chunk]
+                    kl, nb, no, cnt = token_costs(base_logp[rows], got, targets[rows], valid[rows])
+                    for r, (b, h, variant, _) in enumerate(chunk):
+                        c, w = out[h][variant], batch_idx[b]
+                        c.kl[w], c.nll_base[w], c.nll_other[w], c.tokens[w] = (float(kl[r]), float(nb[r]),
+                                                                             float(no[r]), int(cnt[r]))
+                    bar.update(len(chunk))
+            state.done.add(number)
+            state.save()
     bar.close()
     return out, runner.resume
 
@@ -282,11 +341,14 @@ def _whole(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: li
 def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
                which: Seq[str] = ("explanation",), ablation: bool = True, heads: Seq[Any] | None = None,
                reference: list[Sequence] | None = None, batch_size: int = 8, max_bytes: int = 256 << 20,
-               seed: int = 0, progress: bool = True, trust_programs: Any = False) -> HeadCosts:
+               seed: int = 0, progress: bool = True, trust_programs: Any = False,
+               path: str | Path | None = None) -> HeadCosts:
     """Swap one head at a time for each kind of program in ``which`` (and, with ``ablation``, its mean pattern over
     ``reference``, default ``windows``) and measure KL(base ‖ swapped) and ΔNLL on ``windows`` (the select split:
     never the windows that judge the result). ``heads`` limits the heads measured. ``max_bytes`` bounds one forward's
-    logits. Returns a :class:`HeadCosts` (``.summary(head, variant)``, ``.ratio(head, kind)``, ``.order(kind)``)."""
+    logits. With ``path``, progress is written there after each batch of windows and a rerun goes on from it (the
+    file is bound to the model, windows and programs). Returns a :class:`HeadCosts` (``.summary(head, variant)``,
+    ``.ratio(head, kind)``, ``.order(kind)``)."""
     kinds = tuple(which)
     bad = [k for k in kinds if k not in ("replacement", "explanation")]
     if bad or not kinds:
@@ -309,7 +371,10 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
         for h, mean in mean_patterns(handle, reference or windows, sorted(jobs)).items():
             jobs[h]["mean"] = mean
     if pattern_edits_take_effect(handle) and handle.causal:
-        costs, resumed = _resumed(handle, jobs, windows, batch_size, max_bytes, progress)
+        state = _Progress(path, _fingerprint(handle, jobs, windows, reference or windows if ablation else None),
+                          jobs, len(windows))
+        costs, resumed = _resumed(handle, jobs, windows, batch_size, max_bytes, progress, state)
+        state.save(complete=True)
     else:
         costs, resumed = _whole(handle, jobs, windows, batch_size, progress), False
     tokens = int(sum(max(s.n - 1, 0) for s in windows))
