@@ -27,6 +27,9 @@ _EXPORTS = {
     "replacement_sweep": "headsurgeon.surgery.evaluate", "downstream": "headsurgeon.surgery.downstream",
     "evaluate_programs": "headsurgeon.surgery.eval_report", "EvalReport": "headsurgeon.surgery.eval_report",
     "order_heads": "headsurgeon.surgery.sweep_order",
+    "head_costs": "headsurgeon.surgery.head_costs", "HeadCosts": "headsurgeon.surgery.head_costs",
+    "heal": "headsurgeon.surgery.heal", "HealReport": "headsurgeon.surgery.heal",
+    "build_hybrid": "headsurgeon.build", "BuildResult": "headsurgeon.build",
     # synth: programs
     "Sequence": "headsurgeon.synth.sequence", "Program": "headsurgeon.synth.program",
     "ProgramSet": "headsurgeon.synth.programset", "program_tensors": "headsurgeon.synth.tensors",
@@ -47,7 +50,7 @@ _EXPORTS = {
     "run_demo": "headsurgeon.demo", "demo_corpus_path": "headsurgeon.hub.zoo", "Vocabulary": "headsurgeon.synth.vocab",
     "explain": "headsurgeon.pipeline", **{name: "headsurgeon.configs" for name in (
         "ExplainConfig", "ModelConfig", "CorpusConfig", "CaptureConfig", "SearchConfig", "ScaleoutConfig",
-        "MeasureConfig")},
+        "MeasureConfig", "BuildConfig")},
     "spearman_ci": "headsurgeon.surgery.evaluate",
     "load_library_file": "headsurgeon.synth.eaps", "LibraryProgram": "headsurgeon.synth.eaps",
     # hub: checkpoints
@@ -56,8 +59,10 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time they load lazily (below)
+    from .build import BuildResult, build_hybrid
     from .configs import (
-        CaptureConfig, CorpusConfig, ExplainConfig, MeasureConfig, ModelConfig, ScaleoutConfig, SearchConfig,
+        BuildConfig, CaptureConfig, CorpusConfig, ExplainConfig, MeasureConfig, ModelConfig, ScaleoutConfig,
+        SearchConfig,
     )
     from .demo import run_demo
     from .pipeline import explain
@@ -75,6 +80,8 @@ if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time
     from .surgery.embedding import embedding_distance, sentence_embeddings
     from .surgery.eval_report import EvalReport, evaluate_programs
     from .surgery.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
+    from .surgery.head_costs import HeadCosts, head_costs
+    from .surgery.heal import HealReport, heal
     from .surgery.loading import ModelHandle, ModelLoadError, load_model
     from .surgery.replace import HybridModel, ProgramHead, replace_heads
     from .surgery.score import score

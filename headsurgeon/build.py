@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,10 @@ class BuildResult:
     control: dict[str, Any] | None = None
     checkpoint: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    hybrid: Any = field(default=None, repr=False, compare=False)  # the (healed) HybridModel; not in build.json
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hybrid"}
 
     def format(self) -> str:
         """What a reader asks first: how many heads, what they cost on held-out windows, before and after healing."""
@@ -263,7 +264,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
         heads=[head_name(h) for h in heads], order=[head_name(h) for h in order], steps=steps, select=select,
         test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "test": len(splits.test),
                             "heldout": len(heldout), "measured": len(measured)},
-        costs=costs.to_json(), healed=healed, control=control, seconds=seconds)
+        costs=costs.to_json(), healed=healed, control=control, seconds=seconds, hybrid=final)
     if out is not None:
         if final is None:
             raise InputError("no head fits the budget on the select windows, so there is no hybrid to save; raise "

@@ -108,6 +108,38 @@ def _weights_note(weights: Mapping[str, Any]) -> str | None:
             f"the base model's weights, and {what}; metrics passed to `save_hybrid` are shown as given.")
 
 
+HEALING_ROWS = 20  # healing records shown in the card (the manifest keeps them all)
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
+
+
+def _param_families(names: Any) -> Any:
+    """Trained parameter names with layer numbers as ``*``, each family once (SmolLM2's 61 norm gains: 3 families)."""
+    if not isinstance(names, (list, tuple)):
+        return names
+    return ", ".join(dict.fromkeys(_LAYER_INDEX.sub("*", str(n)) for n in names))
+
+
+def _healing_lines(records: Any) -> list[str]:
+    """The Healing section: per ``heal`` call (surgery/heal.py), what was trained, how, on what, and the loss."""
+    if not isinstance(records, list) or not records:
+        return []
+    lines = ["## Healing", "",
+             "After the swap, these weights were trained on training windows (`headsurgeon.heal`) to recover what "
+             "the swap cost; the program heads stayed fixed. Losses are per predicted token on the first and last "
+             "step's batch.", "",
+             "| # | through | parameters | tensors | numbers | objective | steps | lr | windows | tokens | "
+             "loss first | loss last |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, record in enumerate(records[:HEALING_ROWS], 1):
+        r = record if isinstance(record, Mapping) else {}
+        cells = [i, r.get("model"), _param_families(r.get("params")), r.get("n_tensors"), r.get("n_elements"),
+                 r.get("objective"), r.get("steps"), r.get("lr"), r.get("windows"), r.get("tokens"),
+                 r.get("loss_first"), r.get("loss_last")]
+        lines.append("| " + " | ".join(_fmt(c, 400 if k == 2 else 80) for k, c in enumerate(cells)) + " |")
+    if len(records) > HEALING_ROWS:
+        lines.append(f"\n{len(records) - HEALING_ROWS} more healing records are in `manifest.json`.")
+    return lines + [""]
+
+
 def load_snippet(location: str, python_hashes: list[str] | None = None) -> str:
     """The three lines that load the checkpoint at ``location`` and run it on a prompt."""
     trust = ""
@@ -203,7 +235,8 @@ def render_card(manifest: Mapping[str, Any], location: str) -> str:
         lines += ["| metric | value |", "|---|---|"] + [f"| {_fmt(k)} | {_fmt(v)} |" for k, v in rows]
     else:
         lines.append("No metrics were recorded when this checkpoint was saved.")
-    lines += ["", "## Replaced heads", "",
+    lines += [""] + _healing_lines(manifest.get("healing"))
+    lines += ["## Replaced heads", "",
               "Each head's program in words (a deterministic gloss), how faithful it is on held-out text (soft IoU "
               "with the real pattern, 1 = identical; Jensen-Shannon distance, 0 = identical) and its size "
               "(description length: syntax nodes plus literals).", ""] + (

@@ -474,9 +474,17 @@ def _from_programset(handle: ModelHandle, programs: ProgramSet, which: Which) ->
 
 
 def independent_handle(handle: ModelHandle) -> ModelHandle:
-    """A handle whose model is a deep copy (own weights); the tokenizer is shared."""
-    model = _copy.deepcopy(handle.model)
-    return dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None))
+    """A handle whose model is a deep copy (own weights) with the healing records of those weights
+    (surgery/heal.py); the tokenizer is shared."""
+    # after a forward under autograd the bridge keeps non-leaf activations on its modules (an attention's last
+    # ``_pattern``), which torch refuses to deep-copy: the copy gets them detached
+    memo: dict[int, Any] = {id(v): v.detach() for m in handle.model.modules() for v in vars(m).values()
+                            if isinstance(v, torch.Tensor) and not v.is_leaf}
+    model = _copy.deepcopy(handle.model, memo)
+    copied = dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None))
+    if getattr(handle, "healing", None) is not None:
+        copied.healing = _copy.deepcopy(handle.healing)
+    return copied
 
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,

@@ -95,7 +95,7 @@ def test_head_costs_refuses_bad_input(handle, splits, programs):
 def built(handle, programs, tmp_path_factory):
     out = tmp_path_factory.mktemp("build") / "hybrid"
     result = build_hybrid(handle, hs.demo_corpus_path(), programs, out, fraction=0.25, max_len=40, max_sequences=50,
-                          control=True, chunk=2, progress=False)
+                          control=True, chunk=2, heal=True, heal_steps=6, progress=False)
     return result, out
 
 
@@ -113,8 +113,27 @@ def test_fraction_build_swaps_the_share_cheapest_first_and_saves(built, handle, 
     again = hs.load_hybrid(out)
     assert sorted(f"L{l}H{h}" for l, h in again.replaced) == sorted(result.heads)
     ids = torch.from_numpy(splits.test[0].ids)[None]
-    with hs.replace_heads(handle, again.replaced) as fresh:
-        assert torch.equal(again(ids), fresh(ids))
+    assert torch.equal(again(ids), result.hybrid(ids))  # the healed hybrid, bit for bit
+    assert again.healing == result.hybrid.healing and again.healing[0]["steps"] == 6
+    with hs.replace_heads(handle, again.replaced) as untuned:  # healing changed the weights; the base is untouched
+        assert not torch.equal(again(ids), untuned(ids))
+
+
+def test_healed_build_is_judged_against_the_equally_tuned_base(built):
+    result, _ = built
+    healed = result.healed
+    assert healed["heal"]["steps"] == healed["base_heal"]["steps"] == 6
+    assert healed["heal"]["model"] == "hybrid" and healed["base_heal"]["model"] == "base"
+    assert healed["tuned_base_vs_base"]["kl"] > 0  # tuning moved the base too: the untuned base is the wrong control
+    assert healed["test"]["tokens"] == result.test["tokens"]
+    assert "healed" in result.control and "against the base tuned the same way" in result.format()
+
+
+def test_extra_checkpoint_files_must_be_plain_new_names(handle, tmp_path):
+    with hs.replace_heads(handle, {"L0H0": "prev(1)"}) as hybrid:
+        for bad in ("manifest.json", "../build.json", "programs", ".hidden"):
+            with pytest.raises(hs.hub.checkpoint.CheckpointError, match="plain file name"):
+                hs.save_hybrid(hybrid, tmp_path / "h", extra_files={bad: b"{}"})
 
 
 def test_budget_build_stays_under_budget(handle, programs):

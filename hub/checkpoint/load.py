@@ -79,4 +79,16 @@ def _load_root(root: Path, trust_programs: bool | Collection[str], device: str |
             handle.check_head(*head)
         except IndexError as e:
             raise CheckpointError(f"{root}: {e}") from e
+    healing = healing_of(manifest, root)
+    if healing:  # with the weights, where hs.heal keeps them; the hybrid shows them as .healing (surgery/heal.py)
+        handle.healing = healing
     return replace_heads(handle, programs, alpha=alphas)
+
+
+def healing_of(manifest: dict[str, Any], root: Path) -> list[dict[str, Any]]:
+    """The manifest's healing records (absent: none); anything but a list of JSON objects is a damaged manifest."""
+    records = manifest.get("healing", [])
+    if not (isinstance(records, list) and all(isinstance(r, dict) for r in records)):
+        raise IntegrityError(f"{root}/{MANIFEST}: 'healing' is {excerpt(records)}; expected a list of healing "
+                             "records; the checkpoint is damaged: save it again")
+    return records

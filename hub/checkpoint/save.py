@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata as md
 import os
+import re
 import shutil
 import uuid
 import warnings
@@ -15,6 +16,7 @@ import torch
 from headsurgeon import __version__
 from headsurgeon.kernels.fileio import fsync_dir, sha256_file
 from headsurgeon.surgery.handle import EmbeddedSource, SourceRecord
+from headsurgeon.surgery.heal import healing_records
 from headsurgeon.surgery.replace import HybridModel
 
 from ..card import render_card
@@ -42,13 +44,15 @@ def library_versions() -> dict[str, str]:
 
 
 def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] | None = None,
-                programs: Any = None, *, card_location: str | None = None, overwrite: bool = False) -> Path:
+                programs: Any = None, *, card_location: str | None = None, overwrite: bool = False,
+                extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Save a HybridModel as a checkpoint directory (atomically); weights are embedded only if they changed.
 
     ``metrics``: any JSON-able dict shown in the model card (e.g. ``{"delta_ppl": 0.04}``). ``programs``: the
     ProgramSet the heads came from (default: the one given to ``replace_heads``), whose per-head scores,
     glosses and provenance go into the manifest and card.
-    ``card_location``: what the card's loading snippet points at (``hf://org/name``; default: the directory).
+    ``extra_files``: name → bytes of records kept beside the checkpoint (``build.json``), listed and hashed in the
+    manifest like every other file. ``card_location``: what the card's loading snippet points at (``hf://org/name``; default: the directory).
     Re-saving replaces only the files the earlier save wrote; other files in the folder are kept. A non-empty
     folder that save_hybrid did not write is refused unless ``overwrite=True`` (which replaces the files with the
     checkpoint's names and still keeps all others).
@@ -64,6 +68,12 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         json_file(dict(metrics or {}))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"metrics must be a JSON-serializable dict: {e}") from e
+    healing = healing_records(hybrid)  # hs.heal's records of these weights (surgery/heal.py)
+    try:
+        json_file(healing)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"hybrid.healing must be a list of JSON-serializable records (HealReport.to_json()): "
+                              f"{e}") from e
     handle = hybrid.handle
     hf = handle.hf_model
     if hf is None:
@@ -107,6 +117,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         "config": config_facts(hybrid),
         "heads": {},
         "metrics": dict(metrics or {}),
+        **({"healing": healing} if healing else {}),  # an optional key: format version 1 readers ignore it
         "files": {},
     }
     entries = getattr(programs, "entries", None) or {}
@@ -132,6 +143,8 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
             manifest["heads"][f"L{head[0]}H{head[1]}"] = item
         if embed:
             write_embedded(tmp, hf, handle.tokenizer, state)
+        for name, data in _extra_files(extra_files, tmp).items():
+            write_file(tmp / name, data)
         location = card_location or str(target)
         manifest["files"] = file_table(tmp)  # the card lists files; recomputed below with the card
         write_file(tmp / CARD, render_card(manifest, location).encode("utf-8"))
@@ -192,3 +205,17 @@ def file_table(root: Path) -> dict[str, dict[str, Any]]:
             rel = p.relative_to(root).as_posix()
             table[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return table
+
+
+def _extra_files(extra: Mapping[str, bytes] | None, tmp: Path) -> dict[str, bytes]:
+    """Records saved beside the checkpoint: plain file names that no checkpoint file or folder uses, bytes each."""
+    out: dict[str, bytes] = {}
+    for name, data in (extra or {}).items():
+        if (not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name)
+                or name in (MANIFEST, CARD, WEIGHTS, PROGRAM_DIR) or (tmp / name).exists()):
+            raise CheckpointError(f"extra file name {name!r} is not a plain file name beside the checkpoint's own "
+                                  f"files ({MANIFEST}, {CARD}, {WEIGHTS}, {PROGRAM_DIR}/): use e.g. 'build.json'")
+        if not isinstance(data, (bytes, bytearray)):
+            raise CheckpointError(f"extra file {name!r} must be bytes, got {type(data).__name__}")
+        out[name] = bytes(data)
+    return out
