@@ -162,30 +162,18 @@ def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[
     return splits, extra
 
 
-def _heal_pair(handle: Any, programs: dict[Any, Any], synth: list[Any], steps: int) -> tuple[Any, Any]:
-    """The hybrid on its own copy of the weights, healed on the synth windows; and its HealReport."""
-    from .surgery.heal import heal
-    from .surgery.replace import replace_heads
-
-    hybrid = replace_heads(handle, programs, copy=True)
-    report = heal(hybrid, synth, steps=steps, progress=False)
-    return hybrid, report
-
-
 def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None = None, *,
                  config: BuildConfig | None = None, trust_programs: Any = False, **shortcuts: Any) -> BuildResult:
     """Swap the cheapest heads (single-swap KL on the select windows) of ``programs`` (a ProgramSet or programs.json)
     until ``fraction`` of the model's heads or the ``budget_ppl`` (percent, select windows) is reached, growing the
-    set with joint re-measurement; measure it on the test windows (and ``heldout`` text); with ``heal``, tune the norm
-    gains of the hybrid and of the base on the synth windows and compare the two. With ``out``, save the (healed)
-    hybrid there with ``build.json``. Settings: :class:`BuildConfig`, or its fields as keywords."""
+    set with joint re-measurement; each head gets the cheapest of its candidates (its program of kind ``which`` and
+    its frontier points of that kind's size). Measured on the test windows (and ``heldout`` text); with ``heal``, the
+    norm gains of the hybrid and of a copy of the base are tuned on the synth windows and compared. With ``out``, the
+    (healed) hybrid is saved there with ``build.json``. Settings: :class:`BuildConfig`, or its fields as keywords."""
     from .hub.checkpoint import save_hybrid
     from .surgery.divergence import BaseDistributions, summarize, window_costs
     from .surgery.head_costs import head_costs
-    from .surgery.loading import load_model
-    from .surgery.replace import head_name, independent_handle, replace_heads
-    from .surgery.scorable import require_lm_head
-    from .synth.programset import ProgramSet
+    from .surgery.replace import head_name, replace_heads
 
     cfg = BuildConfig.resolve(config, shortcuts)
     if (cfg.fraction is None) == (cfg.budget_ppl is None):
@@ -193,31 +181,26 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
                          "budget_ppl (a ΔPPL in percent on the select windows, e.g. 5)")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    if isinstance(programs, (str, Path)):
-        programs = ProgramSet.load(programs)
-    if not isinstance(programs, ProgramSet):
-        raise InputError(f"programs must be a ProgramSet or a programs.json path, got {type(programs).__name__}")
-    programs = programs.trusted(trust_programs)
-    handle = load_model(model, **asdict(cfg.model))
-    require_lm_head(handle)
-    splits, heldout = _windows(handle, corpus, cfg.heldout, cfg)
-    chosen_programs = programs.programs(cfg.which)
-    if not chosen_programs:
-        raise InputError(f"the program set holds no {cfg.which}s; build with which='replacement', or explain first")
+    handle, programs, splits, heldout = _inputs(model, corpus, programs, trust_programs, cfg)
     model_heads = handle.n_layers * handle.n_heads
-    k_max = len(chosen_programs) if cfg.fraction is None else min(len(chosen_programs),
-                                                                    int(round(cfg.fraction * model_heads)))
+    n_programs = len(programs.programs(cfg.which))
+    k_max = n_programs if cfg.fraction is None else min(n_programs, int(round(cfg.fraction * model_heads)))
     seconds["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
+    extra = _candidates(programs, cfg.which)
     costs = head_costs(handle, programs, splits.select, which=(cfg.which,), reference=splits.synth,
-                       progress=cfg.progress, path=cfg.costs)
+                       progress=cfg.progress, path=cfg.costs, extra=extra)
+    choice = {h: min([cfg.which, *extra.get(h, {})], key=lambda label: (costs.kl(h, label), label))
+              for h in costs.order(cfg.which)}
+    single = {h: costs.kl(h, label) or 0.0 for h, label in choice.items()}
+    order = sorted(single, key=lambda h: (single[h], h))
+    chosen_set = _chosen_set(programs, cfg.which, choice, extra)
+    swap_of = chosen_set.programs(cfg.which)
     seconds["head costs"] = time.perf_counter() - t
-    order = costs.order(cfg.which)
-    single = {h: costs.kl(h, cfg.which) or 0.0 for h in order}
 
     t = time.perf_counter()
-    joint = _Joint(handle, splits.select, chosen_programs)
+    joint = _Joint(handle, splits.select, swap_of)
     steps: list[dict[str, Any]] = []
     chunk = cfg.chunk or max(1, round(0.02 * model_heads))
     budget = None if cfg.budget_ppl is None else cfg.budget_ppl / 100
@@ -228,43 +211,29 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     measured = splits.test + heldout
     t = time.perf_counter()
     base = BaseDistributions(handle, measured)
-    swap = {h: chosen_programs[h] for h in heads}
+    hybrid_set = chosen_set.subset(heads)
     test = None
     if heads:
-        with replace_heads(handle, swap) as hybrid:
+        with replace_heads(handle, hybrid_set, which=cfg.which) as hybrid:
             test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
     control = _control(programs, cfg.which, len(heads), base, handle) if cfg.control and heads else None
     seconds["test"] = time.perf_counter() - t
 
-    final = replace_heads(handle, swap) if heads else None
+    final = replace_heads(handle, hybrid_set, which=cfg.which) if heads else None
     healed = None
     if cfg.heal and heads:
         t = time.perf_counter()
-        from .surgery.heal import heal
-
-        tuned = independent_handle(handle)
-        base_report = heal(tuned, splits.synth, steps=cfg.heal_steps, progress=False)
-        tuned_base = BaseDistributions(tuned, measured)
-        final, report = _heal_pair(handle, swap, splits.synth, cfg.heal_steps)
-        healed = {"heal": report.to_json(), "base_heal": base_report.to_json(),
-                  "test": summarize(window_costs(tuned_base, final, final.register_sequences)).to_json(),
-                  "tuned_base_vs_base": summarize(window_costs(base, lambda ids, attention_mask=None:
-                                                               tuned.forward(ids, attention_mask))).to_json()}
-        if control is not None:
-            control_hybrid, _ = _heal_pair(handle, control["programs"], splits.synth, cfg.heal_steps)
-            control["healed"] = summarize(window_costs(tuned_base, control_hybrid,
-                                                       control_hybrid.register_sequences)).to_json()
+        final, healed = _heal_and_judge(handle, hybrid_set, cfg, splits.synth, measured, base, control, programs)
         seconds["heal"] = time.perf_counter() - t
-    if control is not None:
-        control.pop("programs")
     result = BuildResult(
         model=handle.name, which=cfg.which,
         target={"fraction": cfg.fraction, "budget_ppl": cfg.budget_ppl, "k_max": k_max, "model_heads": model_heads,
-                "program_heads": len(chosen_programs), "chunk": chunk},
+                "program_heads": n_programs, "chunk": chunk},
         heads=[head_name(h) for h in heads], order=[head_name(h) for h in order], steps=steps, select=select,
         test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "test": len(splits.test),
                             "heldout": len(heldout), "measured": len(measured)},
-        costs=costs.to_json(), healed=healed, control=control, seconds=seconds, hybrid=final)
+        costs={**costs.to_json(), "chosen": {head_name(h): choice[h] for h in heads}}, healed=healed,
+        control=control, seconds=seconds, hybrid=final)
     if out is not None:
         if final is None:
             raise InputError("no head fits the budget on the select windows, so there is no hybrid to save; raise "
@@ -275,6 +244,85 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
                     extra_files={BUILD_FILE: json_bytes(result.to_json())})
     result.seconds["total"] = time.perf_counter() - t0
     return result
+
+
+def _inputs(model: Any, corpus: Any, programs: Any, trust_programs: Any, cfg: BuildConfig) -> tuple[Any, ...]:
+    """(handle, trusted ProgramSet, splits, heldout windows), refusing what build cannot use before any work."""
+    from .surgery.loading import load_model
+    from .surgery.scorable import require_lm_head
+    from .synth.programset import ProgramSet
+
+    if isinstance(programs, (str, Path)):
+        programs = ProgramSet.load(programs)
+    if not isinstance(programs, ProgramSet):
+        raise InputError(f"programs must be a ProgramSet or a programs.json path, got {type(programs).__name__}")
+    programs = programs.trusted(trust_programs)
+    if not programs.programs(cfg.which):
+        raise InputError(f"the program set holds no {cfg.which}s; build with which='replacement', or explain first")
+    handle = load_model(model, **asdict(cfg.model))
+    require_lm_head(handle)
+    splits, heldout = _windows(handle, corpus, cfg.heldout, cfg)
+    return handle, programs, splits, heldout
+
+
+def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:
+    """Per head, its frontier points other than its ``which`` program, of that kind's size (readable for
+    explanations), labelled by budget: build measures them beside the program and keeps the cheapest."""
+    from .synth.program import READABLE_CHARS
+
+    out: dict[Any, dict[str, Any]] = {}
+    for h, entry in programs.entries.items():
+        own = entry.explanation if which == "explanation" else entry.replacement
+        if own is None:
+            continue
+        for point in entry.frontier:
+            if point.program.hash == own.program.hash:
+                continue
+            if which == "explanation" and (point.chars is None or point.chars > READABLE_CHARS):
+                continue
+            out.setdefault(h, {})[f"frontier:{point.budget or 'any'}"] = point.program
+    return out
+
+
+def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[Any, dict[str, Any]]) -> Any:
+    """The program set with each head's ``which`` slot holding the candidate build chose for it."""
+    from .synth.programset import Entry, ProgramSet
+
+    entries = {}
+    for h, label in choice.items():
+        entry = programs.entries[h]
+        if label != which:
+            picked = next(p for p in entry.frontier if p.program.hash == extra[h][label].hash)
+            entry = (Entry(entry.replacement, picked, entry.frontier) if which == "explanation"
+                     else Entry(picked, entry.explanation, entry.frontier))
+        entries[h] = entry
+    return ProgramSet(entries, model=programs.model, meta=programs.meta, vocab_fingerprint=programs.vocab_fingerprint)
+
+
+def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[Any], measured: list[Any], base: Any,
+                    control: dict[str, Any] | None, programs: Any) -> tuple[Any, dict[str, Any]]:
+    """Tune a copy of the base and the hybrid (and the control) the same way on the synth windows; judge the healed
+    hybrids against the tuned base, never the untuned one."""
+    from .surgery.divergence import BaseDistributions, summarize, window_costs
+    from .surgery.heal import heal
+    from .surgery.replace import independent_handle, parse_head, replace_heads
+
+    def healed_hybrid(swap: Any) -> tuple[Any, Any]:
+        hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)
+        return hybrid, heal(hybrid, synth, steps=cfg.heal_steps, progress=cfg.progress)
+
+    tuned = independent_handle(handle)
+    base_report = heal(tuned, synth, steps=cfg.heal_steps, progress=cfg.progress)
+    tuned_base = BaseDistributions(tuned, measured)
+    final, report = healed_hybrid(hybrid_set)
+    healed = {"heal": report.to_json(), "base_heal": base_report.to_json(),
+              "test": summarize(window_costs(tuned_base, final, final.register_sequences)).to_json(),
+              "tuned_base_vs_base": summarize(window_costs(base, lambda ids, attention_mask=None:
+                                                           tuned.forward(ids, attention_mask))).to_json()}
+    if control is not None:
+        other, _ = healed_hybrid(programs.subset([parse_head(h) for h in control["heads"]]))
+        control["healed"] = summarize(window_costs(tuned_base, other, other.register_sequences)).to_json()
+    return final, healed
 
 
 def _card_metrics(result: BuildResult) -> dict[str, Any]:
@@ -303,8 +351,7 @@ def _control(programs: Any, which: str, k: int, base: Any, handle: Any) -> dict[
         return -1.0 if value is None else value
 
     heads = sorted(chosen, key=lambda h: (-select_iou(h), h))[:k]
-    swap = {h: chosen[h] for h in heads}
-    with replace_heads(handle, swap) as hybrid:
+    with replace_heads(handle, programs.subset(heads), which=which) as hybrid:
         test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
-    return {"order": "select IoU", "heads": [head_name(h) for h in heads], "test": test, "programs": swap}
+    return {"order": "select IoU", "heads": [head_name(h) for h in heads], "test": test}
 

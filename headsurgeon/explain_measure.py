@@ -2,9 +2,11 @@
 (surgery/eval_report.py ``evaluate_programs`` on the run's own Splits), then OUT/sweep.png, OUT/report.html and
 OUT/summary.json, with the run's timings nested where phases nest.
 
-Replacements (the most faithful programs) and explanations (the best readable ones) each get the headline ΔPPL with
-a bootstrap interval, the sweep in IoU and/or ΔPPL order beside a random order and random programs, and, when asked,
-per-head ΔPPL with Spearman(IoU, ΔPPL) and lm-eval tasks (the held-out cloze, surgery/cloze.py, among them).
+Replacements (the most faithful programs) and explanations (the best readable ones) each get the headline ΔPPL and
+KL(base ‖ hybrid) with bootstrap intervals and the test tokens counted, the sweep (each arm's ΔPPL and KL) in IoU
+and/or ΔPPL order beside a random order and random programs, and, when asked, per-head ΔPPL and KL with
+Spearman(IoU, ΔPPL) and Spearman(IoU / JSD, KL), and lm-eval tasks (the held-out cloze, surgery/cloze.py, among
+them). summary.json's "evaluation" is ``EvalReport.to_json()``, so it carries every one of these fields.
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out:
     nested timings, the summary written).
 
     ``heads``: the search stage's HeadsResult: its timings nest under "search", and its per-head ΔPPL (measured on
-    the test windows when ``delta_ppl``) is the replacements' per-head ΔPPL here, not measured again.
+    the test windows when ``delta_ppl``) is the replacements' per-head ΔPPL here, not measured again (so their
+    per-head KL is missing: measuring it would repeat every head's swap).
     """
     from headsurgeon.report import write_report
 

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 from dataclasses import asdict
 
 from ..kernels.configs import add_flags, from_flags
 from ..kernels.core import ABLATION_KINDS, WHICHES
 from .configs import MODEL_HELP, CorpusConfig, MeasureConfig, ModelConfig
+
+if TYPE_CHECKING:  # the CLI starts light: the measuring stack is imported inside the commands
+    from .divergence import CostSummary
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -52,7 +56,7 @@ def _load(args: argparse.Namespace):
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     from .ablate import ablate
-    from .evaluate import perplexity
+    from .divergence import BaseDistributions, base_costs, summarize, window_costs
     from .replace import SurgeryError, head_name, parse_head
 
     heads = [parse_head(h) for chunk in args.heads for h in chunk.split(",") if h.strip()]
@@ -70,20 +74,51 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     handle, splits = _load(args)
     if not handle.has_lm_head:
         return _ablate_headless(args, handle, splits, groups, programs)
-    base = perplexity(handle, splits.test, progress=False)
-    rows = [{"heads": "(none)", "kind": "-", "ppl": base, "delta_pct": 0.0}]
+    base = BaseDistributions(handle, splits.test)  # one base pass: every ablation is compared with it
+    own = base_costs(base)
+    tokens = int(own.tokens.sum())
+    rows = [{"heads": "(none)", "kind": "-", "ppl": math.exp(own.nll_base.sum() / tokens), "delta_pct": 0.0,
+             "kl": 0.0}]
     for group in groups:
         with ablate(handle, group, args.kind, reference=splits.synth, programs=programs, seed=args.seed) as hybrid:
-            ppl = perplexity(hybrid, splits.test, progress=False)
-        rows.append({"heads": ",".join(head_name(h) for h in group), "kind": args.kind, "ppl": ppl,
-                     "delta_pct": 100 * (ppl / base - 1)})
+            costs = window_costs(base, hybrid, hybrid.register_sequences)
+        rows.append({"heads": ",".join(head_name(h) for h in group), "kind": args.kind,
+                     "ppl": math.exp(costs.nll_other.sum() / tokens), **_cost_row(summarize(costs, seed=args.seed))})
     if args.json:
-        print(json.dumps({"model": handle.name, "test_sequences": len(splits.test), "rows": rows}, indent=1))
+        print(json.dumps({"model": handle.name, "test_sequences": len(splits.test), "test_tokens": tokens,
+                          "rows": rows}, indent=1))
     else:
-        print(f"{handle.name}: {args.kind} ablation, perplexity on {len(splits.test)} test windows")
-        print(_table(rows, [("heads", "heads", ""), ("kind", "kind", ""), ("ppl", "ppl", ".4f"),
-                            ("delta_pct", "ΔPPL %", "+.2f")]))
+        _print_ablations(handle.name, args.kind, len(splits.test), tokens, rows)
     return 0
+
+
+def _cost_row(s: CostSummary) -> dict[str, Any]:
+    """An ablation's ΔPPL and KL(base ‖ ablated) with their intervals and wide flags (a surgery/divergence.py
+    CostSummary)."""
+    return {"delta_pct": 100 * s.delta_ppl, "delta_ci95_pct": [100 * x for x in s.delta_ppl_ci95], "kl": s.kl,
+            "kl_ci95": list(s.kl_ci95), "delta_wide": s.delta_wide, "kl_wide": s.kl_wide}
+
+
+def _print_ablations(model: str, kind: str, windows: int, tokens: int, rows: list[dict[str, Any]]) -> None:
+    """The ablations as a table, then a line per ablation whose interval is wider than its effect."""
+    from .eval_format import wide_note
+
+    shown = [{**r, "delta_ci": _interval(r.get("delta_ci95_pct"), "+.2f"), "kl_ci": _interval(r.get("kl_ci95"), ".4g")}
+             for r in rows]
+    print(f"{model}: {kind} ablation on {windows} test windows ({tokens} predicted tokens): perplexity, ΔPPL and "
+          "KL(base ‖ ablated) in nats/token, with 95% paired bootstrap intervals over windows")
+    print(_table(shown, [("heads", "heads", ""), ("kind", "kind", ""), ("ppl", "ppl", ".4f"),
+                         ("delta_pct", "ΔPPL %", "+.2f"), ("delta_ci", "95% interval", ""), ("kl", "KL", ".4g"),
+                         ("kl_ci", "95% interval", "")]))
+    for r in rows:
+        note = wide_note(r.get("delta_wide"), r.get("kl_wide"))
+        if note:
+            print(f"{r['heads']}: {note}")
+
+
+def _interval(ci: list[float] | None, spec: str) -> str | None:
+    """The interval as low .. high formatted with ``spec`` (None, shown as "-", where there is none)."""
+    return f"{format(ci[0], spec)} .. {format(ci[1], spec)}" if ci else None
 
 
 def _ablate_headless(args: argparse.Namespace, handle: Any, splits: Any, groups: list, programs: Any) -> int:
@@ -123,7 +158,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ablate", help=f"perplexity with heads ablated ({', '.join(ABLATION_KINDS)})")
+    p = sub.add_parser("ablate", help=f"perplexity, ΔPPL and KL against the base with heads ablated "
+                                            f"({', '.join(ABLATION_KINDS)})")
     _common(p)
     p.add_argument("--heads", nargs="+", required=True, help="heads like L0H1 L3H5 (or comma-separated)")
     p.add_argument("--kind", default="zero", choices=ABLATION_KINDS)

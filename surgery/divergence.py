@@ -54,6 +54,10 @@ def _wide(point: float, low: float, high: float) -> bool:
     return bool(low <= 0.0 <= high or max(point - low, high - point) > abs(point))
 
 
+#: a single window leaves the bootstrap nothing to resample: its interval has no width yet says nothing, so it is wide
+MIN_WINDOWS = 2
+
+
 @dataclass(frozen=True)
 class CostSummary:
     """Mean per-token KL(base ‖ other), ΔNLL and ΔPPL, each with a paired bootstrap interval over windows."""
@@ -70,11 +74,11 @@ class CostSummary:
     @property
     def kl_wide(self) -> bool:
         """KL is never negative, so its interval is too wide when it reaches further than the estimate from it."""
-        return _wide(self.kl, *self.kl_ci95)
+        return self.windows < MIN_WINDOWS or _wide(self.kl, *self.kl_ci95)
 
     @property
     def delta_wide(self) -> bool:
-        return _wide(self.delta_ppl, *self.delta_ppl_ci95)
+        return self.windows < MIN_WINDOWS or _wide(self.delta_ppl, *self.delta_ppl_ci95)
 
     def to_json(self) -> dict[str, Any]:
         return {"kl": self.kl, "kl_ci95": list(self.kl_ci95), "delta_nll": self.delta_nll,

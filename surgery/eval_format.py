@@ -6,9 +6,11 @@ from typing import Any
 
 from .sweep_order import ORDER_LABELS
 
-__all__ = ["format_report", "table", "KIND_LABELS"]
+__all__ = ["format_report", "table", "KIND_LABELS", "wide_note", "FIDELITY_LABELS"]
 
 KIND_LABELS = {"replacement": "replacements", "explanation": "explanations"}
+#: the fidelity measures Spearman(·, KL) ranks (KindReport.spearman_kl's keys), as people read them
+FIDELITY_LABELS = {"iou": "IoU", "jsd": "JSD"}
 # the report's types are duck-typed here (surgery/eval_report.py imports this module, not the reverse)
 EvalReport = KindReport = Any
 
@@ -43,12 +45,27 @@ def _cost(kr: KindReport, test_sequences: int) -> str:
     if kr.embedding_distance is not None:
         return f"embedding distance {kr.embedding_distance:.5f} on {test_sequences} test windows"
     low, high = kr.hybrid_delta_ci95_pct or (float("nan"), float("nan"))
-    return (f"perplexity {kr.hybrid_ppl:.4f} ({kr.hybrid_delta_pct:+.2f}%, 95% bootstrap interval over windows "
+    text = (f"perplexity {kr.hybrid_ppl:.4f} (ΔPPL {kr.hybrid_delta_pct:+.2f}%, 95% bootstrap interval over windows "
             f"{low:+.2f}% .. {high:+.2f}%)")
+    if kr.kl is not None:
+        klo, khi = kr.kl_ci95
+        text += (f", KL(base ‖ hybrid) {kr.kl:.4g} nats/token ({klo:.4g} .. {khi:.4g}) over {kr.tokens} predicted "
+                 "test tokens")
+    note = wide_note(kr.delta_wide, kr.kl_wide)
+    return f"{text}; {note}" if note else text
+
+
+def wide_note(delta_wide: bool | None, kl_wide: bool | None) -> str:
+    """Which of a cost's intervals is wider than its effect, in words ("" when none is; surgery/divergence.py)."""
+    wide = [name for name, flag in (("ΔPPL", delta_wide), ("KL", kl_wide)) if flag]
+    if not wide:
+        return ""
+    return (f"{' and '.join(wide)} interval{'s' if len(wide) > 1 else ''} wider than the effect: more test windows "
+            "needed")
 
 
 def _per_head(report: EvalReport) -> list[str]:
-    """One row per head; per kind its IoU(test) and ΔPPL %, then the programs' texts."""
+    """One row per head; per kind its IoU(test), ΔPPL % and KL, then the programs' texts; then the Spearman lines."""
     kinds = [k for k, kr in report.kinds.items() if kr.per_head]
     if not kinds:
         return []
@@ -57,24 +74,31 @@ def _per_head(report: EvalReport) -> list[str]:
         short = kind[:4] + "."
         for r in report.kinds[kind].per_head or []:
             row = rows.setdefault(r["head"], {"head": r["head"]})
-            row.update({f"{short}iou": r["iou"], f"{short}delta": r["delta_pct"], kind: r["program"]})
+            row.update({f"{short}iou": r["iou"], f"{short}delta": r["delta_pct"], f"{short}kl": r.get("kl"),
+                        kind: r["program"]})
     columns = [("head", "head", "")]
     for kind in kinds:
         short = kind[:4] + "."
-        columns += [(f"{short}iou", f"{short} IoU(test)", ".3f"), (f"{short}delta", f"{short} ΔPPL %", "+.2f")]
+        columns += [(f"{short}iou", f"{short} IoU(test)", ".3f"), (f"{short}delta", f"{short} ΔPPL %", "+.2f"),
+                    (f"{short}kl", f"{short} KL", ".4g")]
     columns += [(kind, kind, "") for kind in kinds]
-    lines = ["per-head ΔPPL (one head swapped at a time):", table(list(rows.values()), columns)]
-    return lines + [spearman_line(report.kinds[k]) for k in kinds if report.kinds[k].spearman]
+    lines = ["per-head ΔPPL and KL(base ‖ hybrid) in nats/token (one head swapped at a time):",
+             table(list(rows.values()), columns)]
+    for kind in kinds:
+        kr = report.kinds[kind]
+        if kr.spearman:
+            lines.append(spearman_line(kind, "IoU", "ΔPPL", kr.spearman))
+        lines += [spearman_line(kind, FIDELITY_LABELS[m], "KL", sp) for m, sp in (kr.spearman_kl or {}).items()]
+    return lines
 
 
-def spearman_line(kr: KindReport) -> str:
-    """Spearman(test IoU, per-head ΔPPL) of one kind with its bootstrap interval, in words."""
-    sp = kr.spearman
-    rho = "undefined (constant IoU or ΔPPL)" if sp["rho"] is None else f"{sp['rho']:+.2f}"
+def spearman_line(kind: str, x: str, y: str, sp: dict[str, Any]) -> str:
+    """Spearman(x, y) over one kind's heads (e.g. test IoU and per-head ΔPPL) with its bootstrap interval, in words."""
+    rho = f"undefined (constant {x} or {y})" if sp["rho"] is None else f"{sp['rho']:+.2f}"
     low, high = sp["ci95"]
     interval = (f", 95% bootstrap interval over heads {low:+.2f} .. {high:+.2f}" if low is not None and high is not None
                 else "")
-    return f"Spearman(IoU, ΔPPL), {KIND_LABELS[kr.kind]}: rho {rho}{interval} ({sp['heads']} heads)"
+    return f"Spearman({x}, {y}), {KIND_LABELS[kind]}: rho {rho}{interval} ({sp['heads']} heads)"
 
 
 def _sweep(report: EvalReport) -> list[str]:
@@ -92,8 +116,11 @@ def _sweep(report: EvalReport) -> list[str]:
     columns = [("kind", "kind", ""), ("fraction", "replaced", ".0%"), ("n_heads", "heads", "d"),
                ("delta", f"{metric} ({ORDER_LABELS[first]})", "+.2f")]
     columns += [(f"delta_by_{o}", ORDER_LABELS[o], "+.2f") for o in rest]
-    columns += [("delta_random_order", "random order", "+.2f"), ("delta_random_program", "random programs", "+.2f"),
-                ("cheapest", "cheapest order", "")]
+    columns += [("delta_random_order", "random order", "+.2f"), ("delta_random_program", "random programs", "+.2f")]
+    if report.lm_head:  # KL(base ‖ hybrid) of each order's arm; JSON holds the baselines' too
+        columns += [("kl", f"KL ({ORDER_LABELS[first]})", ".4g")]
+        columns += [(f"kl_by_{o}", f"KL ({ORDER_LABELS[o]})", ".4g") for o in rest]
+    columns += [("cheapest", "cheapest order", "")]
     lines = ["replacement sweep (each kind's heads swapped 0 → 100%):", table(rows, columns)]
     if report.order_on is not None:
         where = ("select windows, disjoint from the test windows above" if report.order_on == "select"
@@ -140,7 +167,8 @@ def format_report(report: EvalReport) -> str:
                  "embedding distance (1 - cosine of mean-pooled final hidden states)"]
         lines += [_headline(kr, report.program_heads, report.test_sequences) for kr in report.kinds.values()]
         return "\n".join(lines + _sweep(report))
-    lines = [f"{report.model}: perplexity {report.ppl:.4f} on {report.test_sequences} test windows"]
+    lines = [f"{report.model}: perplexity {report.ppl:.4f} on {report.test_sequences} test windows "
+             f"({report.test_tokens} predicted tokens)"]
     lines += [_headline(kr, report.program_heads, report.test_sequences) for kr in report.kinds.values()]
     lines += _per_head(report) + _sweep(report)
     lines += _downstream(report, None)

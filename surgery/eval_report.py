@@ -1,11 +1,15 @@
 """``evaluate_programs``: what swapping a ProgramSet in costs, for both kinds of program side by side.
 
 Each head holds a replacement (its most faithful program, often a fitted table) and maybe an explanation (its
-best readable one, synth/programset.py). Every measurement here (the headline perplexity, per-head ΔPPL, the
-sweep, Spearman(IoU, ΔPPL), lm-eval tasks) is made for each kind asked, labelled by kind; heads without an
-explanation are counted and named, since they stay neural when explanations are swapped in. ``headsurgeon eval``
-prints this report and ``explain`` measures with it (headsurgeon/explain_measure.py). Each distinct set of swapped
-heads is measured once (the headline is the sweep's last step), so nothing is computed twice.
+best readable one, synth/programset.py). Every measurement here (the headline, per-head costs, the sweep,
+Spearman(IoU, ΔPPL) and Spearman(fidelity, KL), lm-eval tasks) is made for each kind asked, labelled by kind; heads
+without an explanation are counted and named, since they stay neural when explanations are swapped in.
+``headsurgeon eval`` prints this report and ``explain`` measures with it (headsurgeon/explain_measure.py).
+
+A swap's cost is the mean per-token KL(base ‖ hybrid) of the next-token distributions beside ΔPPL, both from one
+pass of the hybrid against base log-probabilities computed once per set of windows (surgery/divergence.py), with
+paired bootstrap intervals over windows. Each distinct set of swapped heads is measured once (the headline is the
+sweep's last step, a per-head swap its one-head step), so nothing is computed twice.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
 
@@ -21,11 +26,13 @@ from tqdm.auto import tqdm
 
 from ..kernels.core import InputError, WHICHES
 from ..synth.programset import ProgramSet
+from ..synth.scored import ScoredProgram
 from ..synth.sequence import Sequence
 from .configs import CorpusConfig, MeasureConfig
 from .corpus import Splits, load_corpus
-from .evaluate import (delta_ppl_interval, per_head_delta_ppl, spearman_ci, sweep_arms, sweep_heads,
-                       window_losses)
+from .divergence import (BaseDistributions, CostSummary, WindowCosts, base_costs, means, summarize,
+                         window_costs)
+from .evaluate import spearman_ci, sweep_arms, sweep_heads
 from .embedding import embedding_distance, sentence_embeddings
 from .eval_format import format_report
 from .loading import load_model
@@ -53,10 +60,18 @@ class KindReport:
     hybrid_ppl: float | None = None
     hybrid_delta_pct: float | None = None
     hybrid_delta_ci95_pct: list[float] | None = None
+    kl: float | None = None  # mean per predicted token of KL(base ‖ hybrid), nats (surgery/divergence.py)
+    kl_ci95: list[float] | None = None
+    delta_nll: float | None = None  # mean per-token change in cross-entropy, nats: ΔPPL = exp(ΔNLL) − 1
+    delta_nll_ci95: list[float] | None = None
+    tokens: int | None = None  # the predicted tokens these means are over
+    delta_wide: bool | None = None  # the ΔPPL interval is wider than the effect: more test windows needed
+    kl_wide: bool | None = None  # the same for KL
     embedding_distance: float | None = None  # models without an LM head
-    per_head: list[dict[str, Any]] | None = None  # {head, program, iou, delta_pct}
+    per_head: list[dict[str, Any]] | None = None  # {head, program, iou, jsd, delta_pct, delta_ci95_pct, kl, kl_ci95}
     spearman: dict[str, Any] | None = None  # Spearman(test IoU, per-head ΔPPL): {rho, ci95, heads}, with per_head
-    sweep: list[dict[str, Any]] | None = None  # replacement_sweep rows, + the second order's arm and "cheapest"
+    spearman_kl: dict[str, Any] | None = None  # fidelity ("iou", "jsd" on test) → Spearman(it, per-head KL)
+    sweep: list[dict[str, Any]] | None = None  # replacement_sweep rows with each arm's KL, + the second order's arm
     sweep_orders: list[str] = field(default_factory=list)  # the orders swept (the rows' "delta" arm first)
     head_orders: dict[str, list[str]] | None = None  # order → the heads in the order they were swapped
     order_delta_pct: dict[str, float] | None = None  # the per-head ΔPPL the ΔPPL order sorted by
@@ -79,6 +94,7 @@ class EvalReport:
     lm_head: bool
     ppl: float | None  # the base model's (None without an LM head)
     program_heads: int  # heads in the program set (0: no programs given)
+    test_tokens: int | None = None  # the predicted test tokens every cost is a mean over (None without an LM head)
     kinds: dict[str, KindReport] = field(default_factory=dict)
     order_on: str | None = None  # windows the ΔPPL order was measured on: "select" (disjoint from test) or "test"
     order_sequences: int = 0
@@ -98,7 +114,7 @@ class EvalReport:
         """The report as JSON: every kind under ``kinds``; the top-level hybrid fields repeat the headline kind's."""
         out: dict[str, Any] = {"model": self.model, "test_sequences": self.test_sequences, "lm_head": self.lm_head}
         if self.ppl is not None:
-            out["ppl"] = self.ppl
+            out.update(ppl=self.ppl, test_tokens=self.test_tokens)
         if self.kinds:
             out.update(which=list(self.kinds), headline=self.headline,
                        kinds={k: r.to_json() for k, r in self.kinds.items()})
@@ -180,51 +196,66 @@ def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
 
 
 class _Costs:
-    """What a set of swapped heads costs on ``sequences`` (ΔPPL, or embedding distance without an LM head), each
-    distinct set (head → program) measured once: the sweep's 100% step, its orders' shared steps and the headline
-    are one measurement."""
+    """What a set of swapped heads costs on ``sequences``: per-window KL and NLLs against one base pass
+    (surgery/divergence.py), or the embedding distance without an LM head. Each distinct set (head → program) is
+    measured once: the sweep's 100% step, its orders' shared steps, a one-head step and that head's per-head swap,
+    and the headline are one measurement each. Nothing runs before a set is asked for."""
 
-    def __init__(self, handle: Any, sequences: list[Sequence], base_ppl: float | None) -> None:
-        self.handle, self.sequences, self.base_ppl = handle, sequences, base_ppl
-        self.base_embeddings = sentence_embeddings(handle, sequences) if base_ppl is None else None
-        self.known: dict[frozenset, tuple[float | None, float]] = {frozenset(): (base_ppl, 0.0)}
+    def __init__(self, handle: Any, sequences: list[Sequence]) -> None:
+        self.handle, self.sequences = handle, sequences
+        self.base = BaseDistributions(handle, sequences) if handle.has_lm_head else None
+        self.known: dict[frozenset, WindowCosts | float] = {}
 
     @staticmethod
     def key(chosen: Mapping[Any, Any]) -> frozenset:
         return frozenset((parse_head(h), getattr(p, "hash", p)) for h, p in chosen.items())
 
-    def remember(self, chosen: Mapping[Any, Any], ppl: float | None, delta: float) -> None:
-        self.known[self.key(chosen)] = (ppl, delta)
+    @cached_property
+    def base_embeddings(self) -> Any:
+        return sentence_embeddings(self.handle, self.sequences)
 
-    def measure(self, chosen: Mapping[Any, Any]) -> tuple[float | None, float]:
-        """(perplexity or None, ΔPPL or embedding distance) with ``chosen`` swapped."""
+    def windows(self, chosen: Mapping[Any, Any], hybrid: Any = None) -> WindowCosts | float:
+        """Per-window costs with ``chosen`` swapped (the embedding distance without an LM head); ``hybrid``: that
+        swap already installed (the headline's: replace_heads checks its ProgramSet against the tokenizer)."""
         key = self.key(chosen)
         if key not in self.known:
-            with replace_heads(self.handle, dict(chosen)) as hybrid:
-                if self.base_ppl is None:
-                    self.known[key] = (None, embedding_distance(self.base_embeddings, hybrid, self.sequences))
-                else:
-                    nll, count = window_losses(hybrid, self.sequences, progress=False)
-                    ppl = math.exp(nll.sum() / count.sum())
-                    self.known[key] = (ppl, ppl / self.base_ppl - 1.0)
+            if not chosen:
+                self.known[key] = base_costs(self.base) if self.base is not None else 0.0
+            elif hybrid is not None:
+                self.known[key] = self._run(hybrid)
+            else:
+                with replace_heads(self.handle, dict(chosen)) as swapped:
+                    self.known[key] = self._run(swapped)
         return self.known[key]
+
+    def _run(self, hybrid: Any) -> WindowCosts | float:
+        if self.base is None:
+            return embedding_distance(self.base_embeddings, hybrid, self.sequences)
+        return window_costs(self.base, hybrid, hybrid.register_sequences)
+
+    def measure(self, chosen: Mapping[Any, Any]) -> dict[str, float]:
+        """``chosen``'s figures by name: {ppl, delta (ΔPPL), kl}, or {embedding_distance, delta} without an LM head."""
+        costs = self.windows(chosen)
+        if not isinstance(costs, WindowCosts):
+            return {"embedding_distance": costs, "delta": costs}
+        kl, delta_nll = means(costs)
+        return {"ppl": _ppl(costs), "delta": math.expm1(delta_nll), "kl": kl}
+
+
+def _ppl(costs: WindowCosts) -> float:
+    """The perplexity of the measured model (the hybrid; the base for :func:`base_costs`), token-weighted."""
+    return math.exp(costs.nll_other.sum() / costs.tokens.sum())
 
 
 def _sweep_rows(costs: _Costs, items: dict, heads: list, steps: Seq[float], seed: int, desc: str,
                 progress: bool) -> list[dict[str, Any]]:
     """surgery/evaluate.py ``replacement_sweep``'s rows (the order, a random order, random programs per step),
-    each arm measured through ``costs``."""
-    headless = costs.base_ppl is None
+    each arm's figures (``ppl``, ``delta``, ``kl`` + the arm's suffix) measured through ``costs``."""
     rows = []
     for frac, k, arms in tqdm(list(sweep_arms(items, heads, steps, seed)), desc=desc, disable=not progress):
         row: dict[str, Any] = {"fraction": frac, "n_heads": k}
         for label, chosen in arms.items():
-            ppl, delta = costs.measure(chosen)
-            if headless:
-                row["embedding_distance" + label] = delta
-            else:
-                row["ppl" + label] = ppl
-            row["delta" + label] = delta
+            row.update({name + label: value for name, value in costs.measure(chosen).items()})
         rows.append(row)
     return rows
 
@@ -239,20 +270,26 @@ def _check_steps(steps: Seq[float]) -> tuple[float, ...]:
     return out
 
 
-def _sweep(handle: Any, programs: ProgramSet, kind: str, report: KindReport, orders: tuple[str, ...],
-           costs: _Costs, order_seqs: list[Sequence], steps: Seq[float], seed: int, progress: bool,
-           seconds: dict[str, float]) -> None:
+def _order_deltas(chosen: dict, report: KindReport, costs: _Costs, order_costs: _Costs, progress: bool,
+                  seconds: dict[str, float]) -> dict[Any, float]:
+    """Each head's own ΔPPL for the ΔPPL order: the per-head table's when it was measured on the same windows, else
+    one swap per head on ``order_costs``' windows (select, so the order is not fitted to the windows judging it)."""
+    if order_costs is costs and report.per_head is not None:
+        return {r["head"]: r["delta_pct"] / 100 for r in report.per_head}
+    with _timed(seconds, "ΔPPL order"):
+        return {h: order_costs.measure({h: p})["delta"]
+                for h, p in tqdm(list(chosen.items()), desc=f"ΔPPL order ({report.kind}s)", disable=not progress)}
+
+
+def _sweep(programs: ProgramSet, kind: str, report: KindReport, orders: tuple[str, ...], costs: _Costs,
+           order_costs: _Costs, steps: Seq[float], seed: int, progress: bool, seconds: dict[str, float]) -> None:
     """The kind's sweep in ``orders[0]`` with its baselines, plus the second order's arm and the cheaper order."""
     chosen = programs.programs(kind)
     heads = {}
     for order in orders:
         deltas = None
         if order == "delta_ppl":
-            if order_seqs is costs.sequences and report.per_head is not None:
-                deltas = {r["head"]: r["delta_pct"] / 100 for r in report.per_head}
-            else:
-                with _timed(seconds, "ΔPPL order"):
-                    deltas = per_head_delta_ppl(handle, chosen, order_seqs, progress=progress)
+            deltas = _order_deltas(chosen, report, costs, order_costs, progress, seconds)
             report.order_delta_pct = {head_name(h): 100 * d for h, d in deltas.items()}
         heads[order] = order_heads(programs, order, which=kind, deltas=deltas, seed=seed)
     first, *rest = orders
@@ -262,7 +299,7 @@ def _sweep(handle: Any, programs: ProgramSet, kind: str, report: KindReport, ord
         for order in rest:
             for row, (_frac, _k, arms) in zip(rows, sweep_arms(items, heads[order], [r["fraction"] for r in rows],
                                                                seed)):
-                row[f"ppl_by_{order}"], row[f"delta_by_{order}"] = costs.measure(arms[""])
+                row.update({f"{name}_by_{order}": value for name, value in costs.measure(arms[""]).items()})
     for row in rows:
         costs_by = {ORDER_LABELS[first]: row["delta"], **{ORDER_LABELS[o]: row[f"delta_by_{o}"] for o in rest},
                     ORDER_LABELS["random"]: row["delta_random_order"]}
@@ -271,10 +308,14 @@ def _sweep(handle: Any, programs: ProgramSet, kind: str, report: KindReport, ord
     report.head_orders = {order: [head_name(h) for h in hs] for order, hs in heads.items()}
 
 
-def _spearman(per_head: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
-    """Spearman's rho between the heads' test IoU and their per-head ΔPPL, with a 95% bootstrap interval over heads
-    (surgery/evaluate.py ``spearman_ci``); None below 3 heads with an IoU."""
-    pairs = [(r["iou"], r["delta_pct"]) for r in per_head if r.get("iou") is not None]
+#: the fidelity measures per-head KL is ranked against (test split; synth/scored.py ``iou``/``jsd``)
+FIDELITY: tuple[str, ...] = ("iou", "jsd")
+
+
+def _spearman(per_head: list[dict[str, Any]], x: str, y: str, seed: int) -> dict[str, Any] | None:
+    """Spearman's rho between the per-head rows' ``x`` and ``y``, with a 95% bootstrap interval over heads
+    (surgery/evaluate.py ``spearman_ci``); None below 3 heads with both."""
+    pairs = [(r[x], r[y]) for r in per_head if r.get(x) is not None and r.get(y) is not None]
     if len(pairs) < 3:
         return None
     with warnings.catch_warnings():
@@ -287,46 +328,72 @@ def _spearman(per_head: list[dict[str, Any]], seed: int) -> dict[str, Any] | Non
     return {"rho": finite(rho), "ci95": [finite(low), finite(high)], "heads": len(pairs)}
 
 
-def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: _Costs, base_losses: Any, seed: int,
-                  per_head: bool, known: Mapping[Any, float] | None, progress: bool,
-                  seconds: dict[str, float]) -> KindReport:
-    """The headline (all heads of this kind swapped, with a bootstrap interval) and the per-head table."""
+def _headline(report: KindReport, costs: WindowCosts, seed: int) -> None:
+    """Fill the kind's headline: perplexity, ΔPPL, ΔNLL and KL with their intervals, tokens, the wide flags."""
+    s = summarize(costs, seed=seed)
+    report.hybrid_ppl = _ppl(costs)
+    report.hybrid_delta_pct = 100 * s.delta_ppl
+    report.hybrid_delta_ci95_pct = [100 * s.delta_ppl_ci95[0], 100 * s.delta_ppl_ci95[1]]
+    report.kl, report.kl_ci95 = s.kl, list(s.kl_ci95)
+    report.delta_nll, report.delta_nll_ci95 = s.delta_nll, list(s.delta_nll_ci95)
+    report.tokens, report.delta_wide, report.kl_wide = s.tokens, s.delta_wide, s.kl_wide
+
+
+def _cost_fields(s: CostSummary) -> dict[str, Any]:
+    """A per-head row's cost: ΔPPL (%) and KL with their intervals."""
+    return {"delta_pct": 100 * s.delta_ppl, "delta_ci95_pct": [100 * s.delta_ppl_ci95[0], 100 * s.delta_ppl_ci95[1]],
+            "kl": s.kl, "kl_ci95": list(s.kl_ci95)}
+
+
+def _per_head_rows(programs: ProgramSet, kind: str, costs: _Costs, known: Mapping[Any, float] | None, seed: int,
+                   progress: bool) -> list[dict[str, Any]]:
+    """Per head of the kind: its test IoU and JSD, and the cost of swapping it alone. A head in ``known`` (ΔPPL
+    already measured on these windows by explain's search tasks) keeps that ΔPPL unmeasured: no KL, no intervals."""
+    given = {parse_head(h): float(d) for h, d in (known or {}).items()}
+    rows = []
+    for head, program in tqdm(list(programs.programs(kind).items()), desc=f"per-head cost ({kind}s)",
+                              disable=not progress):
+        scored = _scored(programs, head, kind)
+        row = {"head": head_name(head), "program": _text(scored), "iou": scored.iou("test"),
+               "jsd": scored.jsd("test")}
+        if head in given:
+            row.update(delta_pct=100 * given[head], delta_ci95_pct=None, kl=None, kl_ci95=None)
+        else:
+            row.update(_cost_fields(summarize(costs.windows({head: program}), seed=seed)))
+        rows.append(row)
+    return rows
+
+
+def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: _Costs, seed: int, per_head: bool,
+                  known: Mapping[Any, float] | None, progress: bool, seconds: dict[str, float]) -> KindReport:
+    """The headline (all heads of this kind swapped, with bootstrap intervals) and the per-head table."""
     chosen = programs.programs(kind)
     report = KindReport(kind, len(chosen), [head_name(h) for h in programs.keys() if h not in chosen])
     if not chosen:
         return report
-    test = costs.sequences
     with _timed(seconds, "perplexity"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NEURAL_WARNING)  # the report names them
         with replace_heads(handle, programs, which=kind) as hybrid:  # checks the tokenizer's fingerprint
-            losses = window_losses(hybrid, test, progress=False)
-    delta, low, high = delta_ppl_interval(base_losses, losses, seed=seed)
-    report.hybrid_ppl = math.exp(losses[0].sum() / losses[1].sum())
-    report.hybrid_delta_pct, report.hybrid_delta_ci95_pct = 100 * delta, [100 * low, 100 * high]
-    costs.remember(chosen, report.hybrid_ppl, report.hybrid_ppl / costs.base_ppl - 1.0)  # type: ignore[operator]
+            _headline(report, costs.windows(chosen, hybrid), seed)  # type: ignore[arg-type]
     if per_head:
-        given = {parse_head(h): float(d) for h, d in (known or {}).items()}
-        missing = {h: p for h, p in chosen.items() if h not in given}
         with _timed(seconds, "per-head ΔPPL"):
-            measured = per_head_delta_ppl(handle, missing, test, base_ppl=costs.base_ppl,
-                                          progress=progress) if missing else {}
-        deltas = {h: given[h] if h in given else measured[h] for h in chosen}
-        report.per_head = [{"head": head_name(h), "program": _text(programs, h, kind),
-                            "iou": _iou(programs, h, kind), "delta_pct": 100 * d} for h, d in deltas.items()]
-        report.spearman = _spearman(report.per_head, seed)
+            report.per_head = _per_head_rows(programs, kind, costs, known, seed, progress)
+        report.spearman = _spearman(report.per_head, "iou", "delta_pct", seed)
+        by_kl = {m: _spearman(report.per_head, m, "kl", seed) for m in FIDELITY}
+        report.spearman_kl = {m: sp for m, sp in by_kl.items() if sp is not None} or None
     return report
 
 
-def _text(programs: ProgramSet, head: Any, kind: str) -> str:
+def _scored(programs: ProgramSet, head: Any, kind: str) -> ScoredProgram:
+    """The head's program of this kind with its scores (synth/scored.py)."""
+    entry = programs.entries[head]
+    return entry.replacement if kind == "replacement" else entry.explanation  # type: ignore[return-value]
+
+
+def _text(scored: ScoredProgram) -> str:
     """The program as rendered at selection time (token strings), cut to 60 characters."""
-    entry = programs.entries[head]
-    text = (entry.text or entry.program.text) if kind == "replacement" else entry.explanation.text  # type: ignore
+    text = scored.text or scored.program.text
     return text if len(text) <= 60 else text[:59] + "…"
-
-
-def _iou(programs: ProgramSet, head: Any, kind: str) -> float | None:
-    entry = programs.entries[head]
-    return entry.iou("test") if kind == "replacement" else entry.explanation.iou("test")  # type: ignore[union-attr]
 
 
 def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], test: list[Sequence],
@@ -337,7 +404,7 @@ def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], 
         raise InputError(f"{handle.name} has no language-model head, so there is no per-head ΔPPL to order a sweep "
                          "by: use order='iou' (on the command line, leave out --order)")
     report = EvalReport(handle.name, len(test), False, None, len(programs) if programs is not None else 0, seed=seed)
-    costs = _Costs(handle, test, None) if programs is not None else None
+    costs = _Costs(handle, test)
     for kind in kinds if programs is not None else ():
         chosen = programs.programs(kind)
         kr = KindReport(kind, len(chosen), [head_name(h) for h in programs.keys() if h not in chosen])
@@ -345,8 +412,7 @@ def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], 
             with _timed(report.seconds, "embedding distance"), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_NEURAL_WARNING)
                 with replace_heads(handle, programs, which=kind) as hybrid:
-                    kr.embedding_distance = embedding_distance(costs.base_embeddings, hybrid, test)
-            costs.remember(chosen, None, kr.embedding_distance)
+                    kr.embedding_distance = costs.windows(chosen, hybrid)  # type: ignore[assignment]
             if sweep:
                 order = order_heads(programs, "iou", which=kind, seed=seed)
                 with _timed(report.seconds, "sweep"):
@@ -369,12 +435,15 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
                       progress: bool = False) -> EvalReport:
     """Measure the base model and the hybrid with ``programs`` swapped in, for each kind ``which`` names.
 
+    Every swap is reported as ΔPPL and the mean per-token KL(base ‖ hybrid), with paired bootstrap intervals over
+    windows, the predicted tokens counted and a flag where an interval is wider than the effect (surgery/divergence.py).
     ``corpus``: a text file (read with ``max_len``/``max_sequences``), a ``Splits`` (its test windows are
     measured; the ΔPPL order is measured on its select windows, so the order is not fitted to the windows that
     judge it) or a list of Sequences (used for both). ``which``: "both" (default), "replacement" or
-    "explanation". ``per_head``: ΔPPL with one head swapped at a time, and Spearman(test IoU, ΔPPL) with a 95%
-    bootstrap interval over heads; ``known_per_head``: kind → head → ΔPPL already measured on these test windows
-    (explain's search tasks measure the replacements'), not measured again. ``sweep``: ``steps`` (fractions of the
+    "explanation". ``per_head``: ΔPPL and KL with one head swapped at a time, Spearman(test IoU, ΔPPL) and
+    Spearman(test IoU / test JSD, KL) with 95% bootstrap intervals over heads; ``known_per_head``: kind → head →
+    ΔPPL already measured on these test windows (explain's search tasks measure the replacements'), not measured
+    again (their KL is left missing). ``sweep``: ``steps`` (fractions of the
     kind's heads, default 0/10/25/50/100%) swapped in ``order`` ("iou": best test IoU first; "delta_ppl": cheapest
     per-head ΔPPL first; "both": side by side), beside a random order and random programs; each row names the
     cheaper order. Models without an LM head are measured by embedding distance (IoU order only). ``tasks``: lm-eval
@@ -393,11 +462,11 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
     if not handle.has_lm_head:
         return _headless(handle, programs, kinds, test, sweep, orders, steps, seed, progress)
     seconds: dict[str, float] = {}
+    costs = _Costs(handle, test)
     with _timed(seconds, "perplexity"):
-        base_losses = window_losses(handle, test, progress=False)
-    base = math.exp(base_losses[0].sum() / base_losses[1].sum())
-    report = EvalReport(handle.name, len(test), True, base, len(programs) if programs is not None else 0,
-                        tasks_limit=limit, seed=seed, seconds=seconds)
+        base = costs.windows({})  # the one base pass every swap on the test windows is compared with
+    report = EvalReport(handle.name, len(test), True, _ppl(base), len(programs) if programs is not None else 0,
+                        test_tokens=int(base.tokens.sum()), tasks_limit=limit, seed=seed, seconds=seconds)
     task_kw = dict(limit=limit, include_path=include_path, batch_size=batch_size, seed=seed)
     if programs is None:
         if tasks:
@@ -408,16 +477,16 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
         return report
     if sweep and "delta_ppl" in orders:
         report.order_on, report.order_sequences = order_on, len(order_seqs)
-    costs = _Costs(handle, test, base)
+    order_costs = costs if order_seqs is test else _Costs(handle, order_seqs)
     base_tasks = None  # lm-eval's run of the base, once, which every kind's hybrid is compared with
     for kind in kinds:
-        kr = _measure_kind(handle, programs, kind, costs, base_losses, seed, per_head,
-                           (known_per_head or {}).get(kind), progress, seconds)
+        kr = _measure_kind(handle, programs, kind, costs, seed, per_head, (known_per_head or {}).get(kind), progress,
+                           seconds)
         report.kinds[kind] = kr
         if not kr.heads:
             continue
         if sweep:
-            _sweep(handle, programs, kind, kr, orders, costs, order_seqs, steps, seed, progress, seconds)
+            _sweep(programs, kind, kr, orders, costs, order_costs, steps, seed, progress, seconds)
         if tasks:
             with _timed(seconds, "tasks"):
                 if base_tasks is None:

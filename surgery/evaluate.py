@@ -1,5 +1,6 @@
 """What a swap costs: perplexity (token-weighted; pseudo-perplexity for masked LMs), per-head ΔPPL,
-replacement sweeps with random baselines, and Spearman(IoU, ΔPPL) with a bootstrap interval.
+replacement sweeps with random baselines, and Spearman(IoU, ΔPPL) with a bootstrap interval. KL(base ‖ hybrid)
+beside ΔPPL, with paired bootstrap intervals over windows, is surgery/divergence.py (what eval reports).
 
 Headless encoders (no LM head, surgery/headless.py) are measured by ``embedding_distance`` instead
 (surgery/embedding.py): the cosine distance between base and hybrid mean-pooled final hidden states."""
@@ -22,9 +23,9 @@ from .loading import ModelHandle, load_model
 from .replace import HybridModel, head_name, parse_head, replace_heads
 
 
-__all__ = ["EvaluationError", "check_batch_size", "perplexity", "window_losses", "delta_ppl_interval",
-           "per_head_delta_ppl", "replacement_sweep", "sweep_heads", "sweep_arms", "draw_sweep", "save_figure",
-           "plot_sweep", "spearman_ci", "embedding_distance", "sentence_embeddings", "EMBEDDING_METRIC"]
+__all__ = ["EvaluationError", "check_batch_size", "perplexity", "window_losses", "per_head_delta_ppl",
+           "replacement_sweep", "sweep_heads", "sweep_arms", "draw_sweep", "save_figure", "plot_sweep", "spearman_ci",
+           "embedding_distance", "sentence_embeddings", "EMBEDDING_METRIC"]
 
 
 def _handle_and_call(model: Any) -> tuple[ModelHandle, Any]:
@@ -49,21 +50,6 @@ def perplexity(model: Any, sequences: list[Sequence], batch_size: int = 16, prog
     if count.sum() == 0:
         raise EvaluationError("no predicted tokens: every sequence has a single token; use longer windows")
     return math.exp(float(nll.sum()) / float(count.sum()))
-
-
-def delta_ppl_interval(base: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],
-                       n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
-    """Relative perplexity change other/base − 1 and its paired bootstrap interval over windows."""
-    (nll_a, count_a), (nll_b, count_b) = base, other
-    if len(nll_a) != len(nll_b):
-        raise EvaluationError("the two runs must score the same windows (paired bootstrap)")
-    point = math.exp(nll_b.sum() / count_b.sum() - nll_a.sum() / count_a.sum()) - 1
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(nll_a), size=(n_boot, len(nll_a)))
-    a = nll_a[idx].sum(1) / np.maximum(count_a[idx].sum(1), 1)
-    b = nll_b[idx].sum(1) / np.maximum(count_b[idx].sum(1), 1)
-    lo, hi = np.quantile(np.exp(b - a) - 1, [(1 - level) / 2, (1 + level) / 2])
-    return point, float(lo), float(hi)
 
 
 @torch.no_grad()

@@ -123,9 +123,11 @@ def mean_patterns(handle: ModelHandle, reference: list[Sequence], heads: Seq[Hea
     return {h: MeanPatterns.from_mean((t / np.maximum(count, 1)).astype(np.float32)) for h, t in total.items()}
 
 
-def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[Any] | None,
-             trust_programs: Any) -> tuple[dict[HeadKey, dict[str, Any]], dict[HeadKey, dict[str, str]]]:
-    """head → kind → program, for the heads asked (default: every head of the set), and their texts."""
+def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[Any] | None, trust_programs: Any,
+             extra: Mapping[Any, Mapping[str, Any]] | None) -> tuple[dict[HeadKey, dict[str, Any]],
+                                                                     dict[HeadKey, dict[str, str]]]:
+    """head → variant → program for the heads asked (default: every head of the set), ``extra`` candidates
+    included, and their texts."""
     if isinstance(programs, ProgramSet):
         programs = programs.trusted(trust_programs)
         by_kind = {k: programs.programs(k) for k in kinds}
@@ -144,6 +146,15 @@ def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[Any] | None,
             if wanted is None or h in wanted:
                 out.setdefault(h, {})[kind] = p
                 texts.setdefault(h, {})[kind] = str(getattr(p, "text", p))
+    for head, labelled in (extra or {}).items():
+        h = parse_head(head)
+        for label, p in labelled.items():
+            if label in VARIANTS:
+                raise InputError(f"extra candidate label {label!r} for {head_name(h)} is taken by a variant "
+                                 f"({', '.join(VARIANTS)}); name it e.g. 'refit' or 'frontier:60'")
+            if wanted is None or h in wanted:
+                out.setdefault(h, {})[label] = p
+                texts.setdefault(h, {})[label] = str(getattr(p, "text", p))
     if wanted is not None:
         missing = sorted(wanted - set(out))
         if missing:
@@ -342,10 +353,12 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
                which: Seq[str] = ("explanation",), ablation: bool = True, heads: Seq[Any] | None = None,
                reference: list[Sequence] | None = None, batch_size: int = 8, max_bytes: int = 256 << 20,
                seed: int = 0, progress: bool = True, trust_programs: Any = False,
-               path: str | Path | None = None) -> HeadCosts:
+               path: str | Path | None = None,
+               extra: Mapping[Any, Mapping[str, Any]] | None = None) -> HeadCosts:
     """Swap one head at a time for each kind of program in ``which`` (and, with ``ablation``, its mean pattern over
     ``reference``, default ``windows``) and measure KL(base ‖ swapped) and ΔNLL on ``windows`` (the select split:
-    never the windows that judge the result). ``heads`` limits the heads measured. ``max_bytes`` bounds one forward's
+    never the windows that judge the result). ``heads`` limits the heads measured; ``extra`` (head → label → program)
+    adds candidates measured the same way under their labels (a head's frontier points, refitted programs). ``max_bytes`` bounds one forward's
     logits. With ``path``, progress is written there after each batch of windows and a rerun goes on from it (the
     file is bound to the model, windows and programs). Returns a :class:`HeadCosts` (``.summary(head, variant)``,
     ``.ratio(head, kind)``, ``.order(kind)``)."""
@@ -359,7 +372,7 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
         raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     handle = load_model(model)
     require_lm_head(handle)
-    chosen, texts = _sources(programs, kinds, heads, trust_programs)
+    chosen, texts = _sources(programs, kinds, heads, trust_programs, extra)
     for h in chosen:
         try:
             handle.check_head(*h)

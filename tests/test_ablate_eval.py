@@ -1,6 +1,8 @@
-"""Ablations (zero / mean / mean_output / uniform / resample / program), perplexity, ΔPPL, sweeps, Spearman."""
+"""Ablations (zero / mean / mean_output / uniform / resample / program), perplexity, ΔPPL, sweeps, Spearman; the
+ablate command's ΔPPL and KL against the base with their intervals (surgery/cli.py, surgery/divergence.py)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -153,3 +155,40 @@ def test_spearman_with_bootstrap_interval():
     assert rho < -0.9 and lo <= rho <= hi and hi < 0
     rho, lo, hi = spearman_ci(x, rng.normal(size=40), n_boot=300)
     assert lo < 0 < hi
+
+
+def test_the_ablate_command_reports_delta_ppl_and_kl_against_the_base_with_intervals(capsys):
+    import headsurgeon as hs
+    from headsurgeon.cli import main
+    from headsurgeon.surgery.divergence import BaseDistributions, summarize, window_costs
+
+    corpus = str(hs.demo_corpus_path())
+    argv = ["ablate", "tiny-stories", corpus, "--max-sequences", "40", "--max-len", "32", "--heads", "L0H1",
+            "L1H2", "--kind", "zero", "--each"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    handle = hs.load_model("tiny-stories")
+    test = hs.load_corpus(handle, corpus, max_len=32, max_sequences=40).test  # the command's own test windows
+    assert doc["test_sequences"] == len(test) and doc["test_tokens"] == sum(s.n - 1 for s in test)
+    base_row, *rows = doc["rows"]
+    base_ppl = perplexity(handle, test, progress=False)
+    assert base_row["ppl"] == pytest.approx(base_ppl, rel=1e-12) and base_row["kl"] == base_row["delta_pct"] == 0.0
+    dists = BaseDistributions(handle, test)
+    for row, head in zip(rows, ("L0H1", "L1H2")):
+        with ablate(handle, [head], "zero") as hybrid:
+            ppl = perplexity(hybrid, test, progress=False)  # the perplexity the command printed before KL joined it
+            want = summarize(window_costs(dists, hybrid, hybrid.register_sequences))
+        assert row["heads"] == head and row["ppl"] == pytest.approx(ppl, rel=1e-12)
+        assert row["delta_pct"] == pytest.approx(100 * (ppl / base_ppl - 1), rel=1e-9)
+        assert (row["kl"], row["kl_ci95"], row["delta_wide"], row["kl_wide"]) == (want.kl, list(want.kl_ci95),
+                                                                                  want.delta_wide, want.kl_wide)
+        assert row["kl_ci95"][0] <= row["kl"] <= row["kl_ci95"][1] and row["kl"] > 0
+        assert row["delta_ci95_pct"][0] <= row["delta_pct"] <= row["delta_ci95_pct"][1]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"({doc['test_tokens']} predicted tokens)" in text and "KL(base ‖ ablated)" in text
+    assert "95% interval" in text and f"{rows[0]['kl']:.4g}" in text
+    assert rows[0]["delta_wide"] and not rows[0]["kl_wide"]  # L0H1 costs little: ΔPPL's interval reaches 0, KL's not
+    for row in rows:  # the rows whose interval is wider than the effect say so, and only those
+        said = f"{row['heads']}: ΔPPL interval wider than the effect: more test windows needed" in text
+        assert said == (row["delta_wide"] and not row["kl_wide"])

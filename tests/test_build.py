@@ -35,12 +35,16 @@ def splits(handle):
 
 @pytest.fixture(scope="module")
 def programs(handle) -> ProgramSet:
-    """Every head: a mixture as replacement and a one-primitive explanation with a made-up select IoU."""
+    """Every head: a mixture as replacement, a one-primitive explanation with a made-up select IoU, and a frontier
+    point of 60 characters holding another readable program."""
     ps = ProgramSet(model=handle.name)
     for k, (layer, head) in enumerate(handle.heads):
+        explanation = ScoredProgram.of(Program.parse(EXPLANATIONS[k % len(EXPLANATIONS)]), "hand",
+                                       {"select": {"iou": (k * 37 % 100) / 100}}, budget=200)
+        other = ScoredProgram.of(Program.parse(EXPLANATIONS[(k + 3) % len(EXPLANATIONS)]), "hand",
+                                 {"select": {"iou": 0.1}}, budget=60)
         ps.add((layer, head), Program.parse("0.5*prev(1) + 0.5*first()"), "hand", {"select": {"iou": 0.5}},
-               explanation=ScoredProgram.of(Program.parse(EXPLANATIONS[k % len(EXPLANATIONS)]), "hand",
-                                            {"select": {"iou": (k * 37 % 100) / 100}}, budget=200))
+               explanation=explanation, frontier=[other, explanation])
     return ps
 
 
@@ -134,6 +138,19 @@ def test_extra_checkpoint_files_must_be_plain_new_names(handle, tmp_path):
         for bad in ("manifest.json", "../build.json", "programs", ".hidden"):
             with pytest.raises(hs.hub.checkpoint.CheckpointError, match="plain file name"):
                 hs.save_hybrid(hybrid, tmp_path / "h", extra_files={bad: b"{}"})
+
+
+def test_each_head_gets_its_cheapest_readable_candidate(built, programs):
+    """Build measures the frontier point beside the explanation and swaps in whichever costs less (single-swap KL)."""
+    result, out = built
+    heads = result.costs["heads"]
+    for name in result.heads:
+        label = result.costs["chosen"][name]
+        kls = {v: heads[name][v]["kl"] for v in ("explanation", "frontier:60")}
+        assert label == min(kls, key=kls.get)
+        swapped = hs.load_hybrid(out).replaced[parse_head(name)]
+        assert swapped.text == heads[name]["programs"][label]
+    assert len({result.costs["chosen"][h] for h in result.heads}) == 2, "the embedded model prefers either somewhere"
 
 
 def test_budget_build_stays_under_budget(handle, programs):

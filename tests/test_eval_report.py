@@ -1,16 +1,20 @@
-"""``hs.evaluate_programs`` (surgery/eval_report.py): both kinds of program measured side by side, the ΔPPL
-sweep order (surgery/sweep_order.py), the report as text, JSON and a plot, on the embedded model (seconds)."""
+"""``hs.evaluate_programs`` (surgery/eval_report.py): both kinds of program measured side by side, KL(base ‖ hybrid)
+beside ΔPPL in every measurement (surgery/divergence.py), the ΔPPL sweep order (surgery/sweep_order.py), the report
+as text, JSON, HTML and a plot, on the embedded model (seconds)."""
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 import headsurgeon as hs
 from headsurgeon.kernels.core import InputError
 from headsurgeon.surgery.eval_report import EvalReport, evaluate_programs
-from headsurgeon.surgery.evaluate import per_head_delta_ppl
-from headsurgeon.surgery.replace import head_name
+from headsurgeon.surgery.divergence import BaseDistributions, summarize, window_costs
+from headsurgeon.surgery.evaluate import per_head_delta_ppl, window_losses
+from headsurgeon.surgery.replace import head_name, replace_heads
 from headsurgeon.surgery.sweep_order import cheapest, order_heads
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
@@ -21,10 +25,10 @@ def program_set() -> ProgramSet:
     """Three heads; two have a readable explanation different from their replacement, L1H2 has none."""
     ps = ProgramSet(model="tiny-stories")
     fitted = Program.parse("0.9*prev(1) + 0.1*uniform()")
-    ps.add((0, 1), fitted, "hand", {"test": {"iou": 0.6}},
+    ps.add((0, 1), fitted, "hand", {"test": {"iou": 0.6, "jsd": 0.3}},
            explanation=ScoredProgram.of(Program.parse("first()"), "hand", {"test": {"iou": 0.5}}, budget=200))
-    ps.add((1, 2), fitted, "hand", {"test": {"iou": 0.4}})
-    ps.add((2, 0), Program.parse("prev(1)"), "hand", {"test": {"iou": 0.9}},
+    ps.add((1, 2), fitted, "hand", {"test": {"iou": 0.4, "jsd": 0.5}})
+    ps.add((2, 0), Program.parse("prev(1)"), "hand", {"test": {"iou": 0.9, "jsd": 0.1}},
            explanation=ScoredProgram.of(Program.parse("self()"), "hand", {"test": {"iou": 0.3}}, budget=200))
     return ps
 
@@ -157,3 +161,113 @@ def test_downstream_tasks_run_for_each_kind(handle, splits):
     text = report.format()
     assert "per task, seed 0; se = lm-eval's standard error), replacements (3 heads):" in text
     assert "per task, seed 0; se = lm-eval's standard error), explanations (2 heads):" in text
+
+
+def old_delta_ppl(base: tuple, other: tuple, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The report's ΔPPL before KL joined it: window_losses' sums, the bootstrap taken over exp(ΔNLL) − 1."""
+    (nll_a, count_a), (nll_b, count_b) = base, other
+    point = math.exp(nll_b.sum() / count_b.sum() - nll_a.sum() / count_a.sum()) - 1
+    idx = np.random.default_rng(seed).integers(0, len(nll_a), size=(n_boot, len(nll_a)))
+    a = nll_a[idx].sum(1) / np.maximum(count_a[idx].sum(1), 1)
+    b = nll_b[idx].sum(1) / np.maximum(count_b[idx].sum(1), 1)
+    low, high = np.quantile(np.exp(b - a) - 1, [0.025, 0.975])
+    return point, float(low), float(high)
+
+
+@pytest.mark.filterwarnings("ignore:.*keep their neural attention")
+def test_delta_ppl_is_unchanged_and_kl_is_divergence_on_the_same_windows(report, handle, splits):
+    base = window_losses(handle, splits.test, progress=False)
+    assert report.ppl == pytest.approx(math.exp(base[0].sum() / base[1].sum()), rel=1e-12)
+    assert report.test_tokens == base[1].sum() == sum(s.n - 1 for s in splits.test)
+    dists = BaseDistributions(handle, splits.test)
+    for kind, kr in report.kinds.items():
+        with replace_heads(handle, program_set(), which=kind) as hybrid:
+            other = window_losses(hybrid, splits.test, progress=False)
+            direct = summarize(window_costs(dists, hybrid, hybrid.register_sequences))
+        delta, low, high = old_delta_ppl(base, other)
+        assert kr.hybrid_ppl == pytest.approx(math.exp(other[0].sum() / other[1].sum()), rel=1e-12)
+        assert kr.hybrid_delta_pct == pytest.approx(100 * delta, rel=1e-9)
+        # the interval's ends: expm1 of the ΔNLL quantile, where the old code took the quantile of exp − 1
+        assert kr.hybrid_delta_ci95_pct == pytest.approx([100 * low, 100 * high], abs=1e-4)
+        assert (kr.kl, kr.kl_ci95, kr.delta_nll, kr.tokens) == (direct.kl, list(direct.kl_ci95), direct.delta_nll,
+                                                                 direct.tokens)
+        measured = per_head_delta_ppl(handle, program_set().programs(kind), splits.test, progress=False)
+        assert {r["head"]: r["delta_pct"] for r in kr.per_head} == pytest.approx(
+            {head_name(h): 100 * d for h, d in measured.items()}, rel=1e-9)
+
+
+def test_every_measurement_carries_kl_beside_delta_ppl(report):
+    from scipy.stats import spearmanr
+
+    for kr in report.kinds.values():
+        assert kr.tokens == report.test_tokens > 0 and 0 < kr.kl_ci95[0] <= kr.kl <= kr.kl_ci95[1]
+        assert kr.hybrid_delta_pct == pytest.approx(100 * math.expm1(kr.delta_nll), rel=1e-12)
+        assert kr.delta_nll_ci95[0] <= kr.delta_nll <= kr.delta_nll_ci95[1]
+        assert not kr.delta_wide and not kr.kl_wide  # a large effect on 8 windows: the intervals are narrower
+        for row in kr.sweep:
+            assert all(row["kl" + arm] >= 0 for arm in ("", "_random_order", "_random_program", "_by_delta_ppl"))
+        assert kr.sweep[0]["kl"] == 0.0 and kr.sweep[-1]["kl"] == kr.kl  # no head swapped; every head: the headline
+        per_head = {r["head"]: r for r in kr.per_head}
+        for row in (r for r in kr.sweep if r["n_heads"] == 1):  # a one-head step is that head's per-head swap
+            assert row["kl"] == per_head[kr.head_orders["iou"][0]]["kl"]
+        for r in kr.per_head:
+            assert r["kl_ci95"][0] <= r["kl"] <= r["kl_ci95"][1] and r["kl"] > 0
+            assert r["delta_ci95_pct"][0] <= r["delta_pct"] <= r["delta_ci95_pct"][1]
+    rep = report.kinds["replacement"]
+    assert set(rep.spearman_kl) == {"iou", "jsd"} and {sp["heads"] for sp in rep.spearman_kl.values()} == {3}
+    for measure in ("iou", "jsd"):
+        want = spearmanr([r[measure] for r in rep.per_head], [r["kl"] for r in rep.per_head]).statistic
+        assert rep.spearman_kl[measure]["rho"] == pytest.approx(want)
+    assert report.kinds["explanation"].spearman_kl is None  # two heads with an explanation: too few to rank
+
+
+def test_json_and_text_carry_kl_its_interval_and_the_tokens(report):
+    doc = json.loads(json.dumps(report.to_json()))
+    rep = doc["kinds"]["replacement"]
+    for key in ("kl", "kl_ci95", "delta_nll", "delta_nll_ci95", "tokens", "delta_wide", "kl_wide", "spearman_kl"):
+        assert doc[key] == rep[key]  # the top level repeats the headline kind's
+    assert doc["test_tokens"] == report.test_tokens and rep["delta_wide"] is False
+    assert {"kl", "kl_random_order", "kl_random_program", "kl_by_delta_ppl"} <= set(rep["sweep"][-1])
+    assert {"iou", "jsd", "delta_pct", "delta_ci95_pct", "kl", "kl_ci95"} <= set(rep["per_head"][0])
+    kr, text = report.kinds["replacement"], report.format()
+    assert (f"KL(base ‖ hybrid) {kr.kl:.4g} nats/token ({kr.kl_ci95[0]:.4g} .. {kr.kl_ci95[1]:.4g}) over "
+            f"{report.test_tokens} predicted test tokens") in text
+    assert f"on {report.test_sequences} test windows ({report.test_tokens} predicted tokens)" in text
+    assert "KL (IoU order)" in text and "KL (ΔPPL order)" in text and "repl. KL" in text and "expl. KL" in text
+    assert "Spearman(IoU, KL), replacements: rho" in text and "Spearman(JSD, KL), replacements: rho" in text
+    assert "wider than the effect" not in text
+
+
+def test_the_html_cost_section_shows_kl_beside_delta_ppl(report):
+    from headsurgeon.report.cost import cost_html
+
+    page = cost_html(report)
+    kr = report.kinds["replacement"]
+    assert "KL(base ‖ hybrid), nats/token" in page and f"<td class='num'>{kr.kl:.3g}</td>" in page
+    assert f"<td class='num'>{kr.kl_ci95[0]:.3g} … {kr.kl_ci95[1]:.3g}</td>" in page
+    assert f"({report.test_tokens} predicted tokens)" in page
+    assert "KL · IoU order" in page and "KL · random programs" in page and "replacements KL" in page
+    assert "Spearman(IoU, KL), replacements" in page and "Spearman(JSD, KL), replacements" in page
+    assert "class='wide'" not in page
+
+
+def test_a_one_window_measurement_says_more_test_windows_are_needed(handle, splits):
+    from headsurgeon.report.cost import cost_html
+
+    report = evaluate_programs(handle, splits.test[:1], program_set(), which="replacement")
+    kr = report.kinds["replacement"]
+    assert kr.delta_wide and kr.kl_wide and report.test_tokens == kr.tokens == splits.test[0].n - 1
+    assert report.to_json()["kl_wide"] is True
+    note = "ΔPPL and KL intervals wider than the effect: more test windows needed"
+    assert note in report.format() and f"<p class='wide'>replacements: {note}.</p>" in cost_html(report)
+
+
+def test_known_per_head_delta_ppl_is_kept_unmeasured_and_its_kl_left_missing(handle, splits):
+    report = evaluate_programs(handle, splits, program_set(), which="replacement", per_head=True,
+                               known_per_head={"replacement": {"L0H1": 0.5}})
+    rows = {r["head"]: r for r in report.kinds["replacement"].per_head}
+    assert rows["L0H1"]["delta_pct"] == 50.0 and rows["L0H1"]["kl"] is None and rows["L0H1"]["kl_ci95"] is None
+    assert rows["L2H0"]["kl"] > 0 and rows["L1H2"]["kl"] > 0
+    assert report.kinds["replacement"].spearman_kl is None  # two heads with a KL: too few to rank
+    line = next(x for x in report.format().splitlines() if x.startswith("L0H1"))
+    assert "+50.00" in line and " - " in line
