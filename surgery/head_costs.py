@@ -241,48 +241,64 @@ def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[s: s + size]
 
 
+_ARRAYS = ("kl", "nll_base", "nll_other", "tokens")
+
+
+def _job_key(head: HeadKey, variant: str, source: Any) -> str:
+    """A swap's identity in the progress file: head, label, and the program's hash (the label alone for ablations)."""
+    program = getattr(source, "program", None)
+    return f"{head_name(head)}:{variant}:{getattr(program, 'hash', variant)}"
+
+
 class _Progress:
-    """The costs measured so far and the batches done, written atomically after each batch when given a path."""
+    """Each swap's per-window sums and the batches it has done, written atomically after each batch when given a
+    path. Swaps of other runs on the same model and windows are kept, so a run that adds candidates measures only
+    those."""
 
     def __init__(self, path: Any, fingerprint: str, jobs: dict[HeadKey, dict[str, Any]], n: int) -> None:
         self.path, self.fingerprint = path, fingerprint
+        self.keys = {(h, v): _job_key(h, v, src) for h, vs in jobs.items() for v, src in vs.items()}
         self.costs = {h: {v: WindowCosts.zeros(n) for v in vs} for h, vs in jobs.items()}
-        self.done: set[int] = set()
+        self.done: dict[tuple[HeadKey, str], set[int]] = {k: set() for k in self.keys}
+        self.kept: dict[str, Any] = {}
         if path is not None and Path(path).exists():
             self._resume(read_versioned(path, COSTS_FILE, _COSTS_LIMIT))
 
     def _resume(self, doc: dict[str, Any]) -> None:
         if doc.get("fingerprint") != self.fingerprint:
-            warnings.warn(f"{self.path} holds costs of other heads, programs, windows or another model; measuring "
-                          "again and replacing it")
+            warnings.warn(f"{self.path} holds costs for other windows or another model; measuring again and "
+                          "replacing it")
             return
-        for name, variants in doc.get("costs", {}).items():
-            for v, arrays in variants.items():
-                c = self.costs[parse_head(name)][v]
-                for key in ("kl", "nll_base", "nll_other", "tokens"):
-                    getattr(c, key)[:] = np.asarray(arrays[key], dtype=getattr(c, key).dtype)
-        self.done = {int(b) for b in doc.get("done", [])}
+        self.kept = dict(doc.get("swaps", {}))
+        for (h, v), key in self.keys.items():
+            record = self.kept.get(key)
+            if not isinstance(record, dict):
+                continue
+            c = self.costs[h][v]
+            for name in _ARRAYS:
+                getattr(c, name)[:] = np.asarray(record[name], dtype=getattr(c, name).dtype)
+            self.done[(h, v)] = {int(b) for b in record.get("done", [])}
 
-    def save(self, complete: bool = False) -> None:
+    def todo(self, number: int) -> set[tuple[HeadKey, str]]:
+        """The swaps that have not yet measured batch ``number``."""
+        return {job for job, done in self.done.items() if number not in done}
+
+    def save(self) -> None:
         if self.path is None:
             return
-        body = {"fingerprint": self.fingerprint, "done": sorted(self.done), "complete": complete,
-                "costs": {head_name(h): {v: {k: getattr(c, k).tolist() for k in ("kl", "nll_base", "nll_other",
-                                                                                  "tokens")}
-                                         for v, c in vs.items()} for h, vs in self.costs.items()}}
-        write_versioned(self.path, COSTS_FILE, body)
+        for (h, v), key in self.keys.items():
+            c = self.costs[h][v]
+            self.kept[key] = {"done": sorted(self.done[(h, v)]), **{k: getattr(c, k).tolist() for k in _ARRAYS}}
+        write_versioned(self.path, COSTS_FILE, {"fingerprint": self.fingerprint, "swaps": self.kept})
 
 
-def _fingerprint(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: list[Sequence],
-                 reference: list[Sequence] | None) -> str:
-    """What the costs depend on: the model, the windows' ids, each swap's program (or the ablation's reference)."""
-    parts = [handle.name, str(handle.n_layers), str(handle.n_heads)]
+def _fingerprint(handle: ModelHandle, windows: list[Sequence], reference: list[Sequence] | None,
+                 batch_size: int) -> str:
+    """What every swap's numbers depend on beside its program: the model, the windows, their batching, and the mean
+    ablation's reference windows."""
+    parts = [handle.name, str(handle.n_layers), str(handle.n_heads), str(batch_size)]
     parts += [sha256_bytes(np.asarray(s.ids, dtype="<i8").tobytes()) for s in windows]
     parts += ["ref:" + sha256_bytes(np.asarray(s.ids, dtype="<i8").tobytes()) for s in reference or []]
-    for h in sorted(jobs):
-        for v, source in sorted(jobs[h].items()):
-            program = getattr(source, "program", None)
-            parts.append(f"{head_name(h)}:{v}:{getattr(program, 'hash', v)}")
     return sha256_bytes("\n".join(parts).encode())
 
 
@@ -303,8 +319,9 @@ def _resumed(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for number, batch_idx in enumerate(batches):
-            if number in state.done:
-                bar.update(per_window * len(batch_idx))
+            todo = state.todo(number)
+            bar.update((per_window - len(todo)) * len(batch_idx))
+            if not todo:
                 continue
             seqs = [windows[i] for i in batch_idx]
             ids, _ = padded_batch(seqs)
@@ -313,12 +330,14 @@ def _resumed(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: 
             base_logp = torch.log_softmax(logits[:, :-1].float().cpu(), dim=-1)
             targets = ids[:, 1:].cpu()
             valid = torch.ones_like(targets, dtype=torch.bool)
-            for layer in layers:
+            for layer in sorted({h[0] for h, _ in todo}):
                 if runner.resume and not runner.checked:
                     runner.check(layer, ids, resid[layer], logits)
                 edits = []
                 for h in (h for h in jobs if h[0] == layer):
                     for variant, source in jobs[h].items():
+                        if (h, variant) not in todo:
+                            continue
                         pats = torch.from_numpy(source.patterns(seqs, handle.causal))
                         edits += [(b, h, variant, pats[b]) for b in range(len(seqs))]
                 for chunk in _chunks(edits, rows_cap):
@@ -331,7 +350,8 @@ def _resumed(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: 
                         c.kl[w], c.nll_base[w], c.nll_other[w], c.tokens[w] = (float(kl[r]), float(nb[r]),
                                                                              float(no[r]), int(cnt[r]))
                     bar.update(len(chunk))
-            state.done.add(number)
+            for job in todo:
+                state.done[job].add(number)
             state.save()
     bar.close()
     return out, runner.resume
@@ -384,10 +404,9 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
         for h, mean in mean_patterns(handle, reference or windows, sorted(jobs)).items():
             jobs[h]["mean"] = mean
     if pattern_edits_take_effect(handle) and handle.causal:
-        state = _Progress(path, _fingerprint(handle, jobs, windows, reference or windows if ablation else None),
-                          jobs, len(windows))
+        state = _Progress(path, _fingerprint(handle, windows, reference or windows if ablation else None,
+                                             batch_size), jobs, len(windows))
         costs, resumed = _resumed(handle, jobs, windows, batch_size, max_bytes, progress, state)
-        state.save(complete=True)
     else:
         costs, resumed = _whole(handle, jobs, windows, batch_size, progress), False
     tokens = int(sum(max(s.n - 1, 0) for s in windows))

@@ -170,17 +170,18 @@ def test_build_needs_exactly_one_target(handle, programs):
 
 
 def test_head_costs_progress_file_resumes_and_rebinds(handle, splits, programs, tmp_path):
-    """Batches recorded as done are taken from the file, the rest measured; a file for other heads is replaced."""
+    """Batches a swap recorded as done are taken from the file, the rest measured; new swaps join the file; a file of
+    other windows is replaced."""
     path = tmp_path / "costs.json"
     heads = ["L1H2", "L2H0"]
     first = head_costs(handle, programs, splits.select, heads=heads, batch_size=4, reference=splits.synth,
                        progress=False, path=path)
     doc = json.loads(path.read_text())
-    assert doc["format"] == "headsurgeon.head_costs" and doc["complete"] and len(doc["done"]) > 1
-    doc["done"] = [0]
-    for variants in doc["costs"].values():
-        for arrays in variants.values():
-            arrays["kl"] = [-1.0] * len(arrays["kl"])
+    assert doc["format"] == "headsurgeon.head_costs" and len(doc["swaps"]) == 4  # 2 heads × (explanation, mean)
+    assert all(len(r["done"]) > 1 for r in doc["swaps"].values())
+    for record in doc["swaps"].values():
+        record["done"] = [0]
+        record["kl"] = [-1.0] * len(record["kl"])
     path.write_text(json.dumps(doc))
     again = head_costs(handle, programs, splits.select, heads=heads, batch_size=4, reference=splits.synth,
                        progress=False, path=path)
@@ -191,6 +192,10 @@ def test_head_costs_progress_file_resumes_and_rebinds(handle, splits, programs, 
             # batch 0 (the shortest windows, at most 4) came from the file; every other window was measured
             assert 1 <= from_file.sum() <= 4 and from_file.sum() < len(got)
             np.testing.assert_allclose(got[~from_file], c.kl[~from_file], rtol=1e-6)
-    with pytest.warns(UserWarning, match="other heads"):
-        other = head_costs(handle, programs, splits.select, heads=["L0H0"], batch_size=4, progress=False, path=path)
-    assert list(json.loads(path.read_text())["costs"]) == ["L0H0"] and other.kl("L0H0", "explanation") > 0
+    more = head_costs(handle, programs, splits.select, heads=["L0H0"], batch_size=4, reference=splits.synth,
+                      progress=False, path=path)
+    assert len(json.loads(path.read_text())["swaps"]) == 6 and more.kl("L0H0", "explanation") > 0
+    with pytest.warns(UserWarning, match="other windows"):
+        head_costs(handle, programs, splits.test, heads=["L0H0"], batch_size=4, reference=splits.synth,
+                   progress=False, path=path)
+    assert len(json.loads(path.read_text())["swaps"]) == 2
