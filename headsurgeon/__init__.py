@@ -29,6 +29,7 @@ _EXPORTS = {
     "order_heads": "headsurgeon.surgery.sweep_order",
     "head_costs": "headsurgeon.surgery.head_costs", "HeadCosts": "headsurgeon.surgery.head_costs",
     "heal": "headsurgeon.surgery.heal", "HealReport": "headsurgeon.surgery.heal",
+    "refit_mixtures": "headsurgeon.surgery.refit", "RefitResult": "headsurgeon.surgery.refit",
     "build_hybrid": "headsurgeon.build", "BuildResult": "headsurgeon.build",
     # synth: programs
     "Sequence": "headsurgeon.synth.sequence", "Program": "headsurgeon.synth.program",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time
     from .surgery.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
     from .surgery.head_costs import HeadCosts, head_costs
     from .surgery.heal import HealReport, heal
+    from .surgery.refit import RefitResult, refit_mixtures
     from .surgery.loading import ModelHandle, ModelLoadError, load_model
     from .surgery.replace import HybridModel, ProgramHead, replace_heads
     from .surgery.score import score

@@ -174,6 +174,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     from .surgery.divergence import BaseDistributions, summarize, window_costs
     from .surgery.head_costs import head_costs
     from .surgery.replace import head_name, replace_heads
+    from .synth.vocab import Vocabulary
 
     cfg = BuildConfig.resolve(config, shortcuts)
     if (cfg.fraction is None) == (cfg.budget_ppl is None):
@@ -188,14 +189,20 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     seconds["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
+    vocab = Vocabulary.from_tokenizer(handle.tokenizer) if handle.tokenizer is not None else None
     extra = _candidates(programs, cfg.which)
+    refits = _refits(handle, programs, cfg, splits.synth, vocab)
+    for h, program in refits.items():
+        extra.setdefault(h, {})["refit"] = program
+    seconds["refit"] = time.perf_counter() - t
+    t = time.perf_counter()
     costs = head_costs(handle, programs, splits.select, which=(cfg.which,), reference=splits.synth,
                        progress=cfg.progress, path=cfg.costs, extra=extra)
     choice = {h: min([cfg.which, *extra.get(h, {})], key=lambda label: (costs.kl(h, label), label))
               for h in costs.order(cfg.which)}
     single = {h: costs.kl(h, label) or 0.0 for h, label in choice.items()}
     order = sorted(single, key=lambda h: (single[h], h))
-    chosen_set = _chosen_set(programs, cfg.which, choice, extra)
+    chosen_set = _chosen_set(programs, cfg.which, choice, extra, vocab)
     swap_of = chosen_set.programs(cfg.which)
     seconds["head costs"] = time.perf_counter() - t
 
@@ -284,15 +291,33 @@ def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:
     return out
 
 
-def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[Any, dict[str, Any]]) -> Any:
-    """The program set with each head's ``which`` slot holding the candidate build chose for it."""
+def _refits(handle: Any, programs: Any, cfg: BuildConfig, synth: list[Any], vocab: Any) -> dict[Any, Any]:
+    """Per head whose program is a mixture: the same components reweighted to match the head's output on the synth
+    windows (surgery/refit.py), kept when it changed and, for explanations, is still readable."""
+    from .surgery.refit import refit_mixtures
+    from .synth.program import READABLE_CHARS
+
+    found = refit_mixtures(handle, programs, synth, which=cfg.which, progress=cfg.progress)
+    return {h: r.after for h, r in found.items()
+            if r.changed and (cfg.which != "explanation" or r.after.chars(vocab) <= READABLE_CHARS)}
+
+
+def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[Any, dict[str, Any]],
+                vocab: Any) -> Any:
+    """The program set with each head's ``which`` slot holding the candidate build chose for it (a refitted mixture
+    carries no pattern scores: it was chosen by its causal cost)."""
     from .synth.programset import Entry, ProgramSet
+    from .synth.scored import ScoredProgram
 
     entries = {}
     for h, label in choice.items():
         entry = programs.entries[h]
         if label != which:
-            picked = next(p for p in entry.frontier if p.program.hash == extra[h][label].hash)
+            program = extra[h][label]
+            picked = next((p for p in entry.frontier if p.program.hash == program.hash), None)
+            if picked is None:
+                picked = ScoredProgram.of(program, label, {}, vocab, budget=entry.explanation.budget
+                                          if which == "explanation" and entry.explanation else None)
             entry = (Entry(entry.replacement, picked, entry.frontier) if which == "explanation"
                      else Entry(picked, entry.explanation, entry.frontier))
         entries[h] = entry
