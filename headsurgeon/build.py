@@ -67,9 +67,27 @@ class BuildResult:
             if self.control.get("healed"):
                 lines.append(f"    healed:  {_line(self.control['healed'])}")
         lines.append(f"  heads: {', '.join(self.heads[:40])}{' …' if len(self.heads) > 40 else ''}")
+        ratios = _ratios(self.costs, self.which)
+        if ratios:
+            lines.append(f"  per head, its cheapest program's single-swap KL over mean-ablating the head: median "
+                         f"{sorted(ratios)[len(ratios) // 2]:.2f}; below 1 for {sum(r < 1 for r in ratios)} of "
+                         f"{len(ratios)} heads, below 0.5 for {sum(r < 0.5 for r in ratios)}")
         if self.checkpoint:
             lines.append(f"  wrote {self.checkpoint} (with {BUILD_FILE})")
         return "\n".join(lines)
+
+
+def _ratios(costs: dict[str, Any], which: str) -> list[float]:
+    """Per head: the KL of its cheapest candidate over the mean ablation's KL."""
+    chosen = costs.get("chosen", {})
+    out = []
+    for name, row in costs.get("heads", {}).items():
+        label = chosen.get(name, which)
+        mean = row.get("mean", {}).get("kl")
+        own = row.get(label, {}).get("kl")
+        if mean and own is not None:
+            out.append(own / mean)
+    return out
 
 
 def _line(summary: dict[str, Any]) -> str:
@@ -239,7 +257,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
         heads=[head_name(h) for h in heads], order=[head_name(h) for h in order], steps=steps, select=select,
         test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "test": len(splits.test),
                             "heldout": len(heldout), "measured": len(measured)},
-        costs={**costs.to_json(), "chosen": {head_name(h): choice[h] for h in heads}}, healed=healed,
+        costs={**costs.to_json(), "chosen": {head_name(h): label for h, label in choice.items()}}, healed=healed,
         control=control, seconds=seconds, hybrid=final)
     if out is not None:
         if final is None:

@@ -132,6 +132,8 @@ def test_healed_build_is_judged_against_the_equally_tuned_base(built):
     assert healed["tuned_base_vs_base"]["kl"] > 0  # tuning moved the base too: the untuned base is the wrong control
     assert healed["test"]["tokens"] == result.test["tokens"]
     assert "healed" in result.control and "against the base tuned the same way" in result.format()
+    ratios = [row[result.costs["chosen"][h]]["kl"] / row["mean"]["kl"] for h, row in result.costs["heads"].items()]
+    assert f"below 1 for {sum(r < 1 for r in ratios)} of 16 heads" in result.format()
 
 
 def test_extra_checkpoint_files_must_be_plain_new_names(handle, tmp_path):
