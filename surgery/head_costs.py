@@ -275,9 +275,17 @@ class _Progress:
             if not isinstance(record, dict):
                 continue
             c = self.costs[h][v]
-            for name in _ARRAYS:
-                getattr(c, name)[:] = np.asarray(record[name], dtype=getattr(c, name).dtype)
-            self.done[(h, v)] = {int(b) for b in record.get("done", [])}
+            try:
+                arrays = {name: np.asarray(record[name], dtype=getattr(c, name).dtype) for name in _ARRAYS}
+                done = {int(b) for b in record.get("done", [])}
+                if any(a.shape != getattr(c, n).shape or not np.isfinite(a).all() for n, a in arrays.items()):
+                    raise ValueError("arrays of the wrong length or not finite")
+            except (KeyError, TypeError, ValueError) as e:
+                warnings.warn(f"{self.path}: the record of {key} is damaged ({e}); measuring that swap again")
+                continue
+            for name, a in arrays.items():
+                getattr(c, name)[:] = a
+            self.done[(h, v)] = done
 
     def todo(self, number: int) -> set[tuple[HeadKey, str]]:
         """The swaps that have not yet measured batch ``number``."""

@@ -206,6 +206,15 @@ def test_head_costs_progress_file_resumes_and_rebinds(handle, splits, programs, 
     more = head_costs(handle, programs, splits.select, heads=["L0H0"], batch_size=4, reference=splits.synth,
                       progress=False, path=path)
     assert len(json.loads(path.read_text())["swaps"]) == 6 and more.kl("L0H0", "explanation") > 0
+    doc = json.loads(path.read_text())
+    key = next(k for k in doc["swaps"] if k.startswith("L0H0:explanation"))
+    doc["swaps"][key]["kl"] = [float("nan")] * 3
+    path.write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match="damaged"):
+        mended = head_costs(handle, programs, splits.select, heads=["L0H0"], batch_size=4, reference=splits.synth,
+                            progress=False, path=path)
+    np.testing.assert_allclose(mended.costs[(0, 0)]["explanation"].kl, more.costs[(0, 0)]["explanation"].kl,
+                               rtol=1e-4)  # float32 rows batched with other swaps than before
     with pytest.warns(UserWarning, match="other windows"):
         head_costs(handle, programs, splits.test, heads=["L0H0"], batch_size=4, reference=splits.synth,
                    progress=False, path=path)
