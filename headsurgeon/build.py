@@ -60,7 +60,9 @@ class BuildResult:
         if self.test:
             lines.append(f"  untuned:  {_line(self.test)}")
         if self.healed:
-            lines.append(f"  healed:   {_line(self.healed['test'])}  (against the base tuned the same way)")
+            against = ("the base: distilling from it leaves the base itself unchanged"
+                       if self.healed.get("objective") == "kl" else "the base tuned the same way")
+            lines.append(f"  healed:   {_line(self.healed['test'])}  (against {against})")
         if self.control:
             lines.append(f"  control, the same number of heads in select-IoU order:")
             lines.append(f"    untuned: {_line(self.control['test'])}")
@@ -344,27 +346,32 @@ def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[A
 
 def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[Any], measured: list[Any], base: Any,
                     control: dict[str, Any] | None, programs: Any) -> tuple[Any, dict[str, Any]]:
-    """Tune a copy of the base and the hybrid (and the control) the same way on the synth windows; judge the healed
-    hybrids against the tuned base, never the untuned one."""
+    """Heal the hybrid (and the control) on the synth windows and judge it against the base tuned the same way: with
+    "kl" (distilling from the base) that is the base itself, whose KL to itself is 0, so no step moves it; with "lm"
+    a copy of the base is tuned on the same windows and every healed figure is against that copy."""
     from .surgery.divergence import BaseDistributions, summarize, window_costs
     from .surgery.heal import heal
     from .surgery.replace import independent_handle, parse_head, replace_heads
 
     def healed_hybrid(swap: Any) -> tuple[Any, Any]:
         hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)
-        return hybrid, heal(hybrid, synth, steps=cfg.heal_steps, progress=cfg.progress)
+        return hybrid, heal(hybrid, synth, steps=cfg.heal_steps, objective=cfg.heal_objective,
+                            progress=cfg.progress)
 
-    tuned = independent_handle(handle)
-    base_report = heal(tuned, synth, steps=cfg.heal_steps, progress=cfg.progress)
-    tuned_base = BaseDistributions(tuned, measured)
+    healed: dict[str, Any] = {"objective": cfg.heal_objective}
+    reference = base
+    if cfg.heal_objective == "lm":
+        tuned = independent_handle(handle)
+        healed["base_heal"] = heal(tuned, synth, steps=cfg.heal_steps, progress=cfg.progress).to_json()
+        reference = BaseDistributions(tuned, measured)
+        healed["tuned_base_vs_base"] = summarize(window_costs(base, lambda ids, attention_mask=None:
+                                                              tuned.forward(ids, attention_mask))).to_json()
     final, report = healed_hybrid(hybrid_set)
-    healed = {"heal": report.to_json(), "base_heal": base_report.to_json(),
-              "test": summarize(window_costs(tuned_base, final, final.register_sequences)).to_json(),
-              "tuned_base_vs_base": summarize(window_costs(base, lambda ids, attention_mask=None:
-                                                           tuned.forward(ids, attention_mask))).to_json()}
+    healed["heal"] = report.to_json()
+    healed["test"] = summarize(window_costs(reference, final, final.register_sequences)).to_json()
     if control is not None:
         other, _ = healed_hybrid(programs.subset([parse_head(h) for h in control["heads"]]))
-        control["healed"] = summarize(window_costs(tuned_base, other, other.register_sequences)).to_json()
+        control["healed"] = summarize(window_costs(reference, other, other.register_sequences)).to_json()
     return final, healed
 
 

@@ -55,9 +55,13 @@ class BuildConfig:
                                        help="swap as many heads as fit under this ΔPPL (percent) on the select "
                                             "windows, cheapest first")
     heal: bool = setting(False, action="store_true",
-                         help="tune the norm gains on the synth windows after the swap; the base is tuned the same "
-                              "way and every healed cost is against that tuned base")
+                         help="tune the norm gains on the synth windows after the swap; every healed cost is against "
+                              "the base tuned the same way")
     heal_steps: int = setting(40, type=positive_int, help="optimizer steps of --heal")
+    heal_objective: str = setting("kl", choices=("kl", "lm"),
+                                  help="what --heal trains for: kl distils the hybrid from the base (the base is "
+                                       "its own control); lm is next-token loss on the synth windows (a copy of the "
+                                       "base is tuned the same way as the control)")
     heldout: Any = setting(None, metavar="FILE",
                            help="text whose windows are measured beside the test split (never seen by selection or "
                                 "healing)")

@@ -124,16 +124,26 @@ def test_fraction_build_swaps_the_share_cheapest_first_and_saves(built, handle, 
         assert not torch.equal(again(ids), untuned(ids))
 
 
-def test_healed_build_is_judged_against_the_equally_tuned_base(built):
+def test_healed_build_distils_from_the_base_by_default(built):
+    """The default heal distils the hybrid from the base, so the base is its own control; KL falls."""
     result, _ = built
     healed = result.healed
-    assert healed["heal"]["steps"] == healed["base_heal"]["steps"] == 6
-    assert healed["heal"]["model"] == "hybrid" and healed["base_heal"]["model"] == "base"
-    assert healed["tuned_base_vs_base"]["kl"] > 0  # tuning moved the base too: the untuned base is the wrong control
-    assert healed["test"]["tokens"] == result.test["tokens"]
-    assert "healed" in result.control and "against the base tuned the same way" in result.format()
+    assert healed["objective"] == "kl" and healed["heal"]["objective"] == "kl" and "base_heal" not in healed
+    assert healed["heal"]["steps"] == 6
+    assert healed["test"]["tokens"] == result.test["tokens"] and healed["test"]["kl"] < result.test["kl"]
+    assert "healed" in result.control and "distilling from it leaves the base itself unchanged" in result.format()
     ratios = [row[result.costs["chosen"][h]]["kl"] / row["mean"]["kl"] for h, row in result.costs["heads"].items()]
     assert f"below 1 for {sum(r < 1 for r in ratios)} of 16 heads" in result.format()
+
+
+def test_lm_healing_is_judged_against_the_equally_tuned_base(handle, programs):
+    result = build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.125, max_len=40, max_sequences=50,
+                          heal=True, heal_steps=4, heal_objective="lm", progress=False)
+    healed = result.healed
+    assert healed["heal"]["steps"] == healed["base_heal"]["steps"] == 4
+    assert healed["heal"]["model"] == "hybrid" and healed["base_heal"]["model"] == "base"
+    assert healed["tuned_base_vs_base"]["kl"] > 0  # tuning moved the base too: the untuned base is the wrong control
+    assert "against the base tuned the same way" in result.format()
 
 
 def test_extra_checkpoint_files_must_be_plain_new_names(handle, tmp_path):
