@@ -281,7 +281,7 @@ def test_property_jsd_bounded_for_distributions(case):
     p, q, lengths, causal = case
     pn, qn = normalize_rows(p, lengths, causal), normalize_rows(q, lengths, causal)
     d = jsd_distance(pn, qn, lengths, causal)
-    assert np.all(d >= 0) and np.all(d <= SQRT_LN2 + 1e-9)
+    assert np.all(d >= 0) and np.all(d <= SQRT_LN2 + 1e-7)  # disjoint rows reach sqrt(ln 2) up to float rounding
     iou = soft_iou(pn, qn, lengths, causal)
     assert np.all((iou >= 0) & (iou <= 1 + 1e-12))
 
