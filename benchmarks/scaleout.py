@@ -4,7 +4,7 @@ Workload: stories260K (5 layers x 8 query heads = 40 heads) from ../shared/data 
 windows of at most ``--max-len`` tokens, ``--max-sequences`` windows split 60/20/20 by document (seeded), the
 searchers of ``--searchers`` (default enumerative and learned), captured once. The per-head stage
 (headsurgeon/scaleout/stage.py ``explain_store``) runs three times on the same store, each into a fresh
-journal: serially in this process (all heads in one task, as explain batched them before issue 17), and on a
+journal: serially in this process (all heads in one task, as one undivided batch), and on a
 local Ray runtime of 1 and of 2 CPUs (one task per CPU); serially once more with numba's kernels on one thread,
 as each Ray worker runs them. Wall time of each, speed-ups side by side, and a check
 that the three select the same programs with the same scores.

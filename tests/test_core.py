@@ -30,7 +30,8 @@ def test_closed_sets_and_their_check():
 
 
 def test_the_stages_use_the_cores_closed_sets():
-    """One tuple per closed set: the stages and the CLI take theirs from hskernels/core.py (issue 25 item 2)."""
+    """One tuple per closed set: the stages and the CLI take theirs from hskernels/core.py (one definition, so no
+    stage can miss a new member)."""
     import argparse
 
     from headsurgeon.surgery import ablate, cli as surgery_cli, corpus
