@@ -1,12 +1,14 @@
 """``build_hybrid``: swap as many heads as fit under a budget, cheapest causal cost first, heal what is left, and judge
 the result on windows that neither selection nor healing saw.
 
-The order comes from each head's single-swap KL on the select windows (surgery/head_costs.py). Costs compound, so
-the set grows in chunks re-measured jointly on the select windows: a chunk whose joint cost exceeds twice the sum of
-its heads' single costs is taken apart, and its heads that cost more together than alone go to the back of the
-queue. Healing tunes the norm gains on the synth windows (surgery/heal.py); the base is tuned the same way and every
-healed figure is against that tuned base. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
-bootstrap intervals (surgery/divergence.py).
+Each head gets the cheapest of its candidates (its program, its frontier points of that size, a refit of its
+mixture weights to the head's output, surgery/refit.py) by single-swap KL on the select windows
+(surgery/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
+jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
+apart, and its heads that cost more together than alone go to the back of the queue. Healing tunes the norm gains on
+the synth windows (surgery/heal.py), by default distilling from the base (which is then its own control); with
+next-token loss a copy of the base is tuned the same way and every healed figure is against it. Costs are
+KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (surgery/divergence.py).
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class BuildResult:
                        if self.healed.get("objective") == "kl" else "the base tuned the same way")
             lines.append(f"  healed:   {_line(self.healed['test'])}  (against {against})")
         if self.control:
-            lines.append(f"  control, the same number of heads in select-IoU order:")
+            lines.append("  control, the same number of heads in select-IoU order:")
             lines.append(f"    untuned: {_line(self.control['test'])}")
             if self.control.get("healed"):
                 lines.append(f"    healed:  {_line(self.control['healed'])}")
@@ -101,24 +103,18 @@ def _line(summary: dict[str, Any]) -> str:
 
 
 class _Joint:
-    """Joint costs of head sets on fixed windows, each distinct set measured once."""
+    """Joint costs of head sets on fixed windows, as summaries: each distinct set is measured once
+    (surgery/eval_report.py ``SwapCosts``)."""
 
     def __init__(self, handle: Any, windows: list[Any], programs: dict[Any, Any]) -> None:
-        from .surgery.divergence import BaseDistributions
+        from .surgery.eval_report import SwapCosts
 
-        self.handle, self.programs = handle, programs
-        self.base = BaseDistributions(handle, windows)
-        self.known: dict[frozenset, Any] = {}
+        self.costs, self.programs = SwapCosts(handle, windows), programs
 
     def measure(self, heads: list[Any]) -> Any:
-        from .surgery.divergence import summarize, window_costs
-        from .surgery.replace import replace_heads
+        from .surgery.divergence import summarize
 
-        key = frozenset(heads)
-        if key not in self.known:
-            with replace_heads(self.handle, {h: self.programs[h] for h in heads}) as hybrid:
-                self.known[key] = summarize(window_costs(self.base, hybrid, hybrid.register_sequences))
-        return self.known[key]
+        return summarize(self.costs.windows({h: self.programs[h] for h in heads}))
 
 
 def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int, budget: float | None, chunk: int,

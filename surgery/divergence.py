@@ -111,18 +111,21 @@ def _arrays(costs: WindowCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return kl, nb, no, tokens
 
 
-def means(costs: WindowCosts) -> tuple[float, float]:
-    """(mean per-token KL, mean per-token ΔNLL), token-weighted: the point estimates :func:`summarize` bootstraps."""
-    kl, nb, no, tokens = _arrays(costs)
+def _means(kl: np.ndarray, nb: np.ndarray, no: np.ndarray, tokens: np.ndarray) -> tuple[float, float]:
     total = tokens.sum()
     return float(kl.sum() / total), float((no.sum() - nb.sum()) / total)
+
+
+def means(costs: WindowCosts) -> tuple[float, float]:
+    """(mean per-token KL, mean per-token ΔNLL), token-weighted: the point estimates :func:`summarize` bootstraps."""
+    return _means(*_arrays(costs))
 
 
 def summarize(costs: WindowCosts, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> CostSummary:
     """Point estimates and paired percentile bootstrap intervals; windows resampled whole, means token-weighted."""
     kl, nb, no, tokens = _arrays(costs)
     total = tokens.sum()
-    point_kl, point_dnll = means(costs)
+    point_kl, point_dnll = _means(kl, nb, no, tokens)
     rng = np.random.default_rng(seed)
     n = len(tokens)
     idx = rng.integers(0, n, size=(n_boot, n))

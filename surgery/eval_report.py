@@ -40,7 +40,7 @@ from .replace import head_name, parse_head, replace_heads
 from .scorable import require_lm_head
 from .sweep_order import ORDER_LABELS, cheapest, order_heads
 
-__all__ = ["EvalReport", "KindReport", "evaluate_programs", "SWEEP_STEPS"]
+__all__ = ["EvalReport", "KindReport", "evaluate_programs", "SwapCosts", "SWEEP_STEPS"]
 
 #: the fractions of heads a sweep swaps: the seed paper's 0/10/25/50/100% (explain's and eval's one default)
 SWEEP_STEPS: tuple[float, ...] = MeasureConfig.sweep_steps  # surgery/configs.py: the one default
@@ -195,7 +195,7 @@ def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
         seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
-class _Costs:
+class SwapCosts:
     """What a set of swapped heads costs on ``sequences``: per-window KL and NLLs against one base pass
     (surgery/divergence.py), or the embedding distance without an LM head. Each distinct set (head → program) is
     measured once: the sweep's 100% step, its orders' shared steps, a one-head step and that head's per-head swap,
@@ -247,7 +247,7 @@ def _ppl(costs: WindowCosts) -> float:
     return math.exp(costs.nll_other.sum() / costs.tokens.sum())
 
 
-def _sweep_rows(costs: _Costs, items: dict, heads: list, steps: Seq[float], seed: int, desc: str,
+def _sweep_rows(costs: SwapCosts, items: dict, heads: list, steps: Seq[float], seed: int, desc: str,
                 progress: bool) -> list[dict[str, Any]]:
     """surgery/evaluate.py ``replacement_sweep``'s rows (the order, a random order, random programs per step),
     each arm's figures (``ppl``, ``delta``, ``kl`` + the arm's suffix) measured through ``costs``."""
@@ -270,7 +270,7 @@ def _check_steps(steps: Seq[float]) -> tuple[float, ...]:
     return out
 
 
-def _order_deltas(chosen: dict, report: KindReport, costs: _Costs, order_costs: _Costs, progress: bool,
+def _order_deltas(chosen: dict, report: KindReport, costs: SwapCosts, order_costs: SwapCosts, progress: bool,
                   seconds: dict[str, float]) -> dict[Any, float]:
     """Each head's own ΔPPL for the ΔPPL order: the per-head table's when it was measured on the same windows, else
     one swap per head on ``order_costs``' windows (select, so the order is not fitted to the windows judging it)."""
@@ -281,8 +281,8 @@ def _order_deltas(chosen: dict, report: KindReport, costs: _Costs, order_costs: 
                 for h, p in tqdm(list(chosen.items()), desc=f"ΔPPL order ({report.kind}s)", disable=not progress)}
 
 
-def _sweep(programs: ProgramSet, kind: str, report: KindReport, orders: tuple[str, ...], costs: _Costs,
-           order_costs: _Costs, steps: Seq[float], seed: int, progress: bool, seconds: dict[str, float]) -> None:
+def _sweep(programs: ProgramSet, kind: str, report: KindReport, orders: tuple[str, ...], costs: SwapCosts,
+           order_costs: SwapCosts, steps: Seq[float], seed: int, progress: bool, seconds: dict[str, float]) -> None:
     """The kind's sweep in ``orders[0]`` with its baselines, plus the second order's arm and the cheaper order."""
     chosen = programs.programs(kind)
     heads = {}
@@ -345,7 +345,7 @@ def _cost_fields(s: CostSummary) -> dict[str, Any]:
             "kl": s.kl, "kl_ci95": list(s.kl_ci95)}
 
 
-def _per_head_rows(programs: ProgramSet, kind: str, costs: _Costs, known: Mapping[Any, float] | None, seed: int,
+def _per_head_rows(programs: ProgramSet, kind: str, costs: SwapCosts, known: Mapping[Any, float] | None, seed: int,
                    progress: bool) -> list[dict[str, Any]]:
     """Per head of the kind: its test IoU and JSD, and the cost of swapping it alone. A head in ``known`` (ΔPPL
     already measured on these windows by explain's search tasks) keeps that ΔPPL unmeasured: no KL, no intervals."""
@@ -364,7 +364,7 @@ def _per_head_rows(programs: ProgramSet, kind: str, costs: _Costs, known: Mappin
     return rows
 
 
-def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: _Costs, seed: int, per_head: bool,
+def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: SwapCosts, seed: int, per_head: bool,
                   known: Mapping[Any, float] | None, progress: bool, seconds: dict[str, float]) -> KindReport:
     """The headline (all heads of this kind swapped, with bootstrap intervals) and the per-head table."""
     chosen = programs.programs(kind)
@@ -404,7 +404,7 @@ def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], 
         raise InputError(f"{handle.name} has no language-model head, so there is no per-head ΔPPL to order a sweep "
                          "by: use order='iou' (on the command line, leave out --order)")
     report = EvalReport(handle.name, len(test), False, None, len(programs) if programs is not None else 0, seed=seed)
-    costs = _Costs(handle, test)
+    costs = SwapCosts(handle, test)
     for kind in kinds if programs is not None else ():
         chosen = programs.programs(kind)
         kr = KindReport(kind, len(chosen), [head_name(h) for h in programs.keys() if h not in chosen])
@@ -462,7 +462,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
     if not handle.has_lm_head:
         return _headless(handle, programs, kinds, test, sweep, orders, steps, seed, progress)
     seconds: dict[str, float] = {}
-    costs = _Costs(handle, test)
+    costs = SwapCosts(handle, test)
     with _timed(seconds, "perplexity"):
         base = costs.windows({})  # the one base pass every swap on the test windows is compared with
     report = EvalReport(handle.name, len(test), True, _ppl(base), len(programs) if programs is not None else 0,
@@ -477,7 +477,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
         return report
     if sweep and "delta_ppl" in orders:
         report.order_on, report.order_sequences = order_on, len(order_seqs)
-    order_costs = costs if order_seqs is test else _Costs(handle, order_seqs)
+    order_costs = costs if order_seqs is test else SwapCosts(handle, order_seqs)
     base_tasks = None  # lm-eval's run of the base, once, which every kind's hybrid is compared with
     for kind in kinds:
         kr = _measure_kind(handle, programs, kind, costs, seed, per_head, (known_per_head or {}).get(kind), progress,

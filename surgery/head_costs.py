@@ -184,8 +184,8 @@ def _resume_at(model: Any, layer: int) -> Iterator[None]:
 class _Runner:
     """Runs one layer's swaps from the residual stream entering it, one row per (swap, window)."""
 
-    def __init__(self, handle: ModelHandle, max_bytes: int) -> None:
-        self.handle, self.max_bytes = handle, max_bytes
+    def __init__(self, handle: ModelHandle) -> None:
+        self.handle = handle
         model = handle.model
         self.resume = all(f"blocks.{l}.hook_in" in model.hook_dict for l in range(handle.n_layers))
         self.checked = False
@@ -314,7 +314,7 @@ def _fingerprint(handle: ModelHandle, windows: list[Sequence], reference: list[S
 def _resumed(handle: ModelHandle, jobs: dict[HeadKey, dict[str, Any]], windows: list[Sequence], batch_size: int,
              max_bytes: int, progress: bool, state: _Progress) -> tuple[dict[HeadKey, dict[str, WindowCosts]], bool]:
     """Every (head, variant) swap on every window, resuming at the head's layer (equal-length batches, no padding)."""
-    runner = _Runner(handle, max_bytes)
+    runner = _Runner(handle)
     out = state.costs
     by_length: dict[int, list[int]] = {}
     for i, s in enumerate(windows):
@@ -385,10 +385,11 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
                extra: Mapping[Any, Mapping[str, Any]] | None = None) -> HeadCosts:
     """Swap one head at a time for each kind of program in ``which`` (and, with ``ablation``, its mean pattern over
     ``reference``, default ``windows``) and measure KL(base ‖ swapped) and ΔNLL on ``windows`` (the select split:
-    never the windows that judge the result). ``heads`` limits the heads measured; ``extra`` (head → label → program)
-    adds candidates measured the same way under their labels (a head's frontier points, refitted programs). ``max_bytes`` bounds one forward's
-    logits. With ``path``, progress is written there after each batch of windows and a rerun goes on from it (the
-    file is bound to the model, windows and programs). Returns a :class:`HeadCosts` (``.summary(head, variant)``,
+    never the windows that judge the result). ``heads`` limits the heads measured; ``extra`` (head → label →
+    program) adds candidates measured the same way under their labels (a head's frontier points, refitted programs).
+    ``max_bytes`` bounds one forward's logits. With ``path``, each swap's progress is written there after each batch
+    of windows and a rerun measures only what is missing (the file is bound to the model, windows and batching, each
+    swap to its program's hash). Returns a :class:`HeadCosts` (``.summary(head, variant)``,
     ``.ratio(head, kind)``, ``.order(kind)``)."""
     kinds = tuple(which)
     bad = [k for k in kinds if k not in ("replacement", "explanation")]
