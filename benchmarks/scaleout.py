@@ -114,7 +114,7 @@ def compare_executors(args, root: Path) -> dict:
     startup = time.perf_counter() - t0
     print(f"Ray start-up (init, one worker importing the task module, shutdown): {startup:.1f} s")
     print(f"load average before: {load()}")
-    wall, res = stage(handle, splits, store, root / "serial", args.searchers, executor="serial", heads_per_task=heads)
+    wall, res = stage(handle, splits, store, root / "serial", args.searchers, executor="local", heads_per_task=heads)
     rows.append(("serial (1 task of all heads)", wall, load()))
     results["serial"] = res
     for cpus in (2, 1):

@@ -67,7 +67,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from headsurgeon.pipeline import explain
 
     # --library files are untrusted: explain parses and validates them, they run only in the sandbox (synth/eaps.py)
-    scaleout = ScaleoutConfig.from_ray_flag(args.address, heads_per_task=args.heads_per_task, store_url=args.store_url)
+    scaleout = ScaleoutConfig.from_ray_flag(args.address, workers=args.workers, heads_per_task=args.heads_per_task,
+                                            store_url=args.store_url)
     result = explain(args.model, args.corpus, args.out, config=from_flags(ExplainConfig, args, scaleout=scaleout))
     if args.capture_only:
         print(f"captured {len(result.store)} windows into {result.out / 'store'}; run the same command without "
@@ -248,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except expected_errors() as e:
         print(f"headsurgeon {args.command}: error: {error_message(e)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # long commands journal what they finished (explain: OUT/heads) and resume from it
+        print(f"headsurgeon {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
     except OSError as e:  # the file system refused (read-only, full, a file where a folder goes): no traceback
         print(f"headsurgeon {args.command}: error: {error_message(OSError(os_error_message(e)))}", file=sys.stderr)
         return 1

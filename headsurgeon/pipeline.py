@@ -80,11 +80,11 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     ``mode``, ``q_frac``, ``batch_size``, ``shard_size`` (capture); ``searchers`` (registered names, run in
     order), ``library`` (programs, DSL text or EAPS-style ``Path`` files that compete for every head),
     ``library_budget``, ``enumerative`` / ``learned`` / ``agent_config`` (each searcher's options); ``executor``,
-    ``address``, ``heads_per_task``, ``store_url`` (scale-out); ``sweep_steps``, ``order``, ``delta_ppl``,
+    ``workers``, ``address``, ``heads_per_task``, ``store_url`` (scale-out); ``sweep_steps``, ``order``, ``delta_ppl``,
     ``cloze``, ``tasks``, ``task_limit``, ``include_path`` (measurement); ``progress``, ``capture_only``.
     Each field's help says what it does; ``headsurgeon explain --help`` lists them with their defaults.
-    Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/):
-    ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime).
+    Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/), on
+    ``workers`` processes (None: every core this process may use; 1: this process); ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime).
     ``tasks``: lm-eval tasks scored on the base and the hybrid, shown in report.html (surgery/downstream.py).
     ``capture_only``: stop once OUT/store is complete (e.g. on the GPU box); the same call without it later
     (e.g. with ``executor="ray"`` on the cluster) finds the store complete and goes on from there.
@@ -94,7 +94,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     tokenizer, max_len, seed, progress = model_cfg.tokenizer, corpus_cfg.max_len, corpus_cfg.seed, cfg.progress
     sweep_steps, order, delta_ppl, cloze = measure.sweep_steps, measure.order, measure.delta_ppl, measure.cloze
     tasks, task_limit, include_path = measure.tasks, measure.task_limit, measure.include_path
-    preflight(scaleout.executor, scaleout.address, scaleout.heads_per_task)
+    preflight(scaleout.executor, scaleout.address, scaleout.heads_per_task, scaleout.workers)
     searchers = list(search.searchers)
     if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (synth/search/llm/endpoint.py)
         from headsurgeon.synth.search.llm import check_endpoint
@@ -142,7 +142,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     except Exception as e:  # a tokenizer without an id → token table: programs show ids instead
         notes.append(f"no vocabulary from the tokenizer ({type(e).__name__}: {e}); programs are shown with token ids")
     heads = explain_store(store, handle, idx, names, options=search.options(library), seed=seed, vocab=vocab,
-                          out=out, executor=scaleout.executor, address=scaleout.address,
+                          out=out, executor=scaleout.executor, workers=scaleout.workers, address=scaleout.address,
                           heads_per_task=scaleout.heads_per_task, delta_ppl=delta_ppl, model_spec=model,
                           tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress)
     programs = heads.programs

@@ -127,7 +127,7 @@ def test_preflight_refuses_bad_executors_and_unreachable_clusters():
     with pytest.raises(ValueError, match="executor must be one of"):
         preflight("dask")
     with pytest.raises(ValueError, match="executor='ray'"):
-        preflight("serial", "127.0.0.1:6379")
+        preflight("local", "127.0.0.1:6379")
     port = _free_port()
     with pytest.raises(ConnectionError, match=f"cannot reach a Ray cluster at 127.0.0.1:{port}.*ray start --head"):
         preflight("ray", f"127.0.0.1:{port}")

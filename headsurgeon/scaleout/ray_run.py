@@ -1,7 +1,7 @@
 """The Ray executor: connect (or start a local runtime), check every node can read the store, then run one Ray
 task per chunk of heads and hand each finished chunk's records to the journal as it arrives.
 
-Ray is imported only here, so a serial explain never loads it. A task whose worker dies is retried by Ray
+Ray is imported only here, so a local explain never loads it. A task whose worker dies is retried by Ray
 (``max_retries``); a task that raises ``OSError`` (a shared filesystem hiccup) is retried too (``retry_exceptions``).
 """
 from __future__ import annotations

@@ -1,55 +1,98 @@
-"""Run explain's per-head work serially or on Ray, journaled per head (journal.py) so a killed run resumes.
+"""Run explain's per-head work in this machine's processes or on Ray, journaled per head (journal.py) so a killed
+run resumes.
 
-Both executors run the same task (task.py ``explain_heads``) over the same chunks of heads and write the same
-records, so they select the same programs with the same scores.
+Every executor runs the same task (task.py ``explain_heads``) and writes the same records, whatever the chunks, so
+they select the same programs with the same scores. Locally, one worker runs the tasks in this process; more run on
+a process pool (pool.py).
 """
 from __future__ import annotations
 
+import pickle
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
-from .chunks import MAX_HEADS_PER_TASK, chunked
+from .chunks import balanced, chunked
 from .journal import HeadJournal
+from .pool import default_workers, describe, peak_rss, pool_map
 from .task import HeadJob, explain_heads
 from ..kernels.core import InputError
 
-EXECUTORS = ("serial", "ray")
+EXECUTORS = ("local", "ray")
+
+
+def _estimate(elapsed: float, done: int, left: int, workers: int) -> str:
+    """The time the remaining heads will take, from the first heads' pace (the workers ran in parallel)."""
+    seconds = elapsed * left / max(1, done * workers)
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _picklable(job: HeadJob) -> bool:
+    """Whether the job can travel to worker processes (as the pool sends it, by cloudpickle)."""
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(job)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *, fingerprint: dict[str, Any],
-              executor: str = "serial", address: str | None = None, heads_per_task: int | None = None,
-              handle: Any = None, progress: bool = True, ray_options: dict[str, Any] | None = None,
-              on_record: Callable[[dict], None] | None = None) -> tuple[dict[tuple[int, int], dict], int]:
-    """Explain every head not yet in ``journal``; return all heads' records (head → record) and how many heads
-    were already journaled (resumed, not redone).
+              executor: str = "local", workers: int | None = None, address: str | None = None,
+              heads_per_task: int | None = None, handle: Any = None, progress: bool = True,
+              ray_options: dict[str, Any] | None = None,
+              on_record: Callable[[dict], None] | None = None) -> tuple[dict[tuple[int, int], dict], int, list[str]]:
+    """Explain every head not yet in ``journal``; return all heads' records (head → record), how many heads
+    were already journaled (resumed, not redone) and notes on the run (the pool's size and peak memory).
 
-    ``executor``: "serial" (in this process) or "ray" (``address``: a running cluster; None: a local
-    runtime started here). ``heads_per_task``: heads per task (None: ``MAX_HEADS_PER_TASK`` serially; on Ray, the heads
-    spread evenly over the cluster's CPUs, at most ``MAX_HEADS_PER_TASK`` a task). ``on_record`` sees each record as
-    it is journaled.
+    ``executor``: "local" (``workers`` processes, None: ``$HEADSURGEON_WORKERS`` or every core this process may
+    use; 1: this process) or "ray"
+    (``address``: a running cluster; None: a local runtime started here). ``heads_per_task``: heads per task (None:
+    locally, tasks that shrink toward the end (chunks.py ``balanced``); on Ray, the heads spread evenly over the
+    cluster's CPUs). ``on_record`` sees each record as it is journaled.
     """
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     book = HeadJournal(journal)
     done = book.start(fingerprint)
     todo = [h for h in heads if h not in done]
+    notes: list[str] = []
+    workers = max(1, min(workers or default_workers(), len(todo) or 1))
+    if workers > 1 and not _picklable(job):
+        notes.append("the heads ran in this process: a searcher or option of this run cannot be pickled for worker "
+                     "processes (it holds a lock, a file or a live model); pass picklable options to use every core")
+        workers = 1
     with tqdm(total=len(heads), initial=len(heads) - len(todo), desc=f"explain heads ({executor})", unit="head",
               disable=not progress) as bar:
+        t0 = time.perf_counter()
+        count = [0]  # heads journaled by this run
+
         def finished(records: list[dict]) -> None:
             for rec in records:
                 book.write(rec)
                 if on_record is not None:
                     on_record(rec)
             bar.update(len(records))
+            count[0] += len(records)
+            left = len(todo) - count[0]
+            if count[0] == len(records) and left and progress:  # the first task: say how long the rest will take
+                took = time.perf_counter() - t0
+                bar.write(f"explain heads: the first {len(records)} took {took:.0f} s; the other {left} will take "
+                          f"about {_estimate(took, len(records), left, workers)}")
 
-        if executor == "serial":
-            for chunk in chunked(todo, heads_per_task or MAX_HEADS_PER_TASK):
-                finished(explain_heads(job, chunk, handle=handle))
+        if executor == "local" and todo:
+            chunks = chunked(todo, heads_per_task) if heads_per_task else balanced(todo, workers)
+            if workers == 1:
+                for chunk in chunks:
+                    finished(explain_heads(job, chunk, handle=handle))
+            else:
+                notes.append(describe(pool_map(job, chunks, finished, workers=workers), peak_rss()))
         elif todo:
             from .ray_run import ray_map
 
             ray_map(job, todo, finished, address=address, heads_per_task=heads_per_task, **(ray_options or {}))
     records = book.records()
-    return {h: records[h] for h in heads}, len(heads) - len(todo)
+    return {h: records[h] for h in heads}, len(heads) - len(todo), notes

@@ -1,4 +1,5 @@
-"""explain's search-and-select stage over a captured store, per head, serially or on Ray (run.py), journaled under
+"""explain's search-and-select stage over a captured store, per head, on this machine's processes or on Ray (run.py),
+journaled under
 ``OUT/heads`` (journal.py); returns the ProgramSet and, when asked, each head's ΔPPL."""
 from __future__ import annotations
 
@@ -45,12 +46,18 @@ def run_trust(searchers: Seq[str], options: dict[str, Any]) -> Any:
     return frozenset(getattr(getattr(p, "program", p), "hash", "") for p in options.get("library") or ())
 
 
-def preflight(executor: str, address: str | None = None, heads_per_task: int | None = None) -> None:
-    """Check the executor before the long capture: a known name, Ray installed, the cluster's port answering."""
+def preflight(executor: str, address: str | None = None, heads_per_task: int | None = None,
+              workers: int | None = None) -> None:
+    """Check the executor before the long capture: a known name, a whole number of workers, Ray installed, the
+    cluster's port answering."""
     if heads_per_task is not None:
         chunked([], heads_per_task)  # refuses anything but a whole number >= 1
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"workers must be a whole number >= 1 (1: this process); got {workers!r}")
+    if workers is not None and executor == "ray":
+        raise InputError("workers sizes the local process pool; on Ray the cluster's CPUs decide (drop --workers)")
     if executor == "ray":
         from .ray_run import check_reachable, import_ray
 
@@ -62,11 +69,16 @@ def preflight(executor: str, address: str | None = None, heads_per_task: int | N
 
 
 def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], searchers: Seq[str], *,
-                  options: dict[str, Any], seed: int, vocab: Any, out: Path, executor: str = "serial",
-                  address: str | None = None, heads_per_task: int | None = None, delta_ppl: bool = False,
+                  options: dict[str, Any], seed: int, vocab: Any, out: Path, executor: str = "local",
+                  workers: int | None = None, address: str | None = None, heads_per_task: int | None = None, delta_ppl: bool = False,
                   model_spec: Any = None, tokenizer: Any = None, store_url: str | None = None,
                   progress: bool = True, on_record: Any = None) -> HeadsResult:
-    """Search, select and (``delta_ppl``) measure every head of ``store``; resumes from ``out / "heads"``."""
+    """Search, select and (``delta_ppl``) measure every head of ``store``; resumes from ``out / "heads"``.
+
+    Locally the heads run on ``workers`` processes (None: every core this process may use), except with the LLM
+    agent (its request caps and journal are per process) or per-head ΔPPL on a model given as an object (workers
+    load the model from its spec): those run in this process, and a note says why.
+    """
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     names = list(searchers)
@@ -79,23 +91,33 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
             gate = f"headsurgeon-llm-gate-{uuid.uuid4().hex[:12]}"
         except SearcherUnavailable:
             pass
+    if executor == "local" and workers != 1:
+        why = ("the LLM agent's request caps and journal are per process (--ray shares them over a cluster)"
+               if "llm" in names else "per-head ΔPPL on a model object: worker processes load the model from its "
+               "spec (a path or name)" if delta_ppl and not isinstance(model_spec, (str, Path)) else None)
+        if why is not None:
+            notes.append(f"the heads ran in this process: {why}")
+            workers = 1
+    pooled = executor == "ray" or (executor == "local" and workers != 1)
     delta = None
     if delta_ppl:
         from ..surgery.evaluate import perplexity
 
         base = perplexity(handle, [store.sequences[i] for i in indices["test"]], progress=False)
         param = next(handle.model.parameters())
-        delta = DeltaJob(_model_spec(model_spec) if executor == "ray" else None,
+        delta = DeltaJob(_model_spec(model_spec) if pooled else None,
                          None if tokenizer is None else str(tokenizer), base,
                          dtype=str(param.dtype).removeprefix("torch."), device=param.device.type)
     job = HeadJob(store_location(store.directory, store_url if executor == "ray" else None),
                   tuple(indices["synth"]), tuple(indices["select"]), tuple(indices["test"]), factories, seed,
-                  dict(options), vocab, handle.name, delta, str(out) if executor == "serial" else None, gate)
+                  dict(options), vocab, handle.name, delta, None if pooled else str(out), gate)
     heads = list(store.heads)
     t0 = time.perf_counter()
-    records, resumed = run_heads(job, heads, out / "heads", fingerprint=job.fingerprint(store), executor=executor,
-                        address=address, heads_per_task=heads_per_task, handle=handle, progress=progress,
-                        on_record=on_record)
+    records, resumed, run_notes = run_heads(job, heads, out / "heads", fingerprint=job.fingerprint(store),
+                                            executor=executor, workers=workers, address=address,
+                                            heads_per_task=heads_per_task, handle=handle, progress=progress,
+                                            on_record=on_record)
+    notes.extend(run_notes)
     timings: dict[str, float] = {"heads_wall": time.perf_counter() - t0}
     if resumed:
         notes.append(f"resumed {resumed} of {len(heads)} heads from the journal {out / 'heads'}")

@@ -44,7 +44,7 @@ class HeadJob:
     vocab: Any = None
     model: str = ""
     delta: DeltaJob | None = None
-    out: str | None = None  # a folder searchers may write to (SearchSettings.out; serial runs only: the LLM journal)
+    out: str | None = None  # a folder searchers may write to (SearchSettings.out; runs in the driver's process only: the LLM journal)
     llm_gate: str | None = None  # name of the cluster's LLM gate actor (llmgate.py); None: the agent's own caps
 
     def fingerprint(self, store: Any) -> dict[str, Any]:
