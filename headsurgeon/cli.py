@@ -64,6 +64,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from headsurgeon.configs import ExplainConfig, ScaleoutConfig
+    from headsurgeon.explain_measure import format_timings
     from headsurgeon.pipeline import explain
 
     # --library files are untrusted: explain parses and validates them, they run only in the sandbox (synth/eaps.py)
@@ -77,6 +78,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(result.summary_table())
     for note in result.notes:
         print(note)
+    print(format_timings(result.timings))
     print(f"wrote {result.out / 'programs.json'} and {result.out / 'report.html'}")
     return 0
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from headsurgeon.surgery.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
 from headsurgeon.synth.programset import head_label
 
-__all__ = ["measure_and_report", "nest_timings", "cloze_documents", "sweep_rows"]
+__all__ = ["measure_and_report", "nest_timings", "format_timings", "cloze_documents", "sweep_rows"]
 
 #: how the search stage's per-head parts are keyed in explain's timings (headsurgeon/scaleout/stage.py sums them)
 SEARCH = "search"
@@ -41,6 +41,22 @@ def nest_timings(timings: dict[str, float], parts: Iterable[str]) -> dict[str, A
 def total_seconds(timings: dict[str, Any]) -> float:
     """The run's wall time: its phases run one after another, so the sum of their walls, nested parts left out."""
     return sum(float(v["wall"]) if isinstance(v, dict) else float(v) for k, v in timings.items() if k != "total")
+
+
+def format_timings(timings: dict[str, Any]) -> str:
+    """explain's stages as a table: each phase's wall seconds and share of the run, then its parts (per searcher,
+    selection, ...: sums over heads, which run in parallel on several workers, so they may exceed the wall)."""
+    total = float(timings.get("total") or total_seconds(timings)) or 1.0
+    lines = ["stage          wall s   share  parts (s, summed over the heads' workers)"]
+    for key, value in timings.items():
+        if key == "total":
+            continue
+        wall = float(value["wall"]) if isinstance(value, dict) else float(value)
+        parts = ", ".join(f"{k} {float(v):.1f}" for k, v in value.items() if k != "wall") \
+            if isinstance(value, dict) else ""
+        lines.append(f"{key:<12} {wall:>8.1f} {wall / total:>7.0%}  {parts}".rstrip())
+    lines.append(f"{'total':<12} {total:>8.1f}")
+    return "\n".join(lines)
 
 
 def cloze_documents(splits: Any) -> list[str]:

@@ -143,3 +143,13 @@ def test_the_total_time_is_the_runs_wall_not_the_sum_of_nested_phases(run):
     walls = [v["wall"] if isinstance(v, dict) else v for k, v in timings.items() if k != "total"]
     assert timings["total"] == pytest.approx(sum(walls)) and summary["timings_s"] == json.loads(json.dumps(timings))
     assert f"(total {words.seconds(timings['total'])})" in page
+
+
+def test_the_stage_table_shows_each_phase_its_share_and_its_parts():
+    from headsurgeon.explain_measure import format_timings
+
+    table = format_timings({"load": 10.0, "capture": 5.0, "search": {"wall": 30.0, "enumerative": 50.0, "select": 8.0},
+                            "measure": {"wall": 5.0, "sweep": 4.0}, "total": 50.0}).splitlines()
+    assert table[1].split() == ["load", "10.0", "20%"]
+    assert table[3].split()[:3] == ["search", "30.0", "60%"] and "enumerative 50.0, select 8.0" in table[3]
+    assert table[-1].split() == ["total", "50.0"]

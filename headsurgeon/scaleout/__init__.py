@@ -1,5 +1,6 @@
-"""Scale explain out: per-head tasks (search, select, ΔPPL) run on this machine's processes (pool.py) or on a Ray
-cluster, journaled per head so a killed run resumes. Ray is imported only when ``executor="ray"`` is used (headsurgeon/scaleout/ray_run.py)."""
+"""Scale explain out: per-head tasks (search, select, ΔPPL) run on this machine's processes (pool.py) or on a
+Ray cluster, journaled per head so a killed run resumes. Ray is imported only when ``executor="ray"`` is used
+(headsurgeon/scaleout/ray_run.py)."""
 from __future__ import annotations
 
 from .headstore import HeadStore, StoreUnreachable, store_location

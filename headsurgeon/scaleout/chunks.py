@@ -25,7 +25,8 @@ def balanced(heads: list[tuple[int, int]], workers: int) -> list[list[tuple[int,
     left shrinks (each a ``1 / (2 * workers)`` share of it, at most ``MAX_HEADS_PER_TASK``), so no worker is
     left with a long task while the others idle at the end, and the progress bar moves steadily."""
     if workers <= 1:  # nothing to balance: one small task for the estimate, then the largest
-        return chunked(heads[:FIRST_TASK_HEADS], FIRST_TASK_HEADS) + chunked(heads[FIRST_TASK_HEADS:], MAX_HEADS_PER_TASK)
+        first = heads[:FIRST_TASK_HEADS]
+        return chunked(first, FIRST_TASK_HEADS) + chunked(heads[FIRST_TASK_HEADS:], MAX_HEADS_PER_TASK)
     chunks: list[list[tuple[int, int]]] = []
     i = 0
     while i < len(heads):

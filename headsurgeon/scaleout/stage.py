@@ -70,8 +70,8 @@ def preflight(executor: str, address: str | None = None, heads_per_task: int | N
 
 def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], searchers: Seq[str], *,
                   options: dict[str, Any], seed: int, vocab: Any, out: Path, executor: str = "local",
-                  workers: int | None = None, address: str | None = None, heads_per_task: int | None = None, delta_ppl: bool = False,
-                  model_spec: Any = None, tokenizer: Any = None, store_url: str | None = None,
+                  workers: int | None = None, address: str | None = None, heads_per_task: int | None = None,
+                  delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, store_url: str | None = None,
                   progress: bool = True, on_record: Any = None) -> HeadsResult:
     """Search, select and (``delta_ppl``) measure every head of ``store``; resumes from ``out / "heads"``.
 
