@@ -55,6 +55,14 @@ class LayerPatterns:
             self.dense = torch.from_numpy(np.stack(stacked, axis=1))
         self._placed: dict[tuple[torch.device, torch.dtype], dict[str, Any]] = {}
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes this batch holds: its keys or stacked patterns, and every copy placed on a device or dtype."""
+        own = [*self.keys, *([self.dense] if self.dense is not None else [])]
+        placed = [t for got in self._placed.values() for v in got.values() if v is not None
+                  for t in (v if isinstance(v, tuple) else (v,))]
+        return sum(t.numel() * t.element_size() for t in own + placed)
+
     def _on(self, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         """Every tensor the hooks need, on ``device`` in ``dtype`` (built once per device and dtype)."""
         key = (device, dtype)

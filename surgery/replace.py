@@ -38,6 +38,9 @@ from .providers import ProgramPatterns, as_provider
 from ..kernels.core import WHICHES, HeadsurgeonError, Which
 
 HeadKey = tuple[int, int]
+#: default cap on the hybrid's per-batch pattern cache (placed copies included): a dense program at 1 x 2,048
+#: tokens holds 16 MiB per head per batch, so a cap in batches alone let a long-context run grow to gigabytes
+BATCH_CACHE_BYTES = 256 << 20
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 
@@ -157,7 +160,7 @@ class HybridModel(nn.Module):
     """
 
     def __init__(self, handle: ModelHandle, heads: dict[HeadKey, ProgramHead], cache: TensorCache | None,
-                 batch_cache_items: int = 8) -> None:
+                 batch_cache_bytes: int = BATCH_CACHE_BYTES) -> None:
         super().__init__()
         self.base = handle.model
         self.program_heads = nn.ModuleDict({head_name(k): v for k, v in sorted(heads.items())})
@@ -166,7 +169,7 @@ class HybridModel(nn.Module):
         self.registry = SequenceRegistry(handle.tokenizer, handle.bos_id)
         self.mode = "pattern" if pattern_edits_take_effect(handle) else "z"
         self._batch_cache: OrderedDict[str, dict[int, LayerPatterns]] = OrderedDict()
-        self._batch_cache_items = batch_cache_items
+        self._batch_cache_bytes = batch_cache_bytes
         self._ids: torch.Tensor | None = None
         self._batch: dict[int, LayerPatterns] | None = None
         # decode ids to text only if some program reads text, offsets or linguistic features
@@ -391,10 +394,18 @@ class HybridModel(nn.Module):
                 continue
             found[layer] = LayerPatterns(heads, [rows_of(ph) for ph in heads], width)
         self._batch_cache[key] = found
-        while len(self._batch_cache) > self._batch_cache_items:
-            self._batch_cache.popitem(last=False)
+        self._evict()
         self._batch = found
         return found
+
+    def _evict(self) -> None:
+        """Drop the least recently used batches until the cache holds at most ``batch_cache_bytes`` (the batch
+        being run stays referenced by this forward even when it alone is larger)."""
+        sizes = {k: sum(lp.nbytes for lp in batch.values()) for k, batch in self._batch_cache.items()}
+        total = sum(sizes.values())
+        while self._batch_cache and total > self._batch_cache_bytes:
+            key, _ = self._batch_cache.popitem(last=False)
+            total -= sizes[key]
 
     def _pattern_hook(self, layer: int):
         def hook(module: nn.Module, inputs: Any, pattern: torch.Tensor) -> torch.Tensor | None:
@@ -489,7 +500,7 @@ def independent_handle(handle: ModelHandle) -> ModelHandle:
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
                   cache: TensorCache | None = None, which: Which = "replacement", copy: bool = False,
-                  trust_programs: Any = False) -> HybridModel:
+                  trust_programs: Any = False, batch_cache_bytes: int | None = None) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
     ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
@@ -501,6 +512,8 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     ``copy=True``, which gives the hybrid its own deep copy of the model. A ProgramSet read from a file (or a
     programs.json path) is someone else's: its Python programs, in any slot, run only with ``trust_programs=True``
     or their hashes (synth/trust.py); programs you built in this process need no trust.
+    ``batch_cache_bytes``: the most the per-batch pattern cache holds (default ``BATCH_CACHE_BYTES``, 256 MiB;
+    a hybrid made from another keeps its cap), so a repeated batch costs a lookup and long contexts stay bounded.
     """
     if isinstance(programs, (str, os.PathLike)):
         programs = ProgramSet.load(programs)
@@ -534,6 +547,10 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     modules = {h: ProgramHead(*h, src, alphas_old.get(h, 1.0), cache) for h, src in base_heads.items()}
     for h, src in heads.items():
         modules[h] = ProgramHead(*h, src, alpha_of.get(h, alpha if not isinstance(alpha, Mapping) else 1.0), cache)
-    hybrid = HybridModel(handle, modules, cache)
+    if batch_cache_bytes is None:
+        batch_cache_bytes = model._batch_cache_bytes if isinstance(model, HybridModel) else BATCH_CACHE_BYTES
+    if isinstance(batch_cache_bytes, bool) or not isinstance(batch_cache_bytes, int) or batch_cache_bytes < 0:
+        raise SurgeryError(f"batch_cache_bytes must be a whole number of bytes >= 0; got {batch_cache_bytes!r}")
+    hybrid = HybridModel(handle, modules, cache, batch_cache_bytes)
     hybrid.program_set = program_set  # scores and glosses for save_hybrid's manifest and card
     return hybrid

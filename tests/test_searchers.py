@@ -157,6 +157,10 @@ def test_explain_runs_a_registered_searcher(offsets, stories, tmp_path):
 
     result = explain(stories, need(CORPUS), tmp_path, max_len=16, max_sequences=24, searchers=("offsets",),
                      sweep_steps=(0.0, 1.0), progress=False)
-    assert len(offsets) == 1 and "offsets: 1 run(s)" in result.notes and "offsets" in result.timings["search"]
+    from headsurgeon.scaleout.chunks import balanced
+
+    tasks = balanced([(layer, head) for layer in range(stories.n_layers) for head in range(stories.n_heads)], 1)
+    assert len(offsets) == len(tasks) > 1, "each task builds its searchers (as a worker process or Ray task would)"
+    assert "offsets: 1 run(s)" in result.notes and "offsets" in result.timings["search"]
     sources = {e.source for e in result.programs.entries.values()}
     assert sources <= {"offsets", "baseline"} and "offsets" in sources

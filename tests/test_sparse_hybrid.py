@@ -48,3 +48,28 @@ def test_sparse_scatter_equals_the_dense_path(request, documents, monkeypatch, k
     assert sparse_grads.keys() == dense_grads.keys()
     for name in sparse_grads:
         torch.testing.assert_close(sparse_grads[name], dense_grads[name], atol=1e-5, rtol=1e-4)
+
+
+def test_the_batch_cache_holds_at_most_its_byte_cap(request, documents):
+    h = get_model(request, "stories260K")
+    _, ids = batch_of(h, documents)
+    batches = [ids[:, : ids.shape[1] - cut] for cut in range(4)]  # four distinct batches
+    with torch.no_grad():
+        with replace_heads(h, PROGRAMS) as roomy:
+            want = [roomy(b) for b in batches]
+            sizes = [sum(lp.nbytes for lp in batch.values()) for batch in roomy._batch_cache.values()]
+        assert len(sizes) == 4 and min(sizes) > 0
+        cap = sizes[-1] + sizes[-2]  # room for the last two batches, not three
+        with replace_heads(h, PROGRAMS, batch_cache_bytes=cap) as capped:
+            got = [capped(b) for b in batches]
+            assert len(capped._batch_cache) == 2
+            assert sum(lp.nbytes for batch in capped._batch_cache.values() for lp in batch.values()) <= cap
+            assert replace_heads(capped, {"L2H0": "first()"})._batch_cache_bytes == cap  # a hybrid's cap is kept
+        with replace_heads(h, PROGRAMS, batch_cache_bytes=0) as bare:
+            again = [bare(b) for b in batches]
+            assert not bare._batch_cache
+    for a, b, c in zip(want, got, again):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+    with pytest.raises(Exception, match="batch_cache_bytes must be a whole number"):
+        replace_heads(h, PROGRAMS, batch_cache_bytes=-1)
