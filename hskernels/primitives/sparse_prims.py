@@ -34,7 +34,10 @@ def _put(fill, norm, rowptr, cols, vals, r, c, j):  # pragma: no cover - compile
     if fill:
         k = rowptr[r] + c
         cols[k] = j
-        vals[k] = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r])) if norm else np.float32(1.0)
+        if norm:
+            vals[k] = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r]))
+        else:
+            vals[k] = np.float32(1.0)
     return c + 1
 
 
