@@ -15,9 +15,13 @@ Both outputs are checked equal (max |diff| printed). Timings: medians over ``--r
 runs (numba gets a warm-up call first, so compile / cache load is excluded).
 
 EAPS-style section (``bench_eaps``, first 400 sequences): prev(1), first(), window(1, 3), same_token()
-(sparse: evaluated to compressed rows) and decay(0.8), uniform() (dense) vs the same programs written as
-the seed's (EAPS) programs are: a Python loop per sequence filling a dense np.zeros matrix, then
-row-normalized; and the tensor cache's bytes per program (sparse programs are cached packed).
+(sparse: compressed rows) and decay(0.8), uniform() (dense) through ``synth.tensors.program_rows`` (what
+consumers read), without and with a warm tensor cache, vs the same programs written as the seed's (EAPS)
+programs are: a Python loop per sequence filling a dense np.zeros matrix, then row-normalized. Then
+(``bench_kernels``) the four sparse kernels alone, their specialised builds (one per flag combination,
+hskernels/specialise.py) against copies of their earlier flag-branching builds kept in this file, timed side
+by side; and the tensor cache's bytes per program (sparse programs are cached packed). CPU time on one
+thread (NUMBA_NUM_THREADS=1, torch.set_num_threads(1)).
 
 Second section (``bench_metrics_scoring``): the 20 programs' patterns scored against the 40 real
 heads of stories260K (5 layers x 8 query heads) on the first 200 sequences with
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import statistics
 import sys
@@ -40,7 +45,10 @@ from collections.abc import Callable
 from typing import Any
 from pathlib import Path
 
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # CPU time on one thread: set before numba is imported
+
 import numpy as np
+from numba import njit
 
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.sequence import Sequence
@@ -485,50 +493,210 @@ EAPS_SPARSE = [("prev(1)", r_prev(1)), ("first()", e_first), ("window(1, 3)", r_
 EAPS_DENSE = [("decay(0.8)", r_decay(0.8)), ("uniform()", e_uniform)]
 
 
-def bench_eaps(sequences: list[Sequence], feats: dict[str, np.ndarray], repeats: int) -> dict[str, float]:
-    """Sparse and dense DSL programs vs the same programs written EAPS-style, CPU time."""
-    from headsurgeon.kernels.sparse import RowsBuffer
-    from headsurgeon.synth import dsl
-    from headsurgeon.synth.sequence import pad_ids
+def bench_eaps(sequences: list[Sequence], repeats: int) -> dict[str, float]:
+    """Sparse and dense DSL programs through ``program_rows`` vs the same programs written EAPS-style, CPU time.
+
+    ``rows``: ``program_rows([program], windows, causal)`` with no cache, a fresh result per call (what a
+    consumer gets); ``cached``: the same call through a warm ``TensorCache`` (every window a hit: packed
+    rows read back); ``EAPS``: one Python function per window, then the per-window normalization. Returns the
+    EAPS side's median seconds per program.
+    """
+    from headsurgeon.kernels.cache import TensorCache
+    from headsurgeon.synth.tensors import program_rows
 
     inputs = per_sequence_inputs(sequences, {})
-    ids, lengths = pad_ids(sequences)
-    width = ids.shape[1]
-    block = np.empty((len(sequences), width, width), dtype=np.float32)
-    print(f"\n== EAPS-style: {len(sequences)} windows (mean length {lengths.mean():.1f}), causal, CPU time on 1 "
-          f"thread, medians of {repeats} interleaved runs, ms ==")
-    print(f"{'program':<16} {'form':<7} {'numba':>8} {'reused':>8} {'EAPS':>8} {'x':>6} {'x reused':>9}  "
+    lengths = np.array([s.n for s in sequences])
+    print(f"\n== EAPS-style through program_rows: {len(sequences)} windows (mean length {lengths.mean():.1f}), causal, "
+          f"CPU time on 1 thread, medians of {repeats} interleaved runs, ms ==")
+    print(f"{'program':<16} {'form':<7} {'rows':>8} {'cached':>8} {'EAPS':>8} {'x':>6} {'x cached':>9}  "
           f"{'nnz/row':>7} {'max|diff|':>9}")
     ratios: dict[str, float] = {}
+    eaps: dict[str, float] = {}
     for group, progs in (("sparse", EAPS_SPARSE), ("dense", EAPS_DENSE)):
         for text, fn in progs:
-            node = dsl.parse(text)
-            if dsl.is_sparse(node):
-                rows = RowsBuffer()
-                run = lambda: dsl.evaluate_sparse(node, ids, lengths, feats)  # noqa: E731
-                reuse = lambda: dsl.evaluate_sparse(node, ids, lengths, feats, out=rows)  # noqa: E731
-            else:
-                run = lambda: dsl.evaluate(node, ids, lengths, feats)  # noqa: E731
-                reuse = lambda: dsl.evaluate(node, ids, lengths, feats, out=block)  # noqa: E731
-            run(), reuse()
-            times: dict[str, list[float]] = {"numba": [], "reused": [], "eaps": []}
+            program = Program.parse(text)
+            cache = TensorCache(max_bytes=1 << 32)
+            run = lambda: program_rows([program], sequences, True)[0]  # noqa: E731
+            cached = lambda: program_rows([program], sequences, True, cache)[0]  # noqa: E731
+            run(), cached(), cached()
+            times: dict[str, list[float]] = {"rows": [], "cached": [], "eaps": []}
             for _ in range(repeats):
-                times["numba"].append(_timed(run)[1])
-                times["reused"].append(_timed(reuse)[1])
+                times["rows"].append(_timed(run)[1])
+                times["cached"].append(_timed(cached)[1])
                 times["eaps"].append(_timed(lambda: [reference_normalize(fn(x)) for x in inputs])[1])
             got = run()
             dense = got.to_dense() if hasattr(got, "to_dense") else got
             want = [reference_normalize(fn(x)) for x in inputs]
             diff = max(float(np.abs(dense[b, :n, :n] - w).max()) for b, (n, w) in enumerate(zip(lengths, want)))
+            again = cached()
+            diff = max(diff, float(np.abs((again.to_dense() if hasattr(again, "to_dense") else again) - dense).max()))
             m = {k: statistics.median(v) for k, v in times.items()}
-            ratios[text] = m["eaps"] / m["reused"]
+            ratios[text] = m["eaps"] / m["rows"]
+            eaps[text] = m["eaps"]
             nnz = got.nnz / lengths.sum() if hasattr(got, "nnz") else float(np.mean(lengths + 1) / 2)
-            print(f"{text:<16} {group:<7} {m['numba'] * 1e3:8.2f} {m['reused'] * 1e3:8.2f} {m['eaps'] * 1e3:8.1f} "
-                  f"{m['eaps'] / m['numba']:5.0f}x {m['eaps'] / m['reused']:8.0f}x  {nnz:7.2f} {diff:9.1e}")
+            print(f"{text:<16} {group:<7} {m['rows'] * 1e3:8.2f} {m['cached'] * 1e3:8.2f} {m['eaps'] * 1e3:8.1f} "
+                  f"{m['eaps'] / m['rows']:5.0f}x {m['eaps'] / m['cached']:8.0f}x  {nnz:7.2f} {diff:9.1e}")
     geo = lambda names: math.exp(statistics.fmean(math.log(ratios[t]) for t, _ in names))  # noqa: E731
-    print(f"sparse programs vs EAPS-style (geometric mean over {', '.join(t for t, _ in EAPS_SPARSE)}): "
-          f"{geo(EAPS_SPARSE):.0f}x (goal >= 50x); dense programs into a reused buffer: {geo(EAPS_DENSE):.0f}x "
-          f"(goal >= 10x)")
+    print(f"sparse programs through program_rows vs EAPS-style (geometric mean over "
+          f"{', '.join(t for t, _ in EAPS_SPARSE)}): {geo(EAPS_SPARSE):.1f}x (goal >= 50x); dense programs: "
+          f"{geo(EAPS_DENSE):.1f}x (goal >= 10x)")
+    return eaps
+
+
+# ============================================================================ section 1c: the kernels, specialised
+# The sparse kernels of the EAPS section as they were built before each became one build per flag combination
+# (hskernels/specialise.py): the count/fill pass, normalized rows and the causal mask were runtime arguments,
+# branched on inside inlined helpers. Copied here (not kept in the library) to time both builds in one process.
+
+@njit(inline="always")
+def _old_put(fill, norm, rowptr, cols, vals, r, c, j):  # pragma: no cover - compiled
+    if fill:
+        k = rowptr[r] + c
+        cols[k] = j
+        vals[k] = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r])) if norm else np.float32(1.0)
+    return c + 1
+
+
+@njit(inline="always")
+def _old_end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
+    if not fill:
+        rowptr[r + 1] = max(c, 1) if norm else c
+    elif norm and c == 0:
+        cols[rowptr[r]] = 0
+        vals[rowptr[r]] = 1.0
+
+
+@njit
+def _old_sp_offset(k, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
+    for b in range(lengths.shape[0]):
+        L = lengths[b]
+        for i in range(L):
+            j = i - k
+            c = 0
+            if 0 <= j < L and (not causal or j <= i):
+                c = _old_put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
+            _old_end(fill, norm, rowptr, cols, vals, b * n + i, c)
+
+
+@njit
+def _old_sp_first(lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
+    for b in range(lengths.shape[0]):
+        for i in range(lengths[b]):
+            _old_end(fill, norm, rowptr, cols, vals, b * n + i, _old_put(fill, norm, rowptr, cols, vals, b * n + i, 0, 0))
+
+
+@njit
+def _old_sp_window(lo, hi, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover - compiled
+    for b in range(lengths.shape[0]):
+        L = lengths[b]
+        for i in range(L):
+            dlo = max(lo, i - L + 1)
+            if causal:
+                dlo = max(dlo, 0)
+            dhi = min(hi, i)
+            c = 0
+            for d in range(dhi, dlo - 1, -1):
+                c = _old_put(fill, norm, rowptr, cols, vals, b * n + i, c, i - d)
+            _old_end(fill, norm, rowptr, cols, vals, b * n + i, c)
+
+
+@njit
+def _old_sp_same_token_linked(ids, vocab, causal, lengths, n, fill, norm, rowptr, cols, vals):  # pragma: no cover
+    nb = lengths.shape[0]
+    last = np.full(vocab, -1, dtype=np.int64)
+    prev = np.empty(max(n, 1), dtype=np.int64)
+    for b in range(nb):
+        L = lengths[b]
+        for i in range(L):
+            t = ids[b, i]
+            prev[i] = last[t]
+            last[t] = i
+        for i in range(L):
+            r = b * n + i
+            j = prev[i] if causal else last[ids[b, i]]
+            cnt = 0
+            if fill:
+                k = rowptr[r + 1] - 1
+                w = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r])) if norm else np.float32(1.0)
+            while j >= 0:
+                if j != i:
+                    if fill:
+                        cols[k] = j
+                        vals[k] = w
+                        k -= 1
+                    cnt += 1
+                j = prev[j]
+            _old_end(fill, norm, rowptr, cols, vals, r, cnt)
+        for i in range(L):
+            last[ids[b, i]] = -1
+
+
+def _two_passes(count: Callable, fill: Callable, B: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Count, size, fill (hskernels/primitives/sparse_prims.py ``_run``): ``count``/``fill`` take (rowptr, cols, vals)."""
+    rowptr = np.zeros(B * n + 1, dtype=np.int64)
+    count(rowptr, np.zeros(0, np.int32), np.zeros(0, np.float32))
+    np.cumsum(rowptr, out=rowptr)
+    cols = np.empty(int(rowptr[-1]), dtype=np.int32)
+    vals = np.empty(int(rowptr[-1]), dtype=np.float32)
+    fill(rowptr, cols, vals)
+    return rowptr, cols, vals
+
+
+def bench_kernels(sequences: list[Sequence], repeats: int, eaps: dict[str, float] | None = None) -> dict[str, float]:
+    """The four sparse kernels of the EAPS section, specialised builds vs the earlier flag-branching ones (above):
+    both passes, normalized rows, causal, on the same padded arrays; outputs checked equal. ``eaps``: the EAPS
+    side's seconds per program (``bench_eaps``), for the kernels-alone ratio."""
+    from headsurgeon.kernels.primitives.sparse_prims import _sp_first, _sp_offset, _sp_window
+    from headsurgeon.kernels.primitives.sparse_tokens import _sp_same_token_linked
+    from headsurgeon.synth.sequence import pad_ids
+
+    ids, lengths = pad_ids(sequences)
+    B, n = ids.shape
+    vocab = int(ids.max()) + 1
+    cases = {
+        "prev(1)": (lambda r, c, v: _sp_offset(False, True, True)(1, lengths, n, r, c, v),
+                    lambda r, c, v: _sp_offset(True, True, True)(1, lengths, n, r, c, v),
+                    lambda r, c, v: _old_sp_offset(1, True, lengths, n, False, True, r, c, v),
+                    lambda r, c, v: _old_sp_offset(1, True, lengths, n, True, True, r, c, v)),
+        "first()": (lambda r, c, v: _sp_first(False, True)(lengths, n, r, c, v),
+                    lambda r, c, v: _sp_first(True, True)(lengths, n, r, c, v),
+                    lambda r, c, v: _old_sp_first(lengths, n, False, True, r, c, v),
+                    lambda r, c, v: _old_sp_first(lengths, n, True, True, r, c, v)),
+        "window(1, 3)": (lambda r, c, v: _sp_window(False, True, True)(1, 3, lengths, n, r, c, v),
+                         lambda r, c, v: _sp_window(True, True, True)(1, 3, lengths, n, r, c, v),
+                         lambda r, c, v: _old_sp_window(1, 3, True, lengths, n, False, True, r, c, v),
+                         lambda r, c, v: _old_sp_window(1, 3, True, lengths, n, True, True, r, c, v)),
+        "same_token()": (lambda r, c, v: _sp_same_token_linked(False, True, True)(ids, vocab, lengths, n, r, c, v),
+                         lambda r, c, v: _sp_same_token_linked(True, True, True)(ids, vocab, lengths, n, r, c, v),
+                         lambda r, c, v: _old_sp_same_token_linked(ids, vocab, True, lengths, n, False, True, r, c, v),
+                         lambda r, c, v: _old_sp_same_token_linked(ids, vocab, True, lengths, n, True, True, r, c,
+                                                                   v)),
+    }
+    print(f"\n== sparse kernels alone (count + fill, normalized, causal) on {B} windows: specialised builds vs the "
+          f"earlier flag-branching builds, CPU time on 1 thread, medians of {max(repeats, 5)} interleaved runs, ms ==")
+    print(f"{'kernel':<16} {'specialised':>11} {'earlier':>8} {'x':>6} {'EAPS/specialised':>17}  {'equal':>5}")
+    ratios: dict[str, float] = {}
+    vs_eaps: list[float] = []
+    for text, (count, fill, old_count, old_fill) in cases.items():
+        new = _two_passes(count, fill, B, n)
+        old = _two_passes(old_count, old_fill, B, n)
+        same = all(np.array_equal(a, b) for a, b in zip(new, old))
+        times: dict[str, list[float]] = {"new": [], "old": []}
+        for _ in range(max(repeats, 5)):
+            times["new"].append(_timed(lambda: _two_passes(count, fill, B, n))[1])
+            times["old"].append(_timed(lambda: _two_passes(old_count, old_fill, B, n))[1])
+        m = {k: statistics.median(v) for k, v in times.items()}
+        ratios[text] = m["old"] / m["new"]
+        versus = ""
+        if eaps and text in eaps:
+            vs_eaps.append(eaps[text] / m["new"])
+            versus = f"{vs_eaps[-1]:16.0f}x"
+        print(f"{text:<16} {m['new'] * 1e3:11.3f} {m['old'] * 1e3:8.3f} {ratios[text]:5.1f}x {versus:>17}  "
+              f"{'yes' if same else 'NO':>5}")
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios.values()))
+    print(f"specialised vs earlier builds (geometric mean over the four kernels): {geo:.1f}x"
+          + (f"; kernels alone vs EAPS-style: {math.exp(statistics.fmean(math.log(r) for r in vs_eaps)):.0f}x"
+             if vs_eaps else ""))
     return ratios
 
 
@@ -773,7 +941,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eaps-only", action="store_true", help="run only the EAPS-style and cache-bytes sections")
     args = ap.parse_args(argv)
     import numba
+    import torch
 
+    numba.set_num_threads(1)
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
     sequences, sp = load_sequences(args.sequences)
     if args.sandbox_only:
@@ -783,8 +954,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(sequences)} sequences, features {sorted(feats)} in {time.perf_counter() - t0:.1f} s; "
           f"numba {numba.__version__} (serial kernels)")
     k = min(400, len(sequences))
-    bench_eaps(sequences[:k], {name: v[:k, : max(q.n for q in sequences[:k])] for name, v in feats.items()},
-               args.repeats)
+    bench_kernels(sequences[:k], args.repeats, bench_eaps(sequences[:k], args.repeats))
     progs = build_programs(sp, spacy)
     bench_cache_bytes(sequences[:k], [t for t, _ in progs])
     if args.eaps_only:

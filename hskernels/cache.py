@@ -231,7 +231,7 @@ def _untrusted_key(path: Path, why: str) -> bytes:
 
 def _key_of(key: str) -> str:
     """Validate a cache key (what :func:`cache_key` makes, or any other safe tensor name)."""
-    if not isinstance(key, str) or not key or len(key) > 200 or any(c in key for c in "/\\\0"):
+    if not isinstance(key, str) or not key or len(key) > 200 or "/" in key or "\\" in key or "\0" in key:
         raise InputError(f"bad cache key {key!r}; build keys with cache_key(program_hash, seq_key, mask_policy)")
     return key
 
@@ -372,8 +372,28 @@ class TensorCache:
             return None
 
     def get_many(self, keys: Iterable[str]) -> dict[str, np.ndarray]:
-        """Look up many keys; returns only the hits (each key counted as a hit or a miss)."""
-        return {k: a for k in keys if (a := self.get(k)) is not None}
+        """Look up many keys; returns only the hits (each key counted as a hit or a miss, as ``get`` would).
+
+        Memory hits are taken under one lock acquisition; the rest go through ``get`` (disk, then a miss).
+        """
+        keys = [_key_of(k) for k in keys]
+        found: dict[str, np.ndarray] = {}
+        rest: list[str] = []
+        with self._lock:
+            mem = self._mem
+            for k in keys:
+                arr = mem.get(k)
+                if arr is None:
+                    rest.append(k)
+                else:
+                    mem.move_to_end(k)
+                    found[k] = arr
+            self._stats.hits += len(keys) - len(rest)
+        for k in rest:
+            arr = self.get(k)
+            if arr is not None:
+                found[k] = arr
+        return found
 
     def put(self, key: str, array: np.ndarray) -> None:
         """Store a copy of ``array`` under ``key`` in memory and, if configured, on disk."""

@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from .sparse import RowsBuffer, SparseRows
+from .specialise import specialised
 from .core import InputError
 
 __all__ = ["normalize_scores", "normalize_rows", "visible_mask"]
@@ -150,60 +151,62 @@ def normalize_scores(scores: np.ndarray, lengths: np.ndarray, causal: bool,
     return out
 
 
-@njit(cache=True)
-def _normalize_rows_kernel(rowptr, cols, vals, lengths, n, causal, fill, optr, ocols, ovals, bad,
-                           bad_value):  # pragma: no cover - compiled
-    """The rules of ``_normalize_kernel`` per stored key: count (``fill`` False) or write the normalized rows."""
-    nb = lengths.shape[0]
-    for b in range(nb):
-        length = lengths[b]
-        if not fill:
-            bad[b] = -1
-        for i in range(length):
-            r = b * n + i
-            jmax = i + 1 if causal else length
-            raw = 0.0
-            total = 0.0
-            m = 0
-            for k in range(rowptr[r], rowptr[r + 1]):
-                if cols[k] < jmax:
-                    v = np.float64(vals[k])
-                    raw += v
-                    total += max(v, 0.0)
-                    m += 1
-            scale = 1.0
-            if not (np.isfinite(raw) and np.isfinite(total)):
-                peak = 0.0
-                for k in range(rowptr[r], rowptr[r + 1]):
-                    if cols[k] < jmax:
-                        v = vals[k]
-                        if not np.isfinite(v):
-                            if bad[b] < 0 and not fill:
-                                bad[b] = i * n + cols[k]
-                                bad_value[b] = v
-                        elif v > peak:
-                            peak = v
-                if bad[b] >= 0:
-                    continue
-                scale = 1.0 / peak
-                total = 0.0
-                for k in range(rowptr[r], rowptr[r + 1]):
-                    if cols[k] < jmax:
-                        total += max(np.float64(vals[k]) * scale, 0.0)
+@specialised()
+def _normalize_rows_kernel(causal, fill):
+    def _normalize_rows_kernel(rowptr, cols, vals, lengths, n, optr, ocols, ovals, bad,
+                               bad_value):  # pragma: no cover - compiled
+        """The rules of ``_normalize_kernel`` per stored key: count (``fill`` False) or write the normalized rows."""
+        nb = lengths.shape[0]
+        for b in range(nb):
+            length = lengths[b]
             if not fill:
-                optr[r + 1] = m if total > 0.0 else 1
-                continue
-            d = optr[r]
-            if total > 0.0:
-                inv = scale / total
+                bad[b] = -1
+            for i in range(length):
+                r = b * n + i
+                jmax = i + 1 if causal else length
+                raw = 0.0
+                total = 0.0
+                m = 0
                 for k in range(rowptr[r], rowptr[r + 1]):
                     if cols[k] < jmax:
-                        ocols[d] = cols[k]
-                        ovals[d] = np.float32(max(np.float64(vals[k]), 0.0) * inv)
-                        d += 1
-            else:
-                ocols[d] = 0
-                ovals[d] = 1.0
+                        v = np.float64(vals[k])
+                        raw += v
+                        total += max(v, 0.0)
+                        m += 1
+                scale = 1.0
+                if not (np.isfinite(raw) and np.isfinite(total)):
+                    peak = 0.0
+                    for k in range(rowptr[r], rowptr[r + 1]):
+                        if cols[k] < jmax:
+                            v = vals[k]
+                            if not np.isfinite(v):
+                                if bad[b] < 0 and not fill:
+                                    bad[b] = i * n + cols[k]
+                                    bad_value[b] = v
+                            elif v > peak:
+                                peak = v
+                    if bad[b] >= 0:
+                        continue
+                    scale = 1.0 / peak
+                    total = 0.0
+                    for k in range(rowptr[r], rowptr[r + 1]):
+                        if cols[k] < jmax:
+                            total += max(np.float64(vals[k]) * scale, 0.0)
+                if not fill:
+                    optr[r + 1] = m if total > 0.0 else 1
+                    continue
+                d = optr[r]
+                if total > 0.0:
+                    inv = scale / total
+                    for k in range(rowptr[r], rowptr[r + 1]):
+                        if cols[k] < jmax:
+                            ocols[d] = cols[k]
+                            ovals[d] = np.float32(max(np.float64(vals[k]), 0.0) * inv)
+                            d += 1
+                else:
+                    ocols[d] = 0
+                    ovals[d] = 1.0
+    return _normalize_rows_kernel
 
 
 def normalize_rows(rows: SparseRows, causal: bool, out: RowsBuffer | None = None) -> SparseRows:
@@ -220,8 +223,8 @@ def normalize_rows(rows: SparseRows, causal: bool, out: RowsBuffer | None = None
     bad_value = np.zeros(B, dtype=np.float64)
     none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
     if B and n:
-        _normalize_rows_kernel(rows.rowptr, rows.cols, rows.vals, lengths, n, bool(causal), False, optr, none_i,
-                               none_f, bad, bad_value)
+        _normalize_rows_kernel(bool(causal), False)(rows.rowptr, rows.cols, rows.vals, lengths, n, optr, none_i,
+                                                    none_f, bad, bad_value)
     hit = np.flatnonzero(bad >= 0)
     if hit.size:
         b = int(hit[0])
@@ -236,6 +239,6 @@ def normalize_rows(rows: SparseRows, causal: bool, out: RowsBuffer | None = None
     ocols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
     ovals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)
     if nnz:
-        _normalize_rows_kernel(rows.rowptr, rows.cols, rows.vals, lengths, n, bool(causal), True, optr, ocols,
-                               ovals, bad, bad_value)
+        _normalize_rows_kernel(bool(causal), True)(rows.rowptr, rows.cols, rows.vals, lengths, n, optr, ocols,
+                                                   ovals, bad, bad_value)
     return SparseRows(optr, ocols, ovals, lengths, n, True)

@@ -22,7 +22,8 @@ import numpy as np
 from numba import njit
 from .core import InputError
 
-__all__ = ["SparseRows", "RowsBuffer", "PACK_TAG", "pack_sequence", "is_packed", "from_packed", "empty_rows_like",
+__all__ = ["SparseRows", "RowsBuffer", "PACK_TAG", "pack_sequence", "pack_sequences", "packed_valid",
+           "is_packed", "from_packed", "empty_rows_like",
            "rows_from_counts", "stack_rows", "from_dense"]
 
 #: first int32 of a packed sequence (format tag and version).
@@ -245,17 +246,52 @@ def _packed_size(L: int, nnz: int, mode: int) -> int:
     return 5 + L + (L if mode & _BAND else nnz) + (L if mode & _ROWVAL else nnz)
 
 
+@njit(cache=True)
+def _pack_plan(rowptr, cols, vbits, lengths, n, idx, modes, sizes):  # pragma: no cover - compiled
+    """Mode and packed size of each sequence ``idx[t]`` (a per-row form only where it is smaller than the list)."""
+    for t in range(idx.shape[0]):
+        b = idx[t]
+        L = lengths[b]
+        nnz = rowptr[b * n + L] - rowptr[b * n]
+        mode = _pack_mode(rowptr, cols, vbits, b * n, L) if L < nnz else 0
+        modes[t] = mode
+        sizes[t] = 5 + L + (L if mode & _BAND else nnz) + (L if mode & _ROWVAL else nnz)
+
+
+@njit(cache=True)
+def _pack_all(rowptr, cols, vbits, lengths, n, idx, modes, starts, flat):  # pragma: no cover - compiled
+    for t in range(idx.shape[0]):
+        b = idx[t]
+        L = lengths[b]
+        out = flat[starts[t]: starts[t + 1]]
+        out[0] = PACK_TAG
+        out[1] = L
+        out[2] = rowptr[b * n + L] - rowptr[b * n]
+        out[3] = modes[t]
+        _pack(rowptr, cols, vbits, b * n, L, modes[t], out)
+
+
+def pack_sequences(rows: SparseRows, indices=None) -> list[np.ndarray]:
+    """``pack_sequence`` of each sequence in ``indices`` (default: all), in two compiled passes over the batch.
+
+    The arrays are consecutive views of one int32 buffer (the tensor cache copies what it keeps).
+    """
+    idx = np.arange(rows.shape[0], dtype=np.int64) if indices is None else np.asarray(indices, np.int64).reshape(-1)
+    modes = np.empty(idx.shape[0], dtype=np.int64)
+    sizes = np.empty(idx.shape[0], dtype=np.int64)
+    vbits = rows.vals.view(np.int32)
+    _pack_plan(rows.rowptr, rows.cols, vbits, rows.lengths, rows.n, idx, modes, sizes)
+    starts = np.zeros(idx.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    flat = np.empty(int(starts[-1]), dtype=np.int32)
+    _pack_all(rows.rowptr, rows.cols, vbits, rows.lengths, rows.n, idx, modes, starts, flat)
+    bounds = starts.tolist()
+    return [flat[bounds[t]: bounds[t + 1]] for t in range(idx.shape[0])]
+
+
 def pack_sequence(rows: SparseRows, b: int) -> np.ndarray:
     """Sequence ``b`` of ``rows``, unpadded (its length L), as one int32 array (module docstring)."""
-    n, L = rows.n, int(rows.lengths[b])
-    nnz = int(rows.rowptr[b * n + L] - rows.rowptr[b * n])
-    vbits = rows.vals.view(np.int32)
-    mode = int(_pack_mode(rows.rowptr, rows.cols, vbits, b * n, L))
-    mode &= (_BAND if L < nnz else 0) | (_ROWVAL if L < nnz else 0)  # a per-row form only where it is smaller
-    out = np.empty(_packed_size(L, nnz, mode), dtype=np.int32)
-    out[:4] = (PACK_TAG, L, nnz, mode)
-    _pack(rows.rowptr, rows.cols, vbits, b * n, L, mode, out)
-    return out
+    return pack_sequences(rows, [b])[0].copy()
 
 
 def is_packed(arr: np.ndarray) -> bool:
@@ -268,17 +304,77 @@ def packed_length(arr: np.ndarray) -> int:
     return int(arr[1])
 
 
+@njit(cache=True)
+def _packed_check(flat, starts, lengths, ok):  # pragma: no cover - compiled
+    """Per packed array: whether it is whole and consistent (tag, sizes, a row pointer from 0 to nnz that never
+    decreases, listed keys inside the length, a band inside it); ``lengths`` gets each header's length."""
+    for t in range(starts.shape[0] - 1):
+        s, e = starts[t], starts[t + 1]
+        ok[t] = False
+        lengths[t] = -1
+        if e - s < 5 or flat[s] != PACK_TAG:
+            continue
+        L, nnz, mode = flat[s + 1], flat[s + 2], flat[s + 3]
+        if L < 0 or nnz < 0 or mode < 0 or mode > (_BAND | _ROWVAL):
+            continue
+        if e - s != 5 + L + (L if mode & _BAND else nnz) + (L if mode & _ROWVAL else nnz):
+            continue
+        good = flat[s + 4] == 0 and flat[s + 4 + L] == nnz
+        for i in range(L):
+            if flat[s + 5 + i] < flat[s + 4 + i]:
+                good = False
+        c = s + 5 + L
+        if good and mode & _BAND:
+            for i in range(L):
+                m = flat[s + 5 + i] - flat[s + 4 + i]
+                if m > 0 and (flat[c + i] < 0 or flat[c + i] + m > L):
+                    good = False
+        elif good:
+            for k in range(nnz):
+                if flat[c + k] < 0 or flat[c + k] >= L:
+                    good = False
+        ok[t] = good
+        lengths[t] = L
+
+
+def _flatten(packed: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The arrays end to end (int32) and their start offsets; None when one is not a flat int32 array."""
+    if any(p.dtype != np.int32 or p.ndim != 1 for p in packed):
+        return None
+    starts = np.zeros(len(packed) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter((p.shape[0] for p in packed), np.int64, len(packed)), out=starts[1:])
+    return (np.concatenate(packed) if packed else np.zeros(0, np.int32)), starts
+
+
+def packed_valid(packed: list[np.ndarray], lengths: np.ndarray) -> np.ndarray:
+    """Boolean per array: a whole packed sequence of length ``lengths[t]`` (what ``from_packed`` accepts)."""
+    ok = np.zeros(len(packed), dtype=np.bool_)
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    ints = [t for t, p in enumerate(packed) if p.dtype == np.int32 and p.ndim == 1]
+    if not ints:
+        return ok
+    flat, starts = _flatten([packed[t] for t in ints])
+    good = np.empty(len(ints), dtype=np.bool_)
+    found = np.empty(len(ints), dtype=np.int64)
+    _packed_check(flat, starts, found, good)
+    sel = np.asarray(ints, dtype=np.int64)
+    ok[sel] = good & (found == lengths[sel])
+    return ok
+
+
 def from_packed(packed: list[np.ndarray], n: int) -> SparseRows:
     """A batch of width ``n`` from packed sequences (``pack_sequence``'s output), one per sequence."""
-    lengths = np.array([int(p[1]) for p in packed], dtype=np.int64)
+    flat_starts = _flatten(packed)
+    if flat_starts is None:
+        raise InputError("not a packed sparse sequence (hskernels/sparse.py pack_sequence makes them)")
+    flat, starts = flat_starts
+    lengths = np.empty(len(packed), dtype=np.int64)
+    ok = np.empty(len(packed), dtype=np.bool_)
+    _packed_check(flat, starts, lengths, ok)
+    if not ok.all():
+        raise InputError("not a packed sparse sequence (hskernels/sparse.py pack_sequence makes them)")
     if lengths.size and lengths.max() > n:
         raise InputError(f"a packed sequence of length {int(lengths.max())} does not fit width {n}")
-    for p in packed:
-        if not is_packed(p) or p.shape[0] != _packed_size(int(p[1]), int(p[2]), int(p[3])):
-            raise InputError("not a packed sparse sequence (hskernels/sparse.py pack_sequence makes them)")
-    flat = np.concatenate(packed) if packed else np.zeros(0, np.int32)
-    starts = np.zeros(len(packed) + 1, dtype=np.int64)
-    np.cumsum([p.shape[0] for p in packed], out=starts[1:])
     counts = np.zeros((len(packed), n), dtype=np.int64)
     _packed_counts(flat, starts, counts)
     rowptr = rows_from_counts(counts)
@@ -300,6 +396,7 @@ def _packed_counts(flat, starts, counts):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _unpack(flat, starts, n, rowptr, cols, vbits):  # pragma: no cover - compiled
+    """Each sequence's keys and weights, in the form its mode says (the mode is tested once per sequence)."""
     for b in range(starts.shape[0] - 1):
         s = starts[b]
         L = flat[s + 1]
@@ -309,8 +406,17 @@ def _unpack(flat, starts, n, rowptr, cols, vbits):  # pragma: no cover - compile
         ptr = s + 4
         c = s + 5 + L
         v = c + (L if mode & _BAND else nnz)
-        for i in range(L):
-            k0, k1 = flat[ptr + i], flat[ptr + i + 1]
-            for k in range(k0, k1):
-                cols[dst + k] = flat[c + i] + (k - k0) if mode & _BAND else flat[c + k]
-                vbits[dst + k] = flat[v + i] if mode & _ROWVAL else flat[v + k]
+        if mode & _BAND:
+            for i in range(L):
+                k0, k1 = flat[ptr + i], flat[ptr + i + 1]
+                for k in range(k0, k1):
+                    cols[dst + k] = flat[c + i] + (k - k0)
+        else:
+            cols[dst: dst + nnz] = flat[c: c + nnz]
+        if mode & _ROWVAL:
+            for i in range(L):
+                k0, k1 = flat[ptr + i], flat[ptr + i + 1]
+                for k in range(k0, k1):
+                    vbits[dst + k] = flat[v + i]
+        else:
+            vbits[dst: dst + nnz] = flat[v: v + nnz]

@@ -13,17 +13,19 @@ hybrid's hook use the sparse form as is); ``program_tensors`` densifies everythi
 """
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from collections.abc import Sequence as _Seq
 from typing import Protocol
 
 import numpy as np
 
 from ..kernels.cache import TensorCache, cache_key
-from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, is_packed, pack_sequence
+from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, pack_sequences, packed_valid
 from . import dsl
 from .features import batch_feature_arrays
-from .sequence import Sequence, pad_ids
+from .sequence import Sequence
 from ..kernels.core import InputError
 
 __all__ = ["program_tensors", "program_rows", "program_patterns", "ProgramTensor", "is_sparse_program", "mask_policy",
@@ -107,16 +109,54 @@ def _evaluate(program: PatternProgram, seqs: list[Sequence], causal: bool, reuse
 
 
 def _evaluate_sparse(program: PatternProgram, seqs: list[Sequence], causal: bool,
-                     features: dict[str, np.ndarray] | None = None, out: RowsBuffer | None = None) -> SparseRows:
+                     features: dict[str, np.ndarray] | None = None, out: RowsBuffer | None = None,
+                     batch: "_Batch | None" = None) -> SparseRows:
     """The normalized compressed rows of a sparse DSL program on ``seqs`` (width: their longest);
-    ``out``: a ``RowsBuffer`` to write them into (the result is a view of it)."""
+    ``out``: a ``RowsBuffer`` to write them into (the result is a view of it); ``batch``: ``seqs`` prepared
+    (padded ids, features computed so far), shared by the programs of one call."""
     node = program.node
-    ids, lengths = pad_ids(seqs)
-    feats = dict(features or {})
+    batch = batch or _Batch(seqs)
+    feats = batch.features
+    if features:
+        feats.update((k, v) for k, v in features.items() if k not in feats)
     need = sorted(set(dsl.features_needed(node)) - set(feats))
     if need:
         feats.update(batch_feature_arrays(seqs, need))
-    return dsl.evaluate_sparse(node, ids, lengths, feats, causal, out=out)
+    return dsl.evaluate_sparse(node, batch.ids, batch.lengths, feats, causal, out=out)
+
+
+class _Batch:
+    """Sequences as the kernels take them, prepared once per ``program_rows`` call: token ids padded with 0 to
+    [B, N] int64 (``pad_ids`` in one vectorised copy), lengths, and the feature arrays computed so far."""
+
+    def __init__(self, seqs: list[Sequence], lengths: np.ndarray | None = None) -> None:
+        self.lengths = _lengths(seqs) if lengths is None else lengths
+        width = int(self.lengths.max()) if len(seqs) else 0
+        self.ids = np.zeros((len(seqs), width), dtype=np.int64)
+        if len(seqs):
+            self.ids[np.arange(width)[None, :] < self.lengths[:, None]] = np.concatenate([s.ids for s in seqs])
+        self.features: dict[str, np.ndarray] = {}
+
+
+def _lengths(seqs: list[Sequence]) -> np.ndarray:
+    """int64 [B]: each sequence's length."""
+    return np.fromiter((s.ids.shape[0] for s in seqs), np.int64, len(seqs))
+
+
+_SEQ_KEYS: "weakref.WeakKeyDictionary[Sequence, tuple[np.ndarray, str]]" = weakref.WeakKeyDictionary()
+
+
+def _seq_key(seq: Sequence) -> str:
+    """``seq.key``, hashed once per Sequence (again only if its ``ids`` array is replaced: a Sequence's tokens are
+    fixed once built, which its lazily cached features rely on too, synth/sequence.py)."""
+    got = _SEQ_KEYS.get(seq)
+    if got is None or got[0] is not seq.ids:
+        got = _SEQ_KEYS[seq] = (seq.ids, seq.key)
+    return got[1]
+
+
+#: ``cache_key`` memoized: a batch's keys are asked for again by every call on the same sequences.
+_cache_key = functools.lru_cache(maxsize=1 << 16)(cache_key)
 
 
 def program_patterns(program: PatternProgram, sequences: _Seq[Sequence], causal: bool = True,
@@ -134,11 +174,12 @@ def program_patterns(program: PatternProgram, sequences: _Seq[Sequence], causal:
     return _evaluate(program, seqs, causal)
 
 
-def _check_sequences(seqs: list[Sequence]) -> list[int]:
+def _check_sequences(seqs: list[Sequence]) -> np.ndarray:
+    """The sequences' lengths, int64 [B], after checking there is at least one and none is empty."""
     if not seqs:
         raise InputError("program_tensors needs at least one sequence")
-    lengths = [s.n for s in seqs]
-    if min(lengths) < 1:
+    lengths = _lengths(seqs)
+    if lengths.min() < 1:
         raise InputError("program_tensors got an empty sequence (length 0); drop it before scoring")
     return lengths
 
@@ -149,60 +190,74 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
 
     Sparse DSL programs (``is_sparse_program``) come as compressed rows, the others dense. With a
     ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed).
+    The batch (sequence keys, padded ids, features) is prepared once for all programs.
     """
     seqs = list(sequences)
     lengths = _check_sequences(seqs)
-    N = max(lengths)
+    N = int(lengths.max())
     policy = mask_policy(causal)
-    seq_keys = [s.key for s in seqs]
-    first_of: dict[str, int] = {}
+    seq_keys = [_seq_key(s) for s in seqs]
+    slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
+    uniq: list[int] = []  # one representative index per distinct sequence
     for b, k in enumerate(seq_keys):
-        first_of.setdefault(k, b)
-    uniq = list(first_of.values())  # one representative index per distinct sequence
+        if k not in slot:
+            slot[k] = len(uniq)
+            uniq.append(b)
+    order = [slot[k] for k in seq_keys]  # each sequence's distinct one
+    batches: dict[tuple[int, ...], _Batch] = {}
+
+    def batch_of(idx: list[int]) -> _Batch:
+        key = tuple(idx)
+        if key not in batches:
+            batches[key] = _Batch([seqs[b] for b in idx], lengths[idx])
+        return batches[key]
+
     result: list[ProgramTensor] = []
     for prog in programs:
         sparse = is_sparse_program(prog)
         if cache is None:
             if sparse:
-                rows = _evaluate_sparse(prog, [seqs[b] for b in uniq], causal).widen(N)
-                where = {seq_keys[b]: r for r, b in enumerate(uniq)}
-                result.append(rows if len(uniq) == len(seqs) else rows.take([where[k] for k in seq_keys]))
+                rows = _evaluate_sparse(prog, [seqs[b] for b in uniq], causal, batch=batch_of(uniq)).widen(N)
+                result.append(rows if len(uniq) == len(seqs) else rows.take(order))
                 continue
             if len(uniq) == len(seqs) and _in_process(prog):  # zero-padded by the kernels:
                 result.append(_evaluate(prog, seqs, causal))                    # the evaluation is the result
                 continue
             pats = _evaluate(prog, [seqs[b] for b in uniq], causal, reuse=True)
-            found = {seq_keys[b]: pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)}
+            found = [pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)]
         else:
-            keys = {seq_keys[b]: cache_key(prog.hash, seq_keys[b], policy) for b in uniq}
-            found = {}
-            missing: list[int] = []
-            for b in uniq:
-                arr = cache.get(keys[seq_keys[b]])
-                ok = arr is not None and (
-                    (is_packed(arr) and int(arr[1]) == lengths[b]) if sparse else arr.shape == (lengths[b], lengths[b]))
-                if ok:
-                    found[seq_keys[b]] = arr
-                else:
-                    missing.append(b)
+            keys = [_cache_key(prog.hash, seq_keys[b], policy) for b in uniq]
+            hits = cache.get_many(keys)
+            found = [hits.get(k) for k in keys]
+            held = [r for r, a in enumerate(found) if a is not None]
+            if sparse and held:
+                ok = packed_valid([found[r] for r in held], lengths[[uniq[r] for r in held]])
+                for r in np.asarray(held)[~ok].tolist():
+                    found[r] = None
+            elif held:
+                for r in held:
+                    if found[r].shape != (lengths[uniq[r]], lengths[uniq[r]]):
+                        found[r] = None
+            missing = [r for r, a in enumerate(found) if a is None]
             if missing:
+                idx = [uniq[r] for r in missing]
                 if sparse:
-                    rows = _evaluate_sparse(prog, [seqs[b] for b in missing], causal, out=_rows_buffer())
-                    fresh = {seq_keys[b]: pack_sequence(rows, r) for r, b in enumerate(missing)}
+                    rows = _evaluate_sparse(prog, [seqs[b] for b in idx], causal, out=_rows_buffer(),
+                                            batch=batch_of(idx))
+                    fresh = pack_sequences(rows)
                 else:
-                    pats = _evaluate(prog, [seqs[b] for b in missing], causal, reuse=True)
-                    fresh = {
-                        seq_keys[b]: np.ascontiguousarray(pats[r, : lengths[b], : lengths[b]], dtype=np.float32)
-                        for r, b in enumerate(missing)
-                    }
-                cache.put_many({keys[k]: v for k, v in fresh.items()})
-                found.update(fresh)
+                    pats = _evaluate(prog, [seqs[b] for b in idx], causal, reuse=True)
+                    fresh = [np.ascontiguousarray(pats[t, : lengths[b], : lengths[b]], dtype=np.float32)
+                             for t, b in enumerate(idx)]
+                cache.put_many({keys[r]: a for r, a in zip(missing, fresh)})
+                for r, a in zip(missing, fresh):
+                    found[r] = a
             if sparse:
-                result.append(from_packed([found[k] for k in seq_keys], N))
+                result.append(from_packed([found[r] for r in order], N))
                 continue
         dense = np.zeros((len(seqs), N, N), dtype=np.float32)
-        for b, k in enumerate(seq_keys):
-            dense[b, : lengths[b], : lengths[b]] = found[k]
+        for b, r in enumerate(order):
+            dense[b, : lengths[b], : lengths[b]] = found[r]
         result.append(dense)
     return result
 
@@ -226,7 +281,7 @@ def program_tensors(
     seqs = list(sequences)
     progs = list(programs)
     lengths = _check_sequences(seqs)
-    N = max(lengths)
+    N = int(lengths.max())
     shape = (len(progs), len(seqs), N, N)
     if out is None:
         out = np.empty(shape, dtype=dtype)

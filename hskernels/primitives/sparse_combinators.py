@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit
 
 from ..sparse import SparseRows
+from ..specialise import specialised
 from .combinators import _F32_MAX
 
 __all__ = ["sparse_mix_scale", "sparse_mix_add", "sparse_raw_scale", "sparse_raw_add", "sparse_row_normalize",
@@ -50,81 +51,78 @@ def _raw_scale(rowptr, vals, weight):  # pragma: no cover - compiled
                 vals[k] = np.float32(min(np.float64(v) * w, _F32_MAX))
 
 
-def _merge_py(mode, ap, ac, av, bp, bc, bv, weight, fill, op, oc, ov):  # pragma: no cover - compiled
-    """Row-wise merge of a and b: union (mix: a + rownorm(b)*w; raw: a + b*w) or intersection (mul: a*b)."""
-    w = np.float64(weight)
-    for r in range(ap.shape[0] - 1):
-        ka, ka1, kb, kb1 = ap[r], ap[r + 1], bp[r], bp[r + 1]
-        scale = np.float32(0.0)
-        if mode == _MIX:
-            total = _total(bv, kb, kb1)
-            if total > 0.0:
-                scale = np.float32(weight / total)
-            else:
-                kb = kb1  # an empty row of b contributes nothing
-        k = op[r] if fill else 0
-        while ka < ka1 or kb < kb1:
-            ja = ac[ka] if ka < ka1 else 1 << 30
-            jb = bc[kb] if kb < kb1 else 1 << 30
-            if mode == _MUL:
-                if ja == jb:
-                    if fill:
-                        oc[k] = ja
-                        ov[k] = av[ka] * bv[kb]
-                    k += 1
-                    ka += 1
-                    kb += 1
-                elif ja < jb:
-                    ka += 1
+def _merge(mode, fill):
+    def _merge(ap, ac, av, bp, bc, bv, weight, op, oc, ov):  # pragma: no cover - compiled
+        """Row-wise merge of a and b: union (mix: a + rownorm(b)*w; raw: a + b*w) or intersection (mul: a*b)."""
+        w = np.float64(weight)
+        for r in range(ap.shape[0] - 1):
+            ka, ka1, kb, kb1 = ap[r], ap[r + 1], bp[r], bp[r + 1]
+            scale = np.float32(0.0)
+            if mode == _MIX:
+                total = _total(bv, kb, kb1)
+                if total > 0.0:
+                    scale = np.float32(weight / total)
                 else:
-                    kb += 1
-                continue
-            if fill:
-                if ja < jb:
-                    oc[k] = ja
-                    ov[k] = av[ka]
-                else:
-                    oc[k] = jb
-                    o = av[ka] if ja == jb else np.float32(0.0)
-                    if mode == _MIX:
-                        o += bv[kb] * scale
+                    kb = kb1  # an empty row of b contributes nothing
+            k = op[r] if fill else 0
+            while ka < ka1 or kb < kb1:
+                ja = ac[ka] if ka < ka1 else 1 << 30
+                jb = bc[kb] if kb < kb1 else 1 << 30
+                if mode == _MUL:
+                    if ja == jb:
+                        if fill:
+                            oc[k] = ja
+                            ov[k] = av[ka] * bv[kb]
+                        k += 1
+                        ka += 1
+                        kb += 1
+                    elif ja < jb:
+                        ka += 1
                     else:
-                        o = np.float32(min(np.float64(o) + np.float64(bv[kb]) * w, _F32_MAX))
-                    ov[k] = o
-            if ja <= jb:
-                ka += 1
-            if jb <= ja:
-                kb += 1
-            k += 1
-        if not fill:
-            op[r + 1] = k
+                        kb += 1
+                    continue
+                if fill:
+                    if ja < jb:
+                        oc[k] = ja
+                        ov[k] = av[ka]
+                    else:
+                        oc[k] = jb
+                        o = av[ka] if ja == jb else np.float32(0.0)
+                        if mode == _MIX:
+                            o += bv[kb] * scale
+                        else:
+                            o = np.float32(min(np.float64(o) + np.float64(bv[kb]) * w, _F32_MAX))
+                        ov[k] = o
+                if ja <= jb:
+                    ka += 1
+                if jb <= ja:
+                    kb += 1
+                k += 1
+            if not fill:
+                op[r + 1] = k
+    return _merge
 
 
-def _compiled(fastmath: object, name: str):
-    """``_merge_py`` compiled under its own name (so each variant has its own on-disk cache entry)."""
-    _merge_py.__qualname__ = _merge_py.__name__ = name
-    try:
-        return njit(cache=True, fastmath=fastmath)(_merge_py)
-    finally:
-        _merge_py.__qualname__ = _merge_py.__name__ = "_merge_py"
-
-
-# mix_accumulate and multiply are fastmath kernels (a contracted float32 a + v*s), raw_accumulate is not.
-_merge_fast = _compiled(_FASTMATH, "_merge_fast")
-_merge_exact = _compiled(False, "_merge_exact")
+# mix_accumulate and multiply are fastmath kernels (a contracted float32 a + v*s), raw_accumulate is not: the same
+# maker under two names, each with one build per (mode, count/fill pass) (hskernels/specialise.py).
+_merge_fast = specialised("_merge_fast", fastmath=_FASTMATH)(_merge)
+_merge_exact = specialised("_merge_exact")(_merge)
 
 
 def _merged(mode: int, a: SparseRows, b: SparseRows, weight: float) -> SparseRows:
-    _merge = _merge_exact if mode == _RAW else _merge_fast
+    merge = _merge_exact if mode == _RAW else _merge_fast
     rowptr = np.zeros_like(a.rowptr)
-    none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
-    _merge(mode, a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, float(weight), False, rowptr, none_i, none_f)
+    merge(mode, False)(a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, float(weight), rowptr, _NO_COLS,
+                       _NO_VALS)
     np.cumsum(rowptr, out=rowptr)
     nnz = int(rowptr[-1])
     cols = np.empty(nnz, dtype=np.int32)
     vals = np.empty(nnz, dtype=np.float32)
-    _merge(mode, a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, float(weight), True, rowptr, cols, vals)
+    merge(mode, True)(a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, float(weight), rowptr, cols, vals)
     return SparseRows(rowptr, cols, vals, a.lengths, a.n)
+
+
+_NO_COLS, _NO_VALS = np.zeros(0, np.int32), np.zeros(0, np.float32)  # the count pass writes no keys
 
 
 def sparse_mix_scale(a: SparseRows, weight: float) -> None:
@@ -181,34 +179,35 @@ def sparse_empty_rows(a: SparseRows) -> np.ndarray:
     return out.reshape(a.shape[0], a.n)
 
 
-@njit(cache=True)
-def _pick(take_b, ap, ac, av, bp, bc, bv, fill, op, oc, ov):  # pragma: no cover - compiled
-    """Row r from b where take_b[r], else from a."""
-    for r in range(ap.shape[0] - 1):
-        if take_b[r]:
-            p, c, v = bp, bc, bv
-        else:
-            p, c, v = ap, ac, av
-        k0, k1 = p[r], p[r + 1]
-        if fill:
-            d = op[r]
-            for k in range(k0, k1):
-                oc[d + k - k0] = c[k]
-                ov[d + k - k0] = v[k]
-        else:
-            op[r + 1] = k1 - k0
+@specialised()
+def _pick(fill):
+    def _pick(take_b, ap, ac, av, bp, bc, bv, op, oc, ov):  # pragma: no cover - compiled
+        """Row r from b where take_b[r], else from a."""
+        for r in range(ap.shape[0] - 1):
+            if take_b[r]:
+                p, c, v = bp, bc, bv
+            else:
+                p, c, v = ap, ac, av
+            k0, k1 = p[r], p[r + 1]
+            if fill:
+                d = op[r]
+                for k in range(k0, k1):
+                    oc[d + k - k0] = c[k]
+                    ov[d + k - k0] = v[k]
+            else:
+                op[r + 1] = k1 - k0
+    return _pick
 
 
 def _picked(take_b: np.ndarray, a: SparseRows, b: SparseRows) -> SparseRows:
     take_b = np.ascontiguousarray(take_b, dtype=np.bool_).reshape(-1)
     rowptr = np.zeros_like(a.rowptr)
-    none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
-    _pick(take_b, a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, False, rowptr, none_i, none_f)
+    _pick(False)(take_b, a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, rowptr, _NO_COLS, _NO_VALS)
     np.cumsum(rowptr, out=rowptr)
     nnz = int(rowptr[-1])
     cols = np.empty(nnz, dtype=np.int32)
     vals = np.empty(nnz, dtype=np.float32)
-    _pick(take_b, a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, True, rowptr, cols, vals)
+    _pick(True)(take_b, a.rowptr, a.cols, a.vals, b.rowptr, b.cols, b.vals, rowptr, cols, vals)
     return SparseRows(rowptr, cols, vals, a.lengths, a.n)
 
 
