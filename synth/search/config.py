@@ -15,8 +15,10 @@ from .llm.config import AgentConfig
 
 __all__ = ["SEARCHERS", "SearchConfig"]
 
-#: the searchers explain runs by default (any registered name may be asked for; see docs/architecture.md)
-SEARCHERS = ("enumerative", "learned", "llm")
+#: the searchers explain runs by default (any registered name may be asked for; see docs/architecture.md). The
+#: learned searcher is not among them: on SmolLM2 it more than doubled the search time for no better program
+#: (benchmarks/RESULTS.md); ``--searchers enumerative learned`` asks for it
+SEARCHERS = ("enumerative", "llm")
 
 
 @dataclass(frozen=True)
