@@ -22,7 +22,8 @@ from .core import HeadsurgeonError
 
 __all__ = [
     "atomic_file", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
-    "sha256_bytes", "json_default", "json_bytes", "split_documents", "UnsafeFileError", "read_bounded",
+    "sha256_bytes", "json_default", "json_bytes", "split_documents", "UnsafeFileError", "read_bounded", "named_file",
+    "SYSTEM_FOLDERS",
 ]
 
 _CHUNK = 1 << 20
@@ -152,12 +153,41 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
+    """Hex sha256 of a regular file, read in 1 MiB chunks and never past the size it had when opened, so a file
+    that grows without end (a procfs or device file, refused by ``named_file``) cannot keep the hash running."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
+        left = os.fstat(f.fileno()).st_size
+        while left > 0:
+            chunk = f.read(min(left, _CHUNK))
+            if not chunk:
+                break
             h.update(chunk)
+            left -= len(chunk)
     return h.hexdigest()
+
+
+#: folders whose files are views of the kernel or devices, never model files, whatever their stat says
+SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def named_file(path: str | Path, what: str) -> Path:
+    """``path`` resolved, if it is a regular, non-empty file outside /proc, /sys and /dev: the rule for every file a
+    checkpoint or a programs file names (a base model, its tokenizer), whose name a stranger chose.
+
+    A missing file raises FileNotFoundError; anything else that is not such a file is an UnsafeFileError.
+    """
+    resolved = Path(path).resolve()
+    for top in SYSTEM_FOLDERS:
+        if resolved == top or top in resolved.parents:
+            raise UnsafeFileError(f"{path} is under {top}, not a file on disk; {what} must be a regular file")
+    st = os.stat(resolved)
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO, device or socket"
+        raise UnsafeFileError(f"{path} is not a regular file ({kind}); {what} must be a regular file")
+    if st.st_size == 0:
+        raise UnsafeFileError(f"{path} is empty; {what} cannot be an empty file (it was truncated, or it is not one)")
+    return resolved
 
 
 class UnsafeFileError(HeadsurgeonError, ValueError):

@@ -244,8 +244,8 @@ def test_gpt2_reference_and_finetuned_round_trips(tiny_gpt2_dir, tmp_path):
         hybrid.restore()
     assert not torch.equal(want, tuned)
     assert read_manifest(ref_path)["weights"]["stored"] == "reference"
-    relative = os.path.relpath(tiny_gpt2_dir.resolve(), ref_path.resolve())  # portable: no absolute local path
-    assert read_manifest(ref_path)["base"] == {"kind": "hf", "name_or_path": relative, "local": True, "revision": None}
+    name = tiny_gpt2_dir.resolve().name  # portable: neither an absolute local path nor one through ".."
+    assert read_manifest(ref_path)["base"] == {"kind": "hf", "name_or_path": name, "local": True, "revision": None}
     assert str(tmp_path) not in (ref_path / "manifest.json").read_text()
     assert read_manifest(emb_path)["weights"]["stored"] == "embedded"
     for path, expected in ((emb_path, tuned), (ref_path, want)):
@@ -409,25 +409,33 @@ def test_newer_format_version_is_refused(reference_ck, copy_of):
         load_hybrid(path)
 
 
-def test_missing_or_mismatched_llama2c_base_is_refused(reference_ck, copy_of, tmp_path):
+def test_missing_or_mismatched_llama2c_base_is_refused(reference_ck, copy_of, tmp_path, monkeypatch):
     from conftest import STORIES
 
     path = copy_of(reference_ck[0])
     m = json.loads((path / "manifest.json").read_text())
-    gone = tmp_path / "moved" / "stories260K.bin"
-    m["base"]["path"] = str(gone)
-    (path / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(BaseModelError, match=rf"{gone} is missing \(expected sha256 {m['base']['sha256']}\)"):
-        load_hybrid(path)
-    # a different file at that path: its sha256 does not match
-    gone.parent.mkdir()
+    assert m["base"]["path"] == "stories260K.bin"  # a base outside the folder is named, never reached by a path
+    decoy = tmp_path / "moved" / "stories260K.bin"
+    decoy.parent.mkdir()
     data = bytearray((STORIES / "stories260K.bin").read_bytes())
     data[-1] ^= 0xFF
-    gone.write_bytes(bytes(data))
-    with pytest.raises(BaseModelError, match=rf"{gone} is not the file this checkpoint was saved on.*expected "
+    decoy.write_bytes(bytes(data))
+    m["base"]["path"] = str(decoy)  # a forged absolute path is reduced to its name: the real base is found instead
+    (path / "manifest.json").write_text(json.dumps(m))
+    load_hybrid(path).restore()
+    monkeypatch.setenv("HEADSURGEON_CACHE", str(tmp_path / "another-machine"))  # no index of this user's bases
+    with pytest.raises(BaseModelError, match=rf"stories260K.bin \(sha256 {m['base']['sha256']}\) was found neither "
+                                             r"in the checkpoint's folder, nor in the folders of \$HEADSURGEON_BASE_PATH"):
+        load_hybrid(path)
+    # on the search path, a file of that name with other bytes: its sha256 does not match
+    monkeypatch.setenv("HEADSURGEON_BASE_PATH", str(decoy.parent))
+    with pytest.raises(BaseModelError, match=rf"{decoy} is not the file this checkpoint was saved on.*expected "
                                              rf"{m['base']['sha256']}"):
         load_hybrid(path)
+    monkeypatch.setenv("HEADSURGEON_BASE_PATH", os.pathsep.join([str(decoy.parent), str(STORIES)]))
+    assert load_hybrid(path).restore() is not None  # the right file further along the search path is taken
     # pointing base_model at the real file loads it (its weights fingerprint still has to match)
+    monkeypatch.delenv("HEADSURGEON_BASE_PATH")
     loaded = load_hybrid(path, base_model=STORIES / "stories260K.bin")
     loaded.restore()
     assert loaded.replaced == PROGRAMS
@@ -453,7 +461,7 @@ def test_mismatched_hf_base_weights_are_refused(tiny_gpt2_dir, tmp_path):
     with pytest.raises(BaseModelError, match="does not have the weights this checkpoint was saved on"):
         load_hybrid(path)
     shutil.rmtree(base)
-    with pytest.raises(BaseModelError, match=f"base model directory {base} is missing"):
+    with pytest.raises(BaseModelError, match="base model directory base was found neither in the checkpoint's folder"):
         load_hybrid(path)
 
 

@@ -607,3 +607,52 @@ def test_hub_cache_links_are_followed_only_into_blobs(base_ck, tmp_path):
     (snap / rel).symlink_to(os.path.relpath(evil, (snap / rel).parent))
     with _deadline(30), pytest.raises(IntegrityError, match=rf"{rel} in .* is a symbolic link"):
         load_hybrid(snap).restore()
+
+
+@pytest.mark.parametrize("named", ["/proc/self/pagemap", "../../../../../../proc/self/pagemap", "/dev/zero"])
+def test_a_base_path_into_the_kernel_is_never_followed(base_ck, copy, tmp_path, monkeypatch, named):
+    from headsurgeon.hub.checkpoint.errors import BaseModelError
+
+    path = copy(base_ck)
+    m = _manifest(path)
+    m["base"]["path"] = named  # reduced to its name ("pagemap", "zero"), looked up where bases are looked up
+    _write_manifest(path, m)
+    monkeypatch.setenv("HEADSURGEON_CACHE", str(tmp_path / "empty-cache"))
+    with _deadline(30), pytest.raises(BaseModelError, match=r"was found neither in the checkpoint's folder"):
+        load_hybrid(path)
+    monkeypatch.setenv("HEADSURGEON_BASE_PATH", str(Path(named).parent if named.startswith("/") else "/proc/self"))
+    with _deadline(30), pytest.raises(BaseModelError, match=r"is under /(proc|dev), not a file on disk"):
+        load_hybrid(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "empty", "folder"])
+def test_a_base_that_is_not_a_regular_file_is_named_for_what_it_is(base_ck, copy, tmp_path, monkeypatch, kind):
+    from headsurgeon.hub.checkpoint.errors import BaseModelError
+
+    path = copy(base_ck)
+    name = _manifest(path)["base"]["path"]
+    planted = tmp_path / "bases" / name
+    planted.parent.mkdir()
+    {"fifo": lambda: os.mkfifo(planted), "empty": planted.touch, "folder": planted.mkdir}[kind]()
+    monkeypatch.setenv("HEADSURGEON_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HEADSURGEON_BASE_PATH", str(planted.parent))
+    want = {"fifo": "not a regular file \\(a FIFO", "empty": "is empty", "folder": "not a regular file \\(a folder"}
+    with _deadline(30), pytest.raises(BaseModelError, match=want[kind]):
+        load_hybrid(path)
+
+
+def test_named_files_are_regular_non_empty_and_outside_the_kernel(tmp_path):
+    from headsurgeon.kernels.fileio import UnsafeFileError, named_file, sha256_file
+
+    good = tmp_path / "model.bin"
+    good.write_bytes(b"weights")
+    assert named_file(good, "a model") == good.resolve()
+    link = tmp_path / "link.bin"
+    link.symlink_to(good)
+    assert named_file(link, "a model") == good.resolve()  # a link is judged by what it resolves to
+    for bad, why in (("/proc/self/pagemap", "under /proc"), ("/sys/kernel/notes", "under /sys"),
+                     ("/dev/zero", "under /dev"), (str(tmp_path), "a folder")):
+        with pytest.raises(UnsafeFileError, match=why):
+            named_file(bad, "a model")
+    with _deadline(10):  # hashed no further than its size, which procfs reports as 0
+        assert sha256_file("/proc/self/pagemap") == hashlib.sha256(b"").hexdigest()

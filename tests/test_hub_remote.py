@@ -212,7 +212,7 @@ def test_parse_hf_url():
             parse_hf_url(bad)
 
 
-def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tiny_gpt2_dir, tmp_path):
+def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tiny_gpt2_dir, tmp_path, monkeypatch):
     hybrid = replace_heads(gpt2, PROGRAMS, alpha={(1, 2): 0.25})
     try:
         ids = _ids(gpt2)
@@ -240,8 +240,10 @@ def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tiny_gpt2_dir, tmp
     assert "model.safetensors" not in remote  # untouched weights are referenced, not uploaded
 
     # the manifest names the local base portably (no path of the pushing machine): a Hub user says where it is
-    with pytest.raises(BaseModelError, match="base_model="):
-        load_hybrid("hf://acme/gpt2-hybrid", endpoint=hub.url, cache_dir=tmp_path / "cache")
+    with monkeypatch.context() as elsewhere:  # a user on another machine: no index of the pusher's bases
+        elsewhere.setenv("HEADSURGEON_CACHE", str(tmp_path / "another-machine"))
+        with pytest.raises(BaseModelError, match="base_model="):
+            load_hybrid("hf://acme/gpt2-hybrid", endpoint=hub.url, cache_dir=tmp_path / "cache")
     assert str(tiny_gpt2_dir.parent) not in remote["manifest.json"].decode()
     loaded = load_hybrid("hf://acme/gpt2-hybrid", endpoint=hub.url, cache_dir=tmp_path / "cache",
                          base_model=tiny_gpt2_dir)

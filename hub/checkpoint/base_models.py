@@ -6,14 +6,13 @@ commit, or the embedded zoo model); loading checks the files' hashes, then the w
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from headsurgeon.kernels.fileio import sha256_file
+from headsurgeon.kernels.fileio import UnsafeFileError, named_file, sha256_file
 from headsurgeon.surgery.gguf import read_gguf
 from headsurgeon.surgery.handle import GgufSource, HfSource, Llama2cSource, SourceRecord, ZooSource
 from headsurgeon.surgery.llama2c import load_llama2c
@@ -21,6 +20,7 @@ from headsurgeon.surgery.loading import ModelLoadError, load_model, zoo_dir
 from headsurgeon.surgery.sources import installed_copy
 from headsurgeon.synth.errors import excerpt
 
+from .base_search import BASE_PATH_ENV, file_digest, find_base, reference_fields, remember_base, stored_name
 from .errors import BaseModelError, CheckpointError
 
 __all__ = ["base_reference", "base_weights", "check_base_ref", "load_base", "portable", "located"]
@@ -52,47 +52,42 @@ def base_reference(source: SourceRecord, hf_model: Any) -> dict[str, Any] | None
     return None
 
 
-def _local_fields(ref: Mapping[str, Any]) -> tuple[str, ...]:
-    """The fields of a reference that name local files or folders."""
-    if ref.get("kind") == "llama2c":
-        return tuple(f for f in ("path", "tokenizer") if ref.get(f))
-    if ref.get("kind") == "gguf":
-        return ("path",)
-    if ref.get("kind") == "hf" and ref.get("local"):
-        return ("name_or_path",)
-    return ()
-
-
 def portable(ref: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-    """The reference as a manifest stores it: local files by their path relative to the checkpoint folder.
-
-    No absolute path of the saving machine is written; a checkpoint moved together with its base model
-    (or loaded with ``base_model=``) still finds it, and the sha256 fields say which file it must be.
-    """
+    """The reference as a manifest stores it: a file inside the checkpoint folder by its relative path, any other by
+    its name (and sha256), never by an absolute or ``..`` path; this user's index remembers where it is
+    (hub/checkpoint/base_search.py), and elsewhere ``$HEADSURGEON_BASE_PATH`` or ``base_model=`` finds it."""
     out = dict(ref)
-    for field in _local_fields(ref):
-        out[field] = os.path.relpath(Path(ref[field]).resolve(), Path(folder).resolve())
+    for field, sha256, is_folder in reference_fields(ref):
+        path = Path(ref[field])
+        out[field] = stored_name(path, Path(folder))
+        remember_base(path, sha256, is_folder)
     return out
 
 
 def located(ref: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-    """A stored reference with its relative local paths resolved from the checkpoint folder."""
+    """A stored reference with each file it names looked up (hub/checkpoint/base_search.py ``find_base``)."""
     out = dict(ref)
-    for field in _local_fields(ref):
-        if isinstance(ref[field], str) and not Path(ref[field]).is_absolute():
-            out[field] = str((Path(folder) / ref[field]).resolve())
+    for field, sha256, is_folder in reference_fields(ref):
+        if isinstance(ref[field], str):
+            out[field] = str(find_base(Path(folder), ref[field], sha256, is_folder))
     return out
 
 
 def check_base_file(path: Path, sha256: str | None, what: str) -> None:
-    """The base model's file exists and has the sha256 the manifest recorded, or a BaseModelError saying how to fix it."""
-    if not path.is_file():
+    """The base model's file is a regular file with the sha256 the manifest recorded, or a BaseModelError saying how
+    to fix it."""
+    try:
+        named_file(path, f"the base model's {what}")
+    except FileNotFoundError:
         raise BaseModelError(
-            f"the base model's {what} {path} is missing (expected sha256 {sha256}); put that file back, or pass "
-            "base_model='...' to load_hybrid to point at where it is now"
-        )
+            f"the base model's {what} {path.name} (sha256 {sha256}) was found neither in the checkpoint's folder, nor "
+            f"in the folders of ${BASE_PATH_ENV}, nor where this user saved a checkpoint on it; put the file in one of "
+            "them, or pass base_model='...' to load_hybrid to point at it"
+        ) from None
+    except (UnsafeFileError, OSError) as e:
+        raise BaseModelError(f"{e}; pass base_model='...' to load_hybrid to point at the real file") from None
     if sha256:
-        got = sha256_file(path)
+        got = file_digest(path.resolve())
         if got != sha256:
             raise BaseModelError(
                 f"the base model's {what} {path} is not the file this checkpoint was saved on: sha256 {got}, "
@@ -100,12 +95,20 @@ def check_base_file(path: Path, sha256: str | None, what: str) -> None:
             )
 
 
+def _is_file_with(path: Path, sha256: Any) -> bool:
+    """``path`` is a named regular file (hskernels/fileio.py ``named_file``) whose sha256 is ``sha256``."""
+    try:
+        return file_digest(named_file(path, "a GGUF file")) == sha256
+    except (OSError, UnsafeFileError):
+        return False
+
+
 def gguf_file(ref: Mapping[str, Any]) -> Path:
     """The GGUF file a reference names, checked against its sha256; where it moved, the installed copy of its hub id."""
     path = Path(ref["path"])
     if not path.is_file() and ref.get("name"):
         installed = installed_copy(str(ref["name"]))
-        if installed and Path(installed).is_file() and sha256_file(installed) == ref.get("sha256"):
+        if installed and _is_file_with(Path(installed), ref.get("sha256")):
             return Path(installed)
     check_base_file(path, ref.get("sha256"), "GGUF file")
     return path
@@ -200,8 +203,9 @@ def load_base(ref: Mapping[str, Any], device: str | torch.device, override: Any 
             name = str(ref["name_or_path"])
             if ref.get("local") and not Path(name).is_dir():
                 raise BaseModelError(
-                    f"the base model directory {name} is missing; put it back, or pass base_model='...' to "
-                    "load_hybrid to point at a copy of it"
+                    f"the base model directory {Path(name).name} was found neither in the checkpoint's folder, nor in "
+                    f"the folders of ${BASE_PATH_ENV}, nor where this user saved a checkpoint on it; put it in one of "
+                    "them, or pass base_model='...' to load_hybrid to point at a copy of it"
                 )
             return load_model(name, device=device, revision=ref.get("commit") or ref.get("revision"))
         if kind == "zoo":
