@@ -240,6 +240,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """What every subcommand can check from its arguments and the file system before a model loads: the corpus
+    file and its separator (surgery/corpus.py)."""
+    from headsurgeon.surgery.corpus import check_corpus_source
+
+    if getattr(args, "corpus", None) is not None or getattr(args, "separator", None) is not None:
+        check_corpus_source(getattr(args, "corpus", None), getattr(args, "separator", None))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, list(sys.argv[1:] if argv is None else argv))
@@ -247,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_inputs(args)
         return int(args.func(args) or 0)
     except expected_errors() as e:
         print(f"headsurgeon {args.command}: error: {error_message(e)}", file=sys.stderr)

@@ -12,11 +12,12 @@ from typing import Any
 
 from headsurgeon.scaleout import explain_store, preflight
 from headsurgeon.surgery.capture import capture
-from headsurgeon.surgery.corpus import load_corpus
+from headsurgeon.surgery.corpus import check_corpus_source, load_corpus
 from headsurgeon.surgery.loading import load_model
 from headsurgeon.surgery.threads import fit_threads
 from headsurgeon.synth.programset import ProgramSet, head_label
 from headsurgeon.synth.vocab import Vocabulary
+from headsurgeon.synth.search.base import searchers as registered_searchers
 from headsurgeon.synth.search.config import SEARCHERS  # noqa: F401 - the default searchers, importable here too
 from .configs import ExplainConfig
 from .explain_measure import measure_and_report, sweep_rows
@@ -95,8 +96,12 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     tokenizer, max_len, seed, progress = model_cfg.tokenizer, corpus_cfg.max_len, corpus_cfg.seed, cfg.progress
     sweep_steps, order, delta_ppl, cloze = measure.sweep_steps, measure.order, measure.delta_ppl, measure.cloze
     tasks, task_limit, include_path = measure.tasks, measure.task_limit, measure.include_path
-    preflight(scaleout.executor, scaleout.address, scaleout.heads_per_task, scaleout.workers)
+    preflight(scaleout.executor, scaleout.address, scaleout.heads_per_task, scaleout.workers, scaleout.store_url)
     searchers = list(search.searchers)
+    unknown = [name for name in searchers if name not in registered_searchers()]
+    if unknown:  # before the model loads and the capture runs, not after
+        raise InputError(f"unknown searcher {unknown[0]!r}; choose from {registered_searchers()}")
+    check_corpus_source(corpus, corpus_cfg.separator)
     if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (synth/search/llm/endpoint.py)
         from headsurgeon.synth.search.llm import check_endpoint
 

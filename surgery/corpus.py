@@ -30,12 +30,33 @@ def _check_count(name: str, value: Any, minimum: int, optional: bool = False) ->
         raise CorpusError(f"{name} must be a whole number >= {minimum}, got {excerpt(value)}")
 
 
+def _looks_like_path(source: Any) -> bool:
+    """A string meant as a file name rather than as the corpus text itself (read_documents' rule)."""
+    return isinstance(source, str) and "\n" not in source and len(source) < 4096 and (
+        "/" in source or source.endswith(".txt") or Path(source).expanduser().exists())
+
+
+def check_corpus_source(source: Any, separator: str | None = None) -> None:
+    """What can be checked of a corpus before a model loads: a named file exists and is a file, the separator is
+    not empty. Raises CorpusError naming the problem and the fix."""
+    if separator is not None and (not isinstance(separator, str) or not separator):
+        raise CorpusError(f"the document separator must be a non-empty string, got {separator!r}; leave it out to "
+                          "split documents on blank lines")
+    if isinstance(source, Path) or _looks_like_path(source):
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise CorpusError(f"corpus file not found: {source}")
+        if not path.is_file():
+            raise CorpusError(f"the corpus {source} is not a regular file; pass a UTF-8 text file")
+
+
 def read_documents(source: str | Path | Iterable[str], separator: str | None = None) -> list[str]:
     """Documents from a text file (or a list of strings), split on blank lines or on ``separator``.
 
     Empty documents are dropped. A list of strings is taken as documents (each may still contain
     ``separator`` if one is given).
     """
+    check_corpus_source(source, separator)
     if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and len(source) < 4096
                                     and Path(source).expanduser().is_file()):
         path = Path(source).expanduser()

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from ..kernels.core import HeadsurgeonError
+from ..kernels.core import HeadsurgeonError, InputError
 from .source_record import (EmbeddedSource, GgufSource, HfSource, Llama2cSource, ObjectSource, SourceRecord,
                             ZooSource, source_from_json)
 
@@ -15,6 +15,10 @@ __all__ = ["ModelHandle", "ModelLoadError", "SourceRecord", "Llama2cSource", "Gg
 
 class ModelLoadError(HeadsurgeonError, ValueError):
     """The model spec could not be turned into a usable model; the message says why and what to do."""
+
+
+class HeadIndexError(InputError, IndexError):
+    """A layer or head index the model does not have (an IndexError, as before; the CLI reports it in one line)."""
 
 
 @dataclass(repr=False)
@@ -62,11 +66,11 @@ class ModelHandle:
         return next(self.model.parameters()).device
 
     def check_head(self, layer: int, head: int) -> None:
-        """Raise a clear IndexError for a layer/head that does not exist."""
+        """Raise a clear HeadIndexError (an IndexError) for a layer/head that does not exist."""
         if not (isinstance(layer, int) and 0 <= layer < self.n_layers):
-            raise IndexError(f"layer {layer!r} does not exist: {self.name} has layers 0..{self.n_layers - 1}")
+            raise HeadIndexError(f"layer {layer!r} does not exist: {self.name} has layers 0..{self.n_layers - 1}")
         if not (isinstance(head, int) and 0 <= head < self.n_heads):
-            raise IndexError(
+            raise HeadIndexError(
                 f"head {head!r} does not exist: {self.name} has query heads 0..{self.n_heads - 1} per layer"
             )
 

@@ -363,3 +363,42 @@ def test_cli_capture_resume_with_a_damaged_shard(capsys, tmp_path):
     again = AttentionStore.load(out)
     for i, pattern in enumerate(before):
         assert np.array_equal(again.patterns(i), pattern)
+
+
+# ------------------------------------------------------------------------------------------ checked before loading
+
+
+def _no_model_loads(monkeypatch):
+    import headsurgeon.pipeline as pipeline
+    import headsurgeon.surgery.loading as loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(pipeline, "load_model", refuse)
+    monkeypatch.setattr(loading, "load_model", refuse)
+
+
+@pytest.mark.parametrize("extra, corpus, message", [
+    (["--searchers", "enumerativ"], None, r"unknown searcher 'enumerativ'; choose from \(.*'enumerative'"),
+    ([], "missing.txt", r"corpus file not found: .*missing\.txt"),
+    ([], "folder", r"the corpus .*folder is not a regular file"),
+    (["--store-url", "file:///tmp/store"], None, r"store_url tells Ray workers where the store is.*drop --store-url"),
+    (["--separator="], None, r"the document separator must be a non-empty string, got ''"),
+])
+def test_explain_checks_its_arguments_before_any_model_loads(capsys, monkeypatch, tmp_path, extra, corpus, message):
+    _no_model_loads(monkeypatch)
+    (tmp_path / "folder").mkdir()
+    path = str(tmp_path / corpus) if corpus else str(need(CORPUS))
+    line = one_clean_error(capsys, ["explain", "tiny-stories", path, str(tmp_path / "out"), *extra], "explain")
+    assert __import__("re").search(message, line), line
+
+
+@pytest.mark.parametrize("argv", [["score", "--head", "L9H9", "--program", "first()"],
+                                  ["ablate", "--heads", "L9H9", "--kind", "mean"]])
+def test_a_head_the_model_lacks_is_one_clean_line(capsys, argv):
+    command, *flags = argv
+    model, *tok = model_args()
+    line = one_clean_error(capsys, [command, model, str(need(CORPUS)), *tok, "--max-sequences", "12", "--max-len",
+                                    "16", *flags], command)
+    assert "layer 9 does not exist: llama2c:stories260K.bin has layers 0..4" in line

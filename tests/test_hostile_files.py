@@ -297,3 +297,13 @@ def test_cli_explain_checks_task_names_before_capture(capsys, tmp_path, monkeypa
                              "--tasks", "no_such_task_xyz"], "explain")
     assert "no_such_task_xyz" in line
     assert not (tmp_path / "out" / "store").exists()  # refused before the capture
+
+
+def test_a_truncated_record_is_dropped_and_the_rest_kept(tmp_path, keys):
+    book = journal(tmp_path)
+    book.write({"head": "L0H1", "entry": None})
+    path = tmp_path / "out" / "heads" / "L0H1.json"
+    path.write_bytes(path.read_bytes()[:20])  # a disk that lost the end of one record
+    with pytest.warns(UserWarning, match=r"L0H1\.json is damaged.*dropped it, so that head is searched again"):
+        again = HeadJournal(tmp_path / "out" / "heads").start({"seed": 0})
+    assert list(again) == [(0, 0)] and not path.exists()

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -182,14 +183,32 @@ class HeadJournal:
             return []
         return [p for p in sorted(self.directory.iterdir()) if _is_record_name(p.name)]
 
+    def _record(self, path: Path) -> Any:
+        """A record's JSON, or None for a record that is not JSON (torn or truncated): it is dropped with a warning
+        naming it, its head is searched again and every other record is kept. Anything else stays an error."""
+        try:
+            data = read_bounded(path, MAX_RECORD_BYTES, "a journal file")
+        except (OSError, UnsafeFileError) as e:
+            raise JournalError(f"{path} is unreadable ({' '.join(str(e).split())[:300]}); {self._fix()}") from None
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:
+            path.unlink(missing_ok=True)
+            warnings.warn(f"{path} is damaged ({' '.join(str(e).split())[:120]}); dropped it, so that head is searched "
+                          "again (the other records are kept)", stacklevel=3)
+            return None
+
     def records(self) -> dict[tuple[int, int], dict]:
-        """Every record, by head, each verified against its run's key (run.json's; ``start`` checks its inputs)."""
+        """Every record, by head, each verified against its run's key (run.json's; ``start`` checks its inputs);
+        a damaged record is dropped with a warning (``_record``)."""
         out: dict[tuple[int, int], dict] = {}
         paths = self._record_paths()
         if paths and self._key is None:
             self._open_run()
         for path in paths:
-            rec = self._read(path)
+            rec = self._record(path)
+            if rec is None:
+                continue
             mac = rec.pop("mac", None) if isinstance(rec, dict) else None
             if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac("record", rec)):
                 raise JournalError(f"{path} was not written by this run, or was altered after it was (its HMAC does "

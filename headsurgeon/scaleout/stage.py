@@ -47,9 +47,9 @@ def run_trust(searchers: Seq[str], options: dict[str, Any]) -> Any:
 
 
 def preflight(executor: str, address: str | None = None, heads_per_task: int | None = None,
-              workers: int | None = None) -> None:
+              workers: int | None = None, store_url: str | None = None) -> None:
     """Check the executor before the long capture: a known name, a whole number of workers, Ray installed, the
-    cluster's port answering."""
+    cluster's port answering, a store URL only where Ray workers read it."""
     if heads_per_task is not None:
         chunked([], heads_per_task)  # refuses anything but a whole number >= 1
     if executor not in EXECUTORS:
@@ -66,6 +66,9 @@ def preflight(executor: str, address: str | None = None, heads_per_task: int | N
             check_reachable(address)
     elif address:
         raise InputError("address names a Ray cluster; pass executor='ray' with it (or --ray ADDRESS)")
+    if store_url and executor != "ray":
+        raise InputError("store_url tells Ray workers where the store is; without executor='ray' (--ray) the heads "
+                         "run here on OUT/store: drop --store-url, or add --ray")
 
 
 def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], searchers: Seq[str], *,

@@ -5,6 +5,8 @@ anything is parsed, Python programs need trust, and weights load only through sa
 """
 from __future__ import annotations
 
+import re
+
 import warnings
 from pathlib import Path
 from typing import Any, Collection
@@ -65,10 +67,12 @@ def _load_root(root: Path, trust_programs: bool | Collection[str], device: str |
                 raise BaseModelError(f"the base model {excerpt(manifest['base'])} loaded without a Hugging Face "
                                      "model inside")
             got = weights_fingerprint(hf_state_dict(handle.hf_model))
-            if got != weights.get("sha256"):
+            want = weights.get("sha256")
+            if got != want:
+                want = want if isinstance(want, str) and re.fullmatch(r"[0-9a-f]{64}", want) else excerpt(want)
                 raise BaseModelError(
                     f"the base model {excerpt(manifest['base'])} does not have the weights this checkpoint was saved "
-                    f"on (weights sha256 {got}, expected {excerpt(weights.get('sha256'))}); load the exact base model "
+                    f"on (weights sha256 {got}, expected {want}); load the exact base model "
                     "(same file / revision), or pass base_model='...' pointing at it"
                 )
         else:
