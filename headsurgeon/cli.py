@@ -242,11 +242,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 def check_inputs(args: argparse.Namespace) -> None:
     """What every subcommand can check from its arguments and the file system before a model loads: the corpus
-    file and its separator (surgery/corpus.py)."""
+    file and its separator (surgery/corpus.py), and the heads named, against the model's config (surgery/dims.py)."""
     from headsurgeon.surgery.corpus import check_corpus_source
+    from headsurgeon.surgery.dims import check_heads_fit
 
     if getattr(args, "corpus", None) is not None or getattr(args, "separator", None) is not None:
         check_corpus_source(getattr(args, "corpus", None), getattr(args, "separator", None))
+    heads = [args.head] if getattr(args, "head", None) else getattr(args, "heads", None) or []
+    if heads and getattr(args, "model", None):
+        check_heads_fit(args.model, [h for item in heads for h in str(item).split(",") if h.strip()])
 
 
 def main(argv: list[str] | None = None) -> int:

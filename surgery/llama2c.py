@@ -19,7 +19,8 @@ class Llama2cFormatError(HeadsurgeonError, ValueError):
     """A model file is missing, unreadable, truncated or of the wrong format."""
 
 
-def _read_header(path: Path) -> dict:
+def read_header(path: Path) -> dict:
+    """The header of a llama2.c checkpoint (sizes and counts), checked for sanity; the weights are not read."""
     if not path.is_file():
         raise Llama2cFormatError(f"llama2.c checkpoint not found: {path} (pass llama2c:/path/to/model.bin)")
     with path.open("rb") as f:
@@ -49,7 +50,7 @@ def load_llama2c(path: str | Path) -> "torch.nn.Module":
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
-    h = _read_header(path)
+    h = read_header(path)
     dim, hidden, L, nh, nkv, V, T = (h[k] for k in ("dim", "hidden", "n_layers", "n_heads", "n_kv_heads", "vocab", "seq_len"))
     hd = dim // nh
     kv_dim = nkv * hd

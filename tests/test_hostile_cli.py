@@ -395,10 +395,20 @@ def test_explain_checks_its_arguments_before_any_model_loads(capsys, monkeypatch
 
 
 @pytest.mark.parametrize("argv", [["score", "--head", "L9H9", "--program", "first()"],
-                                  ["ablate", "--heads", "L9H9", "--kind", "mean"]])
-def test_a_head_the_model_lacks_is_one_clean_line(capsys, argv):
+                                  ["ablate", "--heads", "L0H1,L9H9", "--kind", "mean"]])
+def test_a_head_the_model_lacks_is_refused_from_its_config(capsys, monkeypatch, argv):
+    _no_model_loads(monkeypatch)
     command, *flags = argv
     model, *tok = model_args()
-    line = one_clean_error(capsys, [command, model, str(need(CORPUS)), *tok, "--max-sequences", "12", "--max-len",
-                                    "16", *flags], command)
-    assert "layer 9 does not exist: llama2c:stories260K.bin has layers 0..4" in line
+    line = one_clean_error(capsys, [command, model, str(need(CORPUS)), *tok, *flags], command)
+    assert "layer 9 does not exist: stories260K.bin has layers 0..4" in line
+
+
+def test_a_head_a_hugging_face_folder_lacks_is_refused_from_its_config(capsys, monkeypatch, tmp_path):
+    _no_model_loads(monkeypatch)
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4}))
+    line = one_clean_error(capsys, ["ablate", str(folder), str(need(CORPUS)), "--heads", "L1H4"], "ablate")
+    assert "head 4 does not exist: tiny-llama has query heads 0..3 per layer" in line
