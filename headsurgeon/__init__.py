@@ -27,6 +27,8 @@ _EXPORTS = {
     "replacement_sweep": "headsurgeon.surgery.evaluate", "downstream": "headsurgeon.surgery.downstream",
     "evaluate_programs": "headsurgeon.surgery.eval_report", "EvalReport": "headsurgeon.surgery.eval_report",
     "order_heads": "headsurgeon.surgery.sweep_order",
+    "head_scores": "headsurgeon.surgery.head_finders", "HeadScores": "headsurgeon.surgery.head_finders",
+    "probe_sequences": "headsurgeon.surgery.head_finders",
     "head_costs": "headsurgeon.surgery.head_costs", "HeadCosts": "headsurgeon.surgery.head_costs",
     "heal": "headsurgeon.surgery.heal", "HealReport": "headsurgeon.surgery.heal",
     "refit_mixtures": "headsurgeon.surgery.refit", "RefitResult": "headsurgeon.surgery.refit",
@@ -82,6 +84,7 @@ if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time
     from .surgery.eval_report import EvalReport, evaluate_programs
     from .surgery.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
     from .surgery.head_costs import HeadCosts, head_costs
+    from .surgery.head_finders import HeadScores, head_scores, probe_sequences
     from .surgery.heal import HealReport, heal
     from .surgery.refit import RefitResult, refit_mixtures
     from .surgery.loading import ModelHandle, ModelLoadError, load_model

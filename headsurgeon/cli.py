@@ -190,7 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
         register(sub)
     for subparser in sub.choices.values():  # every --help shows the defaults
         subparser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Turn off argparse's prefix matching in ``parser`` and every subcommand's: a flag is taken as written, so
+    ``--heads`` can never be read as an abbreviation of a longer flag."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _no_abbreviations(subparser)
 
 
 def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:

@@ -11,11 +11,11 @@ from .kernels.argtypes import fraction, positive_float, positive_int
 from .kernels.configs import nested, setting, with_shortcuts
 from .kernels.core import WHICHES
 from .scaleout.config import ScaleoutConfig
-from .surgery.configs import CaptureConfig, CorpusConfig, MeasureConfig, ModelConfig
+from .surgery.configs import CaptureConfig, CorpusConfig, HeadsConfig, MeasureConfig, ModelConfig
 from .synth.search.config import SearchConfig
 
-__all__ = ["ExplainConfig", "BuildConfig", "CaptureConfig", "CorpusConfig", "MeasureConfig", "ModelConfig", "ScaleoutConfig",
-           "SearchConfig"]
+__all__ = ["ExplainConfig", "BuildConfig", "CaptureConfig", "CorpusConfig", "HeadsConfig", "MeasureConfig", "ModelConfig",
+           "ScaleoutConfig", "SearchConfig"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class ExplainConfig:
     model: ModelConfig = nested(ModelConfig)
     corpus: CorpusConfig = nested(CorpusConfig)
     capture: CaptureConfig = nested(CaptureConfig)
+    subset: HeadsConfig = nested(HeadsConfig)
     search: SearchConfig = nested(SearchConfig)
     scaleout: ScaleoutConfig = nested(ScaleoutConfig)
     measure: MeasureConfig = nested(MeasureConfig)

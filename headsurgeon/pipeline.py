@@ -13,6 +13,7 @@ from typing import Any
 from headsurgeon.scaleout import explain_store, preflight
 from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import check_corpus_source, load_corpus
+from headsurgeon.surgery.head_subset import check_subset, choose_heads
 from headsurgeon.surgery.loading import load_model
 from headsurgeon.surgery.threads import fit_threads
 from headsurgeon.synth.programset import ProgramSet, head_label
@@ -79,7 +80,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     ``config``: an :class:`ExplainConfig` (headsurgeon/configs.py), one config per stage. Or give its settings as
     keywords by name instead (not both): ``tokenizer``, ``device``, ``dtype`` (the model); ``max_len``,
     ``max_sequences``, ``fractions``, ``seed`` (also the searchers' and the sweep's), ``separator`` (the corpus);
-    ``mode``, ``q_frac``, ``batch_size``, ``shard_size`` (capture); ``searchers`` (registered names, run in
+    ``mode``, ``q_frac``, ``batch_size``, ``shard_size`` (capture); ``heads``, ``layers``, ``top``, ``by`` (which heads:
+    every one by default, see surgery/head_subset.py); ``searchers`` (registered names, run in
     order), ``library`` (programs, DSL text or EAPS-style ``Path`` files that compete for every head),
     ``library_budget``, ``enumerative`` / ``learned`` / ``agent_config`` (each searcher's options); ``executor``,
     ``workers``, ``address``, ``heads_per_task``, ``store_url`` (scale-out); ``sweep_steps``, ``order``, ``delta_ppl``,
@@ -102,6 +104,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     if unknown:  # before the model loads and the capture runs, not after
         raise InputError(f"unknown searcher {unknown[0]!r}; choose from {registered_searchers()}")
     check_corpus_source(corpus, corpus_cfg.separator)
+    check_subset(cfg.subset)
     if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (synth/search/llm/endpoint.py)
         from headsurgeon.synth.search.llm import check_endpoint
 
@@ -134,6 +137,11 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     if not (splits.synth and splits.select and splits.test):
         raise InputError(f"the corpus split is too small ({splits.sizes()}): give more documents")
     sequences, idx = splits.all, splits.indices
+    subset = choose_heads(handle, cfg.subset)  # None: every head
+    if subset is not None:
+        notes.append(f"explained {len(subset)} of {handle.n_layers * handle.n_heads} heads "
+                     f"({', '.join(map(str, subset[:12]))}{', ...' if len(subset) > 12 else ''}); the measurements "
+                     "swap these heads only")
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     threads = {"capture": fit_threads()}  # surgery/threads.py: the cores free now, never more
@@ -151,7 +159,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     heads = explain_store(store, handle, idx, names, options=search.options(library), seed=seed, vocab=vocab,
                           out=out, executor=scaleout.executor, workers=scaleout.workers, address=scaleout.address,
                           heads_per_task=scaleout.heads_per_task, delta_ppl=delta_ppl, model_spec=model,
-                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress)
+                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress, heads=subset)
     programs = heads.programs
     timings.update(heads.timings)
     notes.extend(heads.notes)

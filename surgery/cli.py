@@ -1,4 +1,4 @@
-"""CLI subcommands that drive a live model: ``headsurgeon ablate`` and ``headsurgeon eval``."""
+"""CLI subcommands that drive a live model: ``headsurgeon ablate``, ``headsurgeon eval`` and ``headsurgeon heads``."""
 from __future__ import annotations
 
 import argparse
@@ -157,7 +157,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_heads(args: argparse.Namespace) -> int:
+    from .head_finders import head_scores
+    from .loading import load_model
+
+    handle = load_model(args.model, **asdict(from_flags(ModelConfig, args)))
+    found = [head_scores(handle, kind, length=args.length, count=args.count, seed=args.seed) for kind in args.kind]
+    if args.plot:
+        for scores in found:
+            scores.plot(args.plot.replace("KIND", scores.kind) if len(found) > 1 else args.plot)
+    if args.json:
+        print(json.dumps({s.kind: {"queries": s.n_queries, "scores": s.scores.round(4).tolist(),
+                                   "top": [[str(h), round(v, 4)] for h, v in s.top(args.top)]} for s in found}, indent=1))
+        return 0
+    for scores in found:
+        print(scores.table() if args.table else f"{scores.kind} ({scores.n_queries} queries): "
+              + ", ".join(f"{h} {v:.2f}" for h, v in scores.top(args.top)))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    from .head_finders import HEAD_KINDS
+
+    p = sub.add_parser("heads", help="find induction, previous-token, first-token, self and duplicate-token heads "
+                                     "(scores on repeated random tokens, as TransformerLens's head detector)")
+    p.add_argument("model", help=MODEL_HELP)
+    add_flags(p, ModelConfig)
+    p.add_argument("--kind", nargs="+", choices=HEAD_KINDS, default=list(HEAD_KINDS), help="which finders (default: all)")
+    p.add_argument("--top", type=int, default=5, help="how many of the best heads to list per kind")
+    p.add_argument("--table", action="store_true", help="print the whole layer x head table of each kind")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="save a layer x head heatmap (with several kinds, KIND in the name is replaced by each)")
+    p.add_argument("--length", type=int, default=24, help="tokens in the probe's random block (said twice)")
+    p.add_argument("--count", type=int, default=8, help="probe sequences")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe's random tokens")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_heads)
+
     p = sub.add_parser("ablate", help=f"perplexity, ΔPPL and KL against the base with heads ablated "
                                             f"({', '.join(ABLATION_KINDS)})")
     _common(p)

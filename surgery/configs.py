@@ -12,8 +12,8 @@ from ..kernels.argtypes import fraction, int_at_least, non_negative_int, positiv
 from ..kernels.configs import setting
 from ..kernels.core import InputError
 
-__all__ = ["CorpusConfig", "ModelConfig", "CaptureConfig", "MeasureConfig", "DType", "DTYPES", "MODEL_HELP",
-           "ORDERS", "torch_dtype"]
+__all__ = ["CorpusConfig", "ModelConfig", "CaptureConfig", "MeasureConfig", "HeadsConfig", "DType", "DTYPES",
+           "MODEL_HELP", "ORDERS", "HEAD_KINDS", "HeadKind", "torch_dtype"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[DType, ...] = get_args(DType)
@@ -21,6 +21,10 @@ DTYPES: tuple[DType, ...] = get_args(DType)
 #: sweep orders (surgery/eval_report.py): best test IoU first, cheapest per-head ΔPPL first, or both side by side
 Order = Literal["iou", "delta_ppl", "both"]
 ORDERS: tuple[Order, ...] = get_args(Order)
+
+#: what the head finders score (surgery/head_finders.py)
+HeadKind = Literal["induction", "previous", "first", "self", "duplicate"]
+HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
 
 #: what the MODEL argument of every subcommand accepts (surgery/loading.py load_model, surgery/sources.py)
 MODEL_HELP = ("a Hugging Face hub id or local folder, a .gguf file (tokenizer and config from the file), "
@@ -98,3 +102,18 @@ def torch_dtype(dtype: Any) -> Any:
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
         return getattr(torch, dtype.removeprefix("torch."))
     raise InputError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} (a name or the torch dtype)")
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    """Which heads a run explains: every head by default, or the named heads and layers, or the ``top`` heads a
+    head finder ranks highest among them (surgery/head_subset.py ``choose_heads``)."""
+
+    heads: tuple[str, ...] | None = setting(None, nargs="+", metavar="HEAD",
+                                            help="explain only these heads, e.g. L17H3,L18H6 (commas or spaces)")
+    layers: str | None = setting(None, metavar="RANGES", help="explain only the heads of these layers, e.g. 16-20 "
+                                                              "or 0,3,5-7")
+    top: int | None = setting(None, type=positive_int, metavar="K",
+                              help="explain the K heads the --by head finder scores highest (among --heads/--layers "
+                                   "when given)")
+    by: HeadKind = setting("induction", choices=HEAD_KINDS, help="the head finder --top ranks by")

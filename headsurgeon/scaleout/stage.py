@@ -75,8 +75,9 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
                   options: dict[str, Any], seed: int, vocab: Any, out: Path, executor: str = "local",
                   workers: int | None = None, address: str | None = None, heads_per_task: int | None = None,
                   delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, store_url: str | None = None,
-                  progress: bool = True, on_record: Any = None) -> HeadsResult:
-    """Search, select and (``delta_ppl``) measure every head of ``store``; resumes from ``out / "heads"``.
+                  progress: bool = True, on_record: Any = None, heads: Seq[tuple[int, int]] | None = None) -> HeadsResult:
+    """Search, select and (``delta_ppl``) measure every head of ``store`` (or ``heads``); resumes from
+    ``out / "heads"``.
 
     Locally the heads run on ``workers`` processes (None: every core this process may use), except with the LLM
     agent (its request caps and journal are per process) or per-head ΔPPL on a model given as an object (workers
@@ -114,7 +115,7 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
     job = HeadJob(store_location(store.directory, store_url if executor == "ray" else None),
                   tuple(indices["synth"]), tuple(indices["select"]), tuple(indices["test"]), factories, seed,
                   dict(options), vocab, handle.name, delta, None if pooled else str(out), gate)
-    heads = list(store.heads)
+    heads = [tuple(h) for h in heads] if heads is not None else list(store.heads)
     t0 = time.perf_counter()
     records, resumed, run_notes = run_heads(job, heads, out / "heads", fingerprint=job.fingerprint(store),
                                             executor=executor, workers=workers, address=address,
