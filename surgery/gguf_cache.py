@@ -63,7 +63,10 @@ def private_folder(root: Path, folder: Path) -> None:
 
 
 def secret_of(folder: Path) -> bytes:
-    """This user's key for entry digests (created once, mode 0600); a fresh one, with a warning, where it is not private."""
+    """This user's key for entry digests (created once, mode 0600); a fresh one, with a warning, if it is not private.
+
+    The same scheme as the tensor cache's key (hskernels/cache.py ``_secret_of``), with this cache's wording.
+    """
     path = folder / KEY_FILE
     for _ in range(2):
         try:
@@ -115,7 +118,7 @@ def sign_entry(secret: bytes, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def entry_problem(folder: Path, secret: bytes, want: dict[str, Any]) -> str | None:
-    """Why the entry in ``folder`` cannot be used (None when it can): its digest, fields, file list and files are checked.
+    """Why the entry in ``folder`` cannot be used (None when it can): its digest, fields, file list and files.
 
     ``want`` holds the fields the entry must have as they are (the GGUF's sha256, the converting versions).
     """

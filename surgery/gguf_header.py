@@ -25,6 +25,7 @@ VERSIONS = (2, 3)  # version 1 (32-bit counts) has not been written since 2023; 
 MAX_DIMS = 4  # GGML_MAX_DIMS in ggml.h: a tensor has at most four dimensions
 MAX_ARRAY_DEPTH = 8  # arrays of arrays: real files nest at most once
 MAX_KEY_BYTES = 65535  # the GGUF spec bounds key lengths to 2^16 - 1 bytes
+PLAUSIBLE_BYTES = 1 << 40  # a count or length past the end by less was cut short; by more, it is damaged
 DEFAULT_ALIGNMENT = 32
 # value type -> (struct format, size); 8 = string and 9 = array are read apart
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
@@ -106,27 +107,33 @@ class _Reader:
         return struct.unpack(fmt, self.take(n, what))[0]
 
     def count(self, what: str, min_each: int) -> int:
-        """A uint64 count of things at least ``min_each`` bytes each, refused when the rest of the file cannot hold them."""
+        """A uint64 count of things of ``min_each`` bytes or more, refused when the rest of the file cannot hold it."""
         at = self.pos
         n = self.scalar(10, what)
         room = self.left() // max(min_each, 1)
         if n > room:
-            self.fail(f"{what} {_pow2(n)} at byte {at} exceeds what the {self.left()} bytes left in the file can hold "
-                      f"(at most {room})")
+            self._beyond(n * max(min_each, 1), f"{what} {_pow2(n)} at byte {at}",
+                         f"{what} {_pow2(n)} at byte {at} exceeds what the {self.left()} bytes left in the file can "
+                         f"hold (at most {room})")
         return n
+
+    def _beyond(self, need: int, what: str, damaged: str) -> None:
+        """A count or length running past the end: a plausible one means the file was cut short, else it is damaged."""
+        if need < PLAUSIBLE_BYTES:
+            self.fail(f"truncated at byte {self.size} of at least {self.pos + need}: {what} needs {need} bytes from "
+                      f"byte {self.pos}, {self.left()} are left")
+        self.fail(damaged)
 
     def string(self, what: str, limit: int | None = None) -> str:
         at = self.pos
         n = self.scalar(10, f"the length of {what}")
-        if n > self.left() or (limit is not None and n > limit):
-            bound = f"the {self.left()} bytes left in the file" if n > self.left() else f"the limit of {limit} bytes"
-            self.fail(f"{what} at byte {at} claims a length of {_pow2(n)} bytes, more than {bound}")
-        raw = self.take(n, what)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            self.fail(f"{what} at byte {at} is not UTF-8")
-        raise AssertionError  # fail raises
+        if limit is not None and n > limit:
+            self.fail(f"{what} at byte {at} claims a length of {_pow2(n)} bytes, more than the limit of {limit}")
+        if n > self.left():
+            self._beyond(n, f"{what} (its length at byte {at})",
+                         f"{what} at byte {at} claims a length of {_pow2(n)} bytes, more than the {self.left()} bytes "
+                         "left in the file")
+        return self.take(n, what).decode("utf-8", "replace")  # the parsers decide about bytes that are not UTF-8
 
 
 def _value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
@@ -143,7 +150,8 @@ def _value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
     etype = r.scalar(4, f"the element type of {key!r}")
     if etype not in _SCALARS and etype not in (_STRING, _ARRAY):
         r.fail(f"key {key!r} is an array of type {etype} at byte {at}; GGUF value types are 0 to 12")
-    n = r.count(f"the array length of {key!r}", _SCALARS[etype][1] if etype in _SCALARS else 8 if etype == _STRING else 12)
+    min_each = _SCALARS[etype][1] if etype in _SCALARS else 8 if etype == _STRING else 12  # 12: type + length
+    n = r.count(f"the array length of {key!r}", min_each)
     if etype in _SCALARS:
         r.skip(n * _SCALARS[etype][1], f"the {n} {_TYPE_NAMES[etype]} values of {key!r}")
         return n
