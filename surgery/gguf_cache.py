@@ -224,7 +224,7 @@ def sweep_dead_builds(folder: Path) -> tuple[int, int]:
         except OSError:
             continue
     if removed:
-        warnings.warn(f"removed {removed} unfinished GGUF conversion{'s' if removed > 1 else ''} left in {folder} by "
-                      f"writers that died; {freed} bytes ({freed / 2**20:.1f} MiB) freed", ConversionCacheWarning,
+        warnings.warn(f"removed {removed} unfinished GGUF cache build{'s' if removed > 1 else ''} left in {folder} "
+                      f"by writers that died; {freed} bytes ({freed / 2**20:.1f} MiB) freed", ConversionCacheWarning,
                       stacklevel=4)
     return removed, freed

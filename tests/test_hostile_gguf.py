@@ -123,6 +123,16 @@ def test_a_listed_file_swapped_for_a_symlink_is_refused(tiny, cache, tmp_path):
     assert not config.is_symlink()
 
 
+def test_an_entry_folder_swapped_for_a_symlink_is_refused(tiny, cache, tmp_path):
+    folder, _ = built(tiny, cache)
+    elsewhere = tmp_path / "elsewhere"
+    folder.rename(elsewhere)
+    folder.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.warns(ConversionCacheWarning, match="cannot be used: it is a symbolic link"):
+        hs_gguf.read_gguf(tiny)
+    assert folder.is_dir() and not folder.is_symlink() and hs_gguf._entry_valid(folder, hs_gguf.sha256_file(tiny))
+
+
 def test_the_cache_folders_are_created_private(tiny, cache):
     folder, _ = built(tiny, cache)
     for d in (cache, cache / "gguf"):
@@ -177,7 +187,7 @@ def test_a_build_killed_with_sigkill_is_removed_by_the_next_load_which_says_what
         proc.wait()
         proc.stdout.close()
     assert leftover.is_dir()
-    with pytest.warns(ConversionCacheWarning, match=r"removed 1 unfinished GGUF conversion .* 1048576 bytes .* freed"):
+    with pytest.warns(ConversionCacheWarning, match=r"removed 1 unfinished GGUF cache build left in .* by writers that died; 1048576 bytes .* freed"):
         hs_gguf.read_gguf(tiny)
     assert not leftover.exists()
     assert [p.name for p in gguf_dir.iterdir() if p.name.startswith(".build-")] == []
@@ -208,9 +218,27 @@ def test_leftovers_of_dead_pids_and_of_earlier_versions_are_removed(cache):
         (d / "model.safetensors").write_bytes(b"\0" * 1000)
     day_old = time.time() - 2 * 86400
     os.utime(old, (day_old, day_old))
-    with pytest.warns(ConversionCacheWarning, match="removed 2 unfinished GGUF conversions .* 2000 bytes"):
+    with pytest.warns(ConversionCacheWarning, match="removed 2 unfinished GGUF cache builds .* 2000 bytes"):
         assert sweep_dead_builds(gguf_dir) == (2, 2000)
     assert not dead.exists() and not old.exists() and recent.exists()  # a recent one may still be written
+
+
+def test_an_assembly_of_parts_killed_midway_is_removed_by_the_next_one(tmp_path, cache, monkeypatch):
+    """Gemma 3 is assembled from installed parts into gguf-files/ (surgery/gguf.py assemble_parts), the same way."""
+    from test_gguf import _fake_parts
+
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    parts = _fake_parts(tmp_path / "site", [b"GGUF" + bytes(300), b"rest" * 100])
+    files = cache / "gguf-files"
+    files.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = files / f".build-{parts.sha256[:16]}-{socket.gethostname()}-{int(done.stdout)}-01020304"
+    dead.mkdir()
+    (dead / parts.name).write_bytes(b"GGUF" + bytes(96))
+    with pytest.warns(ConversionCacheWarning, match="removed 1 unfinished GGUF cache build .* 100 bytes"):
+        out = hs_gguf.assemble_parts(parts)
+    assert out.read_bytes() == b"GGUF" + bytes(300) + b"rest" * 100 and not dead.exists()
+    assert [p.name for p in files.iterdir() if p.name.startswith(".")] == []
 
 
 # --- item 4: a damaged GGUF file is called damaged -----------------------------------------------------------------
