@@ -232,14 +232,19 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
                      f"alignment {alignment}")
             infos.append((name, dims, ggml_type, offset, elements // block * block_bytes, at))
         data_start = -(-r.pos // alignment) * alignment
-        tensors = []
-        for name, dims, ggml_type, offset, nbytes, at in infos:
-            if data_start + offset + nbytes > size:
-                fail(f"tensor {name!r} (its info at byte {at}) has data offset {_pow2(offset)} and {nbytes} bytes, "
-                     f"ending at byte {data_start + offset + nbytes} past the end of the {size}-byte file "
-                     f"(truncated at byte {size} of {data_start + offset + nbytes})")
-            tensors.append(GGUFTensorInfo(name, dims, ggml_type, data_start + offset, nbytes))
-        return GGUFHeader(version, metadata, tuple(tensors), alignment, data_start, size)
+        ends = [data_start + offset + nbytes for _, _, _, offset, nbytes, _ in infos]
+        expected = max(ends, default=data_start)
+        if expected > size:
+            beyond = [info for info, end in zip(infos, ends) if end > size]
+            name, _, _, offset, nbytes, at = max(beyond, key=lambda info: info[3] + info[4])
+            if expected - size < PLAUSIBLE_BYTES:
+                fail(f"truncated at byte {size} of {expected}: the data of {len(beyond)} of its {len(infos)} tensors "
+                     f"lies past the end of the file (the last, {name!r}, ends at byte {expected})")
+            fail(f"tensor {name!r} (its info at byte {at}) has data offset {_pow2(offset)} and {nbytes} bytes, "
+                 f"ending at byte {data_start + offset + nbytes}, past the end of the {size}-byte file")
+        tensors = tuple(GGUFTensorInfo(name, dims, ggml_type, data_start + offset, nbytes)
+                        for name, dims, ggml_type, offset, nbytes, _ in infos)
+        return GGUFHeader(version, metadata, tensors, alignment, data_start, size)
 
 
 def advice(path: Path) -> str:
