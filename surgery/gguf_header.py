@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -215,7 +216,8 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
             dims = tuple(r.scalar(10, f"the dimensions of tensor {name!r}") for _ in range(n_dims))
             ggml_type = r.scalar(4, f"the type of tensor {name!r}")
             if ggml_type not in sizes:
-                fail(f"tensor {name!r} at byte {at} has type {ggml_type}, which ggml does not define")
+                fail(f"tensor {name!r} at byte {at} has type {ggml_type}, which ggml does not define (as the "
+                     f"installed gguf {package_version('gguf')} knows it)")
             offset = r.scalar(10, f"the data offset of tensor {name!r}")
             block, block_bytes = sizes[ggml_type]
             elements = 1
