@@ -36,7 +36,7 @@ __all__ = ["Program", "DEFAULT_TIMEOUT"]
 class Program:
     """A head-replacing program (DSL or sandboxed Python); immutable, hashable by canonical form."""
 
-    __slots__ = ("kind", "text", "hash", "_payload", "_canonical", "_backend")
+    __slots__ = ("kind", "text", "_payload", "_canonical", "_hash", "_backend")
 
     def __init__(self, backend: ProgramBackend, payload: Any) -> None:
         """Internal: use ``Program.parse``, ``from_dsl_json``, ``from_json``, ``python``, ``from_node`` or ``of``."""
@@ -44,8 +44,10 @@ class Program:
         self._payload = payload
         self.kind = backend.kind
         self.text = backend.text(payload)
-        self._canonical = backend.canonical(payload)
-        self.hash = hashlib.sha256(self._canonical.encode("utf-8")).hexdigest()
+        # the canonical form and its sha256 are computed on first use and kept: the searchers wrap many large
+        # table programs only to render them (synth/search/enumerative/search.py)
+        self._canonical: str | None = None
+        self._hash: str | None = None
 
     # ---------------------------------------------------------------- constructors
 
@@ -147,8 +149,17 @@ class Program:
 
     @property
     def canonical(self) -> str:
-        """The canonical form the hash is computed from."""
+        """The canonical form the hash is computed from (computed once, on first use)."""
+        if self._canonical is None:
+            self._canonical = self._backend.canonical(self._payload)
         return self._canonical
+
+    @property
+    def hash(self) -> str:
+        """sha256 hex of the canonical form: what caches and checkpoints key on (computed once, on first use)."""
+        if self._hash is None:
+            self._hash = hashlib.sha256(self.canonical.encode("utf-8")).hexdigest()
+        return self._hash
 
     @property
     def size(self) -> int:
@@ -220,10 +231,10 @@ class Program:
     # ---------------------------------------------------------------- identity
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Program) and other._canonical == self._canonical
+        return isinstance(other, Program) and other.canonical == self.canonical
 
     def __hash__(self) -> int:
-        return hash(self._canonical)
+        return hash(self.canonical)
 
     def __repr__(self) -> str:
         return f"Program({self._backend.describe(self.text, self.hash)})"

@@ -47,3 +47,35 @@ def test_the_memo_is_dropped_with_its_node_and_never_pickled():
     del node
     gc.collect()
     assert key not in memo_module._MEMO
+
+
+def test_a_node_hash_is_the_dataclass_hash_computed_once(monkeypatch):
+    """Nodes hash as the tuple of their fields (what the frozen dataclasses computed), once per node object."""
+    from dataclasses import fields
+
+    node = dsl.parse(TABLE)
+    for n in [node, *node.args]:
+        assert hash(n) == hash(tuple(getattr(n, f.name) for f in fields(n)))
+    fresh = dsl.parse(TABLE)
+    assert hash(fresh) == hash(node) and fresh == node and len({node, fresh}) == 1
+    real_memo = memo_module.memo
+    asked = []
+    monkeypatch.setattr("headsurgeon.synth.dsl.nodes.memo",
+                        lambda n, name, compute: real_memo(n, name, lambda: asked.append(name) or compute()))
+    probe = dsl.parse("mul(profile(w=[1, 0.25]), key_weight(w=[[3, 2]]))")
+    for _ in range(3):
+        hash(probe)
+    assert asked.count("hash") == 3  # the Mul and its two primitives, each once
+
+
+def test_a_programs_canonical_form_and_hash_are_computed_on_first_use_only():
+    import hashlib
+
+    from headsurgeon.synth.program import Program
+
+    program = Program.parse(TABLE)
+    assert program._canonical is None and program._hash is None  # rendering needs neither
+    assert program.hash == hashlib.sha256(program.canonical.encode("utf-8")).hexdigest()
+    assert program.canonical == "dsl:" + dsl.canonical_json(program.node)
+    back = pickle.loads(pickle.dumps(program))
+    assert back == program and back.hash == program.hash and hash(back) == hash(program)

@@ -3,8 +3,9 @@
 Referenced from the combinators' declarations in synth/dsl/catalog.py (``cells=``). The cells are the visible
 cells of a batch in (sequence, query, key) order, each query row a contiguous segment starting at its key-0
 cell; the enumerative searcher's fit set holds them (synth/search/enumerative/fitset.py ``FitSet``, which
-implements ``Cells``). Each adapter repeats its dense kernel's semantics with the numpy operations the fit set
-has always used (float32 values, float64 accumulation in ``sum``), so the searcher's scores stay bit-exact.
+implements ``Cells``). Each adapter repeats its dense kernel's semantics in float32 values with float64 sums
+(``sum``'s saturating accumulation and the row passes compiled in hskernels/cell_kernels.py), so the searcher's
+scores agree with the kernels' to float rounding (tests/test_enumerative.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from headsurgeon.kernels.cell_kernels import saturating_add
 from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Sharpen, Sum
 from .spec import CellsAdapter
 
@@ -75,12 +77,10 @@ def mix_raw(node: Mix, cells: Cells, memo: dict) -> np.ndarray:
 
 def sum_values(node: Sum, cells: Cells, memo: dict) -> tuple[np.ndarray, np.ndarray]:
     """Weighted sum of raw children (float64 sums saturating at float32's max, as ``raw_accumulate``), normalized."""
-    acc = np.zeros(cells.C, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        for w, t in node.terms:
-            acc = np.minimum(acc + np.float64(w) * cells.raw(t, memo), F32_MAX).astype(np.float32)
-            acc = acc.astype(np.float64)
-    v = cells.rownorm(acc.astype(np.float32))
+    acc = np.zeros(cells.C, dtype=np.float32)
+    for w, t in node.terms:  # acc = float32(min(acc + w * raw, F32_MAX)) in float64, one compiled pass a term
+        saturating_add(acc, float(w), np.ascontiguousarray(cells.raw(t, memo)))
+    v = cells.rownorm(acc)
     return v, cells.row_sums(v) <= 0  # emptiness of the normalized rows
 
 

@@ -1,4 +1,4 @@
-"""Values derived from a tree once per node object (canonical text, canonical JSON, size).
+"""Values derived from a tree once per node object (canonical text, canonical JSON, size, hash).
 
 Nodes are frozen (synth/dsl/nodes.py), so a value computed from one node's fields holds for its lifetime. The
 searchers put one big table primitive into many mixtures, and each mixture is printed, sized and hashed; the

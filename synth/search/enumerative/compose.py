@@ -116,8 +116,7 @@ def propose(fs: FitSet, hi: int, tot: GramStats, groups: list[GramStats], nodes:
         if gated:  # the query split that best separates two behaviours gets a profile per side
             loglin += fit_loglinear(fs, hi, keys, split=fs.preds[gated[0][1]], classes=TABLE_CLASSES)[-1:]
         memo: dict = {}
-        pats = np.stack([fs.pattern(n, memo) for n in loglin])
-        top = int(np.argmax(fs.iou(pats, hi)))
+        top = int(np.argmax(fs.iou(fs.patterns(loglin, memo), hi)))
         props += loglin
         # ... and the best of them as one more component of the mixtures below
         ext = extend(tot, fs, hi, fs.values(loglin[top], memo)[0])
@@ -127,7 +126,7 @@ def propose(fs: FitSet, hi: int, tot: GramStats, groups: list[GramStats], nodes:
                 node = mixture(ext_nodes, sup, w)
                 if node is not None:
                     props.append(node)
-        del memo, pats
+        del memo
     props += [nodes[int(p)] for p in np.argsort(fs.prim_jsd[hi], kind="stable")[:3]]
     props += [nodes[int(p)] for p in np.argsort(-fs.prim_iou[hi], kind="stable")[:2]]
     mixes = beam_mixtures(tot, hi, allowed, beam, max_terms, max(2 * beam, 4))

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ....kernels.cell_kernels import cell_scores, rownorm_segments, segment_sums, softmax_segments
 from ....kernels.core import InputError
 from ... import dsl
 from ...dsl.cell_combinators import Cells
@@ -101,8 +102,6 @@ class FitSet(Cells):
         self.row_of_cell = np.repeat(np.arange(self.R), lengths)
         self.seq_row_start = np.zeros(self.B + 1, dtype=np.int64)
         np.cumsum(seq_rows, out=self.seq_row_start[1:])
-        self.seq_cell_start = self.row_start[self.seq_row_start]
-        self.rows_per_seq = np.asarray(seq_rows, dtype=np.float64)
         self.prim_iou, self.prim_jsd = ((np.concatenate(v, axis=2).sum(axis=2) if v else np.zeros((H, P))) / self.B
                                         for v in (iou_seq, jsd_seq))
         self.cell_d = np.concatenate(cell_d)  # query position - key position
@@ -127,14 +126,14 @@ class FitSet(Cells):
     # ------------------------------------------------------------ DSL semantics on compact cells
     def rownorm(self, v: np.ndarray) -> np.ndarray:
         """Divide each row segment of v ([C] or [K, C]) by its sum, in place; empty rows stay 0."""
-        s = self.row_sums(v)
-        inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
-        v *= inv[..., self.row_of_cell]
+        rownorm_segments(v if v.ndim == 2 else v[None], self.row_start, np.empty(1, dtype=v.dtype))
         return v
 
     def row_sums(self, v: np.ndarray) -> np.ndarray:
         """Each row segment's sum of v ([C] -> [R], [K, C] -> [K, R])."""
-        return np.add.reduceat(v, self.row_start[:-1], axis=-1)
+        out = np.empty((*v.shape[:-1], self.R), dtype=v.dtype)
+        segment_sums(v if v.ndim == 2 else v[None], self.row_start, out if out.ndim == 2 else out[None])
+        return out
 
     def values(self, node: dsl.Node, memo: dict) -> tuple[np.ndarray, np.ndarray]:
         """(row-normalized scores [C] with empty rows 0, empty rows [R]) of a tree, as the kernels compute: library
@@ -179,10 +178,9 @@ class FitSet(Cells):
 
     def row_softmax(self, logits: np.ndarray) -> np.ndarray:
         """exp(logits) normalized within each row segment ([C] -> [C])."""
-        mx = np.maximum.reduceat(logits, self.row_start[:-1])
-        q = np.exp(logits - mx[self.row_of_cell])
-        return self.rownorm(q)
-
+        out = np.empty_like(logits)
+        softmax_segments(logits, self.row_start, out)
+        return out
 
     def query_rows(self, pred: dsl.Pred) -> np.ndarray:
         """Boolean [R]: query rows satisfying ``pred`` (search predicates, or any ``ids=`` set)."""
@@ -195,31 +193,40 @@ class FitSet(Cells):
 
     def pattern(self, node: dsl.Node, memo: dict) -> np.ndarray:
         """The normalized pattern [C] of a tree (empty rows attend to position 0)."""
-        v, e = self.values(node, memo)
-        q = v.copy()
-        q[self.row_start[:-1][e]] = 1.0
-        return q
+        return self.patterns([node], memo)[0]
+
+    def patterns(self, nodes: list[dsl.Node], memo: dict, out: np.ndarray | None = None) -> np.ndarray:
+        """The normalized patterns [K, C] of trees, written into ``out`` (a float32 [>= K, C] buffer reused from
+        block to block, or None for a new one)."""
+        out = np.empty((len(nodes), self.C), dtype=np.float32) if out is None else out[: len(nodes)]
+        starts = self.row_start[:-1]
+        for i, node in enumerate(nodes):
+            v, e = self.values(node, memo)
+            out[i] = v
+            out[i, starts[e]] = 1.0
+        return out
 
     # ------------------------------------------------------------ metrics on compact cells
+    def scores(self, q: np.ndarray, h: int, iou: bool = True, jsd: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(soft IoU, mean row JSD) per candidate (q [K, C] float32) against head h, each the mean over the fit
+        sequences, in one compiled pass (hskernels/cell_kernels.py); a metric not asked for comes back as zeros."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        q2 = q if q.ndim == 2 else q[None]
+        per_iou = np.zeros((q2.shape[0], self.B))
+        per_jsd = np.zeros((q2.shape[0], self.B))
+        p = self.real[h]
+        plogp = np.zeros(self.C) if not jsd else p * np.log(np.where(p > 0, p, 1.0), dtype=np.float64)
+        cell_scores(q2, p, plogp, self.row_start, self.seq_row_start, iou, jsd, per_iou, per_jsd)
+        out_iou, out_jsd = per_iou.mean(axis=-1), per_jsd.mean(axis=-1)
+        return (out_iou, out_jsd) if q.ndim == 2 else (out_iou[0], out_jsd[0])
+
     def iou(self, q: np.ndarray, h: int) -> np.ndarray:
         """Soft IoU per candidate (q [K, C]), mean over the fit sequences."""
-        p = self.real[h]
-        mn = np.add.reduceat(np.minimum(q, p), self.seq_cell_start[:-1], axis=-1, dtype=np.float64)
-        mx = np.add.reduceat(np.maximum(q, p), self.seq_cell_start[:-1], axis=-1, dtype=np.float64)
-        return np.mean(np.divide(mn, mx, out=np.ones_like(mn), where=mx > 0), axis=-1)
+        return self.scores(q, h, jsd=False)[0]
 
     def jsd(self, q: np.ndarray, h: int) -> np.ndarray:
         """Mean per-row Jensen-Shannon distance per candidate (q [K, C]), mean over the fit sequences."""
-        p = self.real[h]
-        m = 0.5 * (p + q)  # > 0 wherever p or q is
-        pos_m = m > 0  # False also where q is so small (subnormal) that q/2 underflows: such cells add 0
-        ratio = np.divide(q, m, out=np.ones_like(m), where=(q > 0) & pos_m)
-        t = q * np.log(ratio, out=ratio)  # q log(q/m): float32 ratios, no cancellation between big terms
-        ratio = np.divide(p, m, out=np.ones_like(m), where=(p > 0) & pos_m)
-        t += p * np.log(ratio, out=ratio)
-        rows = np.sqrt(np.maximum(0.5 * np.add.reduceat(t, self.row_start[:-1], axis=-1, dtype=np.float64), 0.0))
-        per_seq = np.add.reduceat(rows, self.seq_row_start[:-1], axis=-1) / self.rows_per_seq
-        return per_seq.mean(axis=-1)
+        return self.scores(q, h, iou=False)[1]
 
     def refine(self, h: int, support: tuple[int, ...], w: np.ndarray, sweeps: int = 2,
                factors: tuple[float, ...] = (0.5, 0.8, 1.25, 2.0)) -> np.ndarray:

@@ -189,8 +189,8 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     sel: dict[tuple[int, int], dict[str, np.ndarray]] = {}
     for hi, head in enumerate(heads):
         memo: dict = {}
-        pats = np.stack([fsel.pattern(p.node, memo) for p, _, _ in ranked[head]])
-        sel[head] = {"iou": fsel.iou(pats, hi), "jsd": fsel.jsd(pats, hi)}
+        iou, jsd = fsel.scores(fsel.patterns([p.node for p, _, _ in ranked[head]], memo), hi)
+        sel[head] = {"iou": iou, "jsd": jsd}
     del fsel
     result: dict[tuple[int, int], list[ScoredProgram]] = {}
     for head in heads:
@@ -208,14 +208,15 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
 
 
 def score_proposals(fs: FitSet, hi: int, props: list, block: int = 24) -> tuple[np.ndarray, np.ndarray]:
-    """IoU and JSD on the fit set of every proposal for head ``hi``, ``block`` patterns at a time."""
+    """IoU and JSD on the fit set of every proposal for head ``hi``, ``block`` patterns at a time (one buffer)."""
     memo: dict = {}
     ious, jsds = [], []
+    buf = np.empty((min(block, len(props)), fs.C), dtype=np.float32)
     for s in range(0, len(props), block):
-        pats = np.stack([fs.pattern(node, memo) for node in props[s: s + block]])
-        ious.append(fs.iou(pats, hi))
-        jsds.append(fs.jsd(pats, hi))
-        del pats
+        iou, jsd = fs.scores(fs.patterns(props[s: s + block], memo, buf), hi)
+        ious.append(iou)
+        jsds.append(jsd)
+    del buf
     return np.concatenate(ious), np.concatenate(jsds)
 
 

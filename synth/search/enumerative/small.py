@@ -192,7 +192,7 @@ def raw_sums(fs: FitSet, hi: int, terms: list[dsl.Node], pairs: int = 3) -> list
     if not two:
         return []
     memo: dict = {}
-    jsd = fs.jsd(np.stack([fs.pattern(n, memo) for n in two]), hi)
+    jsd = fs.jsd(fs.patterns(two, memo), hi)
     out: list[dsl.Node] = list(two)
     for k in np.argsort(jsd, kind="stable")[:pairs]:
         base = two[int(k)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....kernels import primitives
+from ....kernels.cell_kernels import table_l1, table_mass
 from ... import dsl
 from .fitset import FitSet
 from .util import significant
@@ -97,18 +98,24 @@ def fit_loglinear(fs: FitSet, h: int, keys: np.ndarray, offsets: int = 48, sweep
     def logits() -> np.ndarray:
         return np.where(behind, b[f_off] + a[f_key] + c[f_cls], -60.0)
 
+    def row_mass(index: np.ndarray, n: int) -> np.ndarray:
+        # the table's rows and their mass per parameter in one compiled pass (hskernels/cell_kernels.py), from
+        # the exps of the logits' parts: np.bincount(index, weights=fs.row_softmax(logits()), minlength=n)
+        shift = -60.0 - b.max() - a.max() - c.max()
+        counts = np.zeros(n)
+        table_mass(fs.row_start, behind, f_off, f_key, f_cls, np.exp(b - b.max()), np.exp(a - a.max()),
+                   np.exp(c - c.max()), float(np.exp(shift)), index, counts)
+        return counts
+
     def ipf(with_classes: bool) -> None:
         nonlocal a, b, c
         for _ in range(sweeps):
-            q = fs.row_softmax(logits())
-            b += np.log((p_off + eps) / (np.bincount(f_off, weights=q, minlength=n_off) + eps))
+            b += np.log((p_off + eps) / (row_mass(f_off, n_off) + eps))
             b = np.clip(b - b.max(), -14.0, 0.0)
-            q = fs.row_softmax(logits())
-            a += np.log((p_key + eps) / (np.bincount(f_key, weights=q, minlength=len(keys) + 1) + eps))
+            a += np.log((p_key + eps) / (row_mass(f_key, len(keys) + 1) + eps))
             a = np.clip(a - a[-1], -14.0, 14.0)
             if with_classes:
-                q = fs.row_softmax(logits())
-                c += np.log((p_cls + eps) / (np.bincount(f_cls, weights=q, minlength=n_cls * n_cls) + eps))
+                c += np.log((p_cls + eps) / (row_mass(f_cls, n_cls * n_cls) + eps))
                 c = np.where(listed, np.clip(c, -14.0, 14.0), 0.0)
 
     nk = len(keys)
@@ -136,9 +143,9 @@ def fit_loglinear(fs: FitSet, h: int, keys: np.ndarray, offsets: int = 48, sweep
         b = np.tile(b, profiles)
         p_off = np.bincount(f_off, weights=p, minlength=n_off)
         ipf(q_cls is not None)
-    lg = logits()
-    l1 = np.stack([np.add.reduceat(np.abs(fs.row_softmax(t * lg) - p), fs.row_start[:-1])
-                   for t in temps])  # [T, R]
+    l1 = np.zeros((len(temps), fs.R))  # [T, R]: each row's L1 distance to the real one, per temperature
+    for i, t in enumerate(temps):
+        table_l1(fs.row_start, behind, b, f_off, a, f_key, c, f_cls, float(t), p, l1[i])
     t0 = int(np.argmin(l1.sum(axis=1)))
     per_tok = np.stack([np.bincount(inv, weights=l1[t], minlength=len(toks)) for t in range(len(temps))])
     tok_t = np.argmin(per_tok, axis=0)
