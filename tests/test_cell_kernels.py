@@ -152,6 +152,7 @@ def test_iou_and_jsd_match_numpy(causal: bool, seed: int) -> None:
     assert iou[0] == 1.0 and jsd[0] == 0.0  # no mass on either side: identical, as numpy's where= gave
 
 
+@pytest.mark.smoke
 def test_an_empty_segment_sums_to_zero() -> None:
     """reduceat repeats the next element for an empty segment; the kernels sum it to 0 (the fit set has none)."""
     v = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)

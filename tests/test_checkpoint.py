@@ -181,6 +181,7 @@ def test_reference_checkpoint_layout_and_manifest(reference_ck, stories):
     assert "| L0H1 | dsl | 1 | prev(1) | 0.93 | 0.12 | enumerative |" in card
 
 
+@pytest.mark.smoke
 def test_reference_checkpoint_reproduces_logits_bit_for_bit(reference_ck, stories):
     path, want = reference_ck
     ids = _ids(stories)

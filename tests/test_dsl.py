@@ -104,6 +104,7 @@ def test_text_and_json_round_trip(tree) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_design_example_json_and_text() -> None:
     p = Program.parse("0.7*prev(1) + 0.3*first()")
     assert p.to_json() == {"mix": [[0.7, {"prev": 1}], [0.3, {"first": {}}]]}

@@ -33,6 +33,7 @@ def test_the_probe_repeats_a_random_block_after_bos(stories):
         probe_sequences(stories, length=stories.n_ctx // 2)
 
 
+@pytest.mark.smoke
 def test_the_finders_find_the_heads_programs_planted(stories, tmp_path):
     with hs.replace_heads(stories, {head: program for head, (_, program) in PLANTED.items()}) as hybrid:
         found = {kind: hs.head_scores(hybrid, kind) for kind in HEAD_KINDS}

@@ -396,6 +396,7 @@ def test_explain_checks_its_arguments_before_any_model_loads(capsys, monkeypatch
 
 @pytest.mark.parametrize("argv", [["score", "--head", "L9H9", "--program", "first()"],
                                   ["ablate", "--heads", "L0H1,L9H9", "--kind", "mean"]])
+@pytest.mark.smoke
 def test_a_head_the_model_lacks_is_refused_from_its_config(capsys, monkeypatch, argv):
     _no_model_loads(monkeypatch)
     command, *flags = argv

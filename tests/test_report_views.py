@@ -72,6 +72,7 @@ def section(html: str, head) -> str:
     return html[start: html.index("</section>", start)]
 
 
+@pytest.mark.smoke
 def test_each_head_shows_three_distinct_windows_best_to_worst(built):
     _, html, ps, store = built
     for head in ps.entries:

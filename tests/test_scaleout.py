@@ -96,6 +96,7 @@ def test_head_store_refuses_what_the_store_refuses(stores, tmp_path, change, mes
             reader(copy)
 
 
+@pytest.mark.smoke
 def test_journal_keeps_the_first_record_and_refuses_other_inputs(tmp_path):
     book = HeadJournal(tmp_path / "heads")
     assert book.start({"seed": 0, "searchers": ["enumerative"]}) == {}

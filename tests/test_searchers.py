@@ -98,6 +98,7 @@ def test_builtins_are_registered_and_satisfy_the_protocol(monkeypatch):
         make_searcher("llm", SearchSettings())
 
 
+@pytest.mark.smoke
 def test_a_registered_searcher_runs_beside_the_builtins_and_wins_selection(offsets, store, monkeypatch):
     for var in LLM_ENV:
         monkeypatch.delenv(var, raising=False)

@@ -50,6 +50,7 @@ def test_sparse_scatter_equals_the_dense_path(request, documents, monkeypatch, k
         torch.testing.assert_close(sparse_grads[name], dense_grads[name], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.smoke
 def test_the_batch_cache_holds_at_most_its_byte_cap(request, documents):
     h = get_model(request, "stories260K")
     _, ids = batch_of(h, documents)

@@ -254,6 +254,7 @@ def test_decompiled_program_reproduces_the_discretized_model_exactly(tiny_hist):
     assert correct / (y != 0).sum() == pytest.approx(tiny_hist.metrics["test_acc"])
 
 
+@pytest.mark.smoke
 def test_decompile_round_trip_on_a_causal_multilayer_model():
     """dyck1 with the full 3-layer shape (untrained-ish: 1 epoch): heads read derived variables, MLPs of
     both kinds, causal select; the decompiled program must still agree everywhere."""
