@@ -283,6 +283,26 @@ class ProgramSet:
             raise ProgramError(f"{path} is not a usable program set ({type(e).__name__}: {clip(str(e), 200)})") from None
         return programs.trusted(trust_programs) if trust_programs else programs
 
+    def explanation(self, head: Any) -> Program | None:
+        """The head's readable explanation (None when it has none); ``programs[head]`` is its replacement."""
+        entry = self.entries[head_key(head)]
+        return entry.explanation.program if entry.explanation is not None else None
+
+    def table(self, split: str = "test", width: int = 60) -> list[dict[str, Any]]:
+        """One row per head, what a reader scans first: the explanation (cut to ``width`` characters) with its IoU,
+        the replacement's IoU, JSD and length, and who proposed it."""
+        def cut(text: str) -> str:
+            return text if len(text) <= width else text[: width - 1] + "…"
+
+        rows = []
+        for head, entry in self.entries.items():
+            ex = entry.explanation
+            rows.append({"head": head_label(head), "explanation": cut(ex.text) if ex is not None else None,
+                         "explanation_iou": ex.iou(split) if ex is not None else None,
+                         "replacement_iou": entry.replacement.iou(split), "replacement_jsd": entry.replacement.jsd(split),
+                         "replacement_chars": entry.chars, "source": entry.source})
+        return rows
+
     def __repr__(self) -> str:
         """One line: heads, readable explanations, mean test IoU of replacements and explanations."""
         text = f"ProgramSet({len(self)} heads of {self.model or 'a model'}"

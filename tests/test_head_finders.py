@@ -92,3 +92,17 @@ def test_the_heads_command_lists_plots_and_prints_json(capsys, tmp_path):
     assert main(["heads", *model, "--kind", "self", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["self"]
     assert len(got["scores"]) == 5 and len(got["scores"][0]) == 8 and len(got["top"]) == 5
+
+
+def test_a_program_set_reads_as_a_table_of_explanations(stories, tmp_path):
+    from conftest import CORPUS, need
+
+    result = hs.explain(stories, need(CORPUS), tmp_path, max_len=16, max_sequences=24, heads=["L3H6"],
+                        searchers=("enumerative",), enumerative={"spacy": False}, sweep_steps=(0.0, 1.0), progress=False)
+    (row,) = result.programs.table(width=20)
+    entry = result.programs.entries[(3, 6)]
+    assert row["head"] == "L3H6" and row["replacement_iou"] == entry.iou("test") and row["source"] == entry.source
+    if entry.explanation is not None:
+        assert result.programs.explanation("L3H6") == entry.explanation.program and len(row["explanation"]) <= 20
+    else:
+        assert result.programs.explanation("L3H6") is None and row["explanation"] is None
