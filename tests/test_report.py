@@ -170,10 +170,23 @@ def test_grid_has_a_linked_cell_per_head_with_its_family(report):
 
 @pytest.mark.parametrize("text, expected", [
     ("prev(1)", "previous token"), ("0.7*prev(1) + 0.3*first()", "previous token"),
-    ("0.98*first() + 0.02*induction()", "first token"), ("gate(pos=PROPN, induction(), first())", "induction"),
+    ("0.98*first() + 0.02*induction()", "induction"), ("gate(pos=PROPN, induction(), first())", "induction"),
+    ("first()", "sink"), ("0.9*first() + 0.1*self()", "self"),
     ("profile(w=[0.014, 1, 0.12], tail=0.0003, bos=0.24)", "previous token"), ("prev(3)", "positional"),
-    ("sharpen(same_token_recent(), 2)", "same token"), ("key_in_set(ids=[5, 7])", "token-specific")])
+    ("sharpen(same_token_recent(), 2)", "duplicate"), ("key_in_set(ids=[5, 7])", "content")])
 def test_families_follow_the_dominant_part(text, expected):
     from headsurgeon.report.grid import family
 
     assert family(Program.parse(text)) == expected
+
+
+def test_the_report_opens_on_the_grid_coloured_by_rank_with_the_sink_share(report):
+    from headsurgeon.report.grid import _colour, _ranks, sink_share
+
+    _, html, _, _ = report
+    assert html.index("<table id='grid'") < html.index("<h2>Summary</h2>") < html.index("<h2>Per head</h2>")
+    assert "of the program on the first token" in html
+    assert _ranks([0.5, None, 0.9, 0.7]) == [0.0, None, 1.0, 0.5]
+    assert _colour(0.0) != _colour(0.5) != _colour(1.0) and _colour(0.5) == "rgb(255,255,255)"
+    assert sink_share(Program.parse("0.98*first() + 0.02*induction()")) == pytest.approx(0.98)
+    assert sink_share(Program.parse("prev(1)")) == 0.0 and sink_share(Program.parse("first()")) == 1.0
