@@ -11,12 +11,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 from safetensors.numpy import load, save_file
 
 from ..kernels.fileio import UnsafeFileError, atomic_path, atomic_write_bytes, read_bounded, sha256_file
+from ..kernels.core import Head, InputError
 from ..kernels.formats import write_versioned
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
@@ -324,8 +325,13 @@ class AttentionStore:
         """All heads' patterns for sequence ``index`` as float32 [L, H, n, n]."""
         return self.layout.decode(self._entries(index), index, self.sequences[index].n)
 
-    def pattern(self, index: int, layer: int, head: int) -> np.ndarray:
-        """One head's pattern for sequence ``index`` as float32 [n, n]."""
+    def pattern(self, index: Any, layer: Any = None, head: int | None = None) -> np.ndarray:
+        """One head's pattern for a sequence as float32 [n, n]: ``pattern(index, layer, head)`` or, by the head's
+        name first, ``pattern("L18H6", index)``."""
+        if isinstance(index, (str, tuple)):
+            (layer, head), index = Head.parse(index), layer
+        if index is None or layer is None or head is None:
+            raise InputError("pattern takes (index, layer, head) or (head, index), e.g. store.pattern('L1H2', 0)")
         if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
             raise IndexError(f"head L{layer}H{head} not in store ({self.n_layers} layers × {self.n_heads} heads)")
         return self.patterns(index)[layer, head]

@@ -106,3 +106,17 @@ def test_a_program_set_reads_as_a_table_of_explanations(stories, tmp_path):
         assert result.programs.explanation("L3H6") == entry.explanation.program and len(row["explanation"]) <= 20
     else:
         assert result.programs.explanation("L3H6") is None and row["explanation"] is None
+
+
+def test_a_store_reads_a_pattern_by_head_name_and_long_programs_print_short(stories):
+    from headsurgeon.synth.program import Program
+
+    seqs = probe_sequences(stories, length=6, count=2)
+    store = hs.capture(stories, seqs, progress=False)
+    assert np.array_equal(store.pattern("L2H3", 1), store.pattern(1, 2, 3))
+    assert np.array_equal(store.pattern((2, 3), 1), store.pattern(1, 2, 3))
+    with pytest.raises(Exception, match="takes \\(index, layer, head\\) or \\(head, index\\)"):
+        store.pattern(1, 2)
+    long = Program.parse(" + ".join(f"0.1*prev({k})" for k in range(1, 11)))
+    assert len(repr(long)) < 140 and f"({len(long.text)} characters)" in repr(long)
+    assert repr(Program.parse("prev(1)")) == "Program(dsl: prev(1))"

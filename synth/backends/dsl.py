@@ -133,5 +133,8 @@ class DSLBackend(ProgramBackend):
         return payload
 
     def describe(self, text: str, program_hash: str) -> str:
-        """``dsl: <text>``."""
-        return f"dsl: {text}"
+        """``dsl: <text>``, a long program (a fitted table of thousands of characters) cut to its first 80 with its
+        length and hash, so reprs of dicts of programs (``hybrid.replaced``) stay readable."""
+        if len(text) <= 80:
+            return f"dsl: {text}"
+        return f"dsl: {text[:80]}... ({len(text)} characters), hash={program_hash[:12]}"
