@@ -137,6 +137,43 @@ class LayerPatterns:
         return out
 
 
+    def add_program_z(self, out: torch.Tensor, value: torch.Tensor, group: int) -> torch.Tensor:
+        """``out`` [B, N, H, d] plus each replaced head's ``alpha · pattern · v`` in its slot (the fused path,
+        surgery/fast_attention.py); ``value`` is [B, KV, N, d] as transformers' attention functions receive it.
+
+        Sparse heads take one gather and one ``index_add`` per layer, O(nnz · d); dense heads one batched matmul.
+        In place unless autograd tracks ``out`` or ``value`` (training through the hybrid)."""
+        got = self._on(value.device, value.dtype)
+        B, KV, N, d = value.shape
+        H = out.shape[2]
+        grad = out.requires_grad or value.requires_grad
+        if self.sparse:
+            src, dst = self._flat_keys(got, B, KV, N, H, group, value.device)
+            rows = value.transpose(1, 2).reshape(B * N * KV, d).index_select(0, src) * got["weights"][:, None]
+            flat = out.reshape(B * N * H, d)
+            out = (flat.index_add(0, dst, rows) if grad else flat.index_add_(0, dst, rows)).view(B, N, H, d)
+        if self.dense is not None:
+            pats = got["dense"] if got["dense_alpha"] is None else got["dense"] * got["dense_alpha"]
+            kv = got["dense_idx"] // group
+            z = torch.matmul(pats, value.index_select(1, kv)).transpose(1, 2)  # [B, N, k, d]
+            out = out.index_add(2, got["dense_idx"], z) if grad else out.index_add_(2, got["dense_idx"], z)
+        return out
+
+    def _flat_keys(self, got: dict[str, Any], B: int, KV: int, N: int, H: int, group: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row numbers of the sparse keys' values in v as [B·N·KV, d] and of their queries in z as [B·N·H, d]."""
+        shape = ("flat", B, KV, N, H, group)
+        if shape not in got:
+            b, h, i, j = got["where"]
+            got[shape] = ((b * N + j) * KV + h // group, (b * N + i) * H + h)
+        return got[shape]
+
+    @property
+    def neural_share(self) -> dict[int, float]:
+        """Heads that keep part of their neural output: head → 1 - alpha (blended heads only)."""
+        return {ph.head: 1.0 - ph.alpha for ph in self.heads if ph.alpha < 1.0}
+
+
 def _keys(head: int, rows: SparseRows) -> tuple[np.ndarray, ...]:
     """A sparse head's stored keys as (sequence b, head h, query i, key j) int64 and weights float32."""
     counts = np.diff(rows.rowptr)
