@@ -94,7 +94,7 @@ def program_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             q = query.index_select(1, idx)
             k, v = (key.index_select(1, idx // group), value.index_select(1, idx // group))
         gqa = {}
-        if q.shape[1] != k.shape[1]:  # every head kept: as transformers' SDPA function (integrations/sdpa_attention)
+        if q.shape[1] != k.shape[1]:  # every head kept: GQA as transformers' own SDPA function runs it
             if attention_mask is None:
                 gqa["enable_gqa"] = True
             else:

@@ -143,8 +143,9 @@ def pattern_edits_take_effect(handle: ModelHandle) -> bool:
 
 
 def _bridge_own(hook: Any) -> bool:
-    """Whether a module hook is TransformerBridge's own wiring (it captures residuals for its forward), not a user's."""
-    return getattr(hook, "__module__", "").startswith("transformer_lens.model_bridge")
+    """Whether a module hook is the libraries' own wiring, not a user's: TransformerBridge's (it captures residuals
+    for its forward) or transformers' (it records outputs only when asked to)."""
+    return getattr(hook, "__module__", "").startswith(("transformer_lens.model_bridge", "transformers."))
 
 
 # bridge methods that would run the base without the program hooks, and what runs the hybrid instead
