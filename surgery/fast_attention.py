@@ -79,34 +79,30 @@ def program_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if key.shape[2] != N:
         raise FastPathUnsupported("KV-cache decoding: program heads need the whole sequence")
     group = H // key.shape[1]
-    share = found.neural_share
-    replaced = {ph.head for ph in found.heads}
-    neural = [h for h in range(H) if h not in replaced or h in share]
+    plan = found.neural_plan(H, group, value.device, value.dtype)
+    neural = plan["neural"]
     state.neural_heads[layer] = len(neural)
     out = torch.zeros(B, N, H, value.shape[-1], dtype=value.dtype, device=value.device) if len(neural) < H else None
     if neural:
         causal = N > 1 and attention_mask is None and (is_causal if is_causal is not None
                                                        else getattr(module, "is_causal", True))
-        if len(neural) == H:
-            q, k, v = query, key, value
-        else:
-            idx = torch.tensor(neural, device=query.device)
-            q = query.index_select(1, idx)
-            k, v = (key.index_select(1, idx // group), value.index_select(1, idx // group))
         gqa = {}
-        if q.shape[1] != k.shape[1]:  # every head kept: GQA as transformers' own SDPA function runs it
-            if attention_mask is None:
-                gqa["enable_gqa"] = True
-            else:
-                k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        if out is None:
+            q, k, v = query, key, value
+            if group > 1:  # every head kept: GQA as transformers' own SDPA function runs it
+                if attention_mask is None:
+                    gqa["enable_gqa"] = True
+                else:
+                    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        else:
+            q = query.index_select(1, plan["index"])
+            k, v = (key.index_select(1, plan["kv"]), value.index_select(1, plan["kv"]))
         z = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout,
                                                              scale=scaling, is_causal=causal, **gqa)
         z = z.transpose(1, 2)
-        if share:
-            keep = torch.tensor([share.get(h, 1.0) for h in neural], dtype=z.dtype, device=z.device)
-            z = z * keep.view(1, 1, -1, 1)
-        out = (z.contiguous() if out is None
-               else out.index_copy(2, torch.tensor(neural, device=out.device), z))
+        if plan["keep"] is not None:
+            z = z * plan["keep"]
+        out = z.contiguous() if out is None else out.index_copy_(2, plan["index"], z)
     return found.add_program_z(out, value, group), None
 
 

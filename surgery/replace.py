@@ -13,6 +13,7 @@ import contextlib
 import copy as _copy
 import dataclasses
 import hashlib
+import operator
 import os
 import re
 import warnings
@@ -142,6 +143,10 @@ def pattern_edits_take_effect(handle: ModelHandle) -> bool:
     return works
 
 
+_HOOK_DICTS = tuple(operator.attrgetter(name) for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                           "_backward_pre_hooks"))
+
+
 def _bridge_own(hook: Any) -> bool:
     """Whether a module hook is the libraries' own wiring, not a user's: TransformerBridge's (it captures residuals
     for its forward) or transformers' (it records outputs only when asked to)."""
@@ -233,13 +238,13 @@ class HybridModel(nn.Module):
         if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
                 or _module._global_backward_pre_hooks):
             return None
-        if self._watched is None:  # (module, is a hook point): any hook on a hook point is a watcher
-            points = {id(hp) for hp in self.base.hook_dict.values()}
-            self._watched = [(m, id(m) in points) for m in self.base.modules()]
-        for m, point in self._watched:
-            hooks = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
-            if any(hooks) and (point or any(not _bridge_own(f) for d in hooks for f in d.values())):
-                return None
+        if self._watched is None:  # the bridge's modules; any hook on a hook point is a watcher
+            self._watched = list(self.base.modules())
+            self._points = {id(hp) for hp in self.base.hook_dict.values()}
+        for kind in _HOOK_DICTS:
+            for m in filter(kind, self._watched):  # the few modules with such hooks, found in C
+                if id(m) in self._points or not all(_bridge_own(f) for f in kind(m).values()):
+                    return None
         return plain_model(self.handle)
 
     def _fused_forward(self, plain: nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
