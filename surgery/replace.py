@@ -201,6 +201,7 @@ class HybridModel(nn.Module):
         self.last_path: str | None = None
         self.last_state: ForwardState | None = None  # the fused path's record of its last forward (layers, heads)
         self._watched: list[nn.Module] | None = None
+        self._aliased: bool | None = None
 
     # ------------------------------------------------------------ public face
     @property
@@ -233,6 +234,8 @@ class HybridModel(nn.Module):
             return None
         if any(getattr(ph.provider, "output_level", False) for ph in self.program_heads.values()):
             return None
+        if torch.is_grad_enabled() and self._aliased_parameters():
+            return None  # the bridge trains views of a fused weight (GPT-2's q/k/v); training keeps to its path
         from torch.nn.modules import module as _module
 
         if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
@@ -246,6 +249,13 @@ class HybridModel(nn.Module):
                 if id(m) in self._points or not all(_bridge_own(f) for f in kind(m).values()):
                     return None
         return plain_model(self.handle)
+
+    def _aliased_parameters(self) -> bool:
+        """Whether two of the bridge's parameters share storage (its q/k/v views of GPT-2's fused c_attn)."""
+        if self._aliased is None:
+            storages = [p.untyped_storage().data_ptr() for p in self.base.parameters()]
+            self._aliased = len(set(storages)) < len(storages)
+        return self._aliased
 
     def _fused_forward(self, plain: nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Logits from the plain model with the program heads in its fused attention (surgery/fast_attention.py)."""
