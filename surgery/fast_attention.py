@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..kernels.core import HeadsurgeonError
 from .headpatterns import LayerPatterns
 
 __all__ = ["IMPLEMENTATION", "FastPathUnsupported", "ForwardState", "programs_for", "register"]
@@ -29,7 +30,7 @@ __all__ = ["IMPLEMENTATION", "FastPathUnsupported", "ForwardState", "programs_fo
 IMPLEMENTATION = "headsurgeon"
 
 
-class FastPathUnsupported(RuntimeError):
+class FastPathUnsupported(HeadsurgeonError, RuntimeError):
     """A layer asked for something the fused path does not compute (softcapping, sinks, position bias)."""
 
 
