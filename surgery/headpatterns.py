@@ -59,8 +59,7 @@ class LayerPatterns:
     def nbytes(self) -> int:
         """Bytes this batch holds: its keys or stacked patterns, and every copy placed on a device or dtype."""
         own = [*self.keys, *([self.dense] if self.dense is not None else [])]
-        placed = [t for got in self._placed.values() for v in got.values() if v is not None
-                  for t in (v if isinstance(v, tuple) else (v,))]
+        placed = [t for got in self._placed.values() for t in _tensors(got)]
         return sum(t.numel() * t.element_size() for t in own + placed)
 
     def _on(self, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -135,6 +134,63 @@ class LayerPatterns:
             a = got["dense"][:, k].to(v4.dtype)
             out.append((ph, torch.einsum("bqk,bkd->bqd", a, v4[:, :, ph.head // group])))
         return out
+
+
+    def add_program_z(self, out: torch.Tensor, value: torch.Tensor, group: int) -> torch.Tensor:
+        """``out`` [B, N, H, d] plus each replaced head's ``alpha · pattern · v`` in its slot (the fused path,
+        surgery/fast_attention.py); ``value`` is [B, KV, N, d] as transformers' attention functions receive it.
+
+        Sparse heads take one gather and one ``index_add`` per layer, O(nnz · d); dense heads one batched matmul.
+        In place unless autograd tracks ``out`` or ``value`` (training through the hybrid)."""
+        got = self._on(value.device, value.dtype)
+        B, KV, N, d = value.shape
+        H = out.shape[2]
+        grad = out.requires_grad or value.requires_grad
+        if self.sparse:
+            src, dst, weights = self._flat_keys(got, B, KV, N, H, group)
+            rows = value.transpose(1, 2).reshape(B * N * KV, d).index_select(0, src).mul_(weights)
+            flat = out.reshape(B * N * H, d)
+            out = (flat.index_add(0, dst, rows) if grad else flat.index_add_(0, dst, rows)).view(B, N, H, d)
+        if self.dense is not None:
+            pats = got["dense"] if got["dense_alpha"] is None else got["dense"] * got["dense_alpha"]
+            kv = got["dense_idx"] // group
+            z = torch.matmul(pats, value.index_select(1, kv)).transpose(1, 2)  # [B, N, k, d]
+            out = out.index_add(2, got["dense_idx"], z) if grad else out.index_add_(2, got["dense_idx"], z)
+        return out
+
+    def _flat_keys(self, got: dict[str, Any], B: int, KV: int, N: int, H: int,
+                   group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Row numbers of the sparse keys' values in v as [B·N·KV, d] and of their queries in z as [B·N·H, d], and
+        their (alpha-scaled) weights as a column."""
+        shape = ("flat", B, KV, N, H, group)
+        if shape not in got:
+            b, h, i, j = got["where"]
+            got[shape] = ((b * N + j) * KV + h // group, (b * N + i) * H + h, got["weights"][:, None])
+        return got[shape]
+
+    def neural_plan(self, n_heads: int, group: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        """For the fused path: ``neural`` (query heads that keep a neural part, as a list and an index tensor),
+        their key/value heads ``kv``, and ``keep`` ([1, 1, n, 1]: 1 - alpha per neural head, None when none is
+        blended); built once per layout."""
+        got = self._on(device, dtype)
+        shape = ("plan", n_heads, group)
+        if shape not in got:
+            replaced = {ph.head: ph.alpha for ph in self.heads}
+            neural = [h for h in range(n_heads) if replaced.get(h, 0.0) < 1.0]
+            idx = torch.tensor(neural, dtype=torch.int64, device=device)
+            keep = [1.0 - replaced.get(h, 0.0) for h in neural]
+            got[shape] = {"neural": neural, "index": idx, "kv": idx // group,
+                          "keep": (torch.tensor(keep, dtype=dtype, device=device).view(1, 1, -1, 1)
+                                   if any(k < 1.0 for k in keep) else None)}
+        return got[shape]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a placed entry (tensors, tuples and dicts of them; views counted like copies)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return [t for v in items for t in _tensors(v)]
 
 
 def _keys(head: int, rows: SparseRows) -> tuple[np.ndarray, ...]:

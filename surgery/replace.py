@@ -13,6 +13,7 @@ import contextlib
 import copy as _copy
 import dataclasses
 import hashlib
+import operator
 import os
 import re
 import warnings
@@ -30,10 +31,12 @@ from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from ..synth.tensors import is_sparse_program, program_rows
 from ..synth.vocab import Vocabulary, VocabularyError
+from .fast_attention import ForwardState, programs_for
 from .frozen_qk import FrozenQK, frozen_slices
 from .headpatterns import LayerPatterns
 from .ids import SequenceRegistry
 from .loading import ModelHandle, load_model
+from .plain_model import plain_model
 from .providers import ProgramPatterns, as_provider
 from ..kernels.core import WHICHES, HeadsurgeonError, Which
 
@@ -140,6 +143,16 @@ def pattern_edits_take_effect(handle: ModelHandle) -> bool:
     return works
 
 
+_HOOK_DICTS = tuple(operator.attrgetter(name) for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                           "_backward_pre_hooks"))
+
+
+def _bridge_own(hook: Any) -> bool:
+    """Whether a module hook is the libraries' own wiring, not a user's: TransformerBridge's (it captures residuals
+    for its forward) or transformers' (it records outputs only when asked to)."""
+    return getattr(hook, "__module__", "").startswith(("transformer_lens.model_bridge", "transformers."))
+
+
 # bridge methods that would run the base without the program hooks, and what runs the hybrid instead
 _BYPASSING = {
     "generate_stream": "hybrid.generate(...)", "hf_generate": "hybrid.generate(...)",
@@ -160,7 +173,7 @@ class HybridModel(nn.Module):
     """
 
     def __init__(self, handle: ModelHandle, heads: dict[HeadKey, ProgramHead], cache: TensorCache | None,
-                 batch_cache_bytes: int = BATCH_CACHE_BYTES) -> None:
+                 batch_cache_bytes: int = BATCH_CACHE_BYTES, fused: bool = True) -> None:
         super().__init__()
         self.base = handle.model
         self.program_heads = nn.ModuleDict({head_name(k): v for k, v in sorted(heads.items())})
@@ -182,6 +195,13 @@ class HybridModel(nn.Module):
         self._check_hook_points()
         # Q/K slices of fully replaced heads: weight decay must not move them (surgery/frozen_qk.py)
         self._frozen = FrozenQK(frozen_slices(handle, [k for k, ph in heads.items() if ph.alpha >= 1.0]))
+        #: run unwatched calls through the fused attention (surgery/fast_attention.py); False: always the hooks
+        self.fused = fused
+        #: which path the last call took: "fused" (SDPA + pattern·V) or "hooked" (the bridge with pattern hooks)
+        self.last_path: str | None = None
+        self.last_state: ForwardState | None = None  # the fused path's record of its last forward (layers, heads)
+        self._watched: list[nn.Module] | None = None
+        self._aliased: bool | None = None
 
     # ------------------------------------------------------------ public face
     @property
@@ -197,8 +217,63 @@ class HybridModel(nn.Module):
         """Logits (or whatever the base returns) with program heads applied; pass attention_mask for padding."""
         if attention_mask is not None and (not self.handle.causal or bool((attention_mask == 0).any())):
             kwargs["attention_mask"] = attention_mask.to(self.handle.device)
+        input = self._on_device(input)
+        plain = self._fused_model(input, kwargs)
+        if plain is not None:
+            return self._fused_forward(plain, input, kwargs.get("attention_mask"))
+        self.last_path = "hooked"
         with self._applied(attention_mask):
-            return self.base(self._on_device(input), **kwargs)
+            return self.base(input, **kwargs)
+
+    def _fused_model(self, input: Any, kwargs: dict[str, Any]) -> nn.Module | None:
+        """The plain transformers model when this call may skip the hooks (surgery/plain_model.py), else None:
+        only for token ids with no option but a padding mask, no output-level program, and nobody watching (no
+        hook on any hook point or module of the bridge, no global module hook)."""
+        if not (self.fused and self.active and isinstance(input, torch.Tensor) and input.ndim == 2
+                and not input.is_floating_point() and set(kwargs) <= {"attention_mask"}):
+            return None
+        if any(getattr(ph.provider, "output_level", False) for ph in self.program_heads.values()):
+            return None
+        if torch.is_grad_enabled() and self._aliased_parameters():
+            return None  # the bridge trains views of a fused weight (GPT-2's q/k/v); training keeps to its path
+        from torch.nn.modules import module as _module
+
+        if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
+                or _module._global_backward_pre_hooks):
+            return None
+        if self._watched is None:  # the bridge's modules; any hook on a hook point is a watcher
+            self._watched = list(self.base.modules())
+            self._points = {id(hp) for hp in self.base.hook_dict.values()}
+        for kind in _HOOK_DICTS:
+            for m in filter(kind, self._watched):  # the few modules with such hooks, found in C
+                if id(m) in self._points or not all(_bridge_own(f) for f in kind(m).values()):
+                    return None
+        return plain_model(self.handle)
+
+    def _aliased_parameters(self) -> bool:
+        """Whether two of the bridge's parameters share storage (its q/k/v views of GPT-2's fused c_attn)."""
+        if self._aliased is None:
+            storages = [p.untyped_storage().data_ptr() for p in self.base.parameters()]
+            self._aliased = len(set(storages)) < len(storages)
+        return self._aliased
+
+    def _fused_forward(self, plain: nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Logits from the plain model with the program heads in its fused attention (surgery/fast_attention.py)."""
+        if self._handles:
+            raise SurgeryError("this hybrid is already running (a hybrid call inside a hook of the same hybrid?)")
+        if plain.training != self.base.training:
+            plain.train(self.base.training)
+        self._frozen.pending = self._frozen.pending or torch.is_grad_enabled()
+        self._ids, self._batch = ids, None
+        self._lengths = attention_mask.sum(-1).cpu() if attention_mask is not None else None
+        try:
+            state = ForwardState(self._batch_patterns(ids.shape[1], ids.shape[1]))
+            with programs_for(state):
+                out = plain(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
+        finally:
+            self._lengths = None
+        self.last_path, self.last_state = "fused", state
+        return out
 
     # TransformerLens habits: the bridge's own entry points, run on the hybrid (tests/test_hybrid_tl.py)
     def run_with_cache(self, input: Any, *args: Any, **kwargs: Any) -> Any:
@@ -500,7 +575,7 @@ def independent_handle(handle: ModelHandle) -> ModelHandle:
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
                   cache: TensorCache | None = None, which: Which = "replacement", copy: bool = False,
-                  trust_programs: Any = False, batch_cache_bytes: int | None = None) -> HybridModel:
+                  trust_programs: Any = False, batch_cache_bytes: int | None = None, fused: bool = True) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
     ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
@@ -514,6 +589,10 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
     or their hashes (synth/trust.py); programs you built in this process need no trust.
     ``batch_cache_bytes``: the most the per-batch pattern cache holds (default ``BATCH_CACHE_BYTES``, 256 MiB;
     a hybrid made from another keeps its cap), so a repeated batch costs a lookup and long contexts stay bounded.
+    ``fused``: a call that nobody watches (no hooks, no ``run_with_cache``) runs the transformers model with the
+    neural heads through fused SDPA and the replaced heads as ``pattern · V``, computing no Q·Kᵀ or softmax for
+    them (surgery/fast_attention.py); the same logits as the hooked path within float tolerance. ``False`` (or
+    ``hybrid.fused = False``) always runs the hooked path.
     """
     if isinstance(programs, (str, os.PathLike)):
         programs = ProgramSet.load(programs)
@@ -551,6 +630,6 @@ def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | 
         batch_cache_bytes = model._batch_cache_bytes if isinstance(model, HybridModel) else BATCH_CACHE_BYTES
     if isinstance(batch_cache_bytes, bool) or not isinstance(batch_cache_bytes, int) or batch_cache_bytes < 0:
         raise SurgeryError(f"batch_cache_bytes must be a whole number of bytes >= 0; got {batch_cache_bytes!r}")
-    hybrid = HybridModel(handle, modules, cache, batch_cache_bytes)
+    hybrid = HybridModel(handle, modules, cache, batch_cache_bytes, fused)
     hybrid.program_set = program_set  # scores and glosses for save_hybrid's manifest and card
     return hybrid
