@@ -1,4 +1,5 @@
-"""A model's layer and head counts from its config alone, so head arguments are checked before any weight loads."""
+"""A model's layer and head counts from its config alone (a llama2.c header, a folder's config.json, a GGUF file's
+checked header), so head arguments are checked before any weight loads."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from typing import Any, Iterable
 from ..kernels.core import Head
 from ..kernels.fileio import UnsafeFileError, read_bounded
 from .handle import HeadIndexError
+from .gguf_header import read_gguf_header
 from .llama2c import read_header
 
 __all__ = ["model_dims", "check_heads_fit"]
@@ -25,9 +27,9 @@ def _first(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
 
 
 def model_dims(spec: Any) -> tuple[int, int] | None:
-    """(layers, query heads per layer) of a llama2.c file or a local Hugging Face folder, read from the header or
-    config.json alone; None where that is not cheap (a GGUF file, a hub id, a loaded module) or not readable (the
-    load then reports the problem)."""
+    """(layers, query heads per layer) of a llama2.c file, a GGUF file or a local Hugging Face folder, read from the
+    header or config.json alone; None where that is not cheap (a hub id, a loaded module) or not readable (the load
+    then reports the problem)."""
     if not isinstance(spec, (str, Path)):
         return None
     text = str(spec)
@@ -35,6 +37,11 @@ def model_dims(spec: Any) -> tuple[int, int] | None:
         if text.startswith("llama2c:"):
             header = read_header(Path(text[len("llama2c:"):]).expanduser())
             return header["n_layers"], header["n_heads"]
+        if text.lower().endswith(".gguf") and Path(text).expanduser().is_file():
+            gguf = read_gguf_header(Path(text).expanduser())
+            meta = gguf.metadata
+            layers, heads = meta.get(f"{gguf.architecture}.block_count"), meta.get(f"{gguf.architecture}.attention.head_count")
+            return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) and layers > 0 and heads > 0 else None
         config_file = Path(text).expanduser() / "config.json"
         if config_file.is_file():
             config = json.loads(read_bounded(config_file, 1 << 20, "a model's config.json"))

@@ -289,3 +289,16 @@ def test_smollm2_handle_and_checkpoint_reference_the_hub_id(smollm2, tmp_path):
     assert ref["kind"] == "gguf" and ref["sha256"] == SMOLLM2_SHA256 and ref["name"] == smollm2.name
     moved = located(dict(portable(ref, tmp_path), path="../gone/SmolLM2.gguf"), tmp_path)  # the path went stale
     assert sha256_file(gguf_file(moved)) == SMOLLM2_SHA256  # found again through the installed copy
+
+
+def test_a_head_a_gguf_lacks_is_refused_from_its_header_before_loading(tmp_path, capsys, monkeypatch):
+    from conftest import CORPUS, need
+    from headsurgeon.cli import main
+    from headsurgeon.surgery.dims import model_dims
+    import headsurgeon.surgery.loading as loading
+
+    base = write_tiny_gguf(tmp_path / "tiny.gguf", layers=2, heads=4)
+    assert model_dims(str(base)) == (2, 4)
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    assert main(["ablate", str(base), str(need(CORPUS)), "--heads", "L2H0"]) == 1
+    assert "layer 2 does not exist: tiny.gguf has layers 0..1" in capsys.readouterr().err

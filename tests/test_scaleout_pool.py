@@ -104,6 +104,17 @@ def test_two_workers_select_what_one_process_selects(one_process, tmp_path):
     assert any("2 worker processes × 1 thread" in n and "peak memory" in n for n in summary["notes"]), summary
 
 
+def test_an_llm_agent_without_an_endpoint_leaves_the_heads_on_the_pool(tmp_path, monkeypatch):
+    from test_searchers import LLM_ENV
+
+    for var in LLM_ENV:
+        monkeypatch.delenv(var, raising=False)
+    summary = _drive(tmp_path, tmp_path / "out", workers=2, searchers=["enumerative", "llm"])
+    assert any(n.startswith("LLM agent skipped") for n in summary["notes"]), summary
+    assert any("2 worker processes" in n for n in summary["notes"]), summary
+    assert not any(n.startswith("the heads ran in this process") for n in summary["notes"]), summary
+
+
 def test_a_killed_worker_has_its_heads_re_run(one_process, tmp_path):
     out = tmp_path / "out"
     proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)

@@ -86,8 +86,15 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     names = list(searchers)
-    factories = tuple((n, searcher_factory(n)) for n in names)
     notes: list[str] = []
+    if executor == "local" and "llm" in names:  # an agent without an endpoint is skipped here, once, so that it
+        # does not keep the heads in one process (on Ray the workers' environment decides)
+        try:
+            make_searcher("llm", SearchSettings(seed=seed, progress=False, options=options))
+        except SearcherUnavailable as e:
+            notes.append(str(e))
+            names.remove("llm")
+    factories = tuple((n, searcher_factory(n)) for n in names)
     gate = None
     if executor == "ray" and "llm" in names:
         try:  # only an agent that can run here gets a cluster-wide gate; otherwise every worker notes why not
