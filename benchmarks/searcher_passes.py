@@ -1,5 +1,5 @@
 """Benchmark: the enumerative searcher's hot paths, compiled (hskernels/cell_kernels.py) vs the numpy passes they
-replaced (kept in tests/test_cell_kernels.py), side by side in one process (issue 35, item 3).
+replaced (kept in tests/test_cell_kernels.py), side by side in one process.
 
 Workload: stories260K (``../shared/data``) captured on TinyStories windows of at most 128 tokens (``--synth``
 synth and ``--select`` select windows, split by document, seeded), the enumerative search fitted on ``--fit`` of

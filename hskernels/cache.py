@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
-from .fileio import UnsafeFileError, atomic_write_bytes
+from .fileio import UnsafeFileError, atomic_write_bytes, private_key
 from .core import InputError
 from .formats import FileFormat, FutureFormatError, metadata_version
 
@@ -190,42 +190,13 @@ def _private_directory(directory: Path) -> None:
 def _secret_of(directory: Path) -> bytes:
     """This user's key for the folder's digests (created once, mode 0600); a fresh one where it cannot be trusted."""
     path = directory / KEY_FILE
-    for _ in range(2):
-        try:
-            fd = os.open(path, _O_READ)
-        except FileNotFoundError:
-            tmp = directory / f".tmp-key-{os.getpid()}-{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                os.write(fd, secrets.token_bytes(32))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)  # appears whole, and only once: a concurrent creator's key wins
-            except FileExistsError:
-                pass
-            finally:
-                os.unlink(tmp)
-            continue
-        except OSError as e:
-            return _untrusted_key(path, f"it cannot be opened ({e.strerror})")
-        try:
-            st = os.fstat(fd)
-            data = os.read(fd, 33)
-        finally:
-            os.close(fd)
-        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
-        if not stat.S_ISREG(st.st_mode) or not mine or st.st_mode & 0o077 or len(data) != 32:
-            return _untrusted_key(path, "it is not a private 32-byte file of yours (mode 0600)")
-        return data
-    return _untrusted_key(path, "it could not be created")
+    return private_key(path, lambda why: _untrusted_key(path, why))
 
 
 def _untrusted_key(path: Path, why: str) -> bytes:
     """A key for this process only: entries on disk will not verify (misses), new ones verify within the process."""
     warnings.warn(f"the tensor cache key {path} cannot be used: {why}; entries on disk are recomputed. Delete the "
-                  "file (the cache makes a new one) or use another cache folder", CacheEntryWarning, stacklevel=4)
+                  "file (the cache makes a new one) or use another cache folder", CacheEntryWarning, stacklevel=6)
     return secrets.token_bytes(32)
 
 

@@ -133,6 +133,15 @@ def _table_row(lo, hi, behind, b, f_off, a, f_key, c, f_cls, temp, buf):  # prag
 
 
 @njit(cache=True)
+def _widest(row_start):  # pragma: no cover - compiled
+    """The most cells any row holds (the size of a reused row buffer)."""
+    width = 0
+    for r in range(row_start.shape[0] - 1):
+        width = max(width, row_start[r + 1] - row_start[r])
+    return width
+
+
+@njit(cache=True)
 def table_mass(row_start, behind, f_off, f_key, f_cls, eb, ea, ec, e_out, index, counts):  # pragma: no cover
     """The softmax table's rows at temperature 1, their mass added into ``counts[index[j]]`` in cell order
     (``np.bincount(index, weights=q)``).
@@ -142,10 +151,7 @@ def table_mass(row_start, behind, f_off, f_key, f_cls, eb, ea, ec, e_out, index,
     Every factor is <= 1, so nothing overflows; a row whose every cell underflows (logits more than ~700
     below the maxima) has mass 0 instead of its softmax, which the IPF's clipped logits never reach.
     """
-    width = 0
-    for r in range(row_start.shape[0] - 1):
-        width = max(width, row_start[r + 1] - row_start[r])
-    buf = np.empty(width, dtype=np.float64)
+    buf = np.empty(_widest(row_start), dtype=np.float64)
     for r in range(row_start.shape[0] - 1):
         lo, hi = row_start[r], row_start[r + 1]
         s = 0.0
@@ -163,10 +169,7 @@ def table_mass(row_start, behind, f_off, f_key, f_cls, eb, ea, ec, e_out, index,
 @njit(cache=True)
 def table_l1(row_start, behind, b, f_off, a, f_key, c, f_cls, temp, p, out):  # pragma: no cover - compiled
     """``out[r]`` = L1 distance between row r of the tempered softmax table and ``p`` (float64)."""
-    width = 0
-    for r in range(row_start.shape[0] - 1):
-        width = max(width, row_start[r + 1] - row_start[r])
-    buf = np.empty(width, dtype=np.float64)
+    buf = np.empty(_widest(row_start), dtype=np.float64)
     for r in range(row_start.shape[0] - 1):
         lo, hi = row_start[r], row_start[r + 1]
         acc = 0.0

@@ -14,8 +14,9 @@ import math
 import os
 import re
 import stat
+import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 from .core import HeadsurgeonError
@@ -23,7 +24,7 @@ from .core import HeadsurgeonError
 __all__ = [
     "atomic_file", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_file", "fsync_dir", "sha256_file",
     "sha256_bytes", "json_default", "json_bytes", "split_documents", "UnsafeFileError", "read_bounded", "named_file",
-    "SYSTEM_FOLDERS",
+    "SYSTEM_FOLDERS", "private_key",
 ]
 
 _CHUNK = 1 << 20
@@ -243,3 +244,38 @@ def split_documents(text: str) -> list[str]:
     """Documents of a corpus text: split at blank lines, each stripped, empty ones dropped."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return [d.strip() for d in _BLANK_LINE.split(text) if d.strip()]
+
+
+def private_key(path: Path, refuse: Callable[[str], bytes], size: int = 32) -> bytes:
+    """This user's secret in ``path``: created once (mode 0600, linked into place whole, so a concurrent creator's
+    key wins), then read back only if it is a private regular file of this user holding ``size`` bytes; otherwise
+    ``refuse(why)`` gives the caller's fallback (the caches warn and use a key for this process only)."""
+    for _ in range(2):
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            tmp = path.with_name(f".tmp-key-{os.getpid()}-{secrets.token_hex(4)}")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                try:
+                    os.write(fd, secrets.token_bytes(size))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, path)
+                os.unlink(tmp)
+            except OSError as e:
+                return refuse(f"it cannot be created ({e.strerror})")
+            continue
+        except OSError as e:
+            return refuse(f"it cannot be opened ({e.strerror})")
+        try:
+            st, data = os.fstat(fd), os.read(fd, size + 1)
+        finally:
+            os.close(fd)
+        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+        if not stat.S_ISREG(st.st_mode) or not mine or st.st_mode & 0o077 or len(data) != size:
+            return refuse(f"it is not a private {size}-byte file of yours (mode 0600)")
+        return data
+    return refuse("it could not be created")

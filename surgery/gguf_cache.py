@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..kernels.fileio import sha256_file
+from ..kernels.fileio import private_key, sha256_file
 
 try:
     import fcntl
@@ -39,7 +39,6 @@ ENTRY = "entry.json"
 MAC_FIELD = "hmac_sha256"
 BUILD_PREFIX = ".build-"
 OLD_LEFTOVER_AGE_S = 24 * 3600  # leftovers of versions that wrote no pid or lock: removed once a day old
-_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -65,45 +64,17 @@ def private_folder(root: Path, folder: Path) -> None:
 def secret_of(folder: Path) -> bytes:
     """This user's key for entry digests (created once, mode 0600); a fresh one, with a warning, if it is not private.
 
-    The same scheme as the tensor cache's key (hskernels/cache.py ``_secret_of``), with this cache's wording.
+    The same scheme as the tensor cache's key (hskernels/fileio.py ``private_key``), with this cache's wording.
     """
     path = folder / KEY_FILE
-    for _ in range(2):
-        try:
-            fd = os.open(path, _O_READ)
-        except FileNotFoundError:
-            tmp = folder / f".tmp-key-{os.getpid()}-{secrets.token_hex(4)}"
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-                try:
-                    os.write(fd, secrets.token_bytes(32))
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, path)  # appears whole and once: a concurrent creator's key wins
-                os.unlink(tmp)
-            except OSError as e:
-                return _untrusted_key(path, f"it cannot be created ({e.strerror})")
-            continue
-        except OSError as e:
-            return _untrusted_key(path, f"it cannot be opened ({e.strerror})")
-        try:
-            st, data = os.fstat(fd), os.read(fd, 33)
-        finally:
-            os.close(fd)
-        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
-        if not stat.S_ISREG(st.st_mode) or not mine or st.st_mode & 0o077 or len(data) != 32:
-            return _untrusted_key(path, "it is not a private 32-byte file of yours (mode 0600)")
-        return data
-    return _untrusted_key(path, "it could not be created")
+    return private_key(path, lambda why: _untrusted_key(path, why))
 
 
 def _untrusted_key(path: Path, why: str) -> bytes:
     """A key for this process only: entries on disk will not verify and are rebuilt."""
     warnings.warn(f"the GGUF conversion cache key {path} cannot be used: {why}; cached conversions are rebuilt. "
                   "Delete the file (the cache makes a new one) or use another cache folder",
-                  ConversionCacheWarning, stacklevel=5)
+                  ConversionCacheWarning, stacklevel=7)
     return secrets.token_bytes(32)
 
 

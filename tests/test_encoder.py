@@ -1,4 +1,4 @@
-"""Encoder-only models are first class (issue 15, finding 2): the real all-MiniLM-L6-v2, a BertModel with no LM head.
+"""Encoder-only models are first class: the real all-MiniLM-L6-v2, a BertModel with no LM head.
 
 Loaded without inventing a head (surgery/headless.py), measured by embedding distance (surgery/embedding.py),
 saved as a reference to the unchanged base (hub/checkpoint/), explained end to end.

@@ -661,7 +661,7 @@ def test_pipe_gets_each_distinct_text_once(sp, nlp, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------
-# readable-vocabulary features (issue 13): quote spans, dependency labels, lemma ids, tree lists, NER
+# readable-vocabulary features: quote spans, dependency labels, lemma ids, tree lists, NER
 # ------------------------------------------------------------------------------------------------
 
 

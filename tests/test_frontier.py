@@ -1,4 +1,4 @@
-"""Issue 13, selection side: a frontier per head (explanation, replacement, budgets), rounding, programs.json with
+"""Selection keeps a frontier per head (explanation, replacement, budgets), rounding, programs.json with
 the new fields (small, tables in a side file, old files still load), replace_heads(which=...), fingerprints, cards."""
 from __future__ import annotations
 

@@ -34,21 +34,9 @@ from headsurgeon.surgery.gguf_header import GGUFFileError, read_gguf_header  # n
 from headsurgeon.surgery.loading import ModelLoadError, load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_gguf import IDS, same_state, state, write_tiny_gguf  # noqa: E402
+from test_gguf import IDS, cache, same_state, state, tiny, write_tiny_gguf  # noqa: E402,F401 - fixtures shared
 
 ADVICE = r"Compare its size \(\d+ bytes\) and sha256 \([0-9a-f]{64}\) with the publisher's"
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv(hs_gguf.CACHE_ENV, str(root))
-    return root
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
 def built(tiny: Path, cache: Path) -> tuple[Path, str]:

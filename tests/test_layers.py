@@ -74,7 +74,7 @@ def test_layers_contract_catches_an_upward_import(tree, tmp_path):
 
 
 def test_acyclic_contract_covers_the_facade_subpackages(tree, tmp_path):
-    """A function-level import back from ray_run.py into run.py (the cycle issue 25 removed) breaks the contract."""
+    """A function-level import back from ray_run.py into run.py (a cycle between the two modules) breaks the contract."""
     r = _plant(tree, tmp_path, "scaleout/ray_run.py",
                "\n\ndef _planted():\n    from .run import run_heads  # planted by the test\n", "acyclic")
     assert r.returncode != 0 and "headsurgeon.scaleout" in r.stdout, r.stdout
