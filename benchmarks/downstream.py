@@ -2,7 +2,7 @@
 
 Workload: the local tasks of tests/lm_eval_tasks/ (``hs_cloze``: 100 four-way next-word questions, 400
 loglikelihood requests; ``hs_rolling``: rolling loglikelihood of long passages) through
-``surgery/downstream.py``'s ``evaluate_tasks`` (lm-eval's ``simple_evaluate``, seeds fixed), on stories260K
+``headsurgeon/surgery/downstream.py``'s ``evaluate_tasks`` (lm-eval's ``simple_evaluate``, seeds fixed), on stories260K
 (../shared/data/models/stories260K) and on the embedded tiny-stories model. Hybrids replace 25% and 100% of the
 heads (chosen with seed 0) with ``prev(1)``, ``first()``, ``0.5*prev(1) + 0.5*first()``, ``same_token_recent()``
 and ``fallback(induction(), first())`` in turn.

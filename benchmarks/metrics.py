@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _programs(count: int, fams):
-    """Real DSL programs where synth/program.py is available (else numpy stand-ins)."""
+    """Real DSL programs where headsurgeon/synth/program.py is available (else numpy stand-ins)."""
     try:
         from headsurgeon.synth.program import Program
 

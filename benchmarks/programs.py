@@ -19,7 +19,7 @@ EAPS-style section (``bench_eaps``, first 400 sequences): prev(1), first(), wind
 consumers read), without and with a warm tensor cache, vs the same programs written as the seed's (EAPS)
 programs are: a Python loop per sequence filling a dense np.zeros matrix, then row-normalized. Then
 (``bench_kernels``) the four sparse kernels alone, their specialised builds (one per flag combination,
-hskernels/specialise.py) against copies of their earlier flag-branching builds kept in this file, timed side
+headsurgeon/kernels/specialise.py) against copies of their earlier flag-branching builds kept in this file, timed side
 by side; and the tensor cache's bytes per program (sparse programs are cached packed). CPU time on one
 thread (NUMBA_NUM_THREADS=1, torch.set_num_threads(1)).
 
@@ -545,7 +545,7 @@ def bench_eaps(sequences: list[Sequence], repeats: int) -> dict[str, float]:
 
 # ============================================================================ section 1c: the kernels, specialised
 # The sparse kernels of the EAPS section as they were built before each became one build per flag combination
-# (hskernels/specialise.py): the count/fill pass, normalized rows and the causal mask were runtime arguments,
+# (headsurgeon/kernels/specialise.py): the count/fill pass, normalized rows and the causal mask were runtime arguments,
 # branched on inside inlined helpers. Copied here (not kept in the library) to time both builds in one process.
 
 @njit(inline="always")
@@ -632,7 +632,7 @@ def _old_sp_same_token_linked(ids, vocab, causal, lengths, n, fill, norm, rowptr
 
 
 def _two_passes(count: Callable, fill: Callable, B: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Count, size, fill (hskernels/primitives/sparse_prims.py ``_run``): ``count``/``fill`` take (rowptr, cols, vals)."""
+    """Count, size, fill (headsurgeon/kernels/primitives/sparse_prims.py ``_run``): ``count``/``fill`` take (rowptr, cols, vals)."""
     rowptr = np.zeros(B * n + 1, dtype=np.int64)
     count(rowptr, np.zeros(0, np.int32), np.zeros(0, np.float32))
     np.cumsum(rowptr, out=rowptr)
@@ -833,7 +833,7 @@ def bench_metrics_scoring(sequences: list[Sequence], patterns: dict[str, np.ndar
 
 
 # ============================================================================ section 3: sandbox overhead
-# Python programs run only in the sandbox (synth/sandbox/). Its containment (attribute allowlist, seccomp +
+# Python programs run only in the sandbox (headsurgeon/synth/sandbox/). Its containment (attribute allowlist, seccomp +
 # Landlock file-system and metadata denial in every job process, an empty root, request-tagged frames) is
 # measured against the sandbox as it was at an earlier revision, both pools running side by side in one process.
 
@@ -845,10 +845,10 @@ SANDBOX_PROGRAMS = {
 
 
 def sandbox_module_at(rev: str) -> Any:
-    """The synth/sandbox package as of git revision ``rev`` (with the rest of synth/ it imports), beside today's.
+    """The headsurgeon/synth/sandbox package as of git revision ``rev`` (with the rest of headsurgeon/synth/ it imports), beside today's.
 
-    The whole synth/ folder of ``rev`` is unpacked into a temporary folder and imported as the package
-    ``hs_sandbox_before``; its zygotes boot from that folder too (SYNTH_DIR in synth/sandbox/pool.py).
+    The whole headsurgeon/synth/ folder of ``rev`` is unpacked into a temporary folder and imported as the package
+    ``hs_sandbox_before``; its zygotes boot from that folder too (SYNTH_DIR in headsurgeon/synth/sandbox/pool.py).
     """
     import importlib
     import io
@@ -864,7 +864,7 @@ def sandbox_module_at(rev: str) -> Any:
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(folder, filter="data")
     if not (folder / "synth" / "sandbox" / "__init__.py").exists():
-        sys.exit(f"revision {rev} has no synth/sandbox/ package; compare with a revision from after the split")
+        sys.exit(f"revision {rev} has no headsurgeon/synth/sandbox/ package; compare with a revision from after the split")
     package = types.ModuleType("hs_sandbox_before")
     package.__path__ = [str(folder / "synth")]
     sys.modules["hs_sandbox_before"] = package

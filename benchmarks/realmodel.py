@@ -4,7 +4,7 @@ stories260K, per stage wall and CPU seconds, and the capture's share of the whol
 Workload: ``--max-sequences`` windows of at most ``--max-len`` tokens of tinystories-valid.txt (split 60/20/20 by
 document, seed 0), captured once (dense); then, in tasks of ``MAX_HEADS_PER_TASK`` heads as explain runs them
 serially (headsurgeon/scaleout/run.py), every searcher of ``--searchers`` on a ``HeadStore`` view of the task's
-heads, then ``select_programs`` over their candidates. ``--before REV`` also runs synth/select.py as it was at git
+heads, then ``select_programs`` over their candidates. ``--before REV`` also runs headsurgeon/synth/select.py as it was at git
 revision REV on the same candidates, side by side (timings interleaved per task, so both see the same machine
 load), and checks that both choose the same programs with the same scores. ``--heads N`` takes every
 ``270 // N``-th head (all by default); the wins per searcher say whether the learned one earns its time, and with
@@ -77,13 +77,13 @@ def smollm2_folder(cache: Path) -> Path:
 
 
 def old_select(rev: str):
-    """synth/select.py as it was at git revision ``rev``, imported beside the current one."""
+    """headsurgeon/synth/select.py as it was at git revision ``rev``, imported beside the current one."""
     root = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "show", f"{rev}:synth/select.py"], cwd=root, check=True, capture_output=True).stdout
+    src = subprocess.run(["git", "show", f"{rev}:headsurgeon/synth/select.py"], cwd=root, check=True, capture_output=True).stdout
     spec = importlib.util.spec_from_loader("headsurgeon.synth._select_before", loader=None)
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "headsurgeon.synth"
-    exec(compile(src, f"{rev}:synth/select.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{rev}:headsurgeon/synth/select.py", "exec"), mod.__dict__)
     return mod.select_programs
 
 
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--max-sequences", type=int, default=120)
     ap.add_argument("--heads", type=int, default=None, help="a spread subset of this many heads (default: all)")
     ap.add_argument("--searchers", default="enumerative,learned")
-    ap.add_argument("--before", default=None, help="also time synth/select.py of this git revision")
+    ap.add_argument("--before", default=None, help="also time headsurgeon/synth/select.py of this git revision")
     ap.add_argument("--work", type=Path, default=Path("/tmp/headsurgeon-realmodel"))
     ap.add_argument("--hf-cache", type=Path, default=Path("/tmp/smollm2-hf"))
     args = ap.parse_args()

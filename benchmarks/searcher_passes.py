@@ -1,4 +1,4 @@
-"""Benchmark: the enumerative searcher's hot paths, compiled (hskernels/cell_kernels.py) vs the numpy passes they
+"""Benchmark: the enumerative searcher's hot paths, compiled (headsurgeon/kernels/cell_kernels.py) vs the numpy passes they
 replaced (kept in tests/test_cell_kernels.py), side by side in one process.
 
 Workload: stories260K (``../shared/data``) captured on TinyStories windows of at most 128 tokens (``--synth``

@@ -230,7 +230,7 @@ def wrap_hooks(model: Any, sw: Stopwatch, label: str) -> None:
 
 
 def wrap_hybrid_hooks(hybrid: HybridModel, sw: Stopwatch, label: str) -> None:
-    """Time the hybrid's hooks under ``label``: they are installed per call (surgery/replace.py), so the hook
+    """Time the hybrid's hooks under ``label``: they are installed per call (headsurgeon/surgery/replace.py), so the hook
     factories are wrapped, not hook points."""
     hybrid._remember_ids = sw.wrap(label, hybrid._remember_ids)
     for name in ("_pattern_hook", "_v_hook", "_z_hook"):

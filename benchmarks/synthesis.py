@@ -5,9 +5,9 @@ model's tokenizer into windows of at most 128 tokens, split by document 60/20/20
 ``test`` (seeded). Patterns of every head are captured on ``--synth`` / ``--select`` / ``--test`` windows of
 the three splits. Each searcher (enumerative; learned unless ``--no-learned``) proposes candidates per head
 fitted on ``synth``. Per searcher and combined (all candidates of a head compete), and per size budget of
-synth/program.py ``BUDGETS`` (<= 60 and <= 200 rendered characters, unbounded), the candidate with the best
+headsurgeon/synth/program.py ``BUDGETS`` (<= 60 and <= 200 rendered characters, unbounded), the candidate with the best
 IoU on ``select`` among those within the budget is chosen and reported on ``test``. Characters are counted
-with token strings (synth/search/enumerative/small.py ``rendered_chars``). For scale: the best single template
+with token strings (headsurgeon/synth/search/enumerative/small.py ``rendered_chars``). For scale: the best single template
 per head (first / self / prev(1..8) / uniform / same_token / same_token_recent / induction).
 
 Cost of the swap (stories260K only; MiniLM is an encoder without an LM head): perplexity over ``test``

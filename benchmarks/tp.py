@@ -5,7 +5,7 @@ epochs, Gumbel tau 3.0 -> 0.01 geometric per step, then argmax), keeps the seed 
 accuracy, and prints the test accuracy of its *discretized* program beside the paper's, with the wall
 time, the process CPU time and the load average of every run. The decompiled Python program is checked
 against the discretized model on the test split (must be exact). ``--failures N`` prints the selected
-program's wrong answers grouped by input pattern (synth/tp/failures.py).
+program's wrong answers grouped by input pattern (headsurgeon/synth/tp/failures.py).
 Goals: within 1 point of the paper (or better) and <= 15 CPU-minutes per task on 2 cores.
 
 Run: ``python benchmarks/tp.py [--tasks hist reverse ...] [--seeds 0 1 2] [--threads 1] [--out runs/bench]``.

@@ -2,13 +2,13 @@
 the result on windows that neither selection nor healing saw.
 
 Each head gets the cheapest of its candidates (its program, its frontier points of that size, a refit of its
-mixture weights to the head's output, surgery/refit.py) by single-swap KL on the select windows
-(surgery/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
+mixture weights to the head's output, headsurgeon/surgery/refit.py) by single-swap KL on the select windows
+(headsurgeon/surgery/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
 jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
 apart, and its heads that cost more together than alone go to the back of the queue. Healing tunes the norm gains on
-the synth windows (surgery/heal.py), by default distilling from the base (which is then its own control); with
+the synth windows (headsurgeon/surgery/heal.py), by default distilling from the base (which is then its own control); with
 next-token loss a copy of the base is tuned the same way and every healed figure is against it. Costs are
-KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (surgery/divergence.py).
+KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (headsurgeon/surgery/divergence.py).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .configs import BuildConfig
 from .kernels.core import InputError
 from .kernels.fileio import json_bytes
 from .surgery.threads import fit_threads
+from .kernels.core import Head
 
 __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 
@@ -105,7 +106,7 @@ def _line(summary: dict[str, Any]) -> str:
 
 class _Joint:
     """Joint costs of head sets on fixed windows, as summaries: each distinct set is measured once
-    (surgery/eval_report.py ``SwapCosts``)."""
+    (headsurgeon/surgery/eval_report.py ``SwapCosts``)."""
 
     def __init__(self, handle: Any, windows: list[Any], programs: dict[Any, Any]) -> None:
         from .surgery.eval_report import SwapCosts
@@ -122,7 +123,6 @@ def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int,
           steps: list[dict[str, Any]]) -> list[Any]:
     """Heads in ``order`` added chunk by chunk under ``k_max`` heads (and the ΔPPL ``budget``, a ratio, on the select
     windows), each chunk re-measured jointly; see the module docstring for chunks that compound."""
-    from .surgery.replace import head_name
 
     chosen: list[Any] = []
     current = 0.0
@@ -132,7 +132,7 @@ def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int,
         return budget is None or summary.delta_ppl <= budget
 
     def record(heads: list[Any], summary: Any, kept: bool) -> None:
-        steps.append({"heads": len(chosen) + (len(heads) if kept else 0), "tried": [head_name(h) for h in heads],
+        steps.append({"heads": len(chosen) + (len(heads) if kept else 0), "tried": [Head.label(h) for h in heads],
                       "kept": kept, "kl": summary.kl, "delta_ppl_pct": 100 * summary.delta_ppl})
 
     while queue and len(chosen) < k_max:
@@ -190,7 +190,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     from .hub.checkpoint import save_hybrid
     from .surgery.divergence import BaseDistributions, summarize, window_costs
     from .surgery.head_costs import head_costs
-    from .surgery.replace import head_name, replace_heads
+    from .surgery.replace import replace_heads
     from .synth.vocab import Vocabulary
 
     cfg = BuildConfig.resolve(config, shortcuts)
@@ -206,7 +206,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     seconds["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    fit_threads()  # surgery/threads.py: the cores free now, never more
+    fit_threads()  # headsurgeon/surgery/threads.py: the cores free now, never more
     vocab = Vocabulary.from_tokenizer(handle.tokenizer) if handle.tokenizer is not None else None
     extra = _candidates(programs, cfg.which)
     refits = _refits(handle, programs, cfg, splits.synth, vocab)
@@ -254,10 +254,10 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
         model=handle.name, which=cfg.which,
         target={"fraction": cfg.fraction, "budget_ppl": cfg.budget_ppl, "k_max": k_max, "model_heads": model_heads,
                 "program_heads": n_programs, "chunk": chunk},
-        heads=[head_name(h) for h in heads], order=[head_name(h) for h in order], steps=steps, select=select,
+        heads=[Head.label(h) for h in heads], order=[Head.label(h) for h in order], steps=steps, select=select,
         test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "test": len(splits.test),
                             "heldout": len(heldout), "measured": len(measured)},
-        costs={**costs.to_json(), "chosen": {head_name(h): label for h, label in choice.items()}}, healed=healed,
+        costs={**costs.to_json(), "chosen": {Head.label(h): label for h, label in choice.items()}}, healed=healed,
         control=control, seconds=seconds, hybrid=final)
     if out is not None:
         if final is None:
@@ -311,7 +311,7 @@ def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:
 
 def _refits(handle: Any, programs: Any, cfg: BuildConfig, synth: list[Any], vocab: Any) -> dict[Any, Any]:
     """Per head whose program is a mixture: the same components reweighted to match the head's output on the synth
-    windows (surgery/refit.py), kept when it changed and, for explanations, is still readable."""
+    windows (headsurgeon/surgery/refit.py), kept when it changed and, for explanations, is still readable."""
     from .surgery.refit import refit_mixtures
     from .synth.program import READABLE_CHARS
 
@@ -349,7 +349,7 @@ def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[
     a copy of the base is tuned on the same windows and every healed figure is against that copy."""
     from .surgery.divergence import BaseDistributions, summarize, window_costs
     from .surgery.heal import heal
-    from .surgery.replace import independent_handle, parse_head, replace_heads
+    from .surgery.replace import independent_handle, replace_heads
 
     def healed_hybrid(swap: Any) -> tuple[Any, Any]:
         hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)
@@ -368,7 +368,7 @@ def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[
     healed["heal"] = report.to_json()
     healed["test"] = summarize(window_costs(reference, final, final.register_sequences)).to_json()
     if control is not None:
-        other, _ = healed_hybrid(programs.subset([parse_head(h) for h in control["heads"]]))
+        other, _ = healed_hybrid(programs.subset([Head.parse(h) for h in control["heads"]]))
         control["healed"] = summarize(window_costs(reference, other, other.register_sequences)).to_json()
     return final, healed
 
@@ -388,7 +388,7 @@ def _card_metrics(result: BuildResult) -> dict[str, Any]:
 def _control(programs: Any, which: str, k: int, base: Any, handle: Any) -> dict[str, Any]:
     """The same number of heads in select-IoU order (the order a pattern metric gives), measured on the same windows."""
     from .surgery.divergence import summarize, window_costs
-    from .surgery.replace import head_name, replace_heads
+    from .surgery.replace import replace_heads
 
     chosen = programs.programs(which)
 
@@ -401,5 +401,5 @@ def _control(programs: Any, which: str, k: int, base: Any, handle: Any) -> dict[
     heads = sorted(chosen, key=lambda h: (-select_iou(h), h))[:k]
     with replace_heads(handle, programs.subset(heads), which=which) as hybrid:
         test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
-    return {"order": "select IoU", "heads": [head_name(h) for h in heads], "test": test}
+    return {"order": "select IoU", "heads": [Head.label(h) for h in heads], "test": test}
 

@@ -16,7 +16,7 @@ MESSAGE_LIMIT = 1000
 
 
 def _model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
-    """MODEL and the model's flags (surgery/configs.py ModelConfig)."""
+    """MODEL and the model's flags (headsurgeon/surgery/configs.py ModelConfig)."""
     if optional:
         p.add_argument("model", nargs="?", default="tiny-stories", help=MODEL_HELP)
     else:
@@ -67,7 +67,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from headsurgeon.explain_measure import format_timings
     from headsurgeon.pipeline import explain
 
-    # --library files are untrusted: explain parses and validates them, they run only in the sandbox (synth/eaps.py)
+    # --library files are untrusted: explain parses and validates them, they run only in the sandbox (headsurgeon/synth/eaps.py)
     scaleout = ScaleoutConfig.from_ray_flag(args.address, workers=args.workers, heads_per_task=args.heads_per_task,
                                             store_url=args.store_url)
     result = explain(args.model, args.corpus, args.out, config=from_flags(ExplainConfig, args, scaleout=scaleout))
@@ -213,7 +213,7 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
-    """Error types the CLI reports as one line: the library's own (hskernels/core.py) and a missing input path.
+    """Error types the CLI reports as one line: the library's own (headsurgeon/kernels/core.py) and a missing input path.
     Anything else is a bug and keeps its traceback."""
     return (HeadsurgeonError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
@@ -253,7 +253,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 def check_inputs(args: argparse.Namespace) -> None:
     """What every subcommand can check from its arguments and the file system before a model loads: the corpus
-    file and its separator (surgery/corpus.py), and the heads named, against the model's config (surgery/dims.py)."""
+    file and its separator (headsurgeon/surgery/corpus.py), and the heads named, against the model's config (headsurgeon/surgery/dims.py)."""
     from headsurgeon.surgery.corpus import check_corpus_source
     from headsurgeon.surgery.dims import check_heads_fit
 

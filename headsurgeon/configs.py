@@ -1,6 +1,6 @@
 """``ExplainConfig``: every stage's settings for one ``explain`` run, composed from the stages' own configs in
-their layers (surgery/configs.py, synth/search/config.py, headsurgeon/scaleout/config.py). ``explain``'s keyword
-shortcuts (``max_len=``, ``searchers=``, ...) are these fields by name (hskernels/configs.py ``with_shortcuts``),
+their layers (headsurgeon/surgery/configs.py, headsurgeon/synth/search/config.py, headsurgeon/scaleout/config.py). ``explain``'s keyword
+shortcuts (``max_len=``, ``searchers=``, ...) are these fields by name (headsurgeon/kernels/configs.py ``with_shortcuts``),
 and ``headsurgeon explain`` builds its flags from them."""
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import torch
 
 from headsurgeon.pipeline import ExplainResult, explain
 from headsurgeon.surgery.capture import padded_batch
-from headsurgeon.surgery.replace import head_name, replace_heads
+from headsurgeon.surgery.replace import replace_heads
+from .kernels.core import Head
 
 
 def run_demo(out: str | Path = "headsurgeon-demo", model: Any = "tiny-stories", corpus: Any = None,
@@ -27,7 +28,7 @@ def run_demo(out: str | Path = "headsurgeon-demo", model: Any = "tiny-stories", 
     ranked = result.programs.ranked("select")
     chosen = ranked[: max(1, int(round(fraction * len(ranked))))]
     hybrid = replace_heads(handle, result.programs.subset(chosen))
-    metrics = {head_name(h): result.programs.entries[h].scores.to_json() for h in chosen}
+    metrics = {Head.label(h): result.programs.entries[h].scores.to_json() for h in chosen}
     checkpoint = save_hybrid(hybrid, out / "hybrid", metrics=metrics, programs=result.programs)  # card: glosses
     batch = result.splits.test[:8]
     ids, mask = padded_batch(batch)
@@ -41,7 +42,7 @@ def run_demo(out: str | Path = "headsurgeon-demo", model: Any = "tiny-stories", 
     identical = bool(torch.equal(before, after))
     summary = {
         "out": str(out), "report": str(out / "report.html"), "programs": str(out / "programs.json"),
-        "checkpoint": str(checkpoint), "heads_replaced": [head_name(h) for h in chosen],
+        "checkpoint": str(checkpoint), "heads_replaced": [Head.label(h) for h in chosen],
         "logits_identical_after_reload": identical, "summary": result.programs.summary("test"),
         "sweep": result.sweep, "seconds": time.perf_counter() - t0, "table": result.summary_table(),
     }

@@ -1,11 +1,11 @@
 """explain after selection: both kinds of program measured as ``headsurgeon eval`` measures them
-(surgery/eval_report.py ``evaluate_programs`` on the run's own Splits), then OUT/sweep.png, OUT/report.html and
+(headsurgeon/surgery/eval_report.py ``evaluate_programs`` on the run's own Splits), then OUT/sweep.png, OUT/report.html and
 OUT/summary.json, with the run's timings nested where phases nest.
 
 Replacements (the most faithful programs) and explanations (the best readable ones) each get the headline ΔPPL and
 KL(base ‖ hybrid) with bootstrap intervals and the test tokens counted, the sweep (each arm's ΔPPL and KL) in IoU
 and/or ΔPPL order beside a random order and random programs, and, when asked, per-head ΔPPL and KL with
-Spearman(IoU, ΔPPL) and Spearman(IoU / JSD, KL), and lm-eval tasks (the held-out cloze, surgery/cloze.py, among
+Spearman(IoU, ΔPPL) and Spearman(IoU / JSD, KL), and lm-eval tasks (the held-out cloze, headsurgeon/surgery/cloze.py, among
 them). summary.json's "evaluation" is ``EvalReport.to_json()``, so it carries every one of these fields.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from headsurgeon.surgery.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
-from headsurgeon.synth.programset import head_label
+from .kernels.core import Head
 
 __all__ = ["measure_and_report", "nest_timings", "format_timings", "cloze_documents", "sweep_rows"]
 
@@ -61,7 +61,7 @@ def format_timings(timings: dict[str, Any]) -> str:
 
 def cloze_documents(splits: Any) -> list[str]:
     """The held-out texts for the cloze: each test window's text (the document span it covers), as the model saw it
-    and never searched or selected on (surgery/corpus.py; Splits keep windows, not whole documents)."""
+    and never searched or selected on (headsurgeon/surgery/corpus.py; Splits keep windows, not whole documents)."""
     return [s.text for s in splits.test if s.text and s.text.strip()]
 
 
@@ -116,6 +116,6 @@ def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out:
     summary: dict[str, Any] = {"summary": programs.summary("test"), "evaluation": evaluation.to_json(),
                                "timings_s": timings, "notes": notes}
     if delta_ppl:  # the search tasks' own figures (headsurgeon/scaleout/task.py), as the journal holds them
-        summary["delta_ppl"] = {head_label(h): d for h, d in heads.delta_ppl.items()}
+        summary["delta_ppl"] = {Head.label(h): d for h, d in heads.delta_ppl.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return evaluation, timings, summary

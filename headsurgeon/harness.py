@@ -7,7 +7,7 @@ headsurgeon's task folder (the ``eaps6`` group) on the include path unless ``--i
     python -m headsurgeon.harness --model headsurgeon \\
         --model_args checkpoint=my-hybrid --tasks eaps6 --limit 200
 
-It lives above hub/ (docs/architecture.md, Layers) because ``checkpoint=DIR`` loads a hybrid checkpoint.
+It lives above headsurgeon/hub/ (docs/architecture.md, Layers) because ``checkpoint=DIR`` loads a hybrid checkpoint.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class HarnessLM(HeadsurgeonLM):
 
     ``checkpoint`` is a hybrid checkpoint folder or ``hf://org/name``; its Python programs run only with
     ``trust_programs=true`` or ``trust_programs=HASH1+HASH2`` (its DSL programs need no trust), as with
-    ``hs.load_hybrid``; ``programs=programs.json`` goes through the same trust gate (synth/trust.py), every slot.
+    ``hs.load_hybrid``; ``programs=programs.json`` goes through the same trust gate (headsurgeon/synth/trust.py), every slot.
     """
 
     def __init__(self, model: Any = None, checkpoint: str | None = None, programs: Any = None,

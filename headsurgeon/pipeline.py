@@ -16,20 +16,21 @@ from headsurgeon.surgery.corpus import check_corpus_source, load_corpus
 from headsurgeon.surgery.head_subset import check_subset, choose_heads
 from headsurgeon.surgery.loading import load_model
 from headsurgeon.surgery.threads import fit_threads
-from headsurgeon.synth.programset import ProgramSet, head_label
+from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.synth.search.base import searchers as registered_searchers
 from headsurgeon.synth.search.config import SEARCHERS  # noqa: F401 - the default searchers, importable here too
 from .configs import ExplainConfig
 from .explain_measure import measure_and_report, sweep_rows
 from .kernels.core import InputError
+from .kernels.core import Head
 
 
 @dataclass
 class ExplainResult:
     """What explain produced: the program set, the sweep rows, the store, the measurement and where files went.
 
-    ``evaluation``: the EvalReport of both kinds (surgery/eval_report.py; OUT/summary.json holds its JSON);
+    ``evaluation``: the EvalReport of both kinds (headsurgeon/surgery/eval_report.py; OUT/summary.json holds its JSON);
     ``sweep``: its sweep rows, replacements' then explanations', each labelled by kind under ``"which"``;
     ``timings``: seconds per phase, a nested phase as a dict whose ``"wall"`` is its wall time (the rest its
     parts), and ``"total"``, the run's wall time.
@@ -56,7 +57,7 @@ class ExplainResult:
             x = e.explanation
             shown = ((x.gloss or x.text) if x is not None else "(no program fits "
                      f"{self.programs.meta.get('readable_chars', 200)} characters)")
-            lines.append(f"{head_label(h):<6} {t.get('iou', nan):>8.3f} {t.get('jsd', nan):>8.3f} {e.size:>6}  "
+            lines.append(f"{Head.label(h):<6} {t.get('iou', nan):>8.3f} {t.get('jsd', nan):>8.3f} {e.size:>6}  "
                          f"{e.source:<11} {(x.iou('test') if x and x.iou('test') is not None else nan):>8.3f} "
                          f"{(x.chars if x else 0):>5}  {shown}")
         s = self.programs.summary("test")
@@ -81,7 +82,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     keywords by name instead (not both): ``tokenizer``, ``device``, ``dtype`` (the model); ``max_len``,
     ``max_sequences``, ``fractions``, ``seed`` (also the searchers' and the sweep's), ``separator`` (the corpus);
     ``mode``, ``q_frac``, ``batch_size``, ``shard_size`` (capture); ``heads``, ``layers``, ``top``, ``by`` (which heads:
-    every one by default, see surgery/head_subset.py); ``searchers`` (registered names, run in
+    every one by default, see headsurgeon/surgery/head_subset.py); ``searchers`` (registered names, run in
     order), ``library`` (programs, DSL text or EAPS-style ``Path`` files that compete for every head),
     ``library_budget``, ``enumerative`` / ``learned`` / ``agent_config`` (each searcher's options); ``executor``,
     ``workers``, ``address``, ``heads_per_task``, ``store_url`` (scale-out); ``sweep_steps``, ``order``, ``delta_ppl``,
@@ -89,7 +90,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     Each field's help says what it does; ``headsurgeon explain --help`` lists them with their defaults.
     Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/), on
     ``workers`` processes (None: every core this process may use; 1: this process); ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime).
-    ``tasks``: lm-eval tasks scored on the base and the hybrid, shown in report.html (surgery/downstream.py).
+    ``tasks``: lm-eval tasks scored on the base and the hybrid, shown in report.html (headsurgeon/surgery/downstream.py).
     ``capture_only``: stop once OUT/store is complete (e.g. on the GPU box); the same call without it later
     (e.g. with ``executor="ray"`` on the cluster) finds the store complete and goes on from there.
     """
@@ -105,7 +106,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
         raise InputError(f"unknown searcher {unknown[0]!r}; choose from {registered_searchers()}")
     check_corpus_source(corpus, corpus_cfg.separator)
     check_subset(cfg.subset)
-    if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (synth/search/llm/endpoint.py)
+    if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (headsurgeon/synth/search/llm/endpoint.py)
         from headsurgeon.synth.search.llm import check_endpoint
 
         check_endpoint(search.agent_config)
@@ -117,7 +118,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
         tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks or [])
         if tasks:
             check_tasks(tasks, include_path)  # the task names too, not only after the whole search
-    library = search.programs()  # library files are read and validated before the model loads (synth/eaps.py)
+    library = search.programs()  # library files are read and validated before the model loads (headsurgeon/synth/eaps.py)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"the output folder {out} is a file; pass a new or existing folder as OUT")
@@ -144,7 +145,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
                      "swap these heads only")
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    threads = {"capture": fit_threads()}  # surgery/threads.py: the cores free now, never more
+    threads = {"capture": fit_threads()}  # headsurgeon/surgery/threads.py: the cores free now, never more
     store = capture(handle, sequences, out=out / "store", mode=cfg.capture.mode, q_frac=cfg.capture.q_frac,
                     batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress)
     timings["capture"] = time.perf_counter() - t0

@@ -61,7 +61,7 @@ def stories():
 
 
 def _installed_gguf(hub_id: str, install: str):
-    """load_model(hub_id) from its installed GGUF copy (surgery/sources.py), or a skip saying what to install."""
+    """load_model(hub_id) from its installed GGUF copy (headsurgeon/surgery/sources.py), or a skip saying what to install."""
     pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -e '.[test]')")
     from headsurgeon.surgery.loading import load_model
     from headsurgeon.surgery.sources import installed_copy

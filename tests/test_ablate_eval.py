@@ -1,5 +1,5 @@
 """Ablations (zero / mean / mean_output / uniform / resample / program), perplexity, ΔPPL, sweeps, Spearman; the
-ablate command's ΔPPL and KL against the base with their intervals (surgery/cli.py, surgery/divergence.py)."""
+ablate command's ΔPPL and KL against the base with their intervals (headsurgeon/surgery/cli.py, headsurgeon/surgery/divergence.py)."""
 from __future__ import annotations
 
 import json

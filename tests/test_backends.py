@@ -122,7 +122,7 @@ def test_checkpoint_round_trip_of_a_new_kind(window_sum, tmp_path):
 
 
 def test_programs_answer_for_their_backend():
-    """What callers ask a program (synth/tensors.py, select, the searchers) comes from its backend, not its kind."""
+    """What callers ask a program (headsurgeon/synth/tensors.py, select, the searchers) comes from its backend, not its kind."""
     dsl_sparse, dsl_dense = Program.parse("prev(1)"), Program.parse("decay(0.5)")
     python = Program.python("def f(seq):\n    return np.ones((seq.n, seq.n))\n")
     got = [(p.sandboxed, p.has_tree, p.sparse_rows, p.backend.readable_text) for p in (dsl_sparse, dsl_dense, python)]
@@ -156,7 +156,7 @@ class FlakyWindowSum(WindowSum):
 
 
 def test_a_failing_program_of_a_sandboxed_kind_drops_only_itself():
-    """The library searcher scores each sandboxed program alone (synth/search/library.py): a failure is a note."""
+    """The library searcher scores each sandboxed program alone (headsurgeon/synth/search/library.py): a failure is a note."""
     from headsurgeon.synth.program_store import ProgramStore
     from test_searchers import SELECT, SYNTH, TRUTH, tiny_sequences
 

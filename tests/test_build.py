@@ -1,4 +1,4 @@
-"""Per-head causal cost (surgery/head_costs.py) and ``build`` (headsurgeon/build.py) on the embedded model: resumed
+"""Per-head causal cost (headsurgeon/surgery/head_costs.py) and ``build`` (headsurgeon/build.py) on the embedded model: resumed
 swaps give the numbers of whole hybrid forwards, the build grows under its budget with joint re-measurement, and its
 checkpoint carries build.json and loads back exactly (seconds)."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ from headsurgeon.kernels.core import InputError
 from headsurgeon.surgery.ablate import ablate
 from headsurgeon.surgery.divergence import BaseDistributions, window_costs
 from headsurgeon.surgery.head_costs import head_costs
-from headsurgeon.surgery.replace import parse_head
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
+from headsurgeon.kernels.core import Head
 
 EXPLANATIONS = ["prev(1)", "first()", "self()", "prev(2)", "0.9*first() + 0.1*prev(1)", "first()", "prev(1)",
                 "0.5*self() + 0.5*prev(1)"]
@@ -61,7 +61,7 @@ def test_resumed_swaps_equal_whole_hybrid_forwards(handle, splits, programs, cos
     assert costs.resumed
     base = BaseDistributions(handle, splits.select)
     for head in ["L0H1", "L2H0", "L3H3"]:
-        key = parse_head(head)
+        key = Head.parse(head)
         for kind in ("explanation", "replacement"):
             with hs.replace_heads(handle, {head: programs.programs(kind)[key]}) as hybrid:
                 whole = window_costs(base, hybrid, hybrid.register_sequences)
@@ -161,7 +161,7 @@ def test_each_head_gets_its_cheapest_readable_candidate(built, programs):
         label = result.costs["chosen"][name]
         kls = {v: row["kl"] for v, row in heads[name].items() if isinstance(row, dict) and "kl" in row and v != "mean"}
         assert {"explanation", "frontier:60"} <= set(kls) and label == min(kls, key=kls.get)
-        swapped = hs.load_hybrid(out).replaced[parse_head(name)]
+        swapped = hs.load_hybrid(out).replaced[Head.parse(name)]
         assert swapped.text == heads[name]["programs"][label]
     assert len({result.costs["chosen"][h] for h in result.heads}) >= 2, "the embedded model prefers either somewhere"
     refitted = [h for h, row in heads.items() if "refit" in row]

@@ -255,7 +255,7 @@ def test_program_tensors_rejects_bad_program_output():
 
 
 def test_program_tensors_with_real_dsl_program(tmp_path):
-    program = pytest.importorskip("headsurgeon.synth.program", reason="synth/program.py is not there yet")
+    program = pytest.importorskip("headsurgeon.synth.program", reason="headsurgeon/synth/program.py is not there yet")
     progs = [program.Program.parse("prev(1)"), program.Program.parse("0.7*prev(1) + 0.3*first()")]
     seqs = [mkseq([1, 5, 2, 5, 7]), mkseq([3, 3]), mkseq([4, 8, 15, 16, 23, 42])]
     cache = TensorCache(directory=tmp_path)

@@ -1,6 +1,6 @@
 """capture's in-hook torch conversion stores exactly what the numpy round trip stored before (bit for bit).
 
-The reference below is the previous capture path spelled out (surgery/capture.py and surgery/store.py before the
+The reference below is the previous capture path spelled out (headsurgeon/surgery/capture.py and headsurgeon/surgery/store.py before the
 in-hook conversion): float32 patterns copied to the CPU per layer, each sequence's n×n block stacked into a numpy
 array, then cast with torch to float16 or reduced with torch.topk over [L, H, n·n]. Ties in topk are where a different
 call shape or order could pick other indices, so one model here has exactly uniform attention (all ties).

@@ -1,4 +1,4 @@
-"""The compiled cell passes (hskernels/cell_kernels.py) against the numpy passes they replaced, kept here only.
+"""The compiled cell passes (headsurgeon/kernels/cell_kernels.py) against the numpy passes they replaced, kept here only.
 
 The fit set's row sums, normalization, softmax, IoU and JSD, the softmax tables' mass and L1, and ``sum``'s
 saturating accumulation, on random and edge-case layouts: all-zero rows, single-cell rows, subnormal values;
@@ -200,7 +200,7 @@ def test_a_search_is_unchanged_with_the_numpy_passes(monkeypatch) -> None:
     """The same programs as through the numpy passes, with scores equal to float rounding, and the best select IoU
     picks the same program. The numpy JSD summed float32 logs, whose rounding (~1e-8 a row) a square root blows up
     on near-perfect rows (a recovered program scored 5e-5 instead of 2e-8); the compiled one takes
-    hskernels/metrics_kernels.py's float64 row identity and agrees with the kernels to ~1e-8, so candidates may
+    headsurgeon/kernels/metrics_kernels.py's float64 row identity and agrees with the kernels to ~1e-8, so candidates may
     change places only where the numpy JSDs tied to that rounding (the kernels' tolerance in test_enumerative.py)."""
     seqs = story_sequences()
     ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}

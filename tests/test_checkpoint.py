@@ -563,7 +563,7 @@ def test_hf_state_dict_uses_plain_transformers_names(stories):
 
 
 def test_no_pickle_in_checkpoint_code():
-    package = Path(ck.__file__).parent  # hub/checkpoint/
+    package = Path(ck.__file__).parent  # headsurgeon/hub/checkpoint/
     files = sorted(package.glob("*.py")) + [package.parent / "remote.py", package.parent / "card.py"]
     assert len(files) > 3
     for path in files:

@@ -1,4 +1,4 @@
-"""The held-out cloze (surgery/cloze.py): a LAMBADA-style local lm-eval task written from given documents only."""
+"""The held-out cloze (headsurgeon/surgery/cloze.py): a LAMBADA-style local lm-eval task written from given documents only."""
 from __future__ import annotations
 
 import json

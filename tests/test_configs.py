@@ -1,5 +1,5 @@
 """Stage configs: the CLI's flags are the config fields, one default per setting, explain's keyword shortcuts beside
-config=, and --dtype reaching load_model (headsurgeon/configs.py, surgery/configs.py, hskernels/configs.py)."""
+config=, and --dtype reaching load_model (headsurgeon/configs.py, headsurgeon/surgery/configs.py, headsurgeon/kernels/configs.py)."""
 from __future__ import annotations
 
 import argparse

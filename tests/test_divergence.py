@@ -1,4 +1,4 @@
-"""surgery/divergence.py: per-window KL(base ‖ other) and NLLs from one base pass, checked against torch written out
+"""headsurgeon/surgery/divergence.py: per-window KL(base ‖ other) and NLLs from one base pass, checked against torch written out
 per window, against window_losses' perplexity (pseudo-perplexity for a masked LM), and its intervals' wide flags;
 on the embedded model (seconds)."""
 from __future__ import annotations

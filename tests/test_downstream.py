@@ -126,7 +126,7 @@ def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals_and_the_sweep(caps
     assert "downstream (lm-eval, 8 examples per task" in out and "95% paired bootstrap" in out
     line = next(l for l in out.splitlines() if l.strip().startswith("hs_cloze"))
     assert len(line.split()) >= 10 and " .. " in line  # task metric n base se hybrid se Δ low .. high
-    # the sweep: task metric replaced heads | IoU order, random order, random programs (surgery/downstream_sweep.py)
+    # the sweep: task metric replaced heads | IoU order, random order, random programs (headsurgeon/surgery/downstream_sweep.py)
     sweep = [l.split() for l in out.split("downstream sweep")[1].splitlines() if l.strip().startswith("hs_cloze")]
     assert [row[2] for row in sweep] == ["0%", "25%", "50%", "100%"] and png.stat().st_size > 10_000
     zero, full = sweep[0][4:7], sweep[-1][4:7]

@@ -1,4 +1,4 @@
-"""synth/dsl/memo.py: a derived value is computed once per node object, equals the unmemoized value, and is
+"""headsurgeon/synth/dsl/memo.py: a derived value is computed once per node object, equals the unmemoized value, and is
 forgotten with its node."""
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ def _sequence(words: list[str], ids: list[int]) -> Sequence:
 
 
 def test_features_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Program.evaluate fetches the feature arrays by name (synth/features/arrays.py; the spaCy ones, dep and
+    """Program.evaluate fetches the feature arrays by name (headsurgeon/synth/features/arrays.py; the spaCy ones, dep and
     lemma, are faked here so the test needs no parser)."""
     from headsurgeon.synth import features
 

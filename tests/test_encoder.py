@@ -1,7 +1,7 @@
 """Encoder-only models are first class: the real all-MiniLM-L6-v2, a BertModel with no LM head.
 
-Loaded without inventing a head (surgery/headless.py), measured by embedding distance (surgery/embedding.py),
-saved as a reference to the unchanged base (hub/checkpoint/), explained end to end.
+Loaded without inventing a head (headsurgeon/surgery/headless.py), measured by embedding distance (headsurgeon/surgery/embedding.py),
+saved as a reference to the unchanged base (headsurgeon/hub/checkpoint/), explained end to end.
 """
 from __future__ import annotations
 

@@ -325,7 +325,7 @@ def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# candidates across sizes (synth/search/enumerative/small.py)
+# candidates across sizes (headsurgeon/synth/search/enumerative/small.py)
 # ------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""``hs.evaluate_programs`` (surgery/eval_report.py): both kinds of program measured side by side, KL(base ‖ hybrid)
-beside ΔPPL in every measurement (surgery/divergence.py), the ΔPPL sweep order (surgery/sweep_order.py), the report
+"""``hs.evaluate_programs`` (headsurgeon/surgery/eval_report.py): both kinds of program measured side by side, KL(base ‖ hybrid)
+beside ΔPPL in every measurement (headsurgeon/surgery/divergence.py), the ΔPPL sweep order (headsurgeon/surgery/sweep_order.py), the report
 as text, JSON, HTML and a plot, on the embedded model (seconds)."""
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from headsurgeon.kernels.core import InputError
 from headsurgeon.surgery.eval_report import EvalReport, evaluate_programs
 from headsurgeon.surgery.divergence import BaseDistributions, summarize, window_costs
 from headsurgeon.surgery.evaluate import per_head_delta_ppl, window_losses
-from headsurgeon.surgery.replace import head_name, replace_heads
+from headsurgeon.surgery.replace import replace_heads
 from headsurgeon.surgery.sweep_order import cheapest, order_heads
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
+from headsurgeon.kernels.core import Head
 
 
 def program_set() -> ProgramSet:
@@ -70,7 +71,7 @@ def test_the_delta_ppl_order_sorts_heads_by_their_per_head_cost_on_the_select_wi
     assert report.order_on == "select" and report.order_sequences == len(splits.select)
     for kind, kr in report.kinds.items():
         measured = per_head_delta_ppl(handle, program_set().programs(kind), splits.select, progress=False)
-        assert kr.order_delta_pct == pytest.approx({head_name(h): 100 * d for h, d in measured.items()})
+        assert kr.order_delta_pct == pytest.approx({Head.label(h): 100 * d for h, d in measured.items()})
         assert kr.head_orders["delta_ppl"] == sorted(kr.order_delta_pct, key=kr.order_delta_pct.get)
         assert kr.head_orders["iou"] == [str(h) for h in order_heads(program_set(), "iou", which=kind)]
 
@@ -193,7 +194,7 @@ def test_delta_ppl_is_unchanged_and_kl_is_divergence_on_the_same_windows(report,
                                                                  direct.tokens)
         measured = per_head_delta_ppl(handle, program_set().programs(kind), splits.test, progress=False)
         assert {r["head"]: r["delta_pct"] for r in kr.per_head} == pytest.approx(
-            {head_name(h): 100 * d for h, d in measured.items()}, rel=1e-9)
+            {Head.label(h): 100 * d for h, d in measured.items()}, rel=1e-9)
 
 
 def test_every_measurement_carries_kl_beside_delta_ppl(report):

@@ -1,4 +1,4 @@
-"""explain measures both kinds of program as eval does (headsurgeon/explain_measure.py → surgery/eval_report.py):
+"""explain measures both kinds of program as eval does (headsurgeon/explain_measure.py → headsurgeon/surgery/eval_report.py):
 the sweep at 0/10/25/50/100% per kind, per-head ΔPPL with Spearman and its interval, the ΔPPL order naming the
 cheaper order, the held-out cloze, and timings whose total does not add nested phases. One small run on the
 embedded model, shared by the tests."""
@@ -98,7 +98,7 @@ def test_the_held_out_cloze_is_scored_for_each_kind(run):
 
 
 def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monkeypatch, tmp_path):
-    """Wiring only: a stand-in for surgery/cloze.py and for the measurement."""
+    """Wiring only: a stand-in for headsurgeon/surgery/cloze.py and for the measurement."""
     result = run[0]
     seen = {}
 

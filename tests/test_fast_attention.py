@@ -1,4 +1,4 @@
-"""The hybrid's fused path (surgery/fast_attention.py, surgery/plain_model.py): an unwatched call gives the hooked
+"""The hybrid's fused path (headsurgeon/surgery/fast_attention.py, headsurgeon/surgery/plain_model.py): an unwatched call gives the hooked
 path's logits and gradients within float tolerance (MHA, GQA, a fused-qkv GPT-2; sparse, dense, blended and whole
 layers replaced; padding), computes Q·Kᵀ only for heads that keep a neural part, and any watcher (run_with_cache,
 TransformerLens hooks, a module hook, ``fused=False``) gets the hooked path."""

@@ -1,5 +1,5 @@
-"""The versioned formats share one reader/writer (hskernels/formats.py), the model source is a typed record
-(surgery/source_record.py), and AttentionStore and HeadStore read stores through one reader (surgery/store_reader.py).
+"""The versioned formats share one reader/writer (headsurgeon/kernels/formats.py), the model source is a typed record
+(headsurgeon/surgery/source_record.py), and AttentionStore and HeadStore read stores through one reader (headsurgeon/surgery/store_reader.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GGUF files as a model source (surgery/gguf.py): tiny hand-made files written with the gguf package's GGUFWriter.
+"""GGUF files as a model source (headsurgeon/surgery/gguf.py): tiny hand-made files written with the gguf package's GGUFWriter.
 
 Covers loading (tokenizer and config from the file), the sha256 in handles and hybrid manifests, the float32 cache
 (a hit equals a fresh conversion bit for bit; a damaged entry is rebuilt), unreadable architectures, and the

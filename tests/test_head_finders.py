@@ -1,4 +1,4 @@
-"""Head finders (surgery/head_finders.py): the detection patterns by their definitions, and scores that find heads
+"""Head finders (headsurgeon/surgery/head_finders.py): the detection patterns by their definitions, and scores that find heads
 whose attention is known because programs set it (a hybrid), on any loaded model."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""heal (surgery/heal.py): only the chosen parameters train, the loss falls, program heads stay applied, the plain
+"""heal (headsurgeon/surgery/heal.py): only the chosen parameters train, the loss falls, program heads stay applied, the plain
 model is the deterministic control, "kl" distils from the base, and a healed hybrid saves and loads bit for bit with
-its healing record in the manifest and card (hub/checkpoint/save.py, load.py, hub/card.py)."""
+its healing record in the manifest and card (headsurgeon/hub/checkpoint/save.py, load.py, headsurgeon/hub/card.py)."""
 from __future__ import annotations
 
 import json

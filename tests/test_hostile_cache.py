@@ -1,4 +1,4 @@
-"""A tensor-cache folder that someone else writes to (hskernels/cache.py, SECURITY.md "Tensor cache").
+"""A tensor-cache folder that someone else writes to (headsurgeon/kernels/cache.py, SECURITY.md "Tensor cache").
 
 An entry rewritten by another writer (still valid safetensors, its stored digest kept or recomputed without
 this user's key) must not change a hybrid's output: it is a miss with a warning, and the program is run

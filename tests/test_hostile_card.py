@@ -1,4 +1,4 @@
-"""Model cards built from someone else's programs.json (hub/card.py, SECURITY.md).
+"""Model cards built from someone else's programs.json (headsurgeon/hub/card.py, SECURITY.md).
 
 Every text a card takes from programs or the manifest (program text, gloss, source, hypothesis, head and
 model names, metric names and values, file names) carries payloads here: a ``<script>`` tag, a

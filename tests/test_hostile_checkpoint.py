@@ -232,7 +232,7 @@ def test_programset_python_programs_need_trust():
     ps.require_trusted()  # DSL only: nothing to trust
     py = Program.python("def f(seq):\n    return np.ones((seq.n, seq.n))\n")
     ps.add((1, 1), py)
-    ps.require_trusted()  # built in this process: your own code (synth/trust.py)
+    ps.require_trusted()  # built in this process: your own code (headsurgeon/synth/trust.py)
     ps = ProgramSet.from_json(ps.to_json())  # a document from someone else
     with pytest.raises(ProgramError, match=rf"L1H1 replacement \(python, hash {py.hash}\).*trust"):
         ps.require_trusted()

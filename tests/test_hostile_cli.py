@@ -201,7 +201,7 @@ def test_malformed_programs_json_is_one_clean_error(capsys, tmp_path, case):
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_programs_json_through_the_api_is_a_program_error(tmp_path, case):
-    """ProgramSet.load is the same checked reader the CLI uses (synth/programs_file.py): no raw exception escapes."""
+    """ProgramSet.load is the same checked reader the CLI uses (headsurgeon/synth/programs_file.py): no raw exception escapes."""
     from headsurgeon.synth.errors import ProgramError
     from headsurgeon.synth.programset import ProgramSet
 

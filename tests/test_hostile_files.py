@@ -1,5 +1,5 @@
 """Hostile files: every reader of a file someone else may have written refuses symlinks (to /dev/zero) and oversized
-files before reading (hskernels/fileio.py ``read_bounded``); the explain journal refuses forged, edited and orphaned
+files before reading (headsurgeon/kernels/fileio.py ``read_bounded``); the explain journal refuses forged, edited and orphaned
 records (headsurgeon/scaleout/journal.py); and the CLI reports file-system failures in one line."""
 from __future__ import annotations
 

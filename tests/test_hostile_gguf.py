@@ -1,4 +1,4 @@
-"""GGUF files and a GGUF conversion cache from others (surgery/gguf.py, gguf_header.py, gguf_cache.py; SECURITY.md).
+"""GGUF files and a GGUF conversion cache from others (headsurgeon/surgery/gguf.py, gguf_header.py, gguf_cache.py; SECURITY.md).
 
 A cache entry changed by another writer of the cache folder (its entry.json rewritten to match) or holding files
 it does not list is rebuilt with a warning; the cache folders are private; a build killed with SIGKILL leaves a
@@ -216,7 +216,7 @@ def test_leftovers_of_dead_pids_and_of_earlier_versions_are_removed(cache):
 
 
 def test_an_assembly_of_parts_killed_midway_is_removed_by_the_next_one(tmp_path, cache, monkeypatch):
-    """Gemma 3 is assembled from installed parts into gguf-files/ (surgery/gguf.py assemble_parts), the same way."""
+    """Gemma 3 is assembled from installed parts into gguf-files/ (headsurgeon/surgery/gguf.py assemble_parts), the same way."""
     from test_gguf import _fake_parts
 
     monkeypatch.syspath_prepend(str(tmp_path / "site"))

@@ -1,4 +1,4 @@
-"""Hostile Python programs that read the host: install paths, home, hostname (SECURITY.md, synth/pysafety/policy.py).
+"""Hostile Python programs that read the host: install paths, home, hostname (SECURITY.md, headsurgeon/synth/pysafety/policy.py).
 
 What a program returns can travel to an LLM endpoint (refinement feedback, an EAPS label), so no name the
 attribute allowlist admits may hand a program the venv path, ``sys.prefix``, the home directory or the
@@ -142,7 +142,7 @@ print(json.dumps(hits))
 
 
 def test_sweep_no_admitted_name_prints_a_host_detail():
-    """Sandbox processes discard printing (synth/sandbox/worker.py); still, no admitted call may print the host."""
+    """Sandbox processes discard printing (headsurgeon/synth/sandbox/worker.py); still, no admitted call may print the host."""
     payload = json.dumps([admitted_names(), secret_patterns()])
     out = subprocess.run([sys.executable, "-c", _PRINT_SWEEP], input=payload, capture_output=True, text=True,
                          timeout=120, check=True)

@@ -1,4 +1,4 @@
-"""Unbounded program libraries (synth/eaps.py, synth/search/library.py, SECURITY.md "Program libraries").
+"""Unbounded program libraries (headsurgeon/synth/eaps.py, headsurgeon/synth/search/library.py, SECURITY.md "Program libraries").
 
 A 2 MB ``--library`` file holds about 30,000 programs, each run in the sandbox for every head: a file may
 hold at most MAX_LIBRARY_PROGRAMS, and the library search stops at a time budget (total across heads) with

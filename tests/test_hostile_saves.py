@@ -1,4 +1,4 @@
-"""Concurrent saves into one checkpoint folder (hub/checkpoint/lock.py, SECURITY.md "Checkpoints").
+"""Concurrent saves into one checkpoint folder (headsurgeon/hub/checkpoint/lock.py, SECURITY.md "Checkpoints").
 
 Two real processes save different hybrids into one folder, 15 rounds each, while this process loads it
 over and over: every load must succeed and show one writer's complete checkpoint, and the folder left at

@@ -1,4 +1,4 @@
-"""The one trust gate (synth/trust.py): a programs.json whose replacement is DSL but whose explanation or a
+"""The one trust gate (headsurgeon/synth/trust.py): a programs.json whose replacement is DSL but whose explanation or a
 frontier point is Python is refused on every path without trust, naming the head, the slot and the flag, and
 accepted with trust (True, or the set of program hashes)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Specialised sparse kernels (hskernels/specialise.py): every flag combination of each kernel equals a plain numpy
+"""Specialised sparse kernels (headsurgeon/kernels/specialise.py): every flag combination of each kernel equals a plain numpy
 reference on random inputs, so a build whose constant flags were wired wrong (count vs fill pass, normalized rows,
 causal mask, skip-self, closest, merge mode) fails here."""
 from __future__ import annotations

@@ -8,6 +8,7 @@ import pytest
 
 from headsurgeon.synth import dsl
 from headsurgeon.synth.sequence import Sequence
+from headsurgeon.kernels.core import Head
 
 T = 24  # length of the random block; each probe is BOS + block + block
 
@@ -55,7 +56,7 @@ def known(smollm2, corpus_path, tmp_path_factory):
     from headsurgeon.scaleout.task import HeadJob, explain_heads
     from headsurgeon.surgery.capture import capture, forward_patterns
     from headsurgeon.surgery.corpus import load_corpus
-    from headsurgeon.synth.programset import Entry, head_label
+    from headsurgeon.synth.programset import Entry
     from headsurgeon.synth.search.base import searcher_factory
     from headsurgeon.synth.vocab import Vocabulary
 
@@ -70,7 +71,7 @@ def known(smollm2, corpus_path, tmp_path_factory):
                   (("enumerative", searcher_factory("enumerative")),), 0, {},
                   Vocabulary.from_tokenizer(smollm2.tokenizer), smollm2.name)
     records = {r["head"]: Entry.from_json(r["entry"]) for r in explain_heads(job, [h_ind, h_prev])}
-    return {"induction": records[head_label(h_ind)], "prev": records[head_label(h_prev)]}
+    return {"induction": records[Head.label(h_ind)], "prev": records[Head.label(h_prev)]}
 
 
 def _peaked_at_previous(program) -> bool:

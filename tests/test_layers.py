@@ -1,9 +1,4 @@
-"""The layer rules of docs/architecture.md, enforced: import-linter's contracts (pyproject.toml) and private names.
-
-The repository's folders are mapped onto ``headsurgeon.*`` by setuptools' package-dir, which import-linter
-(walking the root package's folder) cannot follow in an editable install; so each check runs on a copy of the
-library's ``.py`` files laid out as the installed package.
-"""
+"""The layer rules of docs/architecture.md, enforced: import-linter's contracts (pyproject.toml) and private names."""
 from __future__ import annotations
 
 import ast
@@ -15,32 +10,12 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
-
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 
 
-def _package_dirs() -> dict[str, Path]:
-    """headsurgeon.* package name -> its folder in the repository, from pyproject.toml's package-dir."""
-    mapping = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
-    return {name: ROOT / folder for name, folder in mapping.items()}
-
-
 def _only_python(folder: str, names: list[str]) -> list[str]:
     return [n for n in names if n == "__pycache__" or (not n.endswith(".py") and not os.path.isdir(Path(folder) / n))]
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    """A folder holding the library's modules as the installed ``headsurgeon`` package tree."""
-    out = tmp_path_factory.mktemp("layers")
-    for name, folder in sorted(_package_dirs().items()):
-        shutil.copytree(folder, out.joinpath(*name.split(".")), ignore=_only_python, dirs_exist_ok=True)
-    return out
 
 
 def _lint_imports(tree: Path, *args: str) -> subprocess.CompletedProcess:
@@ -52,30 +27,30 @@ def _lint_imports(tree: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_import_contracts_are_kept(tree):
-    r = _lint_imports(tree)
+def test_import_contracts_are_kept():
+    r = _lint_imports(ROOT)
     assert r.returncode == 0, "import-linter contracts broken:\n" + r.stdout[r.stdout.find("Contracts"):] + r.stderr
 
 
-def _plant(tree: Path, tmp_path: Path, file: str, code: str, contract: str) -> subprocess.CompletedProcess:
-    """import-linter's ``contract`` on a copy of ``tree`` whose ``file`` (under headsurgeon/) ends with ``code``."""
+def _plant(tmp_path: Path, file: str, code: str, contract: str) -> subprocess.CompletedProcess:
+    """import-linter's ``contract`` on a copy of the package whose ``file`` (under headsurgeon/) ends with ``code``."""
     planted = tmp_path / "tree"
-    shutil.copytree(tree, planted)
+    shutil.copytree(ROOT / "headsurgeon", planted / "headsurgeon", ignore=_only_python)
     with open(planted / "headsurgeon" / file, "a", encoding="utf-8") as f:
         f.write(code)
     return _lint_imports(planted, "--contract", contract)
 
 
-def test_layers_contract_catches_an_upward_import(tree, tmp_path):
+def test_layers_contract_catches_an_upward_import(tmp_path):
     """The contract is not vacuous: a kernel that imports the hub breaks it."""
-    r = _plant(tree, tmp_path, "kernels/fileio.py", "\nfrom headsurgeon.hub import zoo  # planted by the test\n",
+    r = _plant(tmp_path, "kernels/fileio.py", "\nfrom headsurgeon.hub import zoo  # planted by the test\n",
                "layers")
     assert r.returncode != 0 and "headsurgeon.kernels.fileio -> headsurgeon.hub.zoo" in r.stdout, r.stdout
 
 
-def test_acyclic_contract_covers_the_facade_subpackages(tree, tmp_path):
+def test_acyclic_contract_covers_the_facade_subpackages(tmp_path):
     """A function-level import back from ray_run.py into run.py (a cycle between the two modules) breaks the contract."""
-    r = _plant(tree, tmp_path, "scaleout/ray_run.py",
+    r = _plant(tmp_path, "scaleout/ray_run.py",
                "\n\ndef _planted():\n    from .run import run_heads  # planted by the test\n", "acyclic")
     assert r.returncode != 0 and "headsurgeon.scaleout" in r.stdout, r.stdout
 
@@ -127,9 +102,9 @@ def private_name_imports(tree: Path) -> list[str]:
     return sorted(set(found))
 
 
-def test_no_private_names_across_packages(tree):
+def test_no_private_names_across_packages():
     """A leading underscore means private to the defining package; other packages use a public name instead."""
-    found = private_name_imports(tree)
+    found = private_name_imports(ROOT)
     assert not found, "private names used outside their package:\n" + "\n".join(found)
 
 

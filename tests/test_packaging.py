@@ -1,4 +1,4 @@
-"""`pip install .` and `pip install -e .` both expose the root folders as headsurgeon.* subpackages."""
+"""`pip install .` and `pip install -e .` both install the headsurgeon package tree, the folder tree as it is."""
 from __future__ import annotations
 
 import subprocess
@@ -37,7 +37,7 @@ def test_install_imports_from_outside_the_repository(tmp_path, venv_python, edit
     assert r.returncode == 0, r.stderr[-2000:]
     location = Path(r.stdout.strip())
     if editable:
-        assert location == ROOT / "hskernels" / "__init__.py"
+        assert location == ROOT / "headsurgeon" / "kernels" / "__init__.py"
     else:
         assert "site-packages" in location.parts and location.parent.name == "kernels"
         assert location.parent.parent.name == "headsurgeon"
@@ -48,31 +48,13 @@ def test_install_imports_from_outside_the_repository(tmp_path, venv_python, edit
 
 
 def repository_packages() -> list[Path]:
-    """Every package folder under the installed root folders, as a path relative to the installed headsurgeon/."""
-    roots = {"surgery": "surgery", "kernels": "hskernels", "synth": "synth", "hub": "hub", ".": "headsurgeon"}
-    found = []
-    for name, folder in roots.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            if "__pycache__" not in init.parts and "zoo_data" not in init.parts:
-                found.append(Path(name) / init.parent.relative_to(ROOT / folder))
-    return found
+    """Every package folder of the repository's headsurgeon/, relative to it."""
+    package = ROOT / "headsurgeon"
+    return [init.parent.relative_to(package) for init in package.rglob("__init__.py") if "__pycache__" not in init.parts]
 
 
-def test_no_root_folder_shadows_an_installed_package():
-    """Python run from the checkout (``python -m``, Ray workers, which inherit the driver's path) finds the root
-    folders first: a folder named like an installed package's top-level module (``kernels``, which transformers
-    imports) would replace that package."""
-    from importlib.metadata import packages_distributions
-
-    installed = packages_distributions()
-    folders = [p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name != "headsurgeon"]
-    assert len(folders) >= 4, folders
-    clashes = {name: installed[name] for name in folders if name in installed}
-    assert not clashes, f"root folders shadow installed packages when Python runs from the checkout: {clashes}"
-
-
-def test_transformers_imports_from_the_checkout():
-    """The failure that test guards against, end to end: transformers' hub-kernels module imports ``kernels``."""
-    r = subprocess.run([sys.executable, "-c", "import transformers.integrations.hub_kernels"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+def test_headsurgeon_is_the_only_package_at_the_root():
+    """The folder tree is the package tree: every library module lives under headsurgeon/, so none can shadow an
+    installed package when Python runs from the checkout."""
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert packages == ["headsurgeon"]

@@ -1,4 +1,4 @@
-"""synth/program_store.py: a store of known programs answers like the programs evaluated on the windows asked for."""
+"""headsurgeon/synth/program_store.py: a store of known programs answers like the programs evaluated on the windows asked for."""
 from __future__ import annotations
 
 import numpy as np

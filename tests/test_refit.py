@@ -1,4 +1,4 @@
-"""refit_mixtures (surgery/refit.py): the simplex solver is the exact constrained minimum, a planted head's weights come
+"""refit_mixtures (headsurgeon/surgery/refit.py): the simplex solver is the exact constrained minimum, a planted head's weights come
 back exactly, the reported errors are Σ‖(P − A)U‖² / Σ‖AU‖² computed here independently (GQA included), a refit never
 raises the error, degenerate mixtures stay finite, and rounded programs print and parse back to the same hash."""
 from __future__ import annotations

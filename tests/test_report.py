@@ -17,9 +17,10 @@ from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import READABLE_CHARS, Program
-from headsurgeon.synth.programset import ProgramSet, head_key, head_label
+from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import score_programs, select_programs
 from headsurgeon.synth.vocab import Vocabulary
+from headsurgeon.kernels.core import Head
 
 LONG_READABLE = ("0.25*prev(1) + 0.15*prev(2) + 0.15*first() + 0.1*self() + 0.1*prev(3) + 0.1*same_token_recent()"
                  " + 0.1*prev(4) + 0.05*uniform()")  # longer than the old report's 120-character cut
@@ -69,7 +70,7 @@ def report(setup, tmp_path_factory):
 def test_each_head_shows_its_gloss_full_program_and_numbers(report):
     _, html, ps, _ = report
     for h, e in ps.entries.items():
-        assert f"id='{head_label(h)}'" in html
+        assert f"id='{Head.label(h)}'" in html
         if e.explanation is not None:
             assert escape(e.explanation.gloss) in html and escape(e.explanation.text) in html  # never cut
     assert escape(Program.parse(LONG_READABLE).render()) in html and len(LONG_READABLE) > 120
@@ -82,7 +83,7 @@ def test_heads_without_a_readable_explanation_are_noted_and_come_last(report):
     assert "No readable explanation" in html and html.count("class='noexp'") == 1
     order = re.findall(r"<section class='head' id='(L\d+H\d+)'>", html)
     assert order[-1] == "L0H1" and len(order) == len(ps)
-    ious = [ps.entries[head_key(lab)].explanation.iou("test") for lab in order[:-1]]
+    ious = [ps.entries[Head.parse(lab)].explanation.iou("test") for lab in order[:-1]]
     assert ious == sorted(ious, reverse=True)
     assert escape(Program.parse(TOO_LONG).render()) in html  # the replacement's full text, short enough to show
 
@@ -159,10 +160,10 @@ def test_grid_has_a_linked_cell_per_head_with_its_family(report):
     _, html, ps, _ = report
     grid = html[html.index("<table id='grid'"): html.index("</table>", html.index("<table id='grid'"))]
     cells = re.findall(r"<td class='cell' data-family='([^']+)' data-iou='([^']*)'.*?<a href='#(L\d+H\d+)'>", grid)
-    assert sorted(h for _, _, h in cells) == sorted(head_label(h) for h in ps)
+    assert sorted(h for _, _, h in cells) == sorted(Head.label(h) for h in ps)
     for fam, _, lab in cells:
         assert f"<section class='head' id='{lab}'>" in html  # the link has a target
-        e = ps.entries[head_key(lab)]
+        e = ps.entries[Head.parse(lab)]
         assert fam == family(e.explanation.program if e.explanation else e.program) and fam in FAMILIES
     assert len(re.findall(r"<tr><th>L\d+</th>", grid)) == len({h[0] for h in ps})
     assert "id='family-filter'" in html and "id='iou-filter'" in html and "classList.toggle('off'" in html

@@ -18,11 +18,12 @@ from headsurgeon.report.windows import add_windows, decode, encode
 from headsurgeon.synth import dsl
 from headsurgeon.synth.program import READABLE_CHARS, Program
 from headsurgeon.synth.program_store import ProgramStore
-from headsurgeon.synth.programset import ProgramSet, head_label
+from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import score_programs
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.vocab import Vocabulary
+from headsurgeon.kernels.core import Head
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", ".", "Lily", "saw", "dog", "and", "ran"]
 VOCAB = Vocabulary(["<s>"] + [f"▁{w}" for w in WORDS])
@@ -68,7 +69,7 @@ def built(tmp_path_factory):
 
 
 def section(html: str, head) -> str:
-    start = html.index(f"<section class='head' id='{head_label(head)}'>")
+    start = html.index(f"<section class='head' id='{Head.label(head)}'>")
     return html[start: html.index("</section>", start)]
 
 

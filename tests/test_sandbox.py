@@ -133,7 +133,7 @@ def test_real_sequence_features_are_sent(pool):
     try:
         ref = [s.features.to_dict()["word_index"] for s in SEQS]
     except Exception as e:  # noqa: BLE001 - features.py is another module; its own tests cover it
-        pytest.skip(f"synth/features.py cannot compute basic views here: {type(e).__name__}: {e}")
+        pytest.skip(f"headsurgeon/synth/features cannot compute basic views here: {type(e).__name__}: {e}")
     src = "def f(seq):\n    w = seq.features.word_index\n    return (w[:, None] == w[None, :]) * 1.0\n"
     for r, w in zip(pool.run(src, SEQS, timeout=5.0), ref):
         np.testing.assert_array_equal(r, (w[:, None] == w[None, :]).astype(np.float32))

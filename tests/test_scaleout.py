@@ -81,7 +81,7 @@ def test_head_store_refuses_a_shard_of_the_wrong_size(stores, tmp_path):
                                              ({"format": "other"}, "not an attention-store manifest"),
                                              ({"shard_size": 0}, "shard_size must be a whole number")])
 def test_head_store_refuses_what_the_store_refuses(stores, tmp_path, change, message):
-    """Workers read a store through the same manifest checks as AttentionStore.load (surgery/store.py)."""
+    """Workers read a store through the same manifest checks as AttentionStore.load (headsurgeon/surgery/store.py)."""
     import json
     import shutil
 
@@ -161,7 +161,7 @@ def test_cli_explain_ray_options_parse():
 
 
 def test_a_task_runs_its_searchers_through_run_searchers(stores, monkeypatch):
-    """explain's per-head work (scaleout/task.py) pools candidates with synth/search/base.py ``run_searchers``,
+    """explain's per-head work (scaleout/task.py) pools candidates with headsurgeon/synth/search/base.py ``run_searchers``,
     with the driver's factories (an unavailable searcher is noted, not fatal), and selects from that pool."""
     from headsurgeon.scaleout import task
     from headsurgeon.synth.search.base import run_searchers, searcher_factory

@@ -1,4 +1,4 @@
-"""One scored-program record (synth/scored.py) and typed Scores (hskernels/scores.py) replace the five classes."""
+"""One scored-program record (headsurgeon/synth/scored.py) and typed Scores (headsurgeon/kernels/scores.py) replace the five classes."""
 from __future__ import annotations
 
 import importlib
@@ -109,7 +109,7 @@ def test_the_five_classes_are_gone(module, name):
 def test_no_module_names_the_old_classes():
     pattern = ("Candidate(", "Choice(", "Choice.of", "_Option", "Shown", "replacement_choice", "synth.candidate")
     found = []
-    for folder in ("synth", "surgery", "hub", "headsurgeon", "hskernels", "tests", "benchmarks"):
+    for folder in ("headsurgeon", "tests", "benchmarks"):
         for f in (ROOT / folder).rglob("*.py"):
             if f.name == Path(__file__).name:
                 continue

@@ -1,7 +1,7 @@
 """The sparse program-tensor form: every sparse-capable primitive and combinator equals the dense path bit for bit.
 
-hskernels/sparse.py (the form), hskernels/primitives/sparse_*.py (kernels), hskernels/normalize.py
-(``normalize_rows``), synth/dsl/sparse.py (which trees, and their evaluation).
+headsurgeon/kernels/sparse.py (the form), headsurgeon/kernels/primitives/sparse_*.py (kernels), headsurgeon/kernels/normalize.py
+(``normalize_rows``), headsurgeon/synth/dsl/sparse.py (which trees, and their evaluation).
 """
 from __future__ import annotations
 

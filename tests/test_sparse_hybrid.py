@@ -1,4 +1,4 @@
-"""The hybrid's hook takes sparse programs as stored keys (surgery/headpatterns.py): the same logits and gradients
+"""The hybrid's hook takes sparse programs as stored keys (headsurgeon/surgery/headpatterns.py): the same logits and gradients
 as the dense path, in pattern mode and in z mode, with and without alpha blending."""
 from __future__ import annotations
 

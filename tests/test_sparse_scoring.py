@@ -1,6 +1,6 @@
 """Consumers of sparse program tensors: metrics from stored keys, the tensor cache holding packed rows, and
-``program_rows`` / ``score_programs`` — the same numbers as the dense path (hskernels/sparse_metrics.py,
-synth/tensors.py, synth/select.py)."""
+``program_rows`` / ``score_programs`` — the same numbers as the dense path (headsurgeon/kernels/sparse_metrics.py,
+headsurgeon/synth/tensors.py, headsurgeon/synth/select.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -20,7 +20,7 @@ from headsurgeon.synth.search.enumerative import FitSet, Split
 from headsurgeon.synth.search.learned.rows import positional_rows, positional_specs
 from headsurgeon.synth.program_store import ProgramStore
 
-# primitives the enumerative searcher fits and so evaluates outside its library (synth/search/enumerative/small.py,
+# primitives the enumerative searcher fits and so evaluates outside its library (headsurgeon/synth/search/enumerative/small.py,
 # tables.py); every other primitive's cells come from the library, which the reference kernels compute
 FITTED = ("profile", "key_weight", "class_weight", "key_in_set")
 NO_SPACY = ("token", "position", "word", "sent", "punct", "cap", "newline", "sent_end", "word_start")
@@ -62,7 +62,7 @@ def _cells(fs: FitSet, split: Split, dense: np.ndarray, causal: bool) -> np.ndar
 def test_fit_set_evaluates_every_primitive_and_combinator_like_the_reference(causal: bool) -> None:
     """Patterns and raw scores on the fit set's cells equal the kernels: bit for bit for 0/1 primitives, to
     float32 round-off otherwise, because the fit set normalizes a row by multiplying with the float32 reciprocal
-    of its float32 sum, the kernels divide by a float64 sum (hskernels/normalize.py), and its sharpen takes float32
+    of its float32 sum, the kernels divide by a float64 sum (headsurgeon/kernels/normalize.py), and its sharpen takes float32
     exponents (the searcher's scores have always been computed this way)."""
     rng = np.random.default_rng(7 + causal)
     fs, split, prims = _fit_set(rng, causal)
@@ -109,7 +109,7 @@ def test_a_combinator_without_cells_is_refused_by_name() -> None:
     assert combinator_for(node) is None and "twice" not in dsl.COMBINATOR_SPECS
 
 
-# the learned searcher's positional rows (synth/search/learned/rows.py) take each primitive's ``position`` scores
+# the learned searcher's positional rows (headsurgeon/synth/search/learned/rows.py) take each primitive's ``position`` scores
 
 def _kernel_rows(node: dsl.Node, lengths: np.ndarray, n: int, causal: bool) -> np.ndarray:
     ids = np.zeros((len(lengths), n), dtype=np.int64)

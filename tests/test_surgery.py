@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from headsurgeon.kernels.core import HeadError
 from headsurgeon.kernels.normalize import normalize_scores
 from headsurgeon.surgery.capture import forward_patterns, padded_batch
 from headsurgeon.surgery.corpus import make_sequences
@@ -176,7 +177,7 @@ def test_bad_heads_duplicates_and_failing_programs(stories, documents):
         replace_heads(stories, {(0, 8): "first()"})
     with pytest.raises(SurgeryError, match="given twice"):
         replace_heads(stories, {"L1H2": "first()", (1, 2): "self()"})
-    with pytest.raises(SurgeryError, match="cannot read head"):
+    with pytest.raises(HeadError, match="cannot read head"):
         replace_heads(stories, {"layer one": "first()"})
     with pytest.raises(SurgeryError, match="alpha"):
         replace_heads(stories, {"L1H2": "first()"}, alpha=1.5)

@@ -1,4 +1,4 @@
-"""Downstream task data offline (surgery/task_data.py): a missing dataset is one TaskDataError at once."""
+"""Downstream task data offline (headsurgeon/surgery/task_data.py): a missing dataset is one TaskDataError at once."""
 from __future__ import annotations
 
 import socket

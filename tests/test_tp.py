@@ -1,4 +1,4 @@
-"""Learning Transformer Programs (synth/tp): task data, training, discretization, decompilation, CLI, export.
+"""Learning Transformer Programs (headsurgeon/synth/tp): task data, training, discretization, decompilation, CLI, export.
 
 Everything trains tiny configurations (hist with one layer, a 2,000-sample dataset, a few hundred
 steps) so the file runs in well under a minute of CPU; the paper-scale runs live in benchmarks/tp.py.

@@ -1,4 +1,4 @@
-"""synth/tp/failures.py: wrong answers grouped by the input pattern a correct algorithm needs."""
+"""headsurgeon/synth/tp/failures.py: wrong answers grouped by the input pattern a correct algorithm needs."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""Tests for the embedded default model: shipped files and loading (hub/zoo.py), quality, and the recipe that
+"""Tests for the embedded default model: shipped files and loading (headsurgeon/hub/zoo.py), quality, and the recipe that
 built them (recipes/tiny_stories/, loaded by path: it is not installed)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The report's cost section: what swapping each kind of program in costs, from an EvalReport
-(surgery/eval_report.py): both kinds' headline side by side (ΔPPL and KL(base ‖ hybrid) with their intervals, and a
+(headsurgeon/surgery/eval_report.py): both kinds' headline side by side (ΔPPL and KL(base ‖ hybrid) with their intervals, and a
 note where an interval is wider than the effect), a sweep table per kind naming the cheaper order, Spearman(IoU,
 ΔPPL) and Spearman(fidelity, KL) with their intervals and the per-head table when measured, lm-eval tasks per
 kind."""

@@ -9,10 +9,10 @@ import html
 from typing import Any
 
 from headsurgeon.synth import dsl
-from headsurgeon.synth.programset import head_label
 
 from . import heads as hv
 from . import words
+from ..kernels.core import Head
 
 #: family → the cell's short label
 FAMILIES = {"induction": "ind", "previous token": "prev", "duplicate": "dup", "sink": "sink", "self": "self",
@@ -114,7 +114,7 @@ def grid_html(views: list[hv.HeadView]) -> str:
             fam = family(shown.program)
             seen[fam] = seen.get(fam, 0) + 1
             iou = shown.iou()
-            lab = head_label(v.head)
+            lab = Head.label(v.head)
             sink = sink_share(shown.program)
             tip = html.escape(f"{lab}: {fam}, {sink:.0%} of the program on the first token, test IoU "
                               f"{words.number(iou)} — {shown.gloss or shown.text}"[:300], quote=True)

@@ -1,8 +1,8 @@
 """What the report shows per head, read from a ProgramSet entry: explanation, replacement, frontier, best template.
 
-Reads synth/programset.py's ``Entry.replacement``, ``.explanation`` and ``.frontier`` (each a ``ScoredProgram``,
-synth/scored.py); on a record from before explanations (no frontier), a replacement that fits ``READABLE_CHARS``
-(synth/program.py) stands in as the explanation.
+Reads headsurgeon/synth/programset.py's ``Entry.replacement``, ``.explanation`` and ``.frontier`` (each a ``ScoredProgram``,
+headsurgeon/synth/scored.py); on a record from before explanations (no frontier), a replacement that fits ``READABLE_CHARS``
+(headsurgeon/synth/program.py) stands in as the explanation.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def shown(p: ScoredProgram, vocab: Any) -> ScoredProgram:
 
 
 def view(head: tuple[int, int], entry: Entry, vocab: Any) -> HeadView:
-    """The HeadView of one ProgramSet entry (synth/programset.py ``Entry``)."""
+    """The HeadView of one ProgramSet entry (headsurgeon/synth/programset.py ``Entry``)."""
     replacement = shown(entry.replacement, vocab)
     explanation = shown(entry.explanation, vocab) if entry.explanation is not None else None
     frontier = [shown(c, vocab) for c in entry.frontier]
@@ -82,7 +82,7 @@ def views(programs: ProgramSet, vocab: Any = None) -> list[HeadView]:
 
 
 def add_templates(heads: list[HeadView], store: Any, test_idx: list[int], select_idx: list[int] | None = None) -> None:
-    """Score the single templates (synth/select.py ``BASELINES``) and attach each head's best one.
+    """Score the single templates (headsurgeon/synth/select.py ``BASELINES``) and attach each head's best one.
 
     Chosen on ``select_idx`` when given (reported on test, like every program), else the best on test
     (an upper bound for the templates).

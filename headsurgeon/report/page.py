@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from headsurgeon.synth.program import READABLE_CHARS
-from headsurgeon.synth.programset import ProgramSet, head_label
+from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
 
 from . import heads as hv
@@ -21,6 +21,7 @@ from .downstream import downstream_table
 from .grid import GRID_SCRIPT, GRID_STYLE, grid_html
 from . import words
 from .plots import CELL, DIVERGING, colour_css, frontier_svg, heatmap
+from ..kernels.core import Head
 
 #: a replacement's text is shown in full up to this many characters (fitted tables stay in programs.json)
 SHOW_REPLACEMENT_CHARS = 1000
@@ -99,7 +100,7 @@ def overview_table(views: list[hv.HeadView]) -> str:
     """One row per head in trust order: gloss, explanation IoU, best template, replacement size and IoU."""
     rows = []
     for rank, v in enumerate(views, 1):
-        lab = head_label(v.head)
+        lab = Head.label(v.head)
         ex = v.explanation
         verdict, cls = words.trust_words(ex.iou() if ex else None)
         gloss = html.escape(ex.gloss if ex and ex.gloss else (ex.text if ex else "—"))
@@ -126,7 +127,7 @@ def program_block(label: str, s: ScoredProgram) -> str:
 
 def head_section(v: hv.HeadView, rank: int, maps: dict[str, np.ndarray] | None, tokens: list[str], window: str) -> str:
     """One head: verdict, gloss, explanation text, replacement facts, frontier plot and heatmaps."""
-    lab = head_label(v.head)
+    lab = Head.label(v.head)
     ex, rep = v.explanation, v.replacement
     verdict, cls = words.trust_words(ex.iou() if ex else None)
     parts = [f"<section class='head' id='{lab}'><h3>{rank}. {lab} <span class='badge {cls}'>{html.escape(verdict)}"
@@ -190,10 +191,10 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
     """Write the self-contained HTML report (images inlined) and return its path.
 
     ``summary``: extra facts shown in words (its "timings_s"/"timings" and "notes" keys are read as
-    ``timings`` and ``notes``); ``vocab``: the tokenizer's ``Vocabulary`` (synth/vocab.py), to render token ids
+    ``timings`` and ``notes``); ``vocab``: the tokenizer's ``Vocabulary`` (headsurgeon/synth/vocab.py), to render token ids
     as strings where a stored text is missing or cut (ignored, with a note, when its fingerprint is not the set's);
     ``select_idx``: choose the best template on select rather than test; ``downstream``: ``hs.downstream``'s
-    result, shown as a table of task scores; ``evaluation``: an EvalReport (surgery/eval_report.py) of both kinds,
+    result, shown as a table of task scores; ``evaluation``: an EvalReport (headsurgeon/surgery/eval_report.py) of both kinds,
     shown as the cost section (report/cost.py) in place of ``sweep_rows`` and ``downstream``.
     ``examples`` is kept for callers; one example window is shown.
     """

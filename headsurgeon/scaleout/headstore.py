@@ -1,10 +1,10 @@
-"""A read-only view of an attention store (surgery/store.py) that reads only the heads a task needs.
+"""A read-only view of an attention store (headsurgeon/surgery/store.py) that reads only the heads a task needs.
 
 Workers open the store by a path or an fsspec URL that every worker can see, and fetch each (layer, head)
 slice of each shard by byte range: a head of a dense store is one contiguous run of float16 in its
 sequence's ``[L, H, n, n]`` tensor (a top-q store: ``[L, H, q]`` indices and values). Shard sizes are checked
 against the manifest; sha256 is not (that would read every head), the driver's capture checked it when it wrote.
-Reading and decoding are AttentionStore's own (surgery/store_reader.py ``StoreReader`` and ``Layout``).
+Reading and decoding are AttentionStore's own (headsurgeon/surgery/store_reader.py ``StoreReader`` and ``Layout``).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ class StoreUnreachable(StoreError):
 
 
 class HeadStore:
-    """``PatternSource`` (synth/search/base.py) over ``heads`` of the store at ``location`` (path or fsspec URL).
+    """``PatternSource`` (headsurgeon/synth/search/base.py) over ``heads`` of the store at ``location`` (path or fsspec URL).
 
-    Reads ``manifest.json`` and ``sequences.json`` once through the store's reader (surgery/store_reader.py: the
+    Reads ``manifest.json`` and ``sequences.json`` once through the store's reader (headsurgeon/surgery/store_reader.py: the
     same format, version, settings and sequence checks as ``AttentionStore.load``), then per ``batch`` call only
     the byte ranges of the requested heads (kept in memory for the task's later reads).
     """

@@ -1,8 +1,8 @@
 """The per-head journal of an explain run: one record per finished head under ``OUT/heads/``, written atomically
-(hskernels/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
+(headsurgeon/kernels/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
 
 Layout: ``run.json`` holds the fingerprint of the inputs (store, splits, seed, searchers and their options) and a
-random run id; ``L{layer}H{head}.json`` holds a head's selected entry (synth/programset.py ``Entry.to_json``), the
+random run id; ``L{layer}H{head}.json`` holds a head's selected entry (headsurgeon/synth/programset.py ``Entry.to_json``), the
 selection's metadata, per-stage seconds and, when asked for, its ΔPPL. Serial and Ray runs write the same records
 (the driver writes them all).
 
@@ -11,7 +11,7 @@ write to OUT could put records there. So every record, and run.json, carries an 
 random key kept **outside** OUT, in ``journal_keys()/<run id>`` (mode 0600; only this user can read it): a record
 that was forged, edited after it was written, or written by another run does not verify and is refused, naming
 the file and the fix. Records present without run.json are refused too (never taken for a fresh run). The
-programs of verified records still pass the trust gate (synth/trust.py) with the run's own trust: Python only
+programs of verified records still pass the trust gate (headsurgeon/synth/trust.py) with the run's own trust: Python only
 where the run's searchers could propose it.
 """
 from __future__ import annotations
@@ -29,14 +29,14 @@ from typing import Any, Iterable
 from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
 from ..kernels.formats import FileFormat, check_versioned, write_versioned
 from ..synth.errors import ProgramError
-from ..synth.programset import Entry, ProgramSet, head_key, head_label
+from ..synth.programset import Entry, ProgramSet
 from ..kernels.core import Head, HeadsurgeonError
 
 class JournalError(HeadsurgeonError, ValueError):
     """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
 
 
-#: run.json's format (hskernels/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
+#: run.json's format (headsurgeon/kernels/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
 RUN_FILE = FileFormat("headsurgeon.head_journal", 2, (2,), "a run file of a headsurgeon journal",
                       "delete the output folder's heads/ to start over (its heads are searched again)",
                       error=JournalError)
@@ -61,7 +61,7 @@ def journal_keys() -> Path:
 
 
 def _dumps(obj: Any) -> bytes:
-    """JSON as programs.json writes it (NaN kept: scores of programs that failed are NaN; synth/select.py)."""
+    """JSON as programs.json writes it (NaN kept: scores of programs that failed are NaN; headsurgeon/synth/select.py)."""
     return json.dumps(obj, default=json_default, sort_keys=True).encode("utf-8")
 
 
@@ -71,7 +71,7 @@ def _canonical(obj: Any) -> Any:
 
 
 def _is_record_name(name: str) -> bool:
-    """``L3H5.json``, the one spelling a record file has (hskernels/core.py ``Head``)."""
+    """``L3H5.json``, the one spelling a record file has (headsurgeon/kernels/core.py ``Head``)."""
     try:
         return name.endswith(".json") and f"{Head.parse(name[:-5])}.json" == name
     except HeadsurgeonError:
@@ -92,7 +92,7 @@ class HeadJournal:
         return f"delete {self.directory} to start over (its heads are searched again)"
 
     def _read(self, path: Path) -> Any:
-        """A JSON file of the journal, read bounded (hskernels/fileio.py), or a JournalError naming it and the fix."""
+        """A JSON file of the journal, read bounded (headsurgeon/kernels/fileio.py), or a JournalError naming it and the fix."""
         try:
             return json.loads(read_bounded(path, MAX_RECORD_BYTES, "a journal file"))
         except (OSError, UnsafeFileError, ValueError, RecursionError) as e:
@@ -214,11 +214,11 @@ class HeadJournal:
                 raise JournalError(f"{path} was not written by this run, or was altered after it was (its HMAC does "
                                    f"not verify); {self._fix()}")
             try:
-                head = head_key(rec["head"])
+                head = Head.parse(rec["head"])
             except (KeyError, TypeError, ValueError):
                 raise JournalError(f"{path} names no head; {self._fix()}") from None
-            if path.name != f"{head_label(head)}.json":
-                raise JournalError(f"{path} holds the record of {head_label(head)}; {self._fix()}")
+            if path.name != f"{Head.label(head)}.json":
+                raise JournalError(f"{path} holds the record of {Head.label(head)}; {self._fix()}")
             out[head] = rec
         return out
 
@@ -226,7 +226,7 @@ class HeadJournal:
         """Add one head's record (atomically, with its HMAC; a head already journaled keeps its first record)."""
         if self._key is None:
             raise JournalError(f"{self.directory}: call start() before writing records")
-        path = self.directory / f"{head_label(head_key(record['head']))}.json"
+        path = self.directory / f"{Head.label(Head.parse(record['head']))}.json"
         if not os.path.lexists(path):
             body = _canonical(record)
             atomic_write_bytes(path, _dumps({**body, "mac": self._mac("record", body)}))
@@ -234,10 +234,10 @@ class HeadJournal:
     def programset(self, heads: Iterable[tuple[int, int]], model: str = "", vocab_fingerprint: str | None = None,
                    trust: Any = True) -> ProgramSet:
         """The ProgramSet of ``heads`` as journaled (every head must have a record), after the trust gate
-        (synth/trust.py) with ``trust``: the run's own (which Python programs its searchers could propose)."""
+        (headsurgeon/synth/trust.py) with ``trust``: the run's own (which Python programs its searchers could propose)."""
         recs = self.records()
         heads = list(heads)
-        missing = [head_label(h) for h in heads if h not in recs]
+        missing = [Head.label(h) for h in heads if h not in recs]
         if missing:
             raise JournalError(f"the journal {self.directory} has no record for {', '.join(missing[:8])}")
         try:

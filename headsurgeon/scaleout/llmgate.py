@@ -1,6 +1,6 @@
 """The LLM agent's caps across a Ray cluster: one named actor holds the request slots (``concurrency``) and the
 spent cost (``cost_cap``) for every worker, and each worker's agent sends its requests through a client that asks
-the actor first (synth/search/llm/agent.py ``LLMSearcher(client=...)``; prices as synth/search/llm/transport.py).
+the actor first (headsurgeon/synth/search/llm/agent.py ``LLMSearcher(client=...)``; prices as headsurgeon/synth/search/llm/transport.py).
 """
 from __future__ import annotations
 

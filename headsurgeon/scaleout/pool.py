@@ -1,5 +1,5 @@
 """The local executor's process pool: explain's head tasks (task.py ``explain_heads``) on every core this process
-may use, each worker pinned to its share of threads (surgery/threads.py).
+may use, each worker pinned to its share of threads (headsurgeon/surgery/threads.py).
 
 The pool is loky's: workers start as fresh interpreters (a fork of a process whose OpenMP pool has run can hang)
 that never re-run the caller's script (so a script needs no ``if __name__ == "__main__"`` guard), and tasks travel
@@ -20,7 +20,6 @@ from typing import Callable
 from loky import ProcessPoolExecutor
 
 from ..surgery.threads import THREAD_ENV, pin_threads, usable_cores, worker_threads
-from ..synth.programset import head_label
 from .task import HeadJob, explain_heads
 from ..kernels.core import HeadsurgeonError, InputError
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 from typing import Any, Callable
 
-from ..synth.programset import head_label
 from .chunks import MAX_HEADS_PER_TASK, chunked
 from .headstore import HeadStore, StoreUnreachable
 from .task import HeadJob, explain_heads
@@ -107,7 +106,7 @@ def ray_map(job: HeadJob, heads: list[tuple[int, int]], finished: Callable[[list
             from ..synth.search.llm.config import AgentConfig
 
             gate = start_gate(job.llm_gate, job.options.get("llm") or AgentConfig(progress=False))
-        # one CPU per task (the numba kernels, hskernels/, are serial)
+        # one CPU per task (the numba kernels, headsurgeon/kernels/, are serial)
         task = ray.remote(explain_heads).options(num_cpus=1, max_retries=max_retries, retry_exceptions=[OSError])
         job_ref = ray.put(job)
         pending = {task.remote(job_ref, chunk): chunk for chunk in chunks}

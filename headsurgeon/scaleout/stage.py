@@ -34,12 +34,12 @@ def _model_spec(model: Any) -> Any:
                      "'llama2c:PATH.bin' or 'tiny-stories'), not a loaded model; pass the spec to explain()")
 
 
-#: searchers whose candidates are DSL programs only (synth/search/enumerative, synth/search/learned)
+#: searchers whose candidates are DSL programs only (headsurgeon/synth/search/enumerative, headsurgeon/synth/search/learned)
 DSL_SEARCHERS = frozenset({"enumerative", "learned"})
 
 
 def run_trust(searchers: Seq[str], options: dict[str, Any]) -> Any:
-    """The trust a run's own journal gets (synth/trust.py): Python programs only where its searchers propose them —
+    """The trust a run's own journal gets (headsurgeon/synth/trust.py): Python programs only where its searchers propose them —
     any (True) with the LLM agent or a searcher of your own, else exactly the ``library`` programs' hashes."""
     if any(name not in DSL_SEARCHERS and name != "library" for name in searchers):
         return True

@@ -1,7 +1,7 @@
 """One unit of explain work, the same on the driver and on a Ray worker: for a few heads, run every requested
-searcher with ``heads=`` (synth/search/base.py ``run_searchers`` with the driver's registry factories), select
-among their candidates (synth/select.py ``select_programs`` over a store view of just those heads) and, when
-asked, measure each head's ΔPPL (surgery/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
+searcher with ``heads=`` (headsurgeon/synth/search/base.py ``run_searchers`` with the driver's registry factories), select
+among their candidates (headsurgeon/synth/select.py ``select_programs`` over a store view of just those heads) and, when
+asked, measure each head's ΔPPL (headsurgeon/surgery/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence as Seq
 
-from ..synth.programset import head_label
 from ..synth.search.base import SearchSettings, run_searchers
 from ..synth.select import select_programs
 from .headstore import HeadStore
+from ..kernels.core import Head
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _public(options: dict[str, Any]) -> dict[str, Any]:
 
 def _search(job: HeadJob, store: HeadStore, heads: list[tuple[int, int]], notes: list[str],
             timings: dict[str, float]) -> dict[tuple[int, int], list[Any]]:
-    """Every searcher of ``job`` on ``heads`` through synth/search/base.py ``run_searchers``, with the driver's
+    """Every searcher of ``job`` on ``heads`` through headsurgeon/synth/search/base.py ``run_searchers``, with the driver's
     factories (a worker's registry may differ); the LLM agent asks the cluster's gate when there is one."""
     settings = SearchSettings(seed=job.seed, progress=False, out=None if job.out is None else Path(job.out),
                               options=dict(job.options))
@@ -130,7 +130,7 @@ def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None)
     for h in heads:
         entry = chosen.entries.get(h)
         records.append({
-            "head": head_label(h), "entry": None if entry is None else entry.to_json(h), "meta": chosen.meta,
+            "head": Head.label(h), "entry": None if entry is None else entry.to_json(h), "meta": chosen.meta,
             "candidates": len(pool.get(h, [])), "delta_ppl": deltas.get(h), "notes": notes,
             "seconds": {"search": {k: v * share for k, v in timings.items()}, "select": t_select * share,
                         "delta_ppl": t_delta * share},

@@ -1,4 +1,4 @@
-"""Recipe step 2: sample the shipped demo corpus (hub/zoo_data/demo_corpus.txt) from the trained tiny-stories model.
+"""Recipe step 2: sample the shipped demo corpus (headsurgeon/hub/zoo_data/demo_corpus.txt) from the trained tiny-stories model.
 
     python recipes/tiny_stories/sample.py      # after train.py; 200 stories, seed 0, temperature 0.8
 

@@ -1,13 +1,13 @@
 """Recipe for headsurgeon's embedded default model, one script read top to bottom (nanoGPT's data/*/prepare.py style).
 
-    python recipes/tiny_stories/train.py      # ~25 min on 2 CPU cores; writes hub/zoo_data/tiny-stories/
-    python recipes/tiny_stories/sample.py     # then writes hub/zoo_data/demo_corpus.txt from the trained model
+    python recipes/tiny_stories/train.py      # ~25 min on 2 CPU cores; writes headsurgeon/hub/zoo_data/tiny-stories/
+    python recipes/tiny_stories/sample.py     # then writes headsurgeon/hub/zoo_data/demo_corpus.txt from the trained model
 
 It trains a byte-level BPE tokenizer and a tiny GPT-2 from scratch on ``../shared/data/corpora/tinystories-valid.txt``
 (blank-line separated documents; the last ``heldout_frac`` of them are held out and their loss is reported in
 ``training.json``). ``<|endoftext|>`` is the tokenizer's BOS, EOS, pad and document separator (GPT-2 convention:
 the tokenizer does not add it by itself). The defaults of :class:`TrainConfig` and seed 0 produce the shipped
-files; the installed library only locates and loads them (hub/zoo.py).
+files; the installed library only locates and loads them (headsurgeon/hub/zoo.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,215 @@
+"""The searcher interface: what every program searcher reads (a ``PatternSource``), what it returns (candidates
+per head), how it is stopped (a time budget, a cancel event), and the registry ``explain`` runs searchers from.
+
+A searcher is an object with a ``name`` and ``search(store, *, synth_idx, select_idx, heads, progress,
+budget, cancel) -> {(layer, head): [ScoredProgram, ...]}``. Registering a factory under a name
+(:func:`register_searcher`) makes it available to :func:`run_searchers` and ``hs.explain`` without
+editing the library; see docs/architecture.md for the recipe.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..scored import ScoredProgram
+from ..sequence import Sequence as TokenSequence
+from ...kernels.core import Head, HeadsurgeonError, InputError
+
+__all__ = [
+    "CandidateMap", "PatternSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
+    "SearcherFactory", "register_searcher", "unregister_searcher", "searchers", "searcher_factory", "make_searcher",
+    "run_searchers",
+    "check_splits", "merge_candidates",
+]
+
+CandidateMap = dict[Head, list[ScoredProgram]]
+
+
+class PatternSource(Protocol):
+    """What searchers read from a store (``headsurgeon.surgery.store.AttentionStore`` fits; synth does not import
+    surgery): the sequences, the mask kind, the heads, and real patterns by store index.
+
+    ``batch`` returns patterns [H, B, N, N] and lengths [B]; stores may also accept ``dtype=`` (float16 halves
+    the memory of the learned searcher's reads).
+    """
+
+    sequences: list[TokenSequence]
+    causal: bool
+
+    @property
+    def heads(self) -> list[Head]:
+        """The (layer, head) pairs the store holds."""
+
+    def batch(self, indices: list[int] | None = None,
+              heads: list[Head] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Real patterns [H, B, N, N] of ``heads`` on sequences ``indices``, and the lengths [B]."""
+
+
+class StopCheck:
+    """Whether a searcher should stop starting new work: ``cancel`` was set or ``budget`` seconds have passed."""
+
+    def __init__(self, budget: float | None = None, cancel: threading.Event | None = None) -> None:
+        if budget is not None and not budget >= 0:
+            raise InputError(f"budget must be >= 0 seconds or None; got {budget}")
+        self.deadline = None if budget is None else time.monotonic() + float(budget)
+        self.cancel = cancel
+
+    def __call__(self) -> bool:
+        if self.cancel is not None and self.cancel.is_set():
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    @property
+    def active(self) -> bool:
+        """True when there is anything to check (a budget or a cancel event)."""
+        return self.deadline is not None or self.cancel is not None
+
+
+@runtime_checkable
+class Searcher(Protocol):
+    """A program searcher: candidates per head, fitted on ``synth_idx`` and scored on ``select_idx``.
+
+    Conventions every searcher keeps:
+
+    * ``synth_idx`` / ``select_idx`` are disjoint store indices; the searcher fits and ranks on synth, scores
+      on select (``ScoredProgram.scores["synth"]`` / ``["select"]`` with ``"iou"`` and ``"jsd"``) and never reads
+      any other sequence (``test`` stays unseen);
+    * ``heads`` defaults to ``store.heads``; the result has a key per head it finished;
+    * ``progress`` shows tqdm bars; ``budget`` (seconds of wall clock) and ``cancel`` (a ``threading.Event``)
+      stop it from starting new heads, and it returns the heads finished so far;
+    * ``report()`` returns one line for the run's notes ("" when there is nothing to say).
+    """
+
+    name: str
+
+    def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
+               heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
+               cancel: threading.Event | None = None) -> CandidateMap:
+        """Candidates per head (see the class docstring for the conventions)."""
+
+    def report(self) -> str:
+        """One line for the run's notes, or ""."""
+
+
+@dataclass
+class SearchSettings:
+    """What every searcher factory is given: the seed, progress bars, a folder it may write to, and options
+    per searcher name (e.g. ``{"llm": AgentConfig(...), "library": ["prev(1)"], "enumerative": {"beam": 4}}``)."""
+
+    seed: int = 0
+    progress: bool = True
+    out: Path | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The options given for searcher ``name`` (``default`` when none)."""
+        value = self.options.get(name)
+        return default if value is None else value
+
+
+class SearcherUnavailable(HeadsurgeonError, RuntimeError):
+    """A factory cannot build its searcher here (e.g. no LLM endpoint); the run notes the message and goes on."""
+
+
+SearcherFactory = Callable[[SearchSettings], Searcher]
+
+_REGISTRY: dict[str, SearcherFactory] = {}
+
+
+def register_searcher(name: str, factory: SearcherFactory, *, replace: bool = False) -> None:
+    """Make ``factory(settings) -> Searcher`` available under ``name`` (``replace=True`` to overwrite one)."""
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"a searcher needs a non-empty name; got {name!r}")
+    if not callable(factory):
+        raise TypeError(f"the factory of searcher {name!r} is not callable: {factory!r}")
+    if name in _REGISTRY and not replace:
+        raise InputError(f"a searcher named {name!r} is already registered; pass replace=True to overwrite it")
+    _REGISTRY[name] = factory
+
+
+def unregister_searcher(name: str) -> None:
+    """Remove a registered searcher (no error when absent)."""
+    _REGISTRY.pop(name, None)
+
+
+def searchers() -> tuple[str, ...]:
+    """The registered searcher names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def searcher_factory(name: str) -> SearcherFactory:
+    """The factory registered under ``name`` (headsurgeon/scaleout ships it to workers, whose registries may differ)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
+    return factory
+
+
+def make_searcher(name: str, settings: SearchSettings | None = None) -> Searcher:
+    """Build the searcher registered under ``name``."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
+    return factory(settings or SearchSettings())
+
+
+def check_splits(synth_idx: Sequence[int], select_idx: Sequence[int], who: str) -> tuple[list[int], list[int]]:
+    """Both splits as int lists; an error when either is empty or they share sequences."""
+    synth, select = [int(i) for i in synth_idx], [int(i) for i in select_idx]
+    if not synth or not select:
+        raise InputError(f"{who} needs non-empty synth_idx and select_idx; got {len(synth)} and {len(select)}")
+    if set(synth) & set(select):
+        raise InputError(f"{who}: synth_idx and select_idx share sequences; select must be held out from synth")
+    return synth, select
+
+
+def merge_candidates(pool: CandidateMap, found: CandidateMap) -> None:
+    """Append ``found``'s candidates to ``pool`` head by head (in place)."""
+    for head, cands in found.items():
+        pool.setdefault(head, []).extend(cands)
+
+
+def run_searchers(store: PatternSource, names: Iterable[str], *, synth_idx: Sequence[int],
+                  select_idx: Sequence[int], settings: SearchSettings | None = None,
+                  heads: Sequence[Head] | None = None, budget: float | None = None,
+                  cancel: threading.Event | None = None, notes: list[str] | None = None,
+                  timings: dict[str, float] | None = None,
+                  factories: Mapping[str, SearcherFactory] | None = None) -> CandidateMap:
+    """Run the named searchers one after another and pool their candidates per head (in the order run).
+
+    An unavailable searcher (:class:`SearcherUnavailable`) adds its message to ``notes`` and is skipped;
+    each searcher's ``report()`` line goes to ``notes`` and its wall-clock seconds to ``timings``. ``budget``
+    is shared: each searcher gets what the ones before it left. ``factories``: name → factory to use instead
+    of this process's registry (a Ray worker gets the driver's, headsurgeon/scaleout/task.py).
+    """
+    settings = settings or SearchSettings()
+    stop = StopCheck(budget, cancel)
+    pool: CandidateMap = {}
+    names = list(names)
+    chosen = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
+    for name in names:
+        if chosen[name] is None:
+            raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            searcher = chosen[name](settings)
+        except SearcherUnavailable as e:
+            if notes is not None:
+                notes.append(str(e))
+            continue
+        left = None if stop.deadline is None else max(0.0, stop.deadline - time.monotonic())
+        merge_candidates(pool, searcher.search(store, synth_idx=synth_idx, select_idx=select_idx, heads=heads,
+                                               progress=settings.progress, budget=left, cancel=cancel))
+        line = searcher.report() if hasattr(searcher, "report") else ""
+        if line and notes is not None:
+            notes.append(line)
+        if timings is not None:
+            timings[name] = time.perf_counter() - t0
+    return pool
