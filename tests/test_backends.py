@@ -19,7 +19,7 @@ from headsurgeon.synth.backends import ProgramBackend, backend_kinds, register_b
 from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
-from headsurgeon.synth.trust import UntrustedProgramsError, require_trusted
+from headsurgeon.synth.trust import UntrustedProgramError, require_trusted
 
 
 class WindowSum(ProgramBackend):
@@ -115,7 +115,7 @@ def test_checkpoint_round_trip_of_a_new_kind(window_sum, tmp_path):
     try:
         with pytest.raises(UntrustedProgramError):
             load_hybrid(path)
-        with pytest.raises(UntrustedProgramsError, match="holds window-sum code"):  # the backend's label
+        with pytest.raises(UntrustedProgramError, match="holds window-sum code"):  # the backend's label
             require_trusted([("L0H0", "replacement", Program.of("window_sum", 2))], False, origin="programs.json")
     finally:
         WindowSum.needs_trust = False

@@ -217,12 +217,12 @@ def test_journal_refuses_a_run_whose_key_is_elsewhere(tmp_path, keys, monkeypatc
 
 def test_journal_python_needs_the_runs_own_trust(tmp_path, keys):
     from headsurgeon.scaleout.stage import run_trust
-    from headsurgeon.synth.trust import UntrustedProgramsError
+    from headsurgeon.synth.trust import UntrustedProgramError
 
     book = HeadJournal(tmp_path / "heads")
     book.start({})
     book.write({"head": "L0H0", "entry": Entry(ScoredProgram(PY)).to_json((0, 0))})
-    with pytest.raises(UntrustedProgramsError, match="L0H0 replacement.*start over"):
+    with pytest.raises(UntrustedProgramError, match="L0H0 replacement.*start over"):
         book.programset([(0, 0)], trust=run_trust(["enumerative", "learned"], {}))
     assert book.programset([(0, 0)], trust=run_trust(["enumerative", "library"], {"library": [PY]}))
     assert book.programset([(0, 0)], trust=run_trust(["enumerative", "llm"], {}))

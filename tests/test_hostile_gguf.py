@@ -54,7 +54,7 @@ def rewrite_entry(folder: Path, change) -> None:
     (folder / "entry.json").write_text(json.dumps(entry))
 
 
-# --- item 2: the conversion cache does not vouch for itself ---------------------------------------------------------
+# --- the conversion cache does not vouch for itself ---------------------------------------------------------
 
 
 def test_replaced_weights_with_a_rewritten_entry_json_are_rebuilt(tiny, cache):
@@ -151,7 +151,7 @@ def test_a_key_file_others_can_read_is_not_used(tiny, cache):
     assert same_state(state(model), state(fresh))
 
 
-# --- item 3: a killed first load leaves nothing behind for good -----------------------------------------------------
+# --- a killed first load leaves nothing behind for good -----------------------------------------------------
 
 
 WRITER = """
@@ -233,7 +233,7 @@ def test_an_assembly_of_parts_killed_midway_is_removed_by_the_next_one(tmp_path,
     assert [p.name for p in files.iterdir() if p.name.startswith(".")] == []
 
 
-# --- item 4: a damaged GGUF file is called damaged -----------------------------------------------------------------
+# --- a damaged GGUF file is called damaged -----------------------------------------------------------------
 
 
 def s(text: str) -> bytes:

@@ -12,7 +12,7 @@ from headsurgeon.cli import main
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
-from headsurgeon.synth.trust import UntrustedProgramsError, trust_value
+from headsurgeon.synth.trust import UntrustedProgramError, trust_value
 
 PY_SOURCE = ("def f(seq):\n    w = np.arange(seq.n, dtype=float)\n"
              "    return np.ones((seq.n, seq.n)) * (1.0 + w[None, :])\n")
@@ -48,13 +48,13 @@ def handle():
 @pytest.mark.parametrize("slot", SLOTS)
 def test_programset_gate_covers_every_slot(tmp_path, slot):
     path = hidden_python(tmp_path, slot)
-    with pytest.raises(UntrustedProgramsError) as e:
+    with pytest.raises(UntrustedProgramError) as e:
         ProgramSet.load(path).require_trusted()
     refusal(e.value, slot, "trust_programs=True")
     ProgramSet.load(path).require_trusted(True)
     ProgramSet.load(path).require_trusted({PY.hash})
     assert ProgramSet.load(path, trust_programs={PY.hash}).origin is None  # trusted once, marked as such
-    with pytest.raises(UntrustedProgramsError):
+    with pytest.raises(UntrustedProgramError):
         ProgramSet.load(path, trust_programs={"0" * 64})
 
 
@@ -71,10 +71,10 @@ def test_replace_heads_gates_sets_and_paths(handle, tmp_path, slot):
 
     path = hidden_python(tmp_path, slot)
     for programs in (path, ProgramSet.load(path)):
-        with pytest.raises(UntrustedProgramsError) as e:
+        with pytest.raises(UntrustedProgramError) as e:
             replace_heads(handle, programs)
         refusal(e.value, slot, "trust_programs=True")
-    with pytest.raises(UntrustedProgramsError):
+    with pytest.raises(UntrustedProgramError):
         replace_heads(handle, ProgramSet.load(path), which="explanation")
     for trust in (True, {PY.hash}):
         with replace_heads(handle, ProgramSet.load(path), trust_programs=trust) as hybrid:
@@ -87,7 +87,7 @@ def test_ablate_gates_a_programset(handle, tmp_path):
     from headsurgeon.surgery.ablate import ablate
 
     path = hidden_python(tmp_path, "explanation")
-    with pytest.raises(UntrustedProgramsError) as e:
+    with pytest.raises(UntrustedProgramError) as e:
         ablate(handle, ["L1H2"], "program", programs=ProgramSet.load(path))
     refusal(e.value, "explanation", "trust_programs=True")
     with ablate(handle, ["L1H2"], "program", programs=ProgramSet.load(path), trust_programs={PY.hash}) as hybrid:
@@ -102,17 +102,17 @@ def test_lm_eval_model_and_downstream_gate_every_slot(handle, tmp_path, slot, mo
 
     path = hidden_python(tmp_path, slot)
     for trust in (False, "false"):
-        with pytest.raises(UntrustedProgramsError) as e:
+        with pytest.raises(UntrustedProgramError) as e:
             HeadsurgeonLM(handle, programs=path, trust_programs=trust)
         refusal(e.value, slot, "--model_args")
     for trust in ("true", True, PY.hash, {PY.hash}):
         assert HeadsurgeonLM(handle, programs=path, trust_programs=trust).model.replaced
     ran = []
     monkeypatch.setattr(ds, "evaluate_tasks", lambda *a, **k: ran.append(a) or {"results": {}, "samples": {}})
-    with pytest.raises(UntrustedProgramsError):
+    with pytest.raises(UntrustedProgramError):
         ds.downstream(handle, ["eaps6"], programs=path)
     assert not ran, "the base run went first: the gate must refuse before any task runs"
-    with pytest.raises(UntrustedProgramsError):
+    with pytest.raises(UntrustedProgramError):
         ds.downstream(handle, ["eaps6"], programs=ProgramSet.load(path))
     assert ds.downstream(handle, ["eaps6"], programs=path, trust_programs={PY.hash})["hybrid_heads"] == 1
 
@@ -128,12 +128,12 @@ def test_measurements_gate_a_programset(handle, tmp_path, slot, monkeypatch):
     for measure in (lambda **k: per_head_delta_ppl(handle, ProgramSet.load(path), seqs, progress=False, **k),
                     lambda **k: replacement_sweep(handle, ProgramSet.load(path), seqs, steps=(0.0, 1.0),
                                                   progress=False, **k)):
-        with pytest.raises(UntrustedProgramsError) as e:
+        with pytest.raises(UntrustedProgramError) as e:
             measure()
         refusal(e.value, slot, "trust_programs=True")
         assert measure(trust_programs={PY.hash})
     monkeypatch.setattr(dsw, "evaluate_tasks", lambda *a, **k: pytest.fail("ran a task before the trust gate"))
-    with pytest.raises(UntrustedProgramsError):
+    with pytest.raises(UntrustedProgramError):
         dsw.downstream_sweep(handle, ProgramSet.load(path), ["eaps6"], progress=False)
 
 
@@ -144,7 +144,7 @@ def test_harness_gates_programs(tmp_path):
     need(STORIES / "stories260K.bin")
     path = hidden_python(tmp_path, "frontier")
     spec = dict(model=f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=str(STORIES / "tok512.model"))
-    with pytest.raises(UntrustedProgramsError) as e:
+    with pytest.raises(UntrustedProgramError) as e:
         HarnessLM(programs=path, **spec)
     refusal(e.value, "frontier", "--model_args")
     assert HarnessLM(programs=path, trust_programs="true", **spec).model.replaced

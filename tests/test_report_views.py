@@ -1,4 +1,4 @@
-"""Per-head report views a person can read (issue 26 item 9): several test windows per head, a table of the head's
+"""Per-head report views a person can read: several test windows per head, a table of the head's
 leading candidates, and glosses in words (no "the all token", no Python lists of ids, no nested percentages)."""
 from __future__ import annotations
 

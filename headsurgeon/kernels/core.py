@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["Head", "HeadError", "HeadsurgeonError", "InputError", "NotFoundError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
+__all__ = ["Head", "HeadError", "HeadsurgeonError", "InputError", "JournalMismatchError", "NotFoundError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
            "Metric", "METRICS", "check_choice"]
 
 
@@ -16,11 +16,15 @@ class HeadsurgeonError(Exception):
 
 
 class InputError(HeadsurgeonError, ValueError):
-    """An argument or file the caller gave is out of range or malformed (a ValueError, as before)."""
+    """An argument or file the caller gave is out of range or malformed; also a ValueError, which callers may catch."""
+
+
+class JournalMismatchError(HeadsurgeonError, ValueError):
+    """A resumable journal (explain's heads, the LLM agent's run) was written by a run with other inputs."""
 
 
 class NotFoundError(HeadsurgeonError, KeyError):
-    """A name the caller asked for (a split, a stored sequence) does not exist (a KeyError, as before)."""
+    """A name the caller asked for (a split, a stored sequence) does not exist; also a KeyError, which callers may catch."""
 
     def __str__(self) -> str:  # the message as written, not KeyError's repr of it
         return str(self.args[0]) if self.args else ""

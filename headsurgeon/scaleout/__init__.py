@@ -4,7 +4,8 @@ Ray cluster, journaled per head so a killed run resumes. Ray is imported only wh
 from __future__ import annotations
 
 from .headstore import HeadStore, StoreUnreachable, store_location
-from .journal import HeadJournal, JournalMismatchError
+from ..kernels.core import JournalMismatchError
+from .journal import HeadJournal
 from .run import EXECUTORS, chunked, run_heads
 from .stage import HeadsResult, explain_store, preflight
 from .task import DeltaJob, HeadJob, explain_heads

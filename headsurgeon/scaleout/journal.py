@@ -30,7 +30,7 @@ from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, 
 from ..kernels.formats import FileFormat, check_versioned, write_versioned
 from ..synth.errors import ProgramError
 from ..synth.programset import Entry, ProgramSet
-from ..kernels.core import Head, HeadsurgeonError
+from ..kernels.core import Head, HeadsurgeonError, JournalMismatchError
 
 class JournalError(HeadsurgeonError, ValueError):
     """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
@@ -45,10 +45,6 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}")
 #: the largest run.json or record read (a record holds one head's entry: programs, scores, notes)
 MAX_RECORD_BYTES = 16 << 20
 KEY_BYTES = 32
-
-
-class JournalMismatchError(JournalError):
-    """The journal folder was written by a run with other inputs."""
 
 
 def journal_keys() -> Path:

@@ -7,7 +7,7 @@ a tensor cannot be left out of an optimizer. So the hybrid takes the slices' val
 that follows one of its own forwards, and writes them back after it (torch's global optimizer step hooks);
 an optimizer step that never followed a hybrid forward (training the base directly) is left alone.
 The slices are found on the bridge's own q/k projections (plain, view or fused-gather, headsurgeon/surgery/fused_qkv.py)
-or a legacy HookedTransformer's ``W_Q``/``W_K``; V, O and every other weight train as before.
+or a legacy HookedTransformer's ``W_Q``/``W_K``; V, O and every other weight train.
 """
 from __future__ import annotations
 

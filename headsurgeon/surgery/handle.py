@@ -18,7 +18,7 @@ class ModelLoadError(HeadsurgeonError, ValueError):
 
 
 class HeadIndexError(InputError, IndexError):
-    """A layer or head index the model does not have (an IndexError, as before; the CLI reports it in one line)."""
+    """A layer or head index the model does not have (also an IndexError; the CLI reports it in one line)."""
 
 
 @dataclass(repr=False)

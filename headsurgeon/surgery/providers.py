@@ -15,6 +15,7 @@ from ..synth.program import Program
 from ..synth.sequence import Sequence
 from ..synth.tensors import program_tensors
 from ..kernels.core import InputError, NotFoundError
+from ..kernels.normalize import visible_mask
 
 
 @runtime_checkable
@@ -26,16 +27,9 @@ class PatternProvider(Protocol):
     # Optional ``needs_text = False`` tells a hybrid it may skip decoding ids to text for this provider.
 
 
-def visible_mask(n: int, width: int, causal: bool) -> np.ndarray:
-    """Boolean [width, width]: query i sees key j (i, j < n, and j <= i when causal)."""
-    m = np.zeros((width, width), dtype=bool)
-    m[:n, :n] = np.tril(np.ones((n, n), dtype=bool)) if causal else True
-    return m
-
-
 def renormalize(block: np.ndarray, n: int, causal: bool) -> np.ndarray:
     """Mask an n×n block to the visible grid and make each row sum to 1 (empty rows → key 0)."""
-    out = np.where(visible_mask(n, n, causal), block[:n, :n], 0.0).astype(np.float32)
+    out = np.where(visible_mask(np.array([n]), n, causal)[0], block[:n, :n], 0.0).astype(np.float32)
     mass = out.sum(-1, keepdims=True)
     empty = mass[:, 0] <= 0
     out = np.divide(out, mass, out=np.zeros_like(out), where=mass > 0)

@@ -144,7 +144,7 @@ _BYPASSING = {
 
 
 class HybridModel(nn.Module):
-    """The model with some heads replaced, in its own calls only; the base model keeps computing as before.
+    """The model with some heads replaced, in its own calls only; the base model itself stays unchanged.
 
     ``hybrid(ids)`` returns logits with the programs applied: its hooks are installed for that call and
     removed after it (like TransformerLens' ``run_with_hooks``), so calling the base model or handle

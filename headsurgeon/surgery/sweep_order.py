@@ -1,8 +1,8 @@
 """The order a replacement sweep swaps heads in: by IoU (most faithful first), by measured per-head ΔPPL
 (cheapest first) or at random, for either kind of program; and, per step, which order was cheaper.
 
-IoU does not predict cost (on stories260K best-IoU first cost +3.9% at 25% of heads where a random order cost +1.0%),
-so ``eval --order delta_ppl`` orders heads by what one swap costs (headsurgeon/surgery/evaluate.py ``per_head_delta_ppl``).
+IoU alone predicts cost poorly (benchmarks/RESULTS.md), so ``eval --order delta_ppl`` orders heads by what one swap
+costs (headsurgeon/surgery/evaluate.py ``per_head_delta_ppl``).
 """
 from __future__ import annotations
 

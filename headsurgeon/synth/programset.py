@@ -86,7 +86,7 @@ class Entry:
         item = {"head": Head.label(head), **rep.to_json(prog(rep.program)), "hypothesis": rep.hypothesis,
                 "scores": rep.scores.to_json()}
         for m in ("budget", "iou", "jsd", "topq", "digits"):
-            item.pop(m, None)  # the replacement's scores live in "scores", as before
+            item.pop(m, None)  # the replacement's scores live in "scores"
         if self.explanation is not None:
             item["explanation"] = self.explanation.to_json(prog(self.explanation.program))
         if self.frontier:

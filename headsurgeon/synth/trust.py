@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import ProgramError
 
-__all__ = ["UntrustedProgramsError", "trust_value", "trusts", "require_trusted", "API_FLAG", "CLI_FLAG",
+__all__ = ["UntrustedProgramError", "trust_value", "trusts", "require_trusted", "API_FLAG", "CLI_FLAG",
            "LM_EVAL_FLAG"]
 
 #: how each face lifts the refusal, for the error message
@@ -29,8 +29,8 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off", "none")
 
 
-class UntrustedProgramsError(ProgramError):
-    """Programs from someone else hold code (Python) that the user has not trusted."""
+class UntrustedProgramError(ProgramError):
+    """Programs from someone else (a file, a checkpoint) hold code (Python) that the user has not trusted."""
 
 
 def trust_value(value: Any) -> bool | frozenset[str]:
@@ -74,6 +74,6 @@ def require_trusted(slots: Iterable[tuple[str, str, Any]], trust: Any, *, origin
     shown = "; ".join(f"{head} {slot} ({program.kind}, hash {program.hash})" for head, slot, program in refused[:5])
     more = f"; and {len(refused) - 5} more" if len(refused) > 5 else ""
     kinds = sorted({program.backend.label for _, _, program in refused})
-    raise UntrustedProgramsError(
+    raise UntrustedProgramError(
         f"{origin} holds {' and '.join(kinds)} code someone else wrote: {shown}{more}. Such programs run (in the "
         f"sandbox) only when you trust them: {fix or f'read them, then pass {flag}'}")

@@ -5,6 +5,7 @@ Each message names the file and the fix; the CLI prints them as one line (headsu
 from __future__ import annotations
 from ...kernels.core import HeadsurgeonError
 from ...kernels.formats import FutureFormatError
+from ...synth.trust import UntrustedProgramError  # the one trust gate's error (headsurgeon/synth/trust.py)
 
 __all__ = ["CheckpointError", "NotACheckpointError", "IntegrityError", "FormatVersionError", "BaseModelError",
            "UntrustedProgramError"]
@@ -28,7 +29,3 @@ class FormatVersionError(CheckpointError, FutureFormatError):
 
 class BaseModelError(CheckpointError):
     """The base model the checkpoint refers to is missing or is not the one it was saved on."""
-
-
-class UntrustedProgramError(CheckpointError):
-    """The checkpoint holds a Python program the caller has not trusted."""

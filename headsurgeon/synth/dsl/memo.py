@@ -3,7 +3,7 @@
 Nodes are frozen (headsurgeon/synth/dsl/nodes.py), so a value computed from one node's fields holds for its lifetime. The
 searchers put one big table primitive into many mixtures, and each mixture is printed, sized and hashed; the
 memo keeps that work to once per primitive. Keyed by identity, like build.py's record of checked nodes, so a
-lookup never hashes a table and nodes pickle exactly as before.
+lookup never hashes a table and nodes pickle the same with or without it.
 """
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def position_bias(n: int) -> torch.Tensor:
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim; spelled out below 16 values, where torch's CPU kernel is ~3x slower."""
+    """Softmax over the last dim; spelled out below 16 values, where torch's CPU kernel is slower."""
     if x.shape[-1] >= 16:
         return x.softmax(-1)
     e = (x - x.amax(-1, keepdim=True).detach()).exp()

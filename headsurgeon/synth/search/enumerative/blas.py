@@ -1,5 +1,5 @@
 """Run small BLAS products single-threaded: the search's Gram products are small, and OpenBLAS threads on busy
-machines made them 30-80x slower (measured on 2 shared cores); a no-op where OpenBLAS is not found."""
+machines make them many times slower (benchmarks/RESULTS.md); a no-op where OpenBLAS is not found."""
 from __future__ import annotations
 
 from typing import Any
@@ -49,7 +49,7 @@ def blas_hooks() -> list:
 
 class single_thread_blas:
     """Run BLAS calls single-threaded: the Gram products here are small and OpenBLAS threads on busy
-    machines made them 30-80x slower (measured on 2 shared cores); a no-op where OpenBLAS is not found."""
+    machines make them many times slower (benchmarks/RESULTS.md); a no-op where OpenBLAS is not found."""
 
     def __enter__(self) -> None:
         self.saved = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 from .agent import ConversationResult, LLMAgent, LLMSearcher
 from .config import SOURCE, AgentConfig, AgentConfigError, AgentStats, HeadStatus
 from .endpoint import EndpointError, check_endpoint
-from .journal import JOURNAL_VERSION, JournalMismatchError, RunJournal
+from ....kernels.core import JournalMismatchError
+from .journal import JOURNAL_VERSION, RunJournal
 from .transport import retry_after
 
 __all__ = [

@@ -57,10 +57,10 @@ from ...program import Program
 from ...sequence import sequences_key
 from ..base import CandidateMap, PatternSource, StopCheck, check_splits
 from .config import AgentConfig, AgentConfigError, AgentStats, HeadStatus
-from .journal import JOURNAL_VERSION, JournalMismatchError, RunJournal, candidate_from_json, candidate_to_json
+from .journal import JOURNAL_VERSION, RunJournal, candidate_from_json, candidate_to_json
 from .scoring import HeadContext, ProgramScoring, SynthFit
 from .transport import ChatRequests, CostCapReached, RequestFailed, Stopped, echo, excerpt
-from ....kernels.core import Head, InputError
+from ....kernels.core import Head, InputError, JournalMismatchError
 
 
 @dataclass

@@ -14,13 +14,9 @@ from ....kernels.fileio import json_default
 from ...scored import ScoredProgram
 from ...program import Program
 from .config import SOURCE
-from ....kernels.core import HeadsurgeonError, InputError
+from ....kernels.core import InputError
 
 JOURNAL_VERSION = 1
-
-
-class JournalMismatchError(HeadsurgeonError, ValueError):
-    """The journal was written for other inputs (sequences, splits or model) than this run."""
 
 
 class RunJournal:
