@@ -45,6 +45,7 @@ def test_install_imports_from_outside_the_repository(tmp_path, venv_python, edit
         missing = [str(rel) for rel in repository_packages() if not (installed / rel / "__init__.py").is_file()]
         assert not missing, f"subpackages left out of the wheel (list them in pyproject.toml): {missing}"
         assert (installed / "surgery" / "lm_eval_tasks" / "eaps6.yaml").is_file(), "the eaps6 task group is package data"
+        assert (installed / "py.typed").is_file(), "type checkers read the package's annotations (PEP 561)"
 
 
 def repository_packages() -> list[Path]:

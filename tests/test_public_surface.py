@@ -7,25 +7,37 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import headsurgeon
 
 INIT = Path(headsurgeon.__file__)
 
 
-def _type_checking_imports() -> dict[str, str]:
-    """name → module of the ``if TYPE_CHECKING:`` block in headsurgeon/__init__.py."""
-    tree = ast.parse(INIT.read_text())
-    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
-    out = {}
-    for node in block.body:
-        assert isinstance(node, ast.ImportFrom) and node.level == 1
-        for alias in node.names:
-            out[alias.name] = f"headsurgeon.{node.module}"
-    return out
+def test_the_surface_has_two_levels():
+    """The pipeline's names on ``hs``, read from the one TYPE_CHECKING list; the rest only in their modules."""
+    assert {"load_model", "capture", "explain", "replace_heads", "build_hybrid", "save_hybrid", "load_hybrid",
+            "Head", "HeadsurgeonError"} <= set(headsurgeon.__all__)
+    assert len(headsurgeon._EXPORTS) <= 45 and not set(headsurgeon._EXPORTS) & set(headsurgeon._MOVED)
+    assert "soft_iou" not in headsurgeon.__all__ and "soft_iou" not in dir(headsurgeon)
 
 
-def test_every_export_is_visible_to_type_checkers_from_the_same_module():
-    assert _type_checking_imports() == headsurgeon._EXPORTS
+def test_a_name_that_moved_still_resolves_with_a_warning_naming_its_module():
+    from headsurgeon.synth.metrics import soft_iou
+
+    with pytest.warns(DeprecationWarning, match="from headsurgeon.synth.metrics import soft_iou"):
+        assert headsurgeon.soft_iou is soft_iou
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        headsurgeon.nothing_here  # noqa: B018 - the attribute access is the test
+
+
+def test_every_moved_name_resolves_to_its_module_object():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name, module in headsurgeon._MOVED.items():
+            assert getattr(headsurgeon, name) is getattr(importlib.import_module(module), name), name
 
 
 def test_every_export_resolves_to_the_object_its_module_defines():

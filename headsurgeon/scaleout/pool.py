@@ -21,7 +21,7 @@ from loky import ProcessPoolExecutor
 
 from ..surgery.threads import THREAD_ENV, pin_threads, usable_cores, worker_threads
 from .task import HeadJob, explain_heads
-from ..kernels.core import HeadsurgeonError, InputError
+from ..kernels.core import Head, HeadsurgeonError, InputError
 
 __all__ = ["WORKERS_ENV", "PoolReport", "WorkerLost", "default_workers", "describe", "peak_rss", "pool_map"]
 
@@ -102,7 +102,7 @@ def pool_map(job: HeadJob, chunks: list[list[tuple[int, int]]], finished: Callab
             if report.restarts > restarts:
                 _stop(executor)
                 raise WorkerLost(f"explain's workers died {report.restarts} times (out of memory?); heads "
-                                 f"{', '.join(map(head_label, lost[:8]))}{' ...' if len(lost) > 8 else ''} are not "
+                                 f"{', '.join(map(Head.label, lost[:8]))}{' ...' if len(lost) > 8 else ''} are not "
                                  "done. The journal keeps the finished heads: rerun with fewer --workers (or "
                                  "--workers 1) to resume") from None
         except BaseException:  # an error in a task, or Ctrl-C: stop every worker, keep the journal

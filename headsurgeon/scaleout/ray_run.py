@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .chunks import MAX_HEADS_PER_TASK, chunked
 from .headstore import HeadStore, StoreUnreachable
 from .task import HeadJob, explain_heads
-from ..kernels.core import HeadsurgeonError
+from ..kernels.core import Head, HeadsurgeonError
 
 
 class ClusterError(HeadsurgeonError, ConnectionError, ValueError):
@@ -118,10 +118,10 @@ def ray_map(job: HeadJob, heads: list[tuple[int, int]], finished: Callable[[list
                     try:
                         records = ray.get(ref)
                     except ray.exceptions.RayTaskError as e:
-                        raise ClusterError(f"heads {', '.join(map(head_label, chunk))} failed on a worker: "
+                        raise ClusterError(f"heads {', '.join(map(Head.label, chunk))} failed on a worker: "
                                            f"{e.cause!r}") from None
                     except ray.exceptions.RayError as e:
-                        raise ClusterError(f"heads {', '.join(map(head_label, chunk))} failed after {max_retries} "
+                        raise ClusterError(f"heads {', '.join(map(Head.label, chunk))} failed after {max_retries} "
                                            f"retries: {e}") from None
                     finished(records)
         finally:
