@@ -13,14 +13,15 @@ from ..kernels.configs import setting
 from ..kernels.core import InputError
 
 __all__ = ["CorpusConfig", "ModelConfig", "CaptureConfig", "MeasureConfig", "HeadsConfig", "DType", "DTYPES",
-           "MODEL_HELP", "ORDERS", "HEAD_KINDS", "HeadKind", "torch_dtype"]
+           "MODEL_HELP", "SWEEPS", "SweepChoice", "HEAD_KINDS", "HeadKind", "torch_dtype"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[DType, ...] = get_args(DType)
 
-#: sweep orders (headsurgeon/surgery/eval_report.py): best test IoU first, cheapest per-head ΔPPL first, or both side by side
-Order = Literal["iou", "delta_ppl", "both"]
-ORDERS: tuple[Order, ...] = get_args(Order)
+#: which sweeps eval runs (headsurgeon/surgery/eval_report.py): in IoU order, in per-head ΔPPL order
+#: (headsurgeon/surgery/sweep_order.py ``Order``), or both side by side
+SweepChoice = Literal["iou", "delta_ppl", "both"]
+SWEEPS: tuple[SweepChoice, ...] = get_args(SweepChoice)
 
 #: what the head finders score (headsurgeon/surgery/head_finders.py)
 HeadKind = Literal["induction", "previous", "first", "self", "duplicate"]
@@ -75,7 +76,7 @@ class MeasureConfig:
 
     sweep_steps: tuple[float, ...] = setting((0.0, 0.1, 0.25, 0.5, 1.0), flag=None,
                                              help="shares of the heads replaced at each step of the sweep")
-    order: Order = setting("iou", choices=ORDERS,
+    order: SweepChoice = setting("iou", choices=SWEEPS,
                            help="sweep order: best test IoU first, cheapest per-head ΔPPL first (measured on the "
                                 "select windows), or both side by side; each step names the cheaper order "
                                 "(random order included)")
