@@ -185,7 +185,7 @@ def main() -> int:
     from headsurgeon.surgery.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
     from headsurgeon.surgery.loading import load_model
-    from headsurgeon.synth.search.enumerative import FitSet, Split, primitive_library, query_predicates
+    from headsurgeon.synth.search.enumerative import FitSet, SplitArrays, primitive_library, query_predicates
     from headsurgeon.synth.search.enumerative.split import features_for
     from headsurgeon.synth.search.enumerative.util import spacy_available
 
@@ -207,7 +207,7 @@ def main() -> int:
     spacy = spacy_available()
     library = primitive_library(synth[: args.fit], True, spacy=spacy)
     preds = query_predicates(synth[: args.fit], spacy=spacy)
-    fs = FitSet(Split(store, synth_idx[: args.fit], features_for(library, preds)), library, heads[:1], preds, True,
+    fs = FitSet(SplitArrays(store, synth_idx[: args.fit], features_for(library, preds)), library, heads[:1], preds, True,
                 progress=False)
     bench_passes(fs, args.repeats)
     del fs

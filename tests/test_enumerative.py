@@ -9,7 +9,7 @@ from scipy.optimize import nnls
 
 from headsurgeon.synth import dsl
 from headsurgeon.synth.search.enumerative import (
-    FitSet, SearchStats, Split, enumerative_search, nnls_gram, primitive_library, round_weights,
+    FitSet, SearchStats, SplitArrays, enumerative_search, nnls_gram, primitive_library, round_weights,
 )
 from headsurgeon.synth.metrics import score_many
 from headsurgeon.synth.program import BUDGETS, Program
@@ -164,7 +164,7 @@ def test_compact_evaluator_matches_kernels_on_every_combinator() -> None:
     lib = [Program.parse(t) for t in ("prev(1)", "first()", "self()", "same_token_recent()", "decay(0.5)",
                                       "recent(punct)", "key_in_set(ids=[1, 3])", "uniform()")]
     preds = [dsl.Pred("flag", "punct"), dsl.Pred("flag", "cap")]
-    split = Split(store, list(range(len(seqs))), {"punct", "cap"})
+    split = SplitArrays(store, list(range(len(seqs))), {"punct", "cap"})
     fs = FitSet(split, lib, [(0, 0)], preds, True, progress=False)
     texts = [
         "0.6*prev(1) + 0.4*same_token_recent()",
@@ -374,7 +374,7 @@ def test_key_sets_and_short_profiles_evaluate_exactly() -> None:
     head = (0, 0)
     store = ProgramStore(seqs, {head: Program.parse(f"0.8*key_in_set(ids=[{ids['.']}, {ids['the']}]) + 0.2*first()")})
     lib = primitive_library(seqs, True, spacy=False)
-    split = Split(store, list(range(len(seqs))), features_for(lib, []))
+    split = SplitArrays(store, list(range(len(seqs))), features_for(lib, []))
     fs = FitSet(split, lib, [head], [], True, False)
     sets = key_sets(fs, 0)
     assert sets and set(sets[-1]) >= {ids["."], ids["the"]} and all(len(s) <= 8 for s in sets)
@@ -398,7 +398,7 @@ def test_raw_sums_and_feature_gates_evaluate_exactly_and_fit_budgets() -> None:
     store = ProgramStore(seqs, {head: Program.parse(f"sum(2*prev(1), key_in_set(ids=[{ids['the']}]), first())")})
     lib = primitive_library(seqs, True, spacy=False)
     preds = [dsl.Pred("flag", "quote"), dsl.Pred("flag", "punct")]
-    split = Split(store, list(range(len(seqs))), features_for(lib, preds))
+    split = SplitArrays(store, list(range(len(seqs))), features_for(lib, preds))
     fs = FitSet(split, lib, [head], preds, True, False)
     vocab = vocabulary_of(seqs)
     terms = [dsl.parse("prev(1)"), dsl.parse("same_word()"), dsl.parse(f"key_in_set(ids=[{ids['the']}])")]

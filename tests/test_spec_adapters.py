@@ -16,7 +16,7 @@ from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, PrimitiveS
                                         register_combinator, register_primitive, unregister_combinator,
                                         unregister_primitive)
 from headsurgeon.synth.program import Program
-from headsurgeon.synth.search.enumerative import FitSet, Split
+from headsurgeon.synth.search.enumerative import FitSet, SplitArrays
 from headsurgeon.synth.search.learned.rows import positional_rows, positional_specs
 from headsurgeon.synth.program_store import ProgramStore
 
@@ -35,20 +35,20 @@ def test_every_combinator_and_fitted_primitive_declares_cells() -> None:
         assert callable(dsl.PRIMITIVE_SPECS[name].cells), name
 
 
-def _fit_set(rng: np.random.Generator, causal: bool) -> tuple[FitSet, Split, dict[str, list[dsl.Node]]]:
+def _fit_set(rng: np.random.Generator, causal: bool) -> tuple[FitSet, SplitArrays, dict[str, list[dsl.Node]]]:
     """A fit set over random sequences, its split and random instances of every usable primitive; the library
     holds all but the fitted ones."""
     seqs = random_sequences(rng, 10)
     usable = [n for n, s in dsl.PRIMITIVE_SPECS.items() if set(s.features) <= set(NO_SPACY)]
     prims = {name: [random_primitive(name, rng, NO_SPACY[2:]) for _ in range(3)] for name in usable}
     needed = set().union(*(dsl.features_needed(p) for ps in prims.values() for p in ps), {f.value for f in PREDS})
-    split = Split(ProgramStore(seqs, {(0, 0): "prev(1)"}, causal=causal), list(range(len(seqs))), needed)
+    split = SplitArrays(ProgramStore(seqs, {(0, 0): "prev(1)"}, causal=causal), list(range(len(seqs))), needed)
     library = [Program.from_node(p) for name in usable if name not in FITTED for p in prims[name]]
     library = list({p.hash: p for p in library}.values())
     return FitSet(split, library, [(0, 0)], PREDS, causal, progress=False), split, prims
 
 
-def _cells(fs: FitSet, split: Split, dense: np.ndarray, causal: bool) -> np.ndarray:
+def _cells(fs: FitSet, split: SplitArrays, dense: np.ndarray, causal: bool) -> np.ndarray:
     """A [B, N, N] array's visible cells in the fit set's (sequence, query, key) order."""
     cells = []
     for b in fs.order:

@@ -47,7 +47,7 @@ CAUSAL_TASKS = frozenset({"dyck1", "dyck2", "induction"})
 
 
 @dataclass
-class Split:
+class TaskSplit:
     """One split as padded id arrays: ``x`` token ids, ``y`` label ids, both ``[n, max_len]`` int64; 0 is PAD."""
 
     x: np.ndarray
@@ -66,9 +66,9 @@ class TaskData:
     labels: list[str]
     max_len: int
     causal: bool
-    train: Split
-    val: Split
-    test: Split
+    train: TaskSplit
+    val: TaskSplit
+    test: TaskSplit
     raw: dict[str, list[tuple[list[str], list[str]]]] = field(default_factory=dict, repr=False)
 
     @property
@@ -226,7 +226,7 @@ def sampler(name: str) -> tuple[Sampler, int]:
     return table[name]
 
 
-def _encode(samples: list[tuple[list[str], list[str]]], vocab: list[str], labels: list[str], width: int) -> Split:
+def _encode(samples: list[tuple[list[str], list[str]]], vocab: list[str], labels: list[str], width: int) -> TaskSplit:
     t_idx = {t: i for i, t in enumerate(vocab)}
     l_idx = {t: i for i, t in enumerate(labels)}
     x = np.zeros((len(samples), width), dtype=np.int64)
@@ -234,7 +234,7 @@ def _encode(samples: list[tuple[list[str], list[str]]], vocab: list[str], labels
     for r, (s, t) in enumerate(samples):
         x[r, : len(s)] = [t_idx[c] for c in s]
         y[r, : len(t)] = [l_idx[c] for c in t]
-    return Split(x, y)
+    return TaskSplit(x, y)
 
 
 def split_sizes(n: int, test_frac: float = 0.1, val_frac: float = 0.1) -> tuple[int, int, int]:

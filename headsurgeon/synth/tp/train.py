@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from .model import ModelConfig, TransformerProgram
 from .resume import STATE_FILE, load_state, save_state
-from .tasks import TASKS, Split, TaskData, make_task
+from .tasks import TASKS, TaskSplit, TaskData, make_task
 from ...kernels.core import HeadsurgeonError, InputError
 
 _RECIPE = (
@@ -174,7 +174,7 @@ class TrainResult:
     history: list[dict]
 
 
-def evaluate(model: TransformerProgram, split: Split) -> float:
+def evaluate(model: TransformerProgram, split: TaskSplit) -> float:
     """Token accuracy of the discretized (argmax) model on a split."""
     pred = model.predict(torch.from_numpy(split.x))
     return accuracy(pred.numpy(), split.y)

@@ -5,9 +5,9 @@ from .fitset import FitSet
 from .library import primitive_library, query_predicates
 from .mixtures import GramStats, nnls_gram, round_weights
 from .search import SOURCE, EnumerativeSearcher, SearchStats, enumerative_search
-from .split import Split
+from .split import SplitArrays
 
 __all__ = [
     "EnumerativeSearcher", "enumerative_search", "primitive_library", "query_predicates", "SearchStats",
-    "round_weights", "nnls_gram", "FitSet", "Split", "GramStats", "SOURCE",
+    "round_weights", "nnls_gram", "FitSet", "SplitArrays", "GramStats", "SOURCE",
 ]

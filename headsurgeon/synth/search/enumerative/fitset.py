@@ -16,7 +16,7 @@ from ...metrics import score_many
 from ...program import Program
 from .blas import row_products
 from .mixtures import GramStats
-from .split import Split, chunk_size, pred_mask
+from .split import SplitArrays, chunk_size, pred_mask
 from .util import progress_bar
 
 
@@ -41,7 +41,7 @@ class FitSet(Cells):
     row's raw total (``sum`` adds raw scores: X * scale).
     """
 
-    def __init__(self, split: Split, library: list[Program], heads: list[tuple[int, int]],
+    def __init__(self, split: SplitArrays, library: list[Program], heads: list[tuple[int, int]],
                  preds: list[dsl.Pred], causal: bool, progress: bool, score_singles: bool = True,
                  desc: str = "enumerative: primitives", cache: Any = None) -> None:
         P, H = len(library), len(heads)

@@ -28,7 +28,7 @@ from .compose import hypothesis, propose, sparse_primitives, used_preds, used_pr
 from .fitset import FitSet
 from .library import frequent_tokens, primitive_library, query_predicates
 from .small import BANDS, keep_per_band, propose_small, rendered_chars, vocabulary_of
-from .split import Split, features_for
+from .split import SplitArrays, features_for
 from .util import default_splits, progress_bar, spacy_available
 from ....kernels.core import Head, InputError
 
@@ -130,7 +130,7 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     preds = query_predicates(synth_seqs, spacy=spacy) if gates > 0 else []
     n_fit = len(synth_idx) if fit_sequences is None else max(1, min(int(fit_sequences), len(synth_idx)))
     fit_pos = np.sort(rng.permutation(len(synth_idx))[:n_fit])
-    fit_split = Split(store, [synth_idx[p] for p in fit_pos], features_for(library, preds))
+    fit_split = SplitArrays(store, [synth_idx[p] for p in fit_pos], features_for(library, preds))
     stats.primitives, stats.fit_sequences = len(library), len(fit_split)
 
     # ---- stage 1: every primitive on every head, compact components, Gram statistics
@@ -183,7 +183,7 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     t0 = time.perf_counter()
     used = used_primitives([p.node for v in ranked.values() for p, _, _ in v], library)
     gate_preds = used_preds([p.node for v in ranked.values() for p, _, _ in v], preds)
-    select_split = Split(store, select_idx, features_for(used, gate_preds))
+    select_split = SplitArrays(store, select_idx, features_for(used, gate_preds))
     fsel = FitSet(select_split, used, heads, gate_preds, causal, progress, score_singles=False,
                    desc="enumerative: select", cache=cache)
     sel: dict[tuple[int, int], dict[str, np.ndarray]] = {}

@@ -21,7 +21,7 @@ from ..base import PatternSource
 CHUNK_BYTES = 192 << 20
 
 
-class Split:
+class SplitArrays:
     """Padded ids, lengths and feature arrays of one split, sliced per chunk of sequences."""
 
     def __init__(self, store: PatternSource, indices: list[int], feature_names: Iterable[str]) -> None:
