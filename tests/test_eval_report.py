@@ -113,16 +113,16 @@ def test_order_heads_by_each_rule_and_its_errors():
 
 
 def test_the_plot_has_a_row_of_panels_per_kind(report, tmp_path, monkeypatch):
-    from headsurgeon.surgery import eval_plot
+    from headsurgeon.surgery import plots
 
     seen = {}
-    real = eval_plot.save_figure
+    real = plots.save_figure
 
     def keep(fig, out):
         seen["panels"] = [(ax.get_title(), ax.get_yscale(), len(ax.get_lines())) for ax in fig.axes]
         return real(fig, out)
 
-    monkeypatch.setattr(eval_plot, "save_figure", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     png = report.plot(tmp_path / "sweep.png")
     assert seen["panels"] == [("replacements: ΔPPL (3 heads)", "symlog", 4), ("explanations: ΔPPL (2 heads)", "symlog", 4)]
     assert png.stat().st_size > 10_000 and report.to_json()["sweep_png"] == str(png)

@@ -2,18 +2,17 @@
 random order and with random programs (the arms of headsurgeon/surgery/evaluate.py's ΔPPL sweep), all on the same examples."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping, Sequence as Seq
 
 from tqdm.auto import tqdm
 
 from .downstream import evaluate_tasks, lm_for, reported_metrics
-from .evaluate import draw_sweep, save_figure, sweep_arms, sweep_heads, trusted_programs
+from .evaluate import sweep_arms, sweep_heads, trusted_programs
 from .loading import load_model
 from .replace import replace_heads
 from .scorable import require_lm_head
 
-__all__ = ["downstream_sweep", "plot_downstream_sweep", "primary_metric"]
+__all__ = ["downstream_sweep", "primary_metric"]
 
 
 def primary_metric(result: dict, task: str) -> tuple[str, str]:
@@ -68,25 +67,3 @@ def downstream_sweep(model: Any, programs: Mapping[Any, Any], tasks: list[str] |
             rows.append({"fraction": frac, "n_heads": k, "task": task, "metric": metric, "value": value,
                          "stderr": stderr, **{"value" + label: scored[label][task][1] for label in arms if label}})
     return rows
-
-
-def plot_downstream_sweep(rows: list[dict[str, Any]], out_png: str | Path, ppl_rows: list[dict] | None = None,
-                          title: str = "") -> Path:
-    """The ΔPPL sweep (when given) beside one panel per task: its score against the fraction of heads replaced."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    panels = len(tasks) + (ppl_rows is not None)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), dpi=110, squeeze=False)
-    axes = list(axes[0])
-    if ppl_rows is not None:
-        draw_sweep(axes.pop(0), ppl_rows, "delta", "perplexity change (%)", "ΔPPL")
-    for ax, task in zip(axes, tasks):
-        mine = [r for r in rows if r["task"] == task]
-        draw_sweep(ax, mine, "value", mine[0]["metric"], task, scale=1.0)
-    if title:
-        fig.suptitle(title)
-    return save_figure(fig, out_png)

@@ -137,7 +137,7 @@ class EvalReport:
 
     def plot(self, out_png: str | Path) -> Path:
         """Write the sweep (one panel per kind, log-scaled; task panels beside) to ``out_png``."""
-        from .eval_plot import plot_report
+        from .plots import plot_report
 
         path = plot_report(self, out_png)
         self.sweep_png = str(path)

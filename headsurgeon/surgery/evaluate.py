@@ -25,7 +25,7 @@ from ..kernels.core import Head
 
 
 __all__ = ["EvaluationError", "check_batch_size", "perplexity", "window_losses", "per_head_delta_ppl",
-           "replacement_sweep", "sweep_heads", "sweep_arms", "draw_sweep", "save_figure", "plot_sweep", "spearman_ci",
+           "replacement_sweep", "sweep_heads", "sweep_arms", "spearman_ci",
            "embedding_distance", "sentence_embeddings", "EMBEDDING_METRIC"]
 
 
@@ -191,6 +191,8 @@ def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[S
             row["delta" + label] = ppl / base - 1.0
         rows.append(row)
     if out_png is not None:
+        from .plots import plot_sweep
+
         plot_sweep(rows, out_png, title or f"{handle.name}: replacement sweep",
                    ylabel="embedding distance (1 − cos, %)" if headless else "perplexity change (%)")
     return rows
@@ -203,45 +205,6 @@ def _distance_with(handle: ModelHandle, chosen: Mapping[Any, Any], sequences: li
         return 0.0
     with replace_heads(handle, chosen) as hybrid:
         return embedding_distance(base, hybrid, sequences)
-
-
-def draw_sweep(ax: Any, rows: list[dict[str, float]], key: str, ylabel: str, title: str = "",
-               scale: float = 100.0) -> None:
-    """One sweep panel: ``key`` (and its ``_random_order`` / ``_random_program`` baselines) vs fraction replaced."""
-    x = [100 * r["fraction"] for r in rows]
-    for suffix, label, style in (("", "by IoU (chosen order)", "-o"), ("_random_order", "random order", "--s"),
-                                 ("_random_program", "random programs", ":^")):
-        ax.plot(x, [scale * r[key + suffix] for r in rows], style, label=label)
-    ax.set_xlabel("heads replaced (%)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-
-
-def save_figure(fig: Any, out_png: str | Path) -> Path:
-    """Write a matplotlib figure to ``out_png`` (parents created) and close it."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    plt.close(fig)
-    return out_png
-
-
-def plot_sweep(rows: list[dict[str, float]], out_png: str | Path, title: str = "",
-               ylabel: str = "perplexity change (%)") -> Path:
-    """Line plot of ΔPPL (or embedding distance) vs fraction replaced for the chosen order and both baselines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    draw_sweep(ax, rows, "delta", ylabel, title)
-    return save_figure(fig, out_png)
 
 
 def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,

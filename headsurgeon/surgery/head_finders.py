@@ -98,22 +98,9 @@ class HeadScores:
 
     def plot(self, path: str | Path | None = None) -> Any:
         """A layer x head heatmap (matplotlib Figure), saved to ``path`` when given."""
-        import matplotlib
+        from .plots import head_heatmap
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        layers, heads = self.scores.shape
-        fig, ax = plt.subplots(figsize=(1.2 + 0.45 * heads, 1.0 + 0.3 * layers))
-        im = ax.imshow(self.scores, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(f"{self.kind} score")
-        fig.colorbar(im, ax=ax, fraction=0.05)
-        fig.tight_layout()
-        if path is not None:
-            fig.savefig(path, dpi=120)
-        return fig
+        return head_heatmap(self.scores, f"{self.kind} score", path)
 
     def __repr__(self) -> str:
         best = ", ".join(f"{h} {s:.2f}" for h, s in self.top(3))
