@@ -14,8 +14,10 @@ hybrid's hook use the sparse form as is); ``program_tensors`` densifies everythi
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence as _Seq
 from typing import Protocol
 
@@ -138,6 +140,41 @@ class _Batch:
         self.features: dict[str, np.ndarray] = {}
 
 
+class _Prepared:
+    """The last few whole batches ``program_rows`` prepared, by the identity of their sequences, so a consumer that
+    scores many programs on the same sequences (a search, a benchmark) pads ids and computes features once.
+
+    An entry holds its Sequence objects and their ``ids`` arrays; a hit needs the same objects in the same order
+    with the same arrays (a Sequence's tokens are fixed once built, synth/sequence.py), so a recycled ``id()`` or a
+    replaced ``ids`` array is a miss.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._held: "OrderedDict[tuple[int, ...], tuple[list[Sequence], list[np.ndarray], _Batch]]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, seqs: list[Sequence]) -> _Batch:
+        """The prepared batch of ``seqs`` (after ``_check_sequences`` on a miss)."""
+        key = tuple(map(id, seqs))
+        arrays = [s.ids for s in seqs]
+        with self._lock:
+            got = self._held.get(key)
+            if got is not None and all(map(operator.is_, got[1], arrays)):
+                self._held.move_to_end(key)
+                return got[2]
+        batch = _Batch(seqs, _check_sequences(seqs))
+        with self._lock:
+            self._held[key] = (seqs, arrays, batch)
+            self._held.move_to_end(key)
+            while len(self._held) > self.size:
+                self._held.popitem(last=False)
+        return batch
+
+
+_PREPARED = _Prepared()
+
+
 def _lengths(seqs: list[Sequence]) -> np.ndarray:
     """int64 [B]: each sequence's length."""
     return np.fromiter((s.ids.shape[0] for s in seqs), np.int64, len(seqs))
@@ -193,21 +230,32 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     The batch (sequence keys, padded ids, features) is prepared once for all programs.
     """
     seqs = list(sequences)
-    lengths = _check_sequences(seqs)
+    whole = _PREPARED.get(seqs)  # checked, padded once per batch of sequences (kept across calls)
+    lengths = whole.lengths
     N = int(lengths.max())
     policy = mask_policy(causal)
-    seq_keys = [_seq_key(s) for s in seqs]
-    slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
+    seq_keys: list[str] = []
     uniq: list[int] = []  # one representative index per distinct sequence
-    for b, k in enumerate(seq_keys):
-        if k not in slot:
-            slot[k] = len(uniq)
-            uniq.append(b)
-    order = [slot[k] for k in seq_keys]  # each sequence's distinct one
+    order: list[int] = []  # each sequence's distinct one
     batches: dict[tuple[int, ...], _Batch] = {}
+
+    def distinct() -> None:
+        """Sequence keys and the distinct sequences, computed once when a program needs them (the cache, or
+        a program that is not evaluated in this process, where a repeat costs a sandbox call)."""
+        if seq_keys:
+            return
+        seq_keys.extend(_seq_key(s) for s in seqs)
+        slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
+        for b, k in enumerate(seq_keys):
+            if k not in slot:
+                slot[k] = len(uniq)
+                uniq.append(b)
+        order.extend(slot[k] for k in seq_keys)
 
     def batch_of(idx: list[int]) -> _Batch:
         key = tuple(idx)
+        if len(idx) == len(seqs) and idx == list(range(len(seqs))):
+            return whole
         if key not in batches:
             batches[key] = _Batch([seqs[b] for b in idx], lengths[idx])
         return batches[key]
@@ -215,14 +263,13 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     result: list[ProgramTensor] = []
     for prog in programs:
         sparse = is_sparse_program(prog)
+        if cache is None and (sparse or _in_process(prog)):
+            # the kernels evaluate every sequence on its own, so a repeated sequence needs no deduplication
+            result.append(_evaluate_sparse(prog, seqs, causal, batch=whole) if sparse  # width N: the longest
+                          else _evaluate(prog, seqs, causal))  # zero-padded by the kernels: the result as is
+            continue
+        distinct()
         if cache is None:
-            if sparse:
-                rows = _evaluate_sparse(prog, [seqs[b] for b in uniq], causal, batch=batch_of(uniq)).widen(N)
-                result.append(rows if len(uniq) == len(seqs) else rows.take(order))
-                continue
-            if len(uniq) == len(seqs) and _in_process(prog):  # zero-padded by the kernels:
-                result.append(_evaluate(prog, seqs, causal))                    # the evaluation is the result
-                continue
             pats = _evaluate(prog, [seqs[b] for b in uniq], causal, reuse=True)
             found = [pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)]
         else:

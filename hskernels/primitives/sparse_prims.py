@@ -26,40 +26,59 @@ __all__ = ["sparse_self", "sparse_prev", "sparse_next", "sparse_first", "sparse_
 
 @njit(inline="always")
 def _put(fill, norm, rowptr, cols, vals, r, c, j):  # pragma: no cover - compiled
-    """Record key ``j`` as the ``c``-th entry of row ``r`` (fill pass only); returns c + 1.
-
-    The weight is 1, or with ``norm`` the row's normalized weight ``1 / count`` (``normalize_scores`` of
-    an indicator row, computed the same way: float32 of the float64 quotient).
-    """
+    """Record key ``j`` as the ``c``-th entry of row ``r`` (fill pass only; ``_end`` writes the weights); returns c + 1."""
     if fill:
-        k = rowptr[r] + c
-        cols[k] = j
-        if norm:
-            vals[k] = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r]))
-        else:
-            vals[k] = np.float32(1.0)
+        cols[rowptr[r] + c] = j
     return c + 1
 
 
 @njit(inline="always")
 def _end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
-    """Close visible row ``r`` after ``c`` keys; with ``norm`` an empty row attends to key 0 (the empty-row rule)."""
+    """Close visible row ``r`` after ``c`` keys: the count pass records the count; the fill pass writes the row's
+    weights, 1 or with ``norm`` ``1 / c`` (``normalize_scores`` of an indicator row, computed the same way: float32
+    of the float64 quotient), and with ``norm`` an empty row attends to key 0 (the empty-row rule).
+
+    The weight is computed once per row, after its keys: computed per key inside ``_put`` (from the row
+    pointer, which each key's store may alias) it kept the fill loops from being optimised, several times slower.
+    """
     if not fill:
         rowptr[r + 1] = max(c, 1) if norm else c
-    elif norm and c == 0:
-        cols[rowptr[r]] = 0
-        vals[rowptr[r]] = 1.0
+    else:
+        s = rowptr[r]
+        if norm and c == 0:
+            cols[s] = 0
+            vals[s] = 1.0
+        else:
+            w = np.float32(1.0 / np.float64(c)) if norm else np.float32(1.0)
+            for k in range(s, s + c):
+                vals[k] = w
+
+
+@njit(cache=True)
+def _prefix(rowptr, lengths, n):  # pragma: no cover - compiled
+    """The count pass's per-row counts (visible rows only) -> the row pointer in place (padded rows: empty)."""
+    rowptr[0] = 0
+    acc = 0
+    for b in range(lengths.shape[0]):
+        r = b * n
+        L = lengths[b]
+        for i in range(L):
+            acc += rowptr[r + i + 1]
+            rowptr[r + i + 1] = acc
+        for i in range(L, n):
+            rowptr[r + i + 1] = acc
 
 
 def _run(kernel: Specialised, flags: tuple, args: tuple, lengths: np.ndarray, n: int, normalized: bool,
          out: RowsBuffer | None = None) -> SparseRows:
     """Count, size and fill: the two passes of an ``_sp_*`` kernel, the builds ``kernel(fill, normalized, *flags)``
     (``normalized``: rows as attention; ``out``: a ``RowsBuffer`` the result is written into, else new arrays)."""
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if lengths.dtype != np.int64 or not lengths.flags.c_contiguous:
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     B = lengths.shape[0]
-    rowptr = np.zeros(B * n + 1, dtype=np.int64) if out is None else out.zeros("rowptr", B * n + 1, np.int64)
+    rowptr = np.empty(B * n + 1, dtype=np.int64) if out is None else out.array("rowptr", B * n + 1, np.int64)
     kernel(False, normalized, *flags)(*args, lengths, n, rowptr, _NO_COLS, _NO_VALS)
-    np.cumsum(rowptr, out=rowptr)
+    _prefix(rowptr, lengths, n)
     nnz = int(rowptr[-1])
     cols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
     vals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)

@@ -156,17 +156,11 @@ def _sp_same_token_linked(fill, norm, causal):
                 r = b * n + i
                 j = prev[i] if causal else last[ids[b, i]]
                 cnt = 0
-                k = 0
-                w = np.float32(1.0)
-                if fill:
-                    k = rowptr[r + 1] - 1
-                    if norm:
-                        w = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r]))
+                k = rowptr[r + 1] - 1 if fill else 0
                 while j >= 0:
                     if j != i:
                         if fill:
                             cols[k] = j
-                            vals[k] = w
                             k -= 1
                         cnt += 1
                     j = prev[j]
