@@ -11,7 +11,7 @@ from headsurgeon.kernels.sparse import SparseRows, is_packed
 from headsurgeon.synth import dsl
 from headsurgeon.synth.metrics import RealPatterns, score_many
 from headsurgeon.synth.program import Program
-from headsurgeon.synth.sequence import pad_ids
+from headsurgeon.synth.sequence import Sequence, pad_ids
 from headsurgeon.synth.tensors import is_sparse_program, program_rows, program_tensors
 
 from test_dsl_spec import random_sequences
@@ -124,3 +124,32 @@ def test_program_rows_without_cache_handles_repeated_sequences():
         got = program_rows([prog], batch, True)[0]
         dense = got.to_dense() if isinstance(got, SparseRows) else got
         assert np.array_equal(dense, program_tensors([prog], batch, True, cache=TensorCache())[0])
+
+
+def test_program_rows_reuses_a_prepared_batch_only_for_the_same_sequences():
+    """synth/tensors.py keeps its last prepared batches by the sequences' identity: the same objects hit (the same
+    rows come back), a replaced ``ids`` array or other objects miss, and the oldest batch is dropped."""
+    from headsurgeon.synth import tensors
+
+    rng = np.random.default_rng(12)
+    seqs = random_sequences(rng, 6)
+    prog = Program.parse("same_token()")
+    def direct(batch):  # the kernels on freshly padded ids, no prepared batch
+        return dsl.evaluate(prog.node, *pad_ids(batch), None, True)
+
+    want = direct(seqs)
+    first = program_rows([prog], seqs, True)[0]
+    assert np.array_equal(first.to_dense(), want)
+    assert tensors._PREPARED.get(list(seqs)) is tensors._PREPARED.get(list(seqs))
+    assert np.array_equal(program_rows([prog], seqs, True)[0].to_dense(), want)
+    other = random_sequences(np.random.default_rng(13), 6)
+    seqs[2].ids = other[2].ids.copy()  # same object, new tokens: a miss, the new tokens are read
+    seqs[2].tokens, seqs[2].offsets = other[2].tokens, other[2].offsets
+    changed = program_rows([prog], seqs, True)[0].to_dense()
+    assert np.array_equal(changed, direct(seqs)) and not np.array_equal(changed, want)
+    batches = [random_sequences(np.random.default_rng(20 + k), 3) for k in range(tensors._PREPARED.size + 1)]
+    held = [tensors._PREPARED.get(b) for b in batches]
+    assert tensors._PREPARED.get(batches[-1]) is held[-1] and tensors._PREPARED.get(batches[0]) is not held[0]
+    with pytest.raises(ValueError, match="empty sequence"):
+        program_rows([prog], [seqs[0], Sequence(ids=np.zeros(0, np.int64), tokens=[], text="",
+                                                offsets=np.zeros((0, 2), np.int64))], True)
