@@ -171,6 +171,11 @@ class _Prepared:
                 self._held.popitem(last=False)
         return batch
 
+    def clear(self) -> None:
+        """Drop every prepared batch (the next call on any sequences prepares its batch again)."""
+        with self._lock:
+            self._held.clear()
+
 
 _PREPARED = _Prepared()
 
