@@ -142,8 +142,8 @@ def test_a_rows_buffer_is_reused_across_evaluations() -> None:
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_sparse_primitive_overwrites_a_rows_buffer_full_of_other_values(causal: bool) -> None:
-    """The count pass writes only visible rows' counts and ``_prefix`` (hskernels/primitives/sparse_prims.py) sums
-    them into the row pointer, padded rows included: nothing left in a reused buffer leaks into the rows."""
+    """The count pass writes the whole row pointer itself (hskernels/primitives/sparse_prims.py ``_end``, and
+    ``_close`` for padded rows): nothing left in a reused buffer leaks into the rows."""
     rng = np.random.default_rng(21 + causal)
     seqs, ids, lengths, feats = _arrays(rng)
     assert lengths.min() < ids.shape[1]  # padded rows exist

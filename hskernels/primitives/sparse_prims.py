@@ -2,8 +2,8 @@
 
 The keys of each query row go straight into compressed rows (the token primitives: sparse_tokens.py).
 
-Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: count the keys of every row into
-``rowptr[r + 1]``; True: write them from ``rowptr[r]``), so the output is exactly sized and no dense
+Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: extend the row pointer by each row's key
+count, ``_end`` and ``_close``; True: write the keys from ``rowptr[r]``), so the output is exactly sized and no dense
 [B, N, N] array is touched. ``fill``, ``norm`` and the kernel's other flags (``causal``, ...) are compile-time
 constants: each kernel is a maker with one build per flag combination (hskernels/specialise.py). Keys are written in ascending order with weight 1, on visible cells only
 (the invariant of hskernels/primitives/__init__.py), so ``to_dense()`` equals the dense kernel's output.
@@ -34,15 +34,16 @@ def _put(fill, norm, rowptr, cols, vals, r, c, j):  # pragma: no cover - compile
 
 @njit(inline="always")
 def _end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
-    """Close visible row ``r`` after ``c`` keys: the count pass records the count; the fill pass writes the row's
-    weights, 1 or with ``norm`` ``1 / c`` (``normalize_scores`` of an indicator row, computed the same way: float32
-    of the float64 quotient), and with ``norm`` an empty row attends to key 0 (the empty-row rule).
+    """Close visible row ``r`` after ``c`` keys. The count pass extends the row pointer (rows come in order, so
+    ``rowptr[r]`` is already the sum of the rows before; ``_close`` covers a sequence's padded rows); the fill pass
+    writes the row's weights, 1 or with ``norm`` ``1 / c`` (``normalize_scores`` of an indicator row, computed the
+    same way: float32 of the float64 quotient), and with ``norm`` an empty row attends to key 0 (the empty-row rule).
 
     The weight is computed once per row, after its keys: computed per key inside ``_put`` (from the row
     pointer, which each key's store may alias) it kept the fill loops from being optimised, several times slower.
     """
     if not fill:
-        rowptr[r + 1] = max(c, 1) if norm else c
+        rowptr[r + 1] = rowptr[r] + (max(c, 1) if norm else c)
     else:
         s = rowptr[r]
         if norm and c == 0:
@@ -54,31 +55,27 @@ def _end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
                 vals[k] = w
 
 
-@njit(cache=True)
-def _prefix(rowptr, lengths, n):  # pragma: no cover - compiled
-    """The count pass's per-row counts (visible rows only) -> the row pointer in place (padded rows: empty)."""
-    rowptr[0] = 0
-    acc = 0
-    for b in range(lengths.shape[0]):
-        r = b * n
-        L = lengths[b]
-        for i in range(L):
-            acc += rowptr[r + i + 1]
-            rowptr[r + i + 1] = acc
-        for i in range(L, n):
-            rowptr[r + i + 1] = acc
+@njit(inline="always")
+def _close(fill, rowptr, b, L, n):  # pragma: no cover - compiled
+    """After sequence ``b``'s ``L`` visible rows: the count pass gives its padded rows no keys."""
+    if not fill:
+        for r in range(b * n + L, (b + 1) * n):
+            rowptr[r + 1] = rowptr[r]
 
 
 def _run(kernel: Specialised, flags: tuple, args: tuple, lengths: np.ndarray, n: int, normalized: bool,
          out: RowsBuffer | None = None) -> SparseRows:
     """Count, size and fill: the two passes of an ``_sp_*`` kernel, the builds ``kernel(fill, normalized, *flags)``
-    (``normalized``: rows as attention; ``out``: a ``RowsBuffer`` the result is written into, else new arrays)."""
+    (``normalized``: rows as attention; ``out``: a ``RowsBuffer`` the result is written into, else new arrays).
+
+    The count pass writes the row pointer itself from ``rowptr[0] = 0``: no zeroed array, no separate prefix sum.
+    """
     if lengths.dtype != np.int64 or not lengths.flags.c_contiguous:
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     B = lengths.shape[0]
     rowptr = np.empty(B * n + 1, dtype=np.int64) if out is None else out.array("rowptr", B * n + 1, np.int64)
-    kernel(False, normalized, *flags)(*args, lengths, n, rowptr, _NO_COLS, _NO_VALS)
-    _prefix(rowptr, lengths, n)
+    rowptr[0] = 0
+    kernel(False, normalized, *flags)(*args, lengths, n, rowptr, _NO_COLS, _NO_VALS)  # the row pointer itself
     nnz = int(rowptr[-1])
     cols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
     vals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)
@@ -104,6 +101,7 @@ def _sp_offset(fill, norm, causal):
                 if 0 <= j < L and (not causal or j <= i):
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_offset
 
 
@@ -113,6 +111,7 @@ def _sp_first(fill, norm):
         for b in range(lengths.shape[0]):
             for i in range(lengths[b]):
                 _end(fill, norm, rowptr, cols, vals, b * n + i, _put(fill, norm, rowptr, cols, vals, b * n + i, 0, 0))
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_first
 
 
@@ -131,6 +130,7 @@ def _sp_window(fill, norm, causal):
                 for d in range(dhi, dlo - 1, -1):
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, i - d)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_window
 
 
@@ -170,6 +170,7 @@ def _sp_none(fill, norm):
         for b in range(lengths.shape[0]):
             for i in range(lengths[b]):
                 _end(fill, norm, rowptr, cols, vals, b * n + i, 0)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_none
 
 
@@ -193,6 +194,7 @@ def _sp_group_start(fill, norm):
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                         break
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_group_start
 
 
@@ -211,6 +213,7 @@ def _sp_same_value(fill, norm, causal, skip_self):
                         if values[b, j] == v and not (skip_self and j == i):
                             c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_value
 
 
@@ -225,6 +228,7 @@ def _sp_dep_head(fill, norm, causal):
                 if 0 <= h < L and (not causal or h <= i):
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, h)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_dep_head
 
 
@@ -240,6 +244,7 @@ def _sp_dep_children(fill, norm, causal):
                     if heads[b, j] == i:
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_dep_children
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..sparse import RowsBuffer, SparseRows
 from ..specialise import specialised
-from .sparse_prims import _end, _put, _run
+from .sparse_prims import _close, _end, _put, _run
 
 __all__ = ["sparse_same_token", "sparse_same_token_recent", "sparse_induction", "sparse_keys", "sparse_recent",
            "sparse_match"]
@@ -28,6 +28,7 @@ def _sp_same_token(fill, norm, causal):
                     if j != i and ids[b, j] == t:
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_token
 
 
@@ -43,6 +44,7 @@ def _sp_same_token_recent(fill, norm):
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                         break
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_token_recent
 
 
@@ -61,6 +63,7 @@ def _sp_induction(fill, norm, causal):
                         if j < L and (not causal or j <= i):
                             c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_induction
 
 
@@ -76,6 +79,7 @@ def _sp_keys(fill, norm, causal):
                     if mask[b, j]:
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_keys
 
 
@@ -91,6 +95,7 @@ def _sp_recent(fill, norm):
                 if last >= 0:
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, last)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_recent
 
 
@@ -133,6 +138,7 @@ def _sp_match(fill, norm, causal, closest):
                             if i - d < 0 and i + d >= L:
                                 break
                 _end(fill, norm, rowptr, cols, vals, r, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_match
 
 
@@ -165,6 +171,7 @@ def _sp_same_token_linked(fill, norm, causal):
                         cnt += 1
                     j = prev[j]
                 _end(fill, norm, rowptr, cols, vals, r, cnt)
+            _close(fill, rowptr, b, lengths[b], n)
             for i in range(L):
                 last[ids[b, i]] = -1
     return _sp_same_token_linked
