@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from ..kernels.cache import TensorCache, cache_key
+from ..kernels.primitives.buffers import pad_rows
 from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, pack_sequences, packed_valid
 from . import dsl
 from .features import batch_feature_arrays
@@ -128,15 +129,14 @@ def _evaluate_sparse(program: PatternProgram, seqs: list[Sequence], causal: bool
 
 
 class _Batch:
-    """Sequences as the kernels take them, prepared once per ``program_rows`` call: token ids padded with 0 to
-    [B, N] int64 (``pad_ids`` in one vectorised copy), lengths, and the feature arrays computed so far."""
+    """Sequences as the kernels take them, prepared once per batch of sequences (``_Prepared``): token ids padded
+    with 0 to [B, N] int64 (``pad_rows``: one compiled copy), lengths, and the feature arrays computed so far."""
 
     def __init__(self, seqs: list[Sequence], lengths: np.ndarray | None = None) -> None:
         self.lengths = _lengths(seqs) if lengths is None else lengths
         width = int(self.lengths.max()) if len(seqs) else 0
-        self.ids = np.zeros((len(seqs), width), dtype=np.int64)
-        if len(seqs):
-            self.ids[np.arange(width)[None, :] < self.lengths[:, None]] = np.concatenate([s.ids for s in seqs])
+        self.ids = pad_rows(np.concatenate([s.ids for s in seqs]) if seqs else np.zeros(0, np.int64), self.lengths,
+                            width)
         self.features: dict[str, np.ndarray] = {}
 
 
@@ -157,7 +157,7 @@ class _Prepared:
     def get(self, seqs: list[Sequence]) -> _Batch:
         """The prepared batch of ``seqs`` (after ``_check_sequences`` on a miss)."""
         key = tuple(map(id, seqs))
-        arrays = [s.ids for s in seqs]
+        arrays = list(map(_IDS, seqs))
         with self._lock:
             got = self._held.get(key)
             if got is not None and all(map(operator.is_, got[1], arrays)):
@@ -178,6 +178,7 @@ class _Prepared:
 
 
 _PREPARED = _Prepared()
+_IDS = operator.attrgetter("ids")
 
 
 def _lengths(seqs: list[Sequence]) -> np.ndarray:

@@ -153,3 +153,17 @@ def test_program_rows_reuses_a_prepared_batch_only_for_the_same_sequences():
     with pytest.raises(ValueError, match="empty sequence"):
         program_rows([prog], [seqs[0], Sequence(ids=np.zeros(0, np.int64), tokens=[], text="",
                                                 offsets=np.zeros((0, 2), np.int64))], True)
+
+
+def test_pad_rows_pads_consecutive_rows_and_names_bad_lengths():
+    """hskernels/primitives/buffers.py ``pad_rows``: what ``pad_ids`` gives, and an error for a mismatch."""
+    from headsurgeon.kernels.primitives.buffers import pad_rows
+
+    seqs = random_sequences(np.random.default_rng(14), 7)
+    ids, lengths = pad_ids(seqs)
+    assert np.array_equal(pad_rows(np.concatenate([s.ids for s in seqs]), lengths, ids.shape[1]), ids)
+    assert pad_rows(np.zeros(0, np.int64), np.zeros(0, np.int64), 0).shape == (0, 0)
+    with pytest.raises(ValueError, match="does not fit width"):
+        pad_rows(np.arange(5), np.array([2, 3]), 2)
+    with pytest.raises(ValueError, match="lengths sum to 6"):
+        pad_rows(np.arange(5), np.array([3, 3]), 3)
