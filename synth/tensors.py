@@ -138,6 +138,21 @@ class _Batch:
         self.ids = pad_rows(np.concatenate([s.ids for s in seqs]) if seqs else np.zeros(0, np.int64), self.lengths,
                             width)
         self.features: dict[str, np.ndarray] = {}
+        self._distinct: tuple[list[str], list[int], list[int]] | None = None
+
+    def distinct(self, seqs: list[Sequence]) -> tuple[list[str], list[int], list[int]]:
+        """The sequences' keys, one representative index per distinct sequence, and each sequence's distinct one
+        (computed once per batch: ``_Prepared`` hands out a batch only for the same sequences and ``ids``)."""
+        if self._distinct is None:
+            keys = [_seq_key(s) for s in seqs]
+            slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
+            uniq: list[int] = []
+            for b, k in enumerate(keys):
+                if k not in slot:
+                    slot[k] = len(uniq)
+                    uniq.append(b)
+            self._distinct = (keys, uniq, [slot[k] for k in keys])
+        return self._distinct
 
 
 class _Prepared:
@@ -240,23 +255,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     lengths = whole.lengths
     N = int(lengths.max())
     policy = mask_policy(causal)
-    seq_keys: list[str] = []
-    uniq: list[int] = []  # one representative index per distinct sequence
-    order: list[int] = []  # each sequence's distinct one
     batches: dict[tuple[int, ...], _Batch] = {}
-
-    def distinct() -> None:
-        """Sequence keys and the distinct sequences, computed once when a program needs them (the cache, or
-        a program that is not evaluated in this process, where a repeat costs a sandbox call)."""
-        if seq_keys:
-            return
-        seq_keys.extend(_seq_key(s) for s in seqs)
-        slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
-        for b, k in enumerate(seq_keys):
-            if k not in slot:
-                slot[k] = len(uniq)
-                uniq.append(b)
-        order.extend(slot[k] for k in seq_keys)
 
     def batch_of(idx: list[int]) -> _Batch:
         key = tuple(idx)
@@ -274,7 +273,9 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
             result.append(_evaluate_sparse(prog, seqs, causal, batch=whole) if sparse  # width N: the longest
                           else _evaluate(prog, seqs, causal))  # zero-padded by the kernels: the result as is
             continue
-        distinct()
+        # keys and distinct sequences: for the cache, or a program not evaluated in this process (a repeat costs a
+        # sandbox call)
+        seq_keys, uniq, order = whole.distinct(seqs)
         if cache is None:
             pats = _evaluate(prog, [seqs[b] for b in uniq], causal, reuse=True)
             found = [pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)]
@@ -282,6 +283,12 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
             keys = [_cache_key(prog.hash, seq_keys[b], policy) for b in uniq]
             hits = cache.get_many(keys)
             found = [hits.get(k) for k in keys]
+            if sparse and len(hits) == len(keys):  # all held: check and unpack them in one pass
+                try:
+                    result.append(from_packed([found[r] for r in order], N, lengths))
+                    continue
+                except InputError:  # one is not what its key says: the general path evaluates it again
+                    pass
             held = [r for r, a in enumerate(found) if a is not None]
             if sparse and held:
                 ok = packed_valid([found[r] for r in held], lengths[[uniq[r] for r in held]])

@@ -167,3 +167,24 @@ def test_pad_rows_pads_consecutive_rows_and_names_bad_lengths():
         pad_rows(np.arange(5), np.array([2, 3]), 2)
     with pytest.raises(ValueError, match="lengths sum to 6"):
         pad_rows(np.arange(5), np.array([3, 3]), 3)
+
+
+def test_a_fully_cached_sparse_batch_with_a_wrong_entry_is_evaluated_again():
+    """Every window a hit takes the one-pass read (``from_packed`` with the batch's lengths); an entry of another
+    length under a window's key (a foreign or damaged cache) sends the batch down the checked path, which
+    evaluates that window again."""
+    rng = np.random.default_rng(15)
+    seqs = random_sequences(rng, 6, min_len=5, max_len=12)
+    prog = Program.parse("same_token()")
+    want = program_tensors([prog], seqs, True)[0]
+    cache = TensorCache()
+    program_rows([prog], seqs, True, cache)
+    assert np.array_equal(program_rows([prog], seqs, True, cache)[0].to_dense(), want)
+    longer = random_sequences(np.random.default_rng(16), 1, min_len=14, max_len=20)[0]
+    from headsurgeon.kernels.sparse import pack_sequence
+    wrong = pack_sequence(dsl.evaluate_sparse(prog.node, *pad_ids([longer]), None, True), 0)
+    cache.put(_key(prog, seqs[2]), wrong)
+    misses = cache.stats.misses
+    got = program_rows([prog], seqs, True, cache)[0]
+    assert np.array_equal(got.to_dense(), want) and cache.stats.misses == misses
+    assert is_packed(cache.get(_key(prog, seqs[2]))) and cache.get(_key(prog, seqs[2])).shape != wrong.shape
