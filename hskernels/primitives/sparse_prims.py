@@ -2,8 +2,8 @@
 
 The keys of each query row go straight into compressed rows (the token primitives: sparse_tokens.py).
 
-Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: extend the row pointer by each row's key
-count, ``_end`` and ``_close``; True: write the keys from ``rowptr[r]``), so the output is exactly sized and no dense
+Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: count the keys of every row, summed into the
+row pointer after each sequence, ``_end`` and ``_close``; True: write them from ``rowptr[r]``), so the output is exactly sized and no dense
 [B, N, N] array is touched. ``fill``, ``norm`` and the kernel's other flags (``causal``, ...) are compile-time
 constants: each kernel is a maker with one build per flag combination (hskernels/specialise.py). Keys are written in ascending order with weight 1, on visible cells only
 (the invariant of hskernels/primitives/__init__.py), so ``to_dense()`` equals the dense kernel's output.
@@ -34,16 +34,16 @@ def _put(fill, norm, rowptr, cols, vals, r, c, j):  # pragma: no cover - compile
 
 @njit(inline="always")
 def _end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
-    """Close visible row ``r`` after ``c`` keys. The count pass extends the row pointer (rows come in order, so
-    ``rowptr[r]`` is already the sum of the rows before; ``_close`` covers a sequence's padded rows); the fill pass
-    writes the row's weights, 1 or with ``norm`` ``1 / c`` (``normalize_scores`` of an indicator row, computed the
-    same way: float32 of the float64 quotient), and with ``norm`` an empty row attends to key 0 (the empty-row rule).
+    """Close visible row ``r`` after ``c`` keys. The count pass records the count in ``rowptr[r + 1]`` (``_close``
+    sums a sequence's counts into the row pointer); the fill pass writes the row's weights, 1 or with ``norm``
+    ``1 / c`` (``normalize_scores`` of an indicator row, computed the same way: float32 of the float64 quotient), and
+    with ``norm`` an empty row attends to key 0 (the empty-row rule).
 
     The weight is computed once per row, after its keys: computed per key inside ``_put`` (from the row
     pointer, which each key's store may alias) it kept the fill loops from being optimised, several times slower.
     """
     if not fill:
-        rowptr[r + 1] = rowptr[r] + (max(c, 1) if norm else c)
+        rowptr[r + 1] = max(c, 1) if norm else c
     else:
         s = rowptr[r]
         if norm and c == 0:
@@ -57,10 +57,16 @@ def _end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _close(fill, rowptr, b, L, n):  # pragma: no cover - compiled
-    """After sequence ``b``'s ``L`` visible rows: the count pass gives its padded rows no keys."""
+    """After sequence ``b``'s ``L`` visible rows, the count pass turns their counts into the row pointer (from
+    ``rowptr[b * n]``, the sum of the sequences before) and gives its padded rows no keys: one running sum in a
+    register over rows still in cache, where extending the pointer row by row waited on each previous store."""
     if not fill:
+        acc = rowptr[b * n]
+        for r in range(b * n, b * n + L):
+            acc += rowptr[r + 1]
+            rowptr[r + 1] = acc
         for r in range(b * n + L, (b + 1) * n):
-            rowptr[r + 1] = rowptr[r]
+            rowptr[r + 1] = acc
 
 
 def _run(kernel: Specialised, flags: tuple, args: tuple, lengths: np.ndarray, n: int, normalized: bool,

@@ -145,35 +145,48 @@ def _sp_match(fill, norm, causal, closest):
 @specialised()
 def _sp_same_token_linked(fill, norm, causal):
     def _sp_same_token_linked(ids, vocab, lengths, n, rowptr, cols, vals):  # pragma: no cover - compiled
-        """``_sp_same_token`` in O(n + nnz) per sequence: each position links to the previous occurrence of its
-        token (a ``last`` table indexed by token id), and a row walks that chain from the query
-        (causal: earlier occurrences) or from the token's last occurrence (all others), writing keys from the
-        row's end so they come out ascending."""
+        """``_sp_same_token`` in O(n + nnz) per sequence. The count pass counts each token's occurrences (a table
+        indexed by token id): a causal row's count is its token's occurrences before it, any other row's all but
+        itself. The fill pass links each position to the previous occurrence of its token (a ``last`` table), and
+        a row walks that chain from the query (causal: earlier occurrences) or from the token's last occurrence
+        (all others), writing keys from the row's end so they come out ascending."""
         nb = lengths.shape[0]
         last = np.full(vocab, -1, dtype=np.int64)
+        seen = np.zeros(vocab, dtype=np.int64)
         prev = np.empty(max(n, 1), dtype=np.int64)
         for b in range(nb):
             L = lengths[b]
-            for i in range(L):
-                t = ids[b, i]
-                prev[i] = last[t]
-                last[t] = i
-            for i in range(L):
-                r = b * n + i
-                j = prev[i] if causal else last[ids[b, i]]
-                cnt = 0
-                k = rowptr[r + 1] - 1 if fill else 0
-                while j >= 0:
-                    if j != i:
-                        if fill:
+            if not fill:
+                for i in range(L):
+                    t = ids[b, i]
+                    if causal:
+                        _end(fill, norm, rowptr, cols, vals, b * n + i, seen[t])
+                    seen[t] += 1
+                if not causal:
+                    for i in range(L):
+                        _end(fill, norm, rowptr, cols, vals, b * n + i, seen[ids[b, i]] - 1)
+                for i in range(L):
+                    seen[ids[b, i]] = 0
+            else:
+                for i in range(L):
+                    t = ids[b, i]
+                    prev[i] = last[t]
+                    last[t] = i
+                for i in range(L):
+                    r = b * n + i
+                    j = prev[i] if causal else last[ids[b, i]]
+                    cnt = 0
+                    k = rowptr[r + 1] - 1
+                    while j >= 0:
+                        if j != i:
                             cols[k] = j
                             k -= 1
-                        cnt += 1
-                    j = prev[j]
-                _end(fill, norm, rowptr, cols, vals, r, cnt)
+                            cnt += 1
+                        j = prev[j]
+                    _end(fill, norm, rowptr, cols, vals, r, cnt)
+                for i in range(L):
+                    last[ids[b, i]] = -1
             _close(fill, rowptr, b, lengths[b], n)
-            for i in range(L):
-                last[ids[b, i]] = -1
     return _sp_same_token_linked
 
 
