@@ -16,7 +16,8 @@ runs (numba gets a warm-up call first, so compile / cache load is excluded).
 
 EAPS-style section (``bench_eaps``, first 400 sequences): prev(1), first(), window(1, 3), same_token()
 (sparse: compressed rows) and decay(0.8), uniform() (dense) through ``synth.tensors.program_rows`` (what
-consumers read), without and with a warm tensor cache, vs the same programs written as the seed's (EAPS)
+consumers read), on a batch it prepared before, on a new batch and with a warm tensor cache, vs the same programs
+written as the seed's (EAPS)
 programs are: a Python loop per sequence filling a dense np.zeros matrix, then row-normalized. Then
 (``bench_kernels``) the four sparse kernels alone, their specialised builds (one per flag combination,
 hskernels/specialise.py) against copies of their earlier flag-branching builds kept in this file, timed side
