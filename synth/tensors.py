@@ -14,10 +14,8 @@ hybrid's hook use the sparse form as is); ``program_tensors`` densifies everythi
 from __future__ import annotations
 
 import functools
-import operator
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Sequence as _Seq
 from typing import Protocol
 
@@ -28,6 +26,7 @@ from ..kernels.primitives.buffers import pad_rows
 from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, pack_sequences, packed_valid
 from . import dsl
 from .features import batch_feature_arrays
+from . import sequence as _sequence
 from .sequence import Sequence
 from ..kernels.core import InputError
 
@@ -159,31 +158,31 @@ class _Prepared:
     """The last few whole batches ``program_rows`` prepared, by the identity of their sequences, so a consumer that
     scores many programs on the same sequences (a search, a benchmark) pads ids and computes features once.
 
-    An entry holds its Sequence objects and their ``ids`` arrays; a hit needs the same objects in the same order
-    with the same arrays (a Sequence's tokens are fixed once built, synth/sequence.py), so a recycled ``id()`` or a
-    replaced ``ids`` array is a miss.
+    An entry holds its list of Sequence objects; a hit needs the same objects in the same order (a list comparison
+    that stops at identity, so no Sequence is read) while no Sequence's ``ids`` was replaced since
+    (synth/sequence.py ``IDS_REPLACED``; a Sequence's tokens are fixed once built, which its lazily cached
+    features rely on too). Reading each Sequence's ``ids`` to check it cost more than the kernels on cold caches.
     """
 
     def __init__(self, size: int = 4) -> None:
         self.size = size
-        self._held: "OrderedDict[tuple[int, ...], tuple[list[Sequence], list[np.ndarray], _Batch]]" = OrderedDict()
+        self._held: list[tuple[list[Sequence], int, _Batch]] = []  # most recent last
         self._lock = threading.Lock()
 
     def get(self, seqs: list[Sequence]) -> _Batch:
         """The prepared batch of ``seqs`` (after ``_check_sequences`` on a miss)."""
-        key = tuple(map(id, seqs))
-        arrays = list(map(_IDS, seqs))
+        replaced = _sequence.IDS_REPLACED
         with self._lock:
-            got = self._held.get(key)
-            if got is not None and all(map(operator.is_, got[1], arrays)):
-                self._held.move_to_end(key)
-                return got[2]
+            for t in range(len(self._held) - 1, -1, -1):
+                held, seen, batch = self._held[t]
+                if seen == replaced and len(held) == len(seqs) and held == seqs:
+                    if t != len(self._held) - 1:
+                        self._held.append(self._held.pop(t))
+                    return batch
         batch = _Batch(seqs, _check_sequences(seqs))
         with self._lock:
-            self._held[key] = (seqs, arrays, batch)
-            self._held.move_to_end(key)
-            while len(self._held) > self.size:
-                self._held.popitem(last=False)
+            self._held.append((list(seqs), replaced, batch))
+            del self._held[: max(0, len(self._held) - self.size)]
         return batch
 
     def clear(self) -> None:
@@ -193,7 +192,6 @@ class _Prepared:
 
 
 _PREPARED = _Prepared()
-_IDS = operator.attrgetter("ids")
 
 
 def _lengths(seqs: list[Sequence]) -> np.ndarray:
@@ -250,7 +248,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed).
     The batch (sequence keys, padded ids, features) is prepared once for all programs.
     """
-    seqs = list(sequences)
+    seqs = sequences if type(sequences) is list else list(sequences)  # only read: a copy would touch every Sequence
     whole = _PREPARED.get(seqs)  # checked, padded once per batch of sequences (kept across calls)
     lengths = whole.lengths
     N = int(lengths.max())

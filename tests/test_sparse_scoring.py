@@ -127,9 +127,10 @@ def test_program_rows_without_cache_handles_repeated_sequences():
 
 
 def test_program_rows_reuses_a_prepared_batch_only_for_the_same_sequences():
-    """synth/tensors.py keeps its last prepared batches by the sequences' identity: the same objects hit (the same
-    rows come back), a replaced ``ids`` array or other objects miss, and the oldest batch is dropped."""
-    from headsurgeon.synth import tensors
+    """synth/tensors.py keeps its last prepared batches by the sequences' identity: the same objects in the same order
+    hit (the same rows come back), a replaced ``ids`` array (counted by synth/sequence.py) or other objects miss,
+    and the oldest batch is dropped."""
+    from headsurgeon.synth import sequence as sequence_module, tensors
 
     rng = np.random.default_rng(12)
     seqs = random_sequences(rng, 6)
@@ -141,10 +142,14 @@ def test_program_rows_reuses_a_prepared_batch_only_for_the_same_sequences():
     first = program_rows([prog], seqs, True)[0]
     assert np.array_equal(first.to_dense(), want)
     assert tensors._PREPARED.get(list(seqs)) is tensors._PREPARED.get(list(seqs))
+    assert tensors._PREPARED.get(seqs[::-1]) is not tensors._PREPARED.get(seqs)  # other order: another batch
+    assert np.array_equal(program_rows([prog], tuple(seqs[::-1]), True)[0].to_dense(), direct(seqs[::-1]))
+    replaced = sequence_module.IDS_REPLACED
     assert np.array_equal(program_rows([prog], seqs, True)[0].to_dense(), want)
     other = random_sequences(np.random.default_rng(13), 6)
     seqs[2].ids = other[2].ids.copy()  # same object, new tokens: a miss, the new tokens are read
     seqs[2].tokens, seqs[2].offsets = other[2].tokens, other[2].offsets
+    assert sequence_module.IDS_REPLACED == replaced + 1
     changed = program_rows([prog], seqs, True)[0].to_dense()
     assert np.array_equal(changed, direct(seqs)) and not np.array_equal(changed, want)
     batches = [random_sequences(np.random.default_rng(20 + k), 3) for k in range(tensors._PREPARED.size + 1)]
