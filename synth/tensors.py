@@ -164,8 +164,10 @@ class _Prepared:
     features rely on too). Reading each Sequence's ``ids`` to check it cost more than the kernels on cold caches.
     """
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 4, max_bytes: int = 16 << 20) -> None:
         self.size = size
+        self.max_bytes = max_bytes  # a batch whose padded ids are larger is not kept: its preparation is small next
+        # to evaluating programs on it, and its padded features would stay in memory
         self._held: list[tuple[list[Sequence], int, _Batch]] = []  # most recent last
         self._lock = threading.Lock()
 
@@ -180,6 +182,8 @@ class _Prepared:
                         self._held.append(self._held.pop(t))
                     return batch
         batch = _Batch(seqs, _check_sequences(seqs))
+        if batch.ids.nbytes > self.max_bytes:
+            return batch
         with self._lock:
             self._held.append((list(seqs), replaced, batch))
             del self._held[: max(0, len(self._held) - self.size)]

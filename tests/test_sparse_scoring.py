@@ -155,6 +155,8 @@ def test_program_rows_reuses_a_prepared_batch_only_for_the_same_sequences():
     batches = [random_sequences(np.random.default_rng(20 + k), 3) for k in range(tensors._PREPARED.size + 1)]
     held = [tensors._PREPARED.get(b) for b in batches]
     assert tensors._PREPARED.get(batches[-1]) is held[-1] and tensors._PREPARED.get(batches[0]) is not held[0]
+    small = tensors._Prepared(max_bytes=8)  # padded ids above the bound are prepared for each call, never kept
+    assert small.get(batches[0]) is not small.get(batches[0])
     with pytest.raises(ValueError, match="empty sequence"):
         program_rows([prog], [seqs[0], Sequence(ids=np.zeros(0, np.int64), tokens=[], text="",
                                                 offsets=np.zeros((0, 2), np.int64))], True)
