@@ -189,3 +189,58 @@ def test_a_task_runs_its_searchers_through_run_searchers(stores, monkeypatch):
                          settings=task.SearchSettings(progress=False, options=dict(job.options)))
     assert [r["candidates"] for r in records] == [len(want[h]) for h in heads] == [3, 3]
     assert records[0]["notes"] == notes and any("LLM agent skipped" in n for n in notes)
+
+
+def test_the_compile_clock_counts_numba_compiles_inside_its_block_only():
+    """scaleout/warmup.py: a fresh kernel's compile is counted inside the block; nothing after it."""
+    from numba import njit
+
+    from headsurgeon.scaleout.warmup import compile_clock
+
+    @njit(cache=False)
+    def twice(x):  # pragma: no cover - compiled
+        return 2 * x
+
+    with compile_clock() as clock:
+        assert twice(3) == 6
+    counted = clock.seconds
+    assert counted > 0
+    twice(4.5)  # a second signature compiles outside the block
+    assert clock.seconds == counted
+
+
+def test_the_run_estimate_leaves_out_the_first_task_warm_up(stores, monkeypatch, tmp_path, capsys):
+    """The first task's numba warm-up (simulated: 1.5 s under the compiler lock's event) is recorded per head and
+    left out of the printed estimate for the rest of the run (scaleout/run.py)."""
+    import re
+    import time
+
+    from numba.core import event
+
+    from headsurgeon.scaleout import run, task
+    from headsurgeon.synth.search.base import run_searchers, searcher_factory
+
+    assert run._estimate(10.0, 2, 2, 1) == "10 s" and run._estimate(10.0, 2, 2, 1, warmup=8.0) == "2 s"
+    store = stores["dense"]
+    job = task.HeadJob(str(store.directory), (0, 1, 2), (3, 4), test_idx=(5,),
+                       searchers=(("library", searcher_factory("library")),), options={"library": ["prev(1)"]})
+    calls = []
+
+    def warming(*args, **kwargs):
+        if not calls:  # the first task: as if numba compiled for 1.5 s
+            with event.trigger_event("numba:compiler_lock"):
+                time.sleep(1.5)
+        calls.append(1)
+        return run_searchers(*args, **kwargs)
+
+    monkeypatch.setattr(task, "run_searchers", warming)
+    heads = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    records, _, _ = run.run_heads(job, heads, tmp_path / "heads", fingerprint=job.fingerprint(store), workers=1)
+    first = [records[h]["seconds"]["warmup"] for h in heads[:2]]
+    assert all(w >= 0.75 for w in first) and all(records[h]["seconds"]["warmup"] < 0.75 for h in heads[2:])
+    said = capsys.readouterr()
+    line = re.search(r"the first 2 took (\d+) s \((\d+) s of it compiling kernels, left out\); the other 2 will take "
+                     r"about (\d+) s", said.out + said.err)
+    assert line, said.out + said.err
+    took, warm, rest = map(int, line.groups())
+    assert took >= 2 and warm >= 1 and rest <= took - warm + 1 and rest < took

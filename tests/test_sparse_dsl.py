@@ -140,6 +140,28 @@ def test_a_rows_buffer_is_reused_across_evaluations() -> None:
         assert buf.nbytes == held and np.array_equal(again.to_dense(), want)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_sparse_primitive_overwrites_a_rows_buffer_full_of_other_values(causal: bool) -> None:
+    """The count pass writes the whole row pointer itself (headsurgeon/kernels/primitives/sparse_prims.py ``_end``, and
+    ``_close`` for padded rows): nothing left in a reused buffer leaks into the rows."""
+    rng = np.random.default_rng(21 + causal)
+    seqs, ids, lengths, feats = _arrays(rng)
+    assert lengths.min() < ids.shape[1]  # padded rows exist
+    names = [n for n in _usable() if dsl.PRIMITIVE_SPECS[n].support is not None]
+    for node in [random_primitive(name, rng, ("word", "sent")) for name in names for _ in range(2)]:
+        buf = RowsBuffer()
+        size = 4 * (ids.size + 1)
+        buf.array("rowptr", size, np.int64)[:] = 7
+        buf.array("cols", size, np.int32)[:] = 99
+        buf.array("vals", size, np.float32)[:] = np.nan
+        got = dsl.evaluate_sparse(node, ids, lengths, feats, causal, out=buf)
+        want = dsl.evaluate_sparse(node, ids, lengths, feats, causal)
+        text = dsl.to_text(node)
+        for a, b in ((got.rowptr, want.rowptr), (got.cols, want.cols), (got.vals, want.vals)):
+            assert np.array_equal(a, b), text
+        assert np.array_equal(got.to_dense(), dsl.evaluate(node, ids, lengths, feats, causal)), text
+
+
 def test_same_token_without_an_id_table_takes_the_quadratic_scan() -> None:
     ids = np.array([[5, -3, 5, -3, 7, 5]])  # negative ids: no id-indexed table
     lengths = np.array([6])

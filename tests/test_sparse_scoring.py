@@ -11,7 +11,7 @@ from headsurgeon.kernels.sparse import SparseRows, is_packed
 from headsurgeon.synth import dsl
 from headsurgeon.synth.metrics import RealPatterns, score_many
 from headsurgeon.synth.program import Program
-from headsurgeon.synth.sequence import pad_ids
+from headsurgeon.synth.sequence import Sequence, pad_ids
 from headsurgeon.synth.tensors import is_sparse_program, program_rows, program_tensors
 
 from test_dsl_spec import random_sequences
@@ -124,3 +124,74 @@ def test_program_rows_without_cache_handles_repeated_sequences():
         got = program_rows([prog], batch, True)[0]
         dense = got.to_dense() if isinstance(got, SparseRows) else got
         assert np.array_equal(dense, program_tensors([prog], batch, True, cache=TensorCache())[0])
+
+
+def test_program_rows_reuses_a_prepared_batch_only_for_the_same_sequences():
+    """headsurgeon/synth/tensors.py keeps its last prepared batches by the sequences' identity: the same objects in the same order
+    hit (the same rows come back), a replaced ``ids`` array (counted by headsurgeon/synth/sequence.py) or other objects miss,
+    and the oldest batch is dropped."""
+    from headsurgeon.synth import sequence as sequence_module, tensors
+
+    rng = np.random.default_rng(12)
+    seqs = random_sequences(rng, 6)
+    prog = Program.parse("same_token()")
+    def direct(batch):  # the kernels on freshly padded ids, no prepared batch
+        return dsl.evaluate(prog.node, *pad_ids(batch), None, True)
+
+    want = direct(seqs)
+    first = program_rows([prog], seqs, True)[0]
+    assert np.array_equal(first.to_dense(), want)
+    assert tensors._PREPARED.get(list(seqs)) is tensors._PREPARED.get(list(seqs))
+    assert tensors._PREPARED.get(seqs[::-1]) is not tensors._PREPARED.get(seqs)  # other order: another batch
+    assert np.array_equal(program_rows([prog], tuple(seqs[::-1]), True)[0].to_dense(), direct(seqs[::-1]))
+    replaced = sequence_module.IDS_REPLACED
+    assert np.array_equal(program_rows([prog], seqs, True)[0].to_dense(), want)
+    other = random_sequences(np.random.default_rng(13), 6)
+    seqs[2].ids = other[2].ids.copy()  # same object, new tokens: a miss, the new tokens are read
+    seqs[2].tokens, seqs[2].offsets = other[2].tokens, other[2].offsets
+    assert sequence_module.IDS_REPLACED == replaced + 1
+    changed = program_rows([prog], seqs, True)[0].to_dense()
+    assert np.array_equal(changed, direct(seqs)) and not np.array_equal(changed, want)
+    batches = [random_sequences(np.random.default_rng(20 + k), 3) for k in range(tensors._PREPARED.size + 1)]
+    held = [tensors._PREPARED.get(b) for b in batches]
+    assert tensors._PREPARED.get(batches[-1]) is held[-1] and tensors._PREPARED.get(batches[0]) is not held[0]
+    small = tensors._Prepared(max_bytes=8)  # padded ids above the bound are prepared for each call, never kept
+    assert small.get(batches[0]) is not small.get(batches[0])
+    with pytest.raises(ValueError, match="empty sequence"):
+        program_rows([prog], [seqs[0], Sequence(ids=np.zeros(0, np.int64), tokens=[], text="",
+                                                offsets=np.zeros((0, 2), np.int64))], True)
+
+
+def test_pad_rows_pads_consecutive_rows_and_names_bad_lengths():
+    """headsurgeon/kernels/primitives/buffers.py ``pad_rows``: what ``pad_ids`` gives, and an error for a mismatch."""
+    from headsurgeon.kernels.primitives.buffers import pad_rows
+
+    seqs = random_sequences(np.random.default_rng(14), 7)
+    ids, lengths = pad_ids(seqs)
+    assert np.array_equal(pad_rows(np.concatenate([s.ids for s in seqs]), lengths, ids.shape[1]), ids)
+    assert pad_rows(np.zeros(0, np.int64), np.zeros(0, np.int64), 0).shape == (0, 0)
+    with pytest.raises(ValueError, match="does not fit width"):
+        pad_rows(np.arange(5), np.array([2, 3]), 2)
+    with pytest.raises(ValueError, match="lengths sum to 6"):
+        pad_rows(np.arange(5), np.array([3, 3]), 3)
+
+
+def test_a_fully_cached_sparse_batch_with_a_wrong_entry_is_evaluated_again():
+    """Every window a hit takes the one-pass read (``from_packed`` with the batch's lengths); an entry of another
+    length under a window's key (a foreign or damaged cache) sends the batch down the checked path, which
+    evaluates that window again."""
+    rng = np.random.default_rng(15)
+    seqs = random_sequences(rng, 6, min_len=5, max_len=12)
+    prog = Program.parse("same_token()")
+    want = program_tensors([prog], seqs, True)[0]
+    cache = TensorCache()
+    program_rows([prog], seqs, True, cache)
+    assert np.array_equal(program_rows([prog], seqs, True, cache)[0].to_dense(), want)
+    longer = random_sequences(np.random.default_rng(16), 1, min_len=14, max_len=20)[0]
+    from headsurgeon.kernels.sparse import pack_sequence
+    wrong = pack_sequence(dsl.evaluate_sparse(prog.node, *pad_ids([longer]), None, True), 0)
+    cache.put(_key(prog, seqs[2]), wrong)
+    misses = cache.stats.misses
+    got = program_rows([prog], seqs, True, cache)[0]
+    assert np.array_equal(got.to_dense(), want) and cache.stats.misses == misses
+    assert is_packed(cache.get(_key(prog, seqs[2]))) and cache.get(_key(prog, seqs[2])).shape != wrong.shape

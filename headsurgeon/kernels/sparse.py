@@ -362,17 +362,21 @@ def packed_valid(packed: list[np.ndarray], lengths: np.ndarray) -> np.ndarray:
     return ok
 
 
-def from_packed(packed: list[np.ndarray], n: int) -> SparseRows:
-    """A batch of width ``n`` from packed sequences (``pack_sequence``'s output), one per sequence."""
+def from_packed(packed: list[np.ndarray], n: int, lengths: np.ndarray | None = None) -> SparseRows:
+    """A batch of width ``n`` from packed sequences (``pack_sequence``'s output), one per sequence; ``lengths``:
+    the sequence lengths they must cover (``packed_valid``'s test in the same pass), else any."""
     flat_starts = _flatten(packed)
     if flat_starts is None:
         raise InputError("not a packed sparse sequence (headsurgeon/kernels/sparse.py pack_sequence makes them)")
     flat, starts = flat_starts
+    want = lengths
     lengths = np.empty(len(packed), dtype=np.int64)
     ok = np.empty(len(packed), dtype=np.bool_)
     _packed_check(flat, starts, lengths, ok)
     if not ok.all():
         raise InputError("not a packed sparse sequence (headsurgeon/kernels/sparse.py pack_sequence makes them)")
+    if want is not None and not np.array_equal(lengths, want):
+        raise InputError("packed sequences of other lengths than the batch's: evaluate them again")
     if lengths.size and lengths.max() > n:
         raise InputError(f"a packed sequence of length {int(lengths.max())} does not fit width {n}")
     counts = np.zeros((len(packed), n), dtype=np.int64)

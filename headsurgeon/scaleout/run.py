@@ -23,10 +23,18 @@ from ..kernels.core import InputError
 EXECUTORS = ("local", "ray")
 
 
-def _estimate(elapsed: float, done: int, left: int, workers: int) -> str:
-    """The time the remaining heads will take, from the first heads' pace (the workers ran in parallel)."""
-    seconds = elapsed * left / max(1, done * workers)
+def _estimate(elapsed: float, done: int, left: int, workers: int, warmup: float = 0.0) -> str:
+    """The time the remaining heads will take, from the first heads' pace (the workers ran in parallel).
+
+    ``warmup``: seconds of ``elapsed`` spent compiling kernels (warmup.py), which later tasks do not repeat.
+    """
+    seconds = max(0.0, elapsed - warmup) * left / max(1, done * workers)
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _warmup(records: list[dict]) -> float:
+    """The seconds a task's records say it spent compiling kernels (task.py ``explain_heads``)."""
+    return sum(float((rec.get("seconds") or {}).get("warmup") or 0.0) for rec in records)
 
 
 def _picklable(job: HeadJob) -> bool:
@@ -80,8 +88,10 @@ def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *
             left = len(todo) - count[0]
             if count[0] == len(records) and left and progress:  # the first task: say how long the rest will take
                 took = time.perf_counter() - t0
-                bar.write(f"explain heads: the first {len(records)} took {took:.0f} s; the other {left} will take "
-                          f"about {_estimate(took, len(records), left, workers)}")
+                warm = min(_warmup(records), took)
+                compiling = f" ({warm:.0f} s of it compiling kernels, left out)" if warm >= 0.5 else ""
+                bar.write(f"explain heads: the first {len(records)} took {took:.0f} s{compiling}; the other {left} "
+                          f"will take about {_estimate(took, len(records), left, workers, warm)}")
 
         if executor == "local" and todo:
             chunks = chunked(todo, heads_per_task) if heads_per_task else balanced(todo, workers)

@@ -16,6 +16,7 @@ from ..synth.search.base import SearchSettings, run_searchers
 from ..synth.select import select_programs
 from .headstore import HeadStore
 from ..kernels.core import Head
+from .warmup import compile_clock
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,18 @@ def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None)
     """Search, select and (with ``job.delta``) measure ΔPPL for ``heads``; one journal record per head.
 
     ``handle``: a loaded model for ΔPPL (the driver passes its own; a worker loads ``job.delta.model``).
+    Each record's ``seconds["warmup"]`` is its share of the time numba spent compiling or loading kernels
+    (warmup.py), which the run's time estimate leaves out.
     """
+    with compile_clock() as clock:
+        records = _explain(job, heads, handle)
+    for rec in records:
+        rec["seconds"]["warmup"] = clock.seconds / len(records)
+    return records
+
+
+def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dict[str, Any]]:
+    """``explain_heads`` without the warm-up clock."""
     heads = [(int(a), int(b)) for a, b in heads]
     store = HeadStore(job.store, heads)
     notes: list[str] = []

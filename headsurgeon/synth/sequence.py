@@ -12,6 +12,11 @@ import numpy as np
 from ..kernels.core import InputError
 
 
+#: how many times a built Sequence's ``ids`` array was replaced: headsurgeon/synth/tensors.py reuses a prepared batch of
+#: sequences only while it is unchanged, without reading every Sequence again
+IDS_REPLACED = 0
+
+
 @dataclass(eq=False)
 class Sequence:
     """One window of token ids with the model's own token strings and character offsets.
@@ -29,13 +34,19 @@ class Sequence:
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.ids = np.asarray(self.ids, dtype=np.int64).reshape(-1)
+        object.__setattr__(self, "ids", np.asarray(self.ids, dtype=np.int64).reshape(-1))
         self.offsets = np.asarray(self.offsets, dtype=np.int64).reshape(-1, 2)
         if len(self.tokens) != len(self.ids) or len(self.offsets) != len(self.ids):
             raise InputError(
                 f"Sequence fields disagree: {len(self.ids)} ids, {len(self.tokens)} tokens, "
                 f"{len(self.offsets)} offsets; build all three from the same tokenization"
             )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "ids" and "ids" in self.__dict__:  # tokens replaced after construction (IDS_REPLACED)
+            global IDS_REPLACED
+            IDS_REPLACED += 1
+        object.__setattr__(self, name, value)
 
     @property
     def n(self) -> int:

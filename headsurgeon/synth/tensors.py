@@ -22,9 +22,11 @@ from typing import Protocol
 import numpy as np
 
 from ..kernels.cache import TensorCache, cache_key
+from ..kernels.primitives.buffers import pad_rows
 from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, pack_sequences, packed_valid
 from . import dsl
 from .features import batch_feature_arrays
+from . import sequence as _sequence
 from .sequence import Sequence
 from ..kernels.core import InputError
 
@@ -126,16 +128,74 @@ def _evaluate_sparse(program: PatternProgram, seqs: list[Sequence], causal: bool
 
 
 class _Batch:
-    """Sequences as the kernels take them, prepared once per ``program_rows`` call: token ids padded with 0 to
-    [B, N] int64 (``pad_ids`` in one vectorised copy), lengths, and the feature arrays computed so far."""
+    """Sequences as the kernels take them, prepared once per batch of sequences (``_Prepared``): token ids padded
+    with 0 to [B, N] int64 (``pad_rows``: one compiled copy), lengths, and the feature arrays computed so far."""
 
     def __init__(self, seqs: list[Sequence], lengths: np.ndarray | None = None) -> None:
         self.lengths = _lengths(seqs) if lengths is None else lengths
         width = int(self.lengths.max()) if len(seqs) else 0
-        self.ids = np.zeros((len(seqs), width), dtype=np.int64)
-        if len(seqs):
-            self.ids[np.arange(width)[None, :] < self.lengths[:, None]] = np.concatenate([s.ids for s in seqs])
+        self.ids = pad_rows(np.concatenate([s.ids for s in seqs]) if seqs else np.zeros(0, np.int64), self.lengths,
+                            width)
         self.features: dict[str, np.ndarray] = {}
+        self._distinct: tuple[list[str], list[int], list[int]] | None = None
+
+    def distinct(self, seqs: list[Sequence]) -> tuple[list[str], list[int], list[int]]:
+        """The sequences' keys, one representative index per distinct sequence, and each sequence's distinct one
+        (computed once per batch: ``_Prepared`` hands out a batch only for the same sequences and ``ids``)."""
+        if self._distinct is None:
+            keys = [_seq_key(s) for s in seqs]
+            slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
+            uniq: list[int] = []
+            for b, k in enumerate(keys):
+                if k not in slot:
+                    slot[k] = len(uniq)
+                    uniq.append(b)
+            self._distinct = (keys, uniq, [slot[k] for k in keys])
+        return self._distinct
+
+
+class _Prepared:
+    """The last few whole batches ``program_rows`` prepared, by the identity of their sequences, so a consumer that
+    scores many programs on the same sequences (a search, a benchmark) pads ids and computes features once.
+
+    An entry holds its list of Sequence objects; a hit needs the same objects in the same order (a list comparison
+    that stops at identity, so no Sequence is read) while no Sequence's ``ids`` was replaced since
+    (headsurgeon/synth/sequence.py ``IDS_REPLACED``; a Sequence's tokens are fixed once built, which its lazily cached
+    features rely on too). Reading each Sequence's ``ids`` to check it cost more than the kernels on cold caches.
+    """
+
+    def __init__(self, size: int = 4, max_bytes: int = 16 << 20) -> None:
+        self.size = size
+        self.max_bytes = max_bytes  # a batch whose padded ids are larger is not kept: its preparation is small next
+        # to evaluating programs on it, and its padded features would stay in memory
+        self._held: list[tuple[list[Sequence], int, _Batch]] = []  # most recent last
+        self._lock = threading.Lock()
+
+    def get(self, seqs: list[Sequence]) -> _Batch:
+        """The prepared batch of ``seqs`` (after ``_check_sequences`` on a miss)."""
+        replaced = _sequence.IDS_REPLACED
+        with self._lock:
+            for t in range(len(self._held) - 1, -1, -1):
+                held, seen, batch = self._held[t]
+                if seen == replaced and len(held) == len(seqs) and held == seqs:
+                    if t != len(self._held) - 1:
+                        self._held.append(self._held.pop(t))
+                    return batch
+        batch = _Batch(seqs, _check_sequences(seqs))
+        if batch.ids.nbytes > self.max_bytes:
+            return batch
+        with self._lock:
+            self._held.append((list(seqs), replaced, batch))
+            del self._held[: max(0, len(self._held) - self.size)]
+        return batch
+
+    def clear(self) -> None:
+        """Drop every prepared batch (the next call on any sequences prepares its batch again)."""
+        with self._lock:
+            self._held.clear()
+
+
+_PREPARED = _Prepared()
 
 
 def _lengths(seqs: list[Sequence]) -> np.ndarray:
@@ -192,22 +252,17 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed).
     The batch (sequence keys, padded ids, features) is prepared once for all programs.
     """
-    seqs = list(sequences)
-    lengths = _check_sequences(seqs)
+    seqs = sequences if type(sequences) is list else list(sequences)  # only read: a copy would touch every Sequence
+    whole = _PREPARED.get(seqs)  # checked, padded once per batch of sequences (kept across calls)
+    lengths = whole.lengths
     N = int(lengths.max())
     policy = mask_policy(causal)
-    seq_keys = [_seq_key(s) for s in seqs]
-    slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
-    uniq: list[int] = []  # one representative index per distinct sequence
-    for b, k in enumerate(seq_keys):
-        if k not in slot:
-            slot[k] = len(uniq)
-            uniq.append(b)
-    order = [slot[k] for k in seq_keys]  # each sequence's distinct one
     batches: dict[tuple[int, ...], _Batch] = {}
 
     def batch_of(idx: list[int]) -> _Batch:
         key = tuple(idx)
+        if len(idx) == len(seqs) and idx == list(range(len(seqs))):
+            return whole
         if key not in batches:
             batches[key] = _Batch([seqs[b] for b in idx], lengths[idx])
         return batches[key]
@@ -215,20 +270,27 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     result: list[ProgramTensor] = []
     for prog in programs:
         sparse = is_sparse_program(prog)
+        if cache is None and (sparse or _in_process(prog)):
+            # the kernels evaluate every sequence on its own, so a repeated sequence needs no deduplication
+            result.append(_evaluate_sparse(prog, seqs, causal, batch=whole) if sparse  # width N: the longest
+                          else _evaluate(prog, seqs, causal))  # zero-padded by the kernels: the result as is
+            continue
+        # keys and distinct sequences: for the cache, or a program not evaluated in this process (a repeat costs a
+        # sandbox call)
+        seq_keys, uniq, order = whole.distinct(seqs)
         if cache is None:
-            if sparse:
-                rows = _evaluate_sparse(prog, [seqs[b] for b in uniq], causal, batch=batch_of(uniq)).widen(N)
-                result.append(rows if len(uniq) == len(seqs) else rows.take(order))
-                continue
-            if len(uniq) == len(seqs) and _in_process(prog):  # zero-padded by the kernels:
-                result.append(_evaluate(prog, seqs, causal))                    # the evaluation is the result
-                continue
             pats = _evaluate(prog, [seqs[b] for b in uniq], causal, reuse=True)
             found = [pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)]
         else:
             keys = [_cache_key(prog.hash, seq_keys[b], policy) for b in uniq]
             hits = cache.get_many(keys)
             found = [hits.get(k) for k in keys]
+            if sparse and len(hits) == len(keys):  # all held: check and unpack them in one pass
+                try:
+                    result.append(from_packed([found[r] for r in order], N, lengths))
+                    continue
+                except InputError:  # one is not what its key says: the general path evaluates it again
+                    pass
             held = [r for r, a in enumerate(found) if a is not None]
             if sparse and held:
                 ok = packed_valid([found[r] for r in held], lengths[[uniq[r] for r in held]])

@@ -4,9 +4,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from numba import njit
 from ...kernels.core import InputError
 
-__all__ = ["out_buffer", "clip_offset", "per_token_kernel"]
+__all__ = ["out_buffer", "clip_offset", "per_token_kernel", "pad_rows"]
 
 # ``out`` may pass a reusable float32 [B,N,N] buffer (every cell is overwritten); otherwise numpy
 # allocates it, not the kernel: numpy puts large arrays on transparent huge pages, whose first-touch
@@ -39,3 +40,25 @@ def per_token_kernel(kernel: Callable[..., None], name: str, doc: str) -> Callab
     wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__doc__ = doc
     return wrapper
+
+
+@njit(cache=True)
+def _pad_rows(flat, starts, out):  # pragma: no cover - compiled
+    for b in range(out.shape[0]):
+        L = starts[b + 1] - starts[b]
+        out[b, :L] = flat[starts[b]: starts[b + 1]]
+        out[b, L:] = 0
+
+
+def pad_rows(flat: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Consecutive rows of ``flat`` (int64, ``lengths[b]`` each) as a zero-padded int64 ``[B, width]`` array: the
+    padded token ids the kernels take, in one compiled copy instead of a boolean-mask scatter."""
+    if lengths.size and int(lengths.max()) > width:
+        raise InputError(f"a row of length {int(lengths.max())} does not fit width {width}")
+    starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    if flat.shape[0] != starts[-1]:
+        raise InputError(f"flat holds {flat.shape[0]} values; the lengths sum to {int(starts[-1])}")
+    out = np.empty((lengths.shape[0], width), dtype=np.int64)
+    _pad_rows(np.ascontiguousarray(flat, dtype=np.int64), starts, out)
+    return out

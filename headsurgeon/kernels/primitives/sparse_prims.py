@@ -2,8 +2,8 @@
 
 The keys of each query row go straight into compressed rows (the token primitives: sparse_tokens.py).
 
-Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: count the keys of every row into
-``rowptr[r + 1]``; True: write them from ``rowptr[r]``), so the output is exactly sized and no dense
+Each ``_sp_*`` kernel runs twice over the same loops (``fill`` False: count the keys of every row, summed into the
+row pointer after each sequence, ``_end`` and ``_close``; True: write them from ``rowptr[r]``), so the output is exactly sized and no dense
 [B, N, N] array is touched. ``fill``, ``norm`` and the kernel's other flags (``causal``, ...) are compile-time
 constants: each kernel is a maker with one build per flag combination (headsurgeon/kernels/specialise.py). Keys are written in ascending order with weight 1, on visible cells only
 (the invariant of headsurgeon/kernels/primitives/__init__.py), so ``to_dense()`` equals the dense kernel's output.
@@ -26,40 +26,62 @@ __all__ = ["sparse_self", "sparse_prev", "sparse_next", "sparse_first", "sparse_
 
 @njit(inline="always")
 def _put(fill, norm, rowptr, cols, vals, r, c, j):  # pragma: no cover - compiled
-    """Record key ``j`` as the ``c``-th entry of row ``r`` (fill pass only); returns c + 1.
-
-    The weight is 1, or with ``norm`` the row's normalized weight ``1 / count`` (``normalize_scores`` of
-    an indicator row, computed the same way: float32 of the float64 quotient).
-    """
+    """Record key ``j`` as the ``c``-th entry of row ``r`` (fill pass only; ``_end`` writes the weights); returns c + 1."""
     if fill:
-        k = rowptr[r] + c
-        cols[k] = j
-        if norm:
-            vals[k] = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r]))
-        else:
-            vals[k] = np.float32(1.0)
+        cols[rowptr[r] + c] = j
     return c + 1
 
 
 @njit(inline="always")
 def _end(fill, norm, rowptr, cols, vals, r, c):  # pragma: no cover - compiled
-    """Close visible row ``r`` after ``c`` keys; with ``norm`` an empty row attends to key 0 (the empty-row rule)."""
+    """Close visible row ``r`` after ``c`` keys. The count pass records the count in ``rowptr[r + 1]`` (``_close``
+    sums a sequence's counts into the row pointer); the fill pass writes the row's weights, 1 or with ``norm``
+    ``1 / c`` (``normalize_scores`` of an indicator row, computed the same way: float32 of the float64 quotient), and
+    with ``norm`` an empty row attends to key 0 (the empty-row rule).
+
+    The weight is computed once per row, after its keys: computed per key inside ``_put`` (from the row
+    pointer, which each key's store may alias) it kept the fill loops from being optimised, several times slower.
+    """
     if not fill:
         rowptr[r + 1] = max(c, 1) if norm else c
-    elif norm and c == 0:
-        cols[rowptr[r]] = 0
-        vals[rowptr[r]] = 1.0
+    else:
+        s = rowptr[r]
+        if norm and c == 0:
+            cols[s] = 0
+            vals[s] = 1.0
+        else:
+            w = np.float32(1.0 / np.float64(c)) if norm else np.float32(1.0)
+            for k in range(s, s + c):
+                vals[k] = w
+
+
+@njit(inline="always")
+def _close(fill, rowptr, b, L, n):  # pragma: no cover - compiled
+    """After sequence ``b``'s ``L`` visible rows, the count pass turns their counts into the row pointer (from
+    ``rowptr[b * n]``, the sum of the sequences before) and gives its padded rows no keys: one running sum in a
+    register over rows still in cache, where extending the pointer row by row waited on each previous store."""
+    if not fill:
+        acc = rowptr[b * n]
+        for r in range(b * n, b * n + L):
+            acc += rowptr[r + 1]
+            rowptr[r + 1] = acc
+        for r in range(b * n + L, (b + 1) * n):
+            rowptr[r + 1] = acc
 
 
 def _run(kernel: Specialised, flags: tuple, args: tuple, lengths: np.ndarray, n: int, normalized: bool,
          out: RowsBuffer | None = None) -> SparseRows:
     """Count, size and fill: the two passes of an ``_sp_*`` kernel, the builds ``kernel(fill, normalized, *flags)``
-    (``normalized``: rows as attention; ``out``: a ``RowsBuffer`` the result is written into, else new arrays)."""
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    (``normalized``: rows as attention; ``out``: a ``RowsBuffer`` the result is written into, else new arrays).
+
+    The count pass writes the row pointer itself from ``rowptr[0] = 0``: no zeroed array, no separate prefix sum.
+    """
+    if lengths.dtype != np.int64 or not lengths.flags.c_contiguous:
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     B = lengths.shape[0]
-    rowptr = np.zeros(B * n + 1, dtype=np.int64) if out is None else out.zeros("rowptr", B * n + 1, np.int64)
-    kernel(False, normalized, *flags)(*args, lengths, n, rowptr, _NO_COLS, _NO_VALS)
-    np.cumsum(rowptr, out=rowptr)
+    rowptr = np.empty(B * n + 1, dtype=np.int64) if out is None else out.array("rowptr", B * n + 1, np.int64)
+    rowptr[0] = 0
+    kernel(False, normalized, *flags)(*args, lengths, n, rowptr, _NO_COLS, _NO_VALS)  # the row pointer itself
     nnz = int(rowptr[-1])
     cols = np.empty(nnz, dtype=np.int32) if out is None else out.array("cols", nnz, np.int32)
     vals = np.empty(nnz, dtype=np.float32) if out is None else out.array("vals", nnz, np.float32)
@@ -85,6 +107,7 @@ def _sp_offset(fill, norm, causal):
                 if 0 <= j < L and (not causal or j <= i):
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_offset
 
 
@@ -94,6 +117,7 @@ def _sp_first(fill, norm):
         for b in range(lengths.shape[0]):
             for i in range(lengths[b]):
                 _end(fill, norm, rowptr, cols, vals, b * n + i, _put(fill, norm, rowptr, cols, vals, b * n + i, 0, 0))
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_first
 
 
@@ -112,6 +136,7 @@ def _sp_window(fill, norm, causal):
                 for d in range(dhi, dlo - 1, -1):
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, i - d)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_window
 
 
@@ -151,6 +176,7 @@ def _sp_none(fill, norm):
         for b in range(lengths.shape[0]):
             for i in range(lengths[b]):
                 _end(fill, norm, rowptr, cols, vals, b * n + i, 0)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_none
 
 
@@ -174,6 +200,7 @@ def _sp_group_start(fill, norm):
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                         break
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_group_start
 
 
@@ -192,6 +219,7 @@ def _sp_same_value(fill, norm, causal, skip_self):
                         if values[b, j] == v and not (skip_self and j == i):
                             c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_value
 
 
@@ -206,6 +234,7 @@ def _sp_dep_head(fill, norm, causal):
                 if 0 <= h < L and (not causal or h <= i):
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, h)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_dep_head
 
 
@@ -221,6 +250,7 @@ def _sp_dep_children(fill, norm, causal):
                     if heads[b, j] == i:
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_dep_children
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..sparse import RowsBuffer, SparseRows
 from ..specialise import specialised
-from .sparse_prims import _end, _put, _run
+from .sparse_prims import _close, _end, _put, _run
 
 __all__ = ["sparse_same_token", "sparse_same_token_recent", "sparse_induction", "sparse_keys", "sparse_recent",
            "sparse_match"]
@@ -28,6 +28,7 @@ def _sp_same_token(fill, norm, causal):
                     if j != i and ids[b, j] == t:
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_token
 
 
@@ -43,6 +44,7 @@ def _sp_same_token_recent(fill, norm):
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                         break
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_token_recent
 
 
@@ -61,6 +63,7 @@ def _sp_induction(fill, norm, causal):
                         if j < L and (not causal or j <= i):
                             c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_induction
 
 
@@ -76,6 +79,7 @@ def _sp_keys(fill, norm, causal):
                     if mask[b, j]:
                         c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, j)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_keys
 
 
@@ -91,6 +95,7 @@ def _sp_recent(fill, norm):
                 if last >= 0:
                     c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, last)
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_recent
 
 
@@ -133,46 +138,55 @@ def _sp_match(fill, norm, causal, closest):
                             if i - d < 0 and i + d >= L:
                                 break
                 _end(fill, norm, rowptr, cols, vals, r, c)
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_match
 
 
 @specialised()
 def _sp_same_token_linked(fill, norm, causal):
     def _sp_same_token_linked(ids, vocab, lengths, n, rowptr, cols, vals):  # pragma: no cover - compiled
-        """``_sp_same_token`` in O(n + nnz) per sequence: each position links to the previous occurrence of its
-        token (a ``last`` table indexed by token id), and a row walks that chain from the query
-        (causal: earlier occurrences) or from the token's last occurrence (all others), writing keys from the
-        row's end so they come out ascending."""
+        """``_sp_same_token`` in O(n + nnz) per sequence. The count pass counts each token's occurrences (a table
+        indexed by token id): a causal row's count is its token's occurrences before it, any other row's all but
+        itself. The fill pass links each position to the previous occurrence of its token (a ``last`` table), and
+        a row walks that chain from the query (causal: earlier occurrences) or from the token's last occurrence
+        (all others), writing keys from the row's end so they come out ascending."""
         nb = lengths.shape[0]
         last = np.full(vocab, -1, dtype=np.int64)
+        seen = np.zeros(vocab, dtype=np.int64)
         prev = np.empty(max(n, 1), dtype=np.int64)
         for b in range(nb):
             L = lengths[b]
-            for i in range(L):
-                t = ids[b, i]
-                prev[i] = last[t]
-                last[t] = i
-            for i in range(L):
-                r = b * n + i
-                j = prev[i] if causal else last[ids[b, i]]
-                cnt = 0
-                k = 0
-                w = np.float32(1.0)
-                if fill:
+            if not fill:
+                for i in range(L):
+                    t = ids[b, i]
+                    if causal:
+                        _end(fill, norm, rowptr, cols, vals, b * n + i, seen[t])
+                    seen[t] += 1
+                if not causal:
+                    for i in range(L):
+                        _end(fill, norm, rowptr, cols, vals, b * n + i, seen[ids[b, i]] - 1)
+                for i in range(L):
+                    seen[ids[b, i]] = 0
+            else:
+                for i in range(L):
+                    t = ids[b, i]
+                    prev[i] = last[t]
+                    last[t] = i
+                for i in range(L):
+                    r = b * n + i
+                    j = prev[i] if causal else last[ids[b, i]]
+                    cnt = 0
                     k = rowptr[r + 1] - 1
-                    if norm:
-                        w = np.float32(1.0 / np.float64(rowptr[r + 1] - rowptr[r]))
-                while j >= 0:
-                    if j != i:
-                        if fill:
+                    while j >= 0:
+                        if j != i:
                             cols[k] = j
-                            vals[k] = w
                             k -= 1
-                        cnt += 1
-                    j = prev[j]
-                _end(fill, norm, rowptr, cols, vals, r, cnt)
-            for i in range(L):
-                last[ids[b, i]] = -1
+                            cnt += 1
+                        j = prev[j]
+                    _end(fill, norm, rowptr, cols, vals, r, cnt)
+                for i in range(L):
+                    last[ids[b, i]] = -1
+            _close(fill, rowptr, b, lengths[b], n)
     return _sp_same_token_linked
 
 
