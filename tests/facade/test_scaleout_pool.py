@@ -105,7 +105,7 @@ def test_two_workers_select_what_one_process_selects(one_process, tmp_path):
 
 
 def test_an_llm_agent_without_an_endpoint_leaves_the_heads_on_the_pool(tmp_path, monkeypatch):
-    from test_searchers import LLM_ENV
+    from support.searcher_store import LLM_ENV
 
     for var in LLM_ENV:
         monkeypatch.delenv(var, raising=False)

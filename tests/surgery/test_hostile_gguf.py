@@ -32,9 +32,7 @@ from headsurgeon.surgery import gguf as hs_gguf  # noqa: E402
 from headsurgeon.surgery.gguf_cache import ConversionCacheWarning, building, sweep_dead_builds  # noqa: E402
 from headsurgeon.surgery.gguf_header import GGUFFileError, read_gguf_header  # noqa: E402
 from headsurgeon.surgery.loading import ModelLoadError, load_model  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_gguf import IDS, cache, same_state, state, tiny, write_tiny_gguf  # noqa: E402,F401 - fixtures shared
+from support.gguf_files import IDS, cache, fake_parts, same_state, state, tiny, write_tiny_gguf  # noqa: E402,F401 - fixtures
 
 ADVICE = r"Compare its size \(\d+ bytes\) and sha256 \([0-9a-f]{64}\) with the publisher's"
 
@@ -217,10 +215,8 @@ def test_leftovers_of_dead_pids_and_of_earlier_versions_are_removed(cache):
 
 def test_an_assembly_of_parts_killed_midway_is_removed_by_the_next_one(tmp_path, cache, monkeypatch):
     """Gemma 3 is assembled from installed parts into gguf-files/ (headsurgeon/surgery/gguf.py assemble_parts), the same way."""
-    from test_gguf import _fake_parts
-
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    parts = _fake_parts(tmp_path / "site", [b"GGUF" + bytes(300), b"rest" * 100])
+    parts = fake_parts(tmp_path / "site", [b"GGUF" + bytes(300), b"rest" * 100])
     files = cache / "gguf-files"
     files.mkdir(parents=True)
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""The LLM agent against a real HTTP chat-completions server (tests/llm_server.py) through the openai client.
+"""The LLM agent against a real HTTP chat-completions server (tests/support/llm_server.py) through the openai client.
 
 The attention store is built from known programs (L0H0 = prev(1), L0H1 = first(), L0H2 = an even mix of
 both) over word-tokenized story sentences, so the right answer per head is known independently of the
@@ -16,36 +16,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llm_server import Reply, ScriptedLLMServer, by_head  # noqa: E402
-
+from conftest import TESTS
 from headsurgeon.synth import prompts  # noqa: E402
 from headsurgeon.synth.search.llm import (AgentConfig, AgentConfigError, JournalMismatchError, LLMAgent,  # noqa: E402
                                           retry_after)
 from headsurgeon.synth.program import Program  # noqa: E402
-from headsurgeon.synth.sequence import Sequence  # noqa: E402
-
-TEXTS = [
-    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.",
-    "One day, Tom saw a big red ball. He wanted to play with it, so he ran to his mom.",
-    "The cat sat on the mat. It was warm and happy, and the sun was shining.",
-    "Sam had a toy car. He liked to race it fast around the room with his dog.",
-    "Mia found a shiny stone by the river. She put it in her pocket and smiled.",
-    "The bird sang a song in the tree. The boy listened and clapped his hands.",
-    "Ben and Sue went to the shop. They bought milk, bread and a big cake for mom.",
-    "A small frog jumped into the pond. The water was cold, but the frog was brave.",
-    "Lucy drew a picture of a house. Her dad put it on the wall in the kitchen.",
-    "The dog barked at the mailman. Then it wagged its tail and went back to sleep.",
-]
-TRUE = {(0, 0): "prev(1)", (0, 1): "first()", (0, 2): "0.5*prev(1) + 0.5*first()"}
-HEADS = sorted(TRUE)
-SYNTH = list(range(0, 6))
-SELECT = list(range(6, 10))
+from support.agent_store import HEADS, RESUME_CONFIG, SELECT, SYNTH, build_store, config
+from support.llm_server import Reply, ScriptedLLMServer, by_head
 
 PY_FIRST = "def program(seq):\n    s = np.zeros((seq.n, seq.n))\n    s[:, 0] = 1.0\n    return s\n"
 PY_CRASH = "def program(seq):\n    return 1 / 0\n"
@@ -54,44 +35,8 @@ PY_HOSTILE = "import os\ndef program(seq):\n    return os.listdir('/')\n"
 
 
 # ------------------------------------------------------------------------------------------------
-# fixtures and helpers (also imported by the kill-and-resume subprocess)
+# fixtures and helpers (the store and the agent's settings: tests/support/agent_store.py)
 # ------------------------------------------------------------------------------------------------
-
-def make_sequences() -> list[Sequence]:
-    """Word-level tokenization with a BOS token; ids from a vocabulary over all texts (BOS = 0)."""
-    words = sorted({m.group() for t in TEXTS for m in re.finditer(r"\w+|[^\w\s]", t)})
-    vocab = {w: i + 1 for i, w in enumerate(words)}
-    seqs = []
-    for d, text in enumerate(TEXTS):
-        ms = list(re.finditer(r"\w+|[^\w\s]", text))
-        tokens = ["<s>"] + [m.group() for m in ms]
-        ids = [0] + [vocab[m.group()] for m in ms]
-        offsets = [(0, 0)] + [(m.start(), m.end()) for m in ms]
-        seqs.append(Sequence(ids=np.array(ids), tokens=tokens, text=text, offsets=np.array(offsets), doc=d,
-                             has_bos=True))
-    return seqs
-
-
-def build_store():
-    """A dense AttentionStore whose heads are the TRUE programs' patterns."""
-    from headsurgeon.surgery.store import AttentionStore
-
-    seqs = make_sequences()
-    store = AttentionStore(seqs, n_layers=1, n_heads=3, causal=True, model_name="synthetic")
-    progs = [Program.parse(TRUE[h]) for h in HEADS]
-    for i, s in enumerate(seqs):
-        pats = np.stack([p.evaluate([s], causal=True)[0] for p in progs])  # [H, n, n]
-        store.put(i, pats[None])
-    return store
-
-
-def config(base_url: str, **kw) -> AgentConfig:
-    base = dict(base_url=base_url, model="scripted-model", api_key="test-key", concurrency=1, request_timeout=5.0,
-                max_retries=3, backoff_base=0.01, backoff_max=0.05, jitter=0.5, rounds=1, candidates_per_round=1,
-                examples=2, progress=False, program_timeout=0.5)
-    base.update(kw)
-    return AgentConfig(**base)
-
 
 class SleepRecorder:
     """Records the backoff delays instead of sleeping (keeps tests fast and the delays checkable)."""
@@ -380,12 +325,10 @@ def resume_responder(block: threading.Event | None = None):
     return respond
 
 
-RESUME_CONFIG = dict(rounds=1, candidates_per_round=1, concurrency=1)
-
 CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_agent import build_store, config, SYNTH, SELECT, HEADS, RESUME_CONFIG
+from support.agent_store import build_store, config, SYNTH, SELECT, HEADS, RESUME_CONFIG
 from headsurgeon.synth.search.llm import LLMAgent
 LLMAgent(config({url!r}, **RESUME_CONFIG)).search(build_store(), HEADS, SYNTH, SELECT, journal={journal!r})
 print("FINISHED")
@@ -408,7 +351,7 @@ def test_kill_and_resume(store, tmp_path):
     journal = tmp_path / "run.jsonl"
     release = threading.Event()
     with ScriptedLLMServer(resume_responder(block=release)) as srv:
-        code = CHILD.format(tests=str(Path(__file__).resolve().parent), url=srv.base_url, journal=str(journal))
+        code = CHILD.format(tests=str(TESTS), url=srv.base_url, journal=str(journal))
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:

@@ -158,7 +158,7 @@ class FlakyWindowSum(WindowSum):
 def test_a_failing_program_of_a_sandboxed_kind_drops_only_itself():
     """The library searcher scores each sandboxed program alone (headsurgeon/synth/search/library.py): a failure is a note."""
     from headsurgeon.synth.program_store import ProgramStore
-    from test_searchers import SELECT, SYNTH, TRUTH, tiny_sequences
+    from support.searcher_store import SELECT, SYNTH, TRUTH, tiny_sequences
 
     from headsurgeon.synth.search.library import LibrarySearcher
 

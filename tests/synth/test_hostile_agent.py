@@ -1,6 +1,6 @@
 """The LLM agent against hostile endpoints and programs that try to leak data through their failures.
 
-A real HTTP server on 127.0.0.1 (tests/llm_server.py) records every request body, so "never reaches the
+A real HTTP server on 127.0.0.1 (tests/support/llm_server.py) records every request body, so "never reaches the
 endpoint" is checked on what was actually sent. Covered: failure feedback that never echoes text a program
 produced (exception messages, tracebacks, computed values), a total deadline per request against an
 endpoint that drips one byte every 0.5 s, responses that are huge, compressed or deeply nested, redirects
@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llm_server import Reply, ScriptedLLMServer, by_head  # noqa: E402
-from test_agent import SELECT, SYNTH, TEXTS, build_store, config  # noqa: E402
 
 from headsurgeon.synth import prompts  # noqa: E402
 from headsurgeon.synth.search.llm import LLMAgent  # noqa: E402
 from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError  # noqa: E402
 from headsurgeon.synth.program import Program  # noqa: E402
+from support.agent_store import SELECT, SYNTH, TEXTS, build_store, config
+from support.llm_server import Reply, ScriptedLLMServer, by_head
 
 SECRET = "TOPSEKRIT4711"  # built at run time by the programs below; never written in their source
 MAKE_SECRET = "'TOP' + 'SEKRIT' + str(47 * 100 + 11)"
