@@ -15,7 +15,7 @@ from headsurgeon.synth.dsl import Pred, Prim
 from headsurgeon.synth.features import batch_feature_arrays
 from headsurgeon.synth.sequence import pad_ids
 
-from test_dsl_spec import grow_trees, random_primitive, random_sequences
+from support.dsl_trees import grow_trees, random_primitive, random_sequences
 
 FEATURES = ("punct", "cap", "word_start", "word", "sent")
 DENSE_PRIMITIVES = {"decay", "uniform", "profile", "key_weight", "class_weight"}

@@ -8,7 +8,7 @@ import torch
 from headsurgeon.surgery import replace as replace_module
 from headsurgeon.surgery.replace import replace_heads
 
-from test_surgery import batch_of, get_model
+from support.surgery_models import batch_of, get_model
 
 PROGRAMS = {"L0H0": "prev(1)", "L1H1": "fallback(same_token(), first())", "L1H2": "decay(0.7)",
             "L0H3": "0.6*prev(1) + 0.4*first()"}

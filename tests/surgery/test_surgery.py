@@ -7,24 +7,13 @@ import torch
 
 from headsurgeon.kernels.core import HeadError
 from headsurgeon.kernels.normalize import normalize_scores
-from headsurgeon.surgery.capture import forward_patterns, padded_batch
-from headsurgeon.surgery.corpus import make_sequences
+from headsurgeon.surgery.capture import forward_patterns
 from headsurgeon.surgery.providers import StoredPatterns
 from headsurgeon.surgery.replace import HybridModel, SurgeryError, replace_heads
 from headsurgeon.synth.program import Program
+from support.surgery_models import batch_of, get_model
 
 MODELS = ["gpt2", "llama", "bert", "stories260K"]
-
-
-def get_model(request, kind):
-    return request.getfixturevalue("stories") if kind == "stories260K" else request.getfixturevalue("random_models")[kind]
-
-
-def batch_of(handle, documents, n=3, length=24):
-    seqs = [s for s in make_sequences(handle, documents[:30], max_len=length) if s.n == length][:n]
-    assert len(seqs) == n
-    ids, _ = padded_batch(seqs)
-    return seqs, ids
 
 
 def all_hooks(model):

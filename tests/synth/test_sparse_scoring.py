@@ -14,7 +14,7 @@ from headsurgeon.synth.program import Program
 from headsurgeon.synth.sequence import pad_ids
 from headsurgeon.synth.tensors import is_sparse_program, program_rows, program_tensors
 
-from test_dsl_spec import random_sequences
+from support.dsl_trees import random_sequences
 
 SPARSE = ["prev(1)", "first()", "window(1, 3)", "same_token()", "0.7*prev(1) + 0.3*first()",
           "fallback(same_token_recent(), first())", "sharpen(0.4*prev(1) + 0.6*same_token(), 3)", "self()"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from test_dsl_spec import grow_trees, random_primitive, random_sequences
+from support.dsl_trees import grow_trees, random_primitive, random_sequences
 
 from headsurgeon.kernels.core import InputError
 from headsurgeon.synth import dsl
