@@ -28,8 +28,8 @@ from headsurgeon.surgery.handle import EmbeddedSource
 from headsurgeon.surgery.replace import replace_heads
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
+from support.tiny_gpt2 import STORY, make_tiny_gpt2
 
-STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her dog."
 PROGRAMS = {(0, 1): Program.parse("prev(1)"), (2, 3): Program.parse("0.5*prev(1) + 0.5*first()"),
             (4, 7): Program.parse("uniform()")}
 PY_SOURCE = "def f(seq):\n    w = np.arange(seq.n, dtype=float)\n    return np.ones((seq.n, seq.n)) * (1.0 + w[None, :])\n"
@@ -64,31 +64,6 @@ def _fine_tune(hybrid, ids, steps: int = 2) -> None:
         loss.backward()
         opt.step()
     hybrid.eval()
-
-
-def make_tiny_gpt2(out: Path) -> Path:
-    """A random 2-layer GPT-2 with a 300-token byte-level BPE, saved with save_pretrained (loads in ~0.3 s)."""
-    import warnings
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([STORY, "The cat sat on the mat and looked at the dog."] * 4,
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = GPT2TokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                             unk_token="<|endoftext|>")
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=128, vocab_size=len(fast),
-                                       bos_token_id=0, eos_token_id=0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(out)
-        fast.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -184,7 +184,7 @@ def hub():
 
 @pytest.fixture(scope="module")
 def tiny_gpt2_dir(tmp_path_factory) -> Path:
-    from test_checkpoint import make_tiny_gpt2
+    from support.tiny_gpt2 import make_tiny_gpt2
 
     return make_tiny_gpt2(tmp_path_factory.mktemp("tiny") / "gpt2")
 

@@ -14,7 +14,7 @@ from headsurgeon.synth.dsl import cell_combinators
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.program_store import ProgramStore
 from headsurgeon.synth.search.enumerative import FitSet, enumerative_search, tables
-from test_enumerative import kernel_scores, story_sequences
+from support.story_sequences import kernel_scores, story_sequences
 
 # ---------------------------------------------------------------- the numpy passes (as they were in fitset.py)
 

@@ -21,7 +21,7 @@ from headsurgeon.surgery.loading import zoo_dir
 from headsurgeon.surgery.replace import replace_heads
 from headsurgeon.synth.program import Program
 
-from test_hostile_card import PAYLOADS, assert_inert, hostile_manifest
+from support.hostile_card import PAYLOADS, assert_inert, hostile_manifest
 
 PROGRAMS = {"L0H1": "prev(1)", "L1H2": "first()", "L2H0": "0.5*prev(1) + 0.5*first()", "L3H3": "uniform()"}
 STEPS = 12

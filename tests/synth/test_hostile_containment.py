@@ -1,6 +1,6 @@
 """Containment after an escape, continued: System V IPC, dying with the owner, scheduling of others,
 metadata probing and protocol breakers, each checked in a real job process holding the real builtins
-and ``os`` (the entry point of tests/test_hostile_escapes.py; SECURITY.md, "Python programs").
+and ``os`` (the entry point of tests/synth/test_hostile_escapes.py; SECURITY.md, "Python programs").
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 
 from headsurgeon.synth.errors import ProgramExecutionError
 from headsurgeon.synth.sandbox import SandboxPool
-from test_hostile_escapes import assert_refused, assert_serving, make_seq, run_escaped
+from support.escapes import assert_refused, assert_serving, make_seq, run_escaped
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.shmat.restype = ctypes.c_void_p
