@@ -39,7 +39,6 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SHARED = ROOT.parent / "shared"
 TASKS = TESTS / "lm_eval_tasks"  # the local lm-eval tasks (README, "Downstream tasks")
-RECIPES = ROOT / "recipes"
 DATA = SHARED / "data"
 STORIES = DATA / "models" / "stories260K"
 CORPUS = DATA / "corpora" / "tinystories-valid.txt"

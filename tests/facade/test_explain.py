@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, STORIES, need
+from conftest import CORPUS, STORIES, TASKS, need
 from headsurgeon.synth.programset import ProgramSet
 
 
@@ -20,7 +19,7 @@ def explained(tmp_path_factory, stories):
     return explain(stories, need(CORPUS), out, max_len=24, max_sequences=40, searchers=(),
                    library=["0.5*prev(1) + 0.5*first()", "same_token_recent()"],
                    sweep_steps=(0.0, 0.5, 1.0), progress=False,
-                   tasks=["hs_cloze"], task_limit=8, include_path=Path(__file__).parent / "lm_eval_tasks")
+                   tasks=["hs_cloze"], task_limit=8, include_path=TASKS)
 
 
 def test_explain_writes_programs_report_and_sweep(explained):

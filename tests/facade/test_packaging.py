@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 CHECK = (
     "import importlib.util as u, headsurgeon.surgery, headsurgeon.kernels, headsurgeon.synth, headsurgeon.synth.tp, "
     "headsurgeon.hub, headsurgeon.cli; "

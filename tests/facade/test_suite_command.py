@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def readme_test_command() -> str:

@@ -17,13 +17,12 @@ import pytest
 import torch
 
 from headsurgeon.hub import zoo
+from conftest import CORPUS, ROOT
 from headsurgeon.kernels.fileio import split_documents
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CORPUS = SHARED / "data" / "corpora" / "tinystories-valid.txt"
 FIVE_MB = 5 * 1000 * 1000
 EOT = "<|endoftext|>"
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "tiny_stories"
+RECIPES = ROOT / "recipes" / "tiny_stories"
 
 
 def _recipe(name: str):

@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SHARED, need
+from conftest import ROOT, SHARED, need
 
-ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 

@@ -13,9 +13,8 @@ import torch
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed: pip install 'headsurgeon[eval]' (or .[test])")
 
-from conftest import CORPUS, need  # noqa: E402
+from conftest import CORPUS, TASKS, need  # noqa: E402
 
-TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
 PROGRAMS = ["prev(7)", "prev(13)", "first()", "prev(5)"]  # far from what the heads do
 
 

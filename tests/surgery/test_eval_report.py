@@ -152,9 +152,9 @@ def test_a_set_without_explanations_says_so(handle, splits):
 
 def test_downstream_tasks_run_for_each_kind(handle, splits):
     pytest.importorskip("lm_eval", reason="lm-eval is not installed: pip install 'headsurgeon[eval]'")
-    from pathlib import Path
+    from conftest import TASKS
 
-    tasks = Path(__file__).resolve().parent / "lm_eval_tasks"
+    tasks = TASKS
     report = evaluate_programs(handle, splits, program_set(), tasks="hs_cloze", limit=4, include_path=str(tasks))
     rep, exp = (report.kinds[k].downstream for k in ("replacement", "explanation"))
     assert rep["hybrid_heads"] == 3 and exp["hybrid_heads"] == 2

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import STORIES
 from headsurgeon.kernels import primitives as K
 from headsurgeon.synth import dsl
 from headsurgeon.synth.dsl import Pred, Prim, Sum
@@ -16,7 +16,6 @@ from headsurgeon.synth.program import Program
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.vocab import Vocabulary
 
-STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "models" / "stories260K"
 VOCAB = Vocabulary(["<s>", "▁the", "▁a", "▁Lily", ".", '"', "▁said", "x\\y", "▁cat"])
 NEEDS_VOCAB = "names tokens by string: pass the model's vocabulary"
 

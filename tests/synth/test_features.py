@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SHARED
 from headsurgeon.synth import features as F
 from headsurgeon.synth.features import spacy_views, wordnet
 from headsurgeon.synth.features import (
@@ -27,7 +28,6 @@ from headsurgeon.synth.features import (
 )
 from headsurgeon.synth.sequence import Sequence
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 SP_MODEL = SHARED / "data" / "models" / "stories260K" / "tok512.model"
 GPT2_DIR = SHARED / "data" / "tokenizers" / "gpt2"
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from headsurgeon.kernels.core import InputError
 from headsurgeon.kernels.scores import Scores
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import Entry, ProgramSet
 from headsurgeon.synth.scored import TEXT_LIMIT, ScoredProgram
 
-ROOT = Path(__file__).resolve().parents[1]
 SCORES = {"select": {"iou": 0.8, "jsd": 0.1, "topq": 0.7}, "test": {"iou": 0.75, "jsd": 0.2, "topq": 0.6}}
 
 
