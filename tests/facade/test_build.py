@@ -104,6 +104,7 @@ def built(handle, programs, tmp_path_factory):
     return result, out
 
 
+@pytest.mark.e2e
 def test_fraction_build_swaps_the_share_cheapest_first_and_saves(built, handle, splits):
     result, out = built
     assert len(result.heads) == round(0.25 * 16)
@@ -124,6 +125,7 @@ def test_fraction_build_swaps_the_share_cheapest_first_and_saves(built, handle, 
         assert not torch.equal(again(ids), untuned(ids))
 
 
+@pytest.mark.e2e
 def test_healed_build_distils_from_the_base_by_default(built):
     """The default heal distils the hybrid from the base, so the base is its own control; KL falls."""
     result, _ = built
@@ -136,6 +138,7 @@ def test_healed_build_distils_from_the_base_by_default(built):
     assert f"below 1 for {sum(r < 1 for r in ratios)} of 16 heads" in result.format()
 
 
+@pytest.mark.e2e
 def test_lm_healing_is_judged_against_the_equally_tuned_base(handle, programs):
     result = build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.125, max_len=40, max_sequences=50,
                           heal=True, heal_steps=4, heal_objective="lm", progress=False)
@@ -153,6 +156,7 @@ def test_extra_checkpoint_files_must_be_plain_new_names(handle, tmp_path):
                 hs.save_hybrid(hybrid, tmp_path / "h", extra_files={bad: b"{}"})
 
 
+@pytest.mark.e2e
 def test_each_head_gets_its_cheapest_readable_candidate(built, programs):
     """Build measures the frontier point beside the explanation and swaps in whichever costs less (single-swap KL)."""
     result, out = built
@@ -174,6 +178,7 @@ def row_components(text: str) -> set[str]:
     return {part.split("*")[-1].strip() for part in text.split(" + ")}
 
 
+@pytest.mark.e2e
 def test_budget_build_stays_under_budget(handle, programs):
     result = build_hybrid(handle, hs.demo_corpus_path(), programs, budget_ppl=3.0, max_len=40, max_sequences=50,
                           chunk=2, progress=False)

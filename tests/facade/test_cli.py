@@ -34,6 +34,7 @@ def test_info_json(capsys):
     assert info["tokenizer_sample"]["tokens"][:2] == ["\u2581Once", "\u2581upon"]
 
 
+@pytest.mark.e2e
 def test_capture_then_store_loads(tmp_path, capsys):
     args = model_args()
     out = tmp_path / "store"
@@ -45,6 +46,7 @@ def test_capture_then_store_loads(tmp_path, capsys):
     assert len(store) == 6 and store.mode == "topq"
 
 
+@pytest.mark.e2e
 def test_ablate_and_eval_json(tmp_path, capsys):
     from headsurgeon.synth.program import Program
     from headsurgeon.synth.programset import ProgramSet

@@ -208,6 +208,7 @@ def test_model_help_names_gguf_files_and_the_installed_real_models():
     assert named <= set(INSTALLED_COPIES) | set(INSTALLED_PARTS)  # the help names ids load_model resolves offline
 
 
+@pytest.mark.e2e
 def test_explain_runs_from_a_config_and_each_stage_gets_its_settings(tmp_path):
     import headsurgeon as hs
     from headsurgeon.pipeline import explain

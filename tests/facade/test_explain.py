@@ -10,6 +10,8 @@ import pytest
 from conftest import CORPUS, STORIES, TASKS, need
 from headsurgeon.synth.programset import ProgramSet
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory, stories):

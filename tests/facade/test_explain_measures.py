@@ -32,6 +32,7 @@ def run(tmp_path_factory):
     return result, summary, (out / "report.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.e2e
 def test_summary_and_report_carry_both_kinds_sweeps(run):
     result, summary, page = run
     ev = result.evaluation
@@ -48,6 +49,7 @@ def test_summary_and_report_carry_both_kinds_sweeps(run):
     assert table.count("replacements ") >= len(SWEEP_STEPS) and table.count("explanations ") >= len(SWEEP_STEPS)
 
 
+@pytest.mark.e2e
 def test_the_sweep_steps_are_the_papers_fractions(run):
     result, _, page = run
     assert SWEEP_STEPS == (0.0, 0.1, 0.25, 0.5, 1.0)
@@ -58,6 +60,7 @@ def test_the_sweep_steps_are_the_papers_fractions(run):
     assert "<td>10% (2)</td>" in page
 
 
+@pytest.mark.e2e
 def test_per_head_delta_ppl_and_spearman_with_its_interval_for_each_kind(run):
     result, _, page = run
     ev = result.evaluation
@@ -73,6 +76,7 @@ def test_per_head_delta_ppl_and_spearman_with_its_interval_for_each_kind(run):
     assert "id='per-head-cost'" in page
 
 
+@pytest.mark.e2e
 def test_the_delta_ppl_order_names_the_cheaper_order(run):
     result, _, page = run
     ev = result.evaluation
@@ -88,6 +92,7 @@ def test_the_delta_ppl_order_names_the_cheaper_order(run):
 
 
 @pytest.mark.skipif(not LM_EVAL, reason="lm-eval is not installed: pip install 'headsurgeon[eval]'")
+@pytest.mark.e2e
 def test_the_held_out_cloze_is_scored_for_each_kind(run):
     result, summary, page = run
     for kind in KINDS:
@@ -97,6 +102,7 @@ def test_the_held_out_cloze_is_scored_for_each_kind(run):
     assert (result.out / "cloze" / "headsurgeon_cloze.yaml").is_file()
 
 
+@pytest.mark.e2e
 def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monkeypatch, tmp_path):
     """Wiring only: a stand-in for headsurgeon/surgery/cloze.py and for the measurement."""
     result = run[0]
@@ -128,6 +134,7 @@ def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monk
     assert seen["which"] == "both" and seen["sweep"] and seen["task_sweep"] is False
 
 
+@pytest.mark.e2e
 def test_the_total_time_is_the_runs_wall_not_the_sum_of_nested_phases(run):
     flat = {"load": 10.0, "capture": 20.0, "heads_wall": 300.0, "enumerative": 180.0, "learned": 120.0,
             "select": 10.0, "save": 1.0}

@@ -1,8 +1,12 @@
-"""Every command line of README.md's CLI section that is not in tests/test_readme_cli.py's explain chain runs as
+"""Every command line of README.md's CLI section that is not in tests/facade/test_readme_cli.py's explain chain runs as
 written, in order, in a scratch checkout: the demo, info, score, capture, ablate and the Transformer Programs lines."""
 from __future__ import annotations
 
-from readme_text import chain, cli_lines, run_lines, scratch
+import pytest
+
+from support.readme_text import chain, cli_lines, run_lines, scratch
+
+pytestmark = pytest.mark.e2e
 
 
 def test_the_other_command_lines_run_as_written(tmp_path):

@@ -1,7 +1,7 @@
 """explain on this machine's cores (headsurgeon/scaleout/pool.py): two worker processes select exactly the programs,
 with the same scores, as one process; a worker killed mid-run has its heads re-run; Ctrl-C stops the driver and
 every worker and leaves a journal the same command resumes from. stories260K, 24 windows of 16 tokens, a narrow
-enumerative search (as tests/test_scaleout_ray.py)."""
+enumerative search (as tests/facade/test_scaleout_ray.py)."""
 from __future__ import annotations
 
 import json
@@ -98,12 +98,14 @@ def test_balanced_tasks_cover_every_head_in_order_and_shrink_toward_the_end():
     assert balanced([], 2) == [] and balanced([], 1) == []
 
 
+@pytest.mark.e2e
 def test_two_workers_select_what_one_process_selects(one_process, tmp_path):
     summary = _drive(tmp_path, tmp_path / "out", workers=2)
     assert _programs(tmp_path / "out") == _programs(one_process)  # programs, frontiers and scores, bit for bit
     assert any("2 worker processes × 1 thread" in n and "peak memory" in n for n in summary["notes"]), summary
 
 
+@pytest.mark.e2e
 def test_an_llm_agent_without_an_endpoint_leaves_the_heads_on_the_pool(tmp_path, monkeypatch):
     from support.searcher_store import LLM_ENV
 
@@ -115,6 +117,7 @@ def test_an_llm_agent_without_an_endpoint_leaves_the_heads_on_the_pool(tmp_path,
     assert not any(n.startswith("the heads ran in this process") for n in summary["notes"]), summary
 
 
+@pytest.mark.e2e
 def test_a_killed_worker_has_its_heads_re_run(one_process, tmp_path):
     out = tmp_path / "out"
     proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
@@ -128,6 +131,7 @@ def test_a_killed_worker_has_its_heads_re_run(one_process, tmp_path):
     assert _programs(out) == _programs(one_process)
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(one_process, tmp_path):
     out = tmp_path / "out"
     proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
@@ -158,6 +162,7 @@ def test_bad_worker_counts_are_refused_before_the_capture():
         preflight("ray", workers=2)
 
 
+@pytest.mark.e2e
 def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path):
     """A script that registers its own searcher (a closure in __main__, no main guard) reaches the workers, and
     never runs twice: the workers do not re-run the script."""

@@ -107,12 +107,14 @@ def local_ray(tmp_path_factory):
     ray.shutdown()
 
 
+@pytest.mark.e2e
 def test_a_serial_explain_never_imports_ray(serial):
     out, summary = serial
     assert summary["ray_imported"] is False
     assert len(list((out / "heads").glob("L*H*.json"))) == 40  # every head journaled, serial or not
 
 
+@pytest.mark.e2e
 def test_a_worker_that_cannot_see_the_store_is_a_clear_error(serial, local_ray, tmp_path):
     from headsurgeon.pipeline import explain
     from headsurgeon.scaleout import StoreUnreachable
@@ -153,6 +155,7 @@ def cluster(tmp_path):
     shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.e2e
 def test_a_killed_driver_resumes_on_a_cluster_that_survives_a_killed_worker(serial, cluster, tmp_path):
     """A serial driver killed mid-run; the same run resumed on a `ray start` cluster by address keeps the journaled
     heads, survives a worker killed mid-task (Ray retries it), computes every other head and every head's ΔPPL on
@@ -256,6 +259,7 @@ def test_llm_caps_hold_across_the_cluster(local_ray):
     assert config.cost_cap <= stats["cost"] <= config.cost_cap + config.concurrency * 0.01 + 1e-9
 
 
+@pytest.mark.e2e
 def test_a_searcher_registered_at_run_time_runs_on_workers(local_ray, tmp_path):
     """The driver's registry entry travels with the task: a searcher registered only in this process (as
     docs/architecture.md's recipe does) runs on workers whose registry never saw it, and selects as serially."""

@@ -1,4 +1,5 @@
-"""README.md's text and a scratch checkout to run its examples in (tests/test_readme.py, tests/test_readme_cli.py).
+"""README.md's text and a scratch checkout to run its examples in (tests/facade/test_readme.py,
+tests/facade/test_readme_cli.py, tests/facade/test_readme_cli_rest.py).
 
 The text is read from README.md at test time, so a changed README is what gets tested. Commands run in
 a scratch checkout folder whose ``../shared`` is the real one, so the README's relative paths hold.

@@ -157,6 +157,7 @@ def test_spearman_with_bootstrap_interval():
     assert lo < 0 < hi
 
 
+@pytest.mark.e2e
 def test_the_ablate_command_reports_delta_ppl_and_kl_against_the_base_with_intervals(capsys):
     import headsurgeon as hs
     from headsurgeon.cli import main

@@ -115,7 +115,7 @@ def hf_reference(handle: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     elif handle.source.kind == "gguf":
         from headsurgeon.surgery.gguf import read_gguf
 
-        hf = read_gguf(handle.source.path)[0]  # unbridged; the cache equals a fresh conversion (tests/test_gguf.py)
+        hf = read_gguf(handle.source.path)[0]  # unbridged; the cache equals a fresh conversion (test_gguf.py)
         if hasattr(hf.config, "sliding_window"):  # a test's override of the window applies to the reference too
             hf.config.sliding_window = handle.hf_model.config.sliding_window
     else:
@@ -212,7 +212,7 @@ def learning(model: Any, ids: torch.Tensor) -> set[str]:
 
 # training the real GGUF models (a trained copy, gradients and a 0.5-1 GB save): their blocks are covered by the tiny
 # llama and gemma3_text models here, and a hybrid trained on a GGUF base, saved and loaded bit for bit, by
-# tests/test_gguf.py at a fast size, so the real ones train only with -m slow
+# tests/surgery/test_gguf.py at a fast size, so the real ones train only with -m slow
 TRAINING_KINDS = [pytest.param(k, marks=pytest.mark.slow) if k in REAL_GGUF else k for k in KINDS]
 
 

@@ -114,6 +114,7 @@ def test_downstream_rolling_and_generate_tasks(handle):
     assert all("hybrid" not in r for r in result["rows"])
 
 
+@pytest.mark.e2e
 def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals_and_the_sweep(capsys, random_programs, tmp_path):
     from headsurgeon.cli import main
 

@@ -139,6 +139,7 @@ def test_cls_and_sep_are_special_features(minilm):
     assert bool(closed.features.is_special[-1]) and bool(closed.features.is_special[0])
 
 
+@pytest.mark.e2e
 def test_explain_runs_end_to_end(minilm, tmp_path):
     from headsurgeon.pipeline import explain
 
@@ -152,6 +153,7 @@ def test_explain_runs_end_to_end(minilm, tmp_path):
     assert "embedding distance" in (tmp_path / "out" / "report.html").read_text()
 
 
+@pytest.mark.e2e
 def test_cli_eval_and_ablate_report_the_embedding_distance(tmp_path, capsys):
     from headsurgeon.cli import main
     from headsurgeon.synth.program import Program

@@ -117,7 +117,7 @@ def test_a_hybrid_on_a_gguf_base_records_the_file_and_verifies_it_on_load(tmp_pa
 
 
 def test_a_hybrid_trained_on_a_gguf_base_saves_its_weights_and_loads_bit_for_bit(tmp_path, cache):
-    """The real SmolLM2's save-after-training test (tests/test_architectures.py, slow) at a fast size: a copied
+    """The real SmolLM2's save-after-training test (tests/surgery/test_architectures.py, slow) at a fast size: a copied
     hybrid on a dequantized GGUF base, trained, stores its weights and loads back with identical logits."""
     base = write_tiny_gguf(tmp_path / "base.gguf")
     h = load_model(str(base))

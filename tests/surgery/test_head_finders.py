@@ -60,6 +60,7 @@ def test_subsets_parse_and_refuse_before_loading():
             parse_layers(bad)
 
 
+@pytest.mark.e2e
 def test_explain_on_a_subset_explains_and_measures_only_those_heads(stories, tmp_path):
     from conftest import CORPUS, need
 
@@ -78,6 +79,7 @@ def test_explain_on_a_subset_explains_and_measures_only_those_heads(stories, tmp
         hs.explain(stories, need(CORPUS), tmp_path / "bad", layers="7", progress=False)
 
 
+@pytest.mark.e2e
 def test_the_heads_command_lists_plots_and_prints_json(capsys, tmp_path):
     import json
 
@@ -94,6 +96,7 @@ def test_the_heads_command_lists_plots_and_prints_json(capsys, tmp_path):
     assert len(got["scores"]) == 5 and len(got["scores"][0]) == 8 and len(got["top"]) == 5
 
 
+@pytest.mark.e2e
 def test_a_program_set_reads_as_a_table_of_explanations(stories, tmp_path):
     from conftest import CORPUS, need
 

@@ -249,6 +249,7 @@ def test_bad_labels_are_refused_and_dropped(stories, windows, tmp_path):
     assert all(f"{name} ({path})" in searcher.report() for name in why)
 
 
+@pytest.mark.e2e
 def test_explain_cli_runs_library_files(library_file, tmp_path, capsys):
     from headsurgeon.cli import main
 

@@ -10,6 +10,7 @@ from headsurgeon.synth import dsl
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.kernels.core import Head
 
+pytestmark = pytest.mark.e2e
 T = 24  # length of the random block; each probe is BOS + block + block
 
 

@@ -127,6 +127,7 @@ def test_cancel_and_budget_stop_before_new_heads(store):
         LibrarySearcher(["prev(1)"]).search(store, synth_idx=[0, 1], select_idx=[1, 2])
 
 
+@pytest.mark.e2e
 def test_explain_runs_a_registered_searcher(offsets, stories, tmp_path):
     from headsurgeon.pipeline import explain
 
