@@ -451,7 +451,7 @@ def bench_programs(sequences: list[Sequence], feats: dict[str, np.ndarray], prog
 
 
 # ============================================================================ section 1b: EAPS-style programs
-# The seed's programs (EAPS, tests/test_eaps_library.py): one Python function per sequence that loops over
+# The seed's programs (EAPS, tests/synth/test_eaps_library.py): one Python function per sequence that loops over
 # its tokens (a dict for repeats), fills a dense float64 n x n matrix with np.zeros + item assignment, and
 # the framework then row-normalizes that matrix per sequence (``reference_normalize``). The numba side is
 # what consumers get: sparse programs as compressed rows (``dsl.evaluate_sparse``), dense ones as a

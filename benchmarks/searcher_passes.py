@@ -1,5 +1,5 @@
 """Benchmark: the enumerative searcher's hot paths, compiled (headsurgeon/kernels/cell_kernels.py) vs the numpy passes they
-replaced (kept in tests/test_cell_kernels.py), side by side in one process.
+replaced (kept in tests/kernels/test_cell_kernels.py), side by side in one process.
 
 Workload: stories260K (``../shared/data``) captured on TinyStories windows of at most 128 tokens (``--synth``
 synth and ``--select`` select windows, split by document, seeded), the enumerative search fitted on ``--fit`` of
@@ -55,7 +55,7 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 @contextmanager
 def numpy_passes() -> Iterator[None]:
-    """The searcher with the numpy passes it had before the compiled ones (tests/test_cell_kernels.py)."""
+    """The searcher with the numpy passes it had before the compiled ones (tests/kernels/test_cell_kernels.py)."""
     import pytest
 
     ref = reference()
@@ -74,8 +74,9 @@ def numpy_passes() -> Iterator[None]:
 
 
 def reference() -> Any:
-    """tests/test_cell_kernels.py, the one copy of the numpy passes."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
+    """tests/kernels/test_cell_kernels.py, the one copy of the numpy passes."""
+    tests = HERE.parent / "tests"
+    sys.path[:0] = [str(tests / "kernels"), str(tests)]  # the test module, and tests/support/ that it imports
     import test_cell_kernels
 
     return test_cell_kernels

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.register_assert_rewrite("support")  # the shared helpers' asserts report like the tests' own
+
 os.environ.setdefault("HEADSURGEON_WORKERS", "1")  # explain's heads in the test's process (tests of the pool say 2)
 os.environ.setdefault("HEADSURGEON_THREADS", "1")  # forwards on one thread whatever the load: floats that compare
 torch.set_num_threads(1)  # tiny models: one thread is as fast, and immune to oversubscription on 2 cores
@@ -30,12 +32,18 @@ def pytest_collection_modifyitems(items: list) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+#: the repository paths the tests read, defined here only: tests live one folder down (tests/<part>/), helpers in
+#: tests/support/ (imported as ``support.x``: this folder is on sys.path through this file)
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+SHARED = ROOT.parent / "shared"
+TASKS = TESTS / "lm_eval_tasks"  # the local lm-eval tasks (README, "Downstream tasks")
 DATA = SHARED / "data"
 STORIES = DATA / "models" / "stories260K"
 CORPUS = DATA / "corpora" / "tinystories-valid.txt"
 #: enumerative_search keywords for tests of what surrounds the search (executors, reports, encoders): a narrow
-#: search, a few seconds per model; tests/test_enumerative.py and README's commands run the full one
+#: search, a few seconds per model; tests/synth/test_enumerative.py and README's commands run the full one
 NARROW_SEARCH = {"beam": 2, "max_terms": 2, "tables": False, "gates": 1, "small": 0}
 GPT2_TOK = DATA / "tokenizers" / "gpt2"
 

@@ -7,7 +7,7 @@ row sums and normalization, the soft IoU and the row JSD per sequence, and the s
 normalization and per-parameter mass (headsurgeon/synth/search/enumerative/tables.py). Elementwise work keeps the numpy
 code's float32 rounding (float32 operations, float64 sums) except the JSD, which takes the row identity of
 headsurgeon/kernels/metrics_kernels.py in float64, so results move by float rounding only;
-tests/test_cell_kernels.py compares every kernel with the numpy passes it replaced. An empty segment
+tests/kernels/test_cell_kernels.py compares every kernel with the numpy passes it replaced. An empty segment
 sums to 0 (``np.add.reduceat`` would repeat the next element); the fit set has none.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ are SDPA's), it receives each layer's post-RoPE query, key and value. Per layer 
 adds each replaced head's ``alpha · pattern · v`` from the batch's :class:`LayerPatterns` (headsurgeon/surgery/headpatterns.py):
 sparse programs by one gather and ``index_add``, dense ones by a matmul. Since ``(α P + (1 - α) A) V =
 α P V + (1 - α) A V``, blended heads are the neural output scaled by ``1 - alpha`` plus the program's share: the
-same output as the hooked path's edited pattern (tests/test_fast_attention.py). Layers without program heads
+same output as the hooked path's edited pattern (tests/surgery/test_fast_attention.py). Layers without program heads
 run transformers' own SDPA function.
 
 The batch's patterns reach the function through a context variable set for one forward (:func:`programs_for`),

@@ -8,7 +8,7 @@ config, tokenizer and ``model.safetensors``, plus ``entry.json`` with every file
 transformers and gguf versions that converted it, and a keyed digest) is written atomically (a locked temporary
 folder renamed into place) and verified on every hit; an entry that is damaged, stale, changed by another writer
 or holds files it does not list is rebuilt from the GGUF file (headsurgeon/surgery/gguf_cache.py). Loading the entry gives
-the weights of a fresh conversion bit for bit (tests/test_gguf.py).
+the weights of a fresh conversion bit for bit (tests/surgery/test_gguf.py).
 """
 from __future__ import annotations
 

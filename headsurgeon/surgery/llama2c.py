@@ -151,7 +151,7 @@ def build_tokenizer(pieces: list[str], scores: list[float]):
     """A transformers fast tokenizer reproducing a sentencepiece BPE model with byte fallback.
 
     Like sentencepiece (and unlike llama2.c's run.c, which keeps every space), runs of spaces collapse to
-    one: a ``tokenizer.bin`` and its ``.model`` encode identically (tests/test_llama2c_tokenizer.py).
+    one: a ``tokenizer.bin`` and its ``.model`` encode identically (tests/surgery/test_llama2c_tokenizer.py).
     """
     from tokenizers import Tokenizer, decoders, normalizers
     from tokenizers.models import BPE

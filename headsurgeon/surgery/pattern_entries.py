@@ -7,7 +7,7 @@ the next layers; :meth:`EntryBuilder.entries` then runs the jobs not yet started
 
 The result is bit-identical to ``AttentionStore.put`` on ``forward_patterns``' float32 patterns: the same casts, and
 topk on the same float32 rows on the CPU (topk treats rows independently, so one call per layer and run of equal-length
-sequences equals one per sequence, ties included; tests/test_capture_identical.py checks both).
+sequences equals one per sequence, ties included; tests/surgery/test_capture_identical.py checks both).
 """
 from __future__ import annotations
 

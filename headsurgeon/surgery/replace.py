@@ -257,7 +257,7 @@ class HybridModel(nn.Module):
         self.last_path, self.last_state = "fused", state
         return out
 
-    # TransformerLens habits: the bridge's own entry points, run on the hybrid (tests/test_hybrid_tl.py)
+    # TransformerLens habits: the bridge's own entry points, run on the hybrid (tests/surgery/test_hybrid_tl.py)
     def run_with_cache(self, input: Any, *args: Any, **kwargs: Any) -> Any:
         """TransformerLens' ``run_with_cache`` on the hybrid: the cache holds the patterns the hybrid uses."""
         with self._applied(kwargs.get("attention_mask")):

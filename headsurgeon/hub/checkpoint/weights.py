@@ -21,7 +21,7 @@ def check_savable(model: Any) -> None:
     ``enable_compatibility_mode()`` (TransformerLens 4) folds layer norms, centers the writing weights and the
     unembedding, unties GPT-2's embedding from its unembedding, adds an unembedding bias and gives the split
     q/k/v projections their own copies: the forward then reads tensors the model class has no slot for
-    (tests/test_training.py shows the reload diverging), so no checkpoint of that class could reproduce it.
+    (tests/surgery/test_training.py shows the reload diverging), so no checkpoint of that class could reproduce it.
     """
     if getattr(model, "_weights_processed", False):
         raise CheckpointError(

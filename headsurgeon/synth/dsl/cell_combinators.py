@@ -5,7 +5,7 @@ cells of a batch in (sequence, query, key) order, each query row a contiguous se
 cell; the enumerative searcher's fit set holds them (headsurgeon/synth/search/enumerative/fitset.py ``FitSet``, which
 implements ``Cells``). Each adapter repeats its dense kernel's semantics in float32 values with float64 sums
 (``sum``'s saturating accumulation and the row passes compiled in headsurgeon/kernels/cell_kernels.py), so the searcher's
-scores agree with the kernels' to float rounding (tests/test_enumerative.py).
+scores agree with the kernels' to float rounding (tests/synth/test_enumerative.py).
 """
 from __future__ import annotations
 

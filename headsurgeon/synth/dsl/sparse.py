@@ -4,7 +4,7 @@ A tree is evaluated sparse when every primitive in it declares a ``support`` in 
 (headsurgeon/synth/dsl/catalog.py: prev, self, first, window, key sets, match, same-token, ...); its per-row key
 bound follows from the declarations (``row_support``). The result is a
 ``headsurgeon.kernels.sparse.SparseRows`` whose ``to_dense()`` equals ``evaluate``'s array
-(tests/test_sparse_dsl.py checks every sparse-capable primitive and combinator).
+(tests/kernels/test_sparse_dsl.py checks every sparse-capable primitive and combinator).
 """
 from __future__ import annotations
 

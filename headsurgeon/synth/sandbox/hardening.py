@@ -117,7 +117,7 @@ _SECCOMP_TABLES: dict[str, dict[str, Any]] = {
 }
 
 # prctl options a job child may use once its filter is on. The sandbox itself needs none (strace of
-# tests/test_sandbox.py shows none); PR_SET_VMA only names the caller's own anonymous memory (newer
+# tests/synth/test_sandbox.py shows none); PR_SET_VMA only names the caller's own anonymous memory (newer
 # glibc's malloc calls it and ignores a refusal). Everything else, PR_SET_PDEATHSIG above all, is EPERM.
 PRCTL_ALLOWED = (0x53564D41,)  # PR_SET_VMA
 _AT_EMPTY_PATH = 0x1000

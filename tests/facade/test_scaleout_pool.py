@@ -1,0 +1,224 @@
+"""explain on this machine's cores (headsurgeon/scaleout/pool.py): two worker processes select exactly the programs,
+with the same scores, as one process; a worker killed mid-run has its heads re-run; Ctrl-C stops the driver and
+every worker and leaves a journal the same command resumes from. stories260K, 24 windows of 16 tokens, a narrow
+enumerative search (as tests/facade/test_scaleout_ray.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CORPUS, NARROW_SEARCH, STORIES, need
+from headsurgeon.scaleout.chunks import FIRST_TASK_HEADS, MAX_HEADS_PER_TASK, balanced
+
+MODEL = f"llama2c:{STORIES / 'stories260K.bin'}"
+SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequences=24, searchers=["enumerative"],
+                enumerative=NARROW_SEARCH, sweep_steps=[0.0, 1.0], progress=False, seed=0)
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import torch
+    torch.set_num_threads(1)
+    from headsurgeon.pipeline import explain
+    kw = json.loads(sys.argv[1])
+    result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
+    print(json.dumps({"notes": result.notes}))
+""")
+
+
+def _drive(tmp: Path, out: Path, wait: bool = True, **kw) -> subprocess.Popen | dict:
+    """Run explain in a fresh Python process, as a user's script does (its last stdout line is a JSON summary)."""
+    (tmp / "driver.py").write_text(DRIVER)
+    args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(out), **SETTINGS, **kw})
+    proc = subprocess.Popen([sys.executable, str(tmp / "driver.py"), args], cwd=tmp, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    if not wait:
+        return proc
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _programs(out: Path) -> dict:
+    return json.loads((out / "programs.json").read_text())
+
+
+def _workers(pid: int) -> list[int]:
+    """The driver's pool workers (its children running loky's worker main)."""
+    found = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"loky" in cmd and b"resource_tracker" not in cmd:
+            found.append(int(child))
+    return found
+
+
+def _wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}: " + proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The run with every head in the driver's process: the reference."""
+    tmp = tmp_path_factory.mktemp("one")
+    _drive(tmp, tmp / "out", workers=1)
+    return tmp / "out"
+
+
+def test_balanced_tasks_cover_every_head_in_order_and_shrink_toward_the_end():
+    heads = [(layer, head) for layer in range(30) for head in range(9)]
+    for workers in (1, 2, 3, 16):
+        chunks = balanced(heads, workers)
+        assert [h for c in chunks for h in c] == heads
+        assert all(0 < len(c) <= MAX_HEADS_PER_TASK for c in chunks)
+        assert all(len(c) <= FIRST_TASK_HEADS for c in chunks[:workers])  # every worker's first task is short
+    sizes = [len(c) for c in balanced(heads, 2)[2:]]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 1  # the last tasks are the smallest
+    assert balanced([], 2) == [] and balanced([], 1) == []
+
+
+@pytest.mark.e2e
+def test_two_workers_select_what_one_process_selects(one_process, tmp_path):
+    summary = _drive(tmp_path, tmp_path / "out", workers=2)
+    assert _programs(tmp_path / "out") == _programs(one_process)  # programs, frontiers and scores, bit for bit
+    assert any("2 worker processes × 1 thread" in n and "peak memory" in n for n in summary["notes"]), summary
+
+
+@pytest.mark.e2e
+def test_an_llm_agent_without_an_endpoint_leaves_the_heads_on_the_pool(tmp_path, monkeypatch):
+    from support.searcher_store import LLM_ENV
+
+    for var in LLM_ENV:
+        monkeypatch.delenv(var, raising=False)
+    summary = _drive(tmp_path, tmp_path / "out", workers=2, searchers=["enumerative", "llm"])
+    assert any(n.startswith("LLM agent skipped") for n in summary["notes"]), summary
+    assert any("2 worker processes" in n for n in summary["notes"]), summary
+    assert not any(n.startswith("the heads ran in this process") for n in summary["notes"]), summary
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_has_its_heads_re_run(one_process, tmp_path):
+    out = tmp_path / "out"
+    proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
+    _wait_for(lambda: len(_workers(proc.pid)) == 2, proc, "two workers started")
+    _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= 2, proc, "the first heads were journaled")
+    os.kill(_workers(proc.pid)[0], signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    notes = json.loads(stdout.strip().splitlines()[-1])["notes"]
+    assert any("lost workers 1 time(s)" in n for n in notes), notes
+    assert _programs(out) == _programs(one_process)
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(one_process, tmp_path):
+    out = tmp_path / "out"
+    proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
+    _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= 2, proc, "the first heads were journaled")
+    workers = _workers(proc.pid)
+    assert workers
+    os.kill(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers), "a worker outlived the interrupted driver"
+    journaled = len(list((out / "heads").glob("L*H*.json")))
+    assert 2 <= journaled < 40
+    summary = _drive(tmp_path, out, workers=2)
+    assert any(f"resumed {journaled} of 40 heads" in n for n in summary["notes"]), summary
+    assert _programs(out) == _programs(one_process)
+
+
+def test_bad_worker_counts_are_refused_before_the_capture():
+    from headsurgeon.scaleout.stage import preflight
+
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be a whole number"):
+            preflight("local", workers=bad)
+    with pytest.raises(ValueError, match="drop --workers"):
+        preflight("ray", workers=2)
+
+
+@pytest.mark.e2e
+def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path):
+    """A script that registers its own searcher (a closure in __main__, no main guard) reaches the workers, and
+    never runs twice: the workers do not re-run the script."""
+    script = tmp_path / "mine.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        from pathlib import Path
+        from headsurgeon.pipeline import explain
+        from headsurgeon.synth.search.base import register_searcher, searcher_factory
+
+        runs = Path(sys.argv[1]) / "runs.txt"
+        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+
+        def narrow(settings):  # the enumerative searcher under another name, as a closure of this script
+            return searcher_factory("enumerative")(settings)
+
+        register_searcher("mine", narrow)
+        kw = json.loads(sys.argv[2])
+        result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
+        print(json.dumps({{"notes": result.notes}}))
+    """))
+    args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(tmp_path / "out"), **SETTINGS,
+                       "searchers": ["mine"], "workers": 2})
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "runs.txt").read_text() == "x"
+    notes = json.loads(proc.stdout.strip().splitlines()[-1])["notes"]
+    assert any("2 worker processes" in n for n in notes), notes
+    assert len(json.loads((tmp_path / "out" / "programs.json").read_text())["programs"]) == 40
+
+
+def test_forwards_take_the_free_cores_and_never_more(monkeypatch):
+    import subprocess as sp
+
+    import torch
+
+    from headsurgeon.surgery import threads
+
+    assert threads.threads_for(2, 0) == 2 and threads.threads_for(2, 2) == 1 and threads.threads_for(16, 5) == 11
+    assert threads.threads_for(4, 0) == 4 and threads.threads_for(1, 9) == 1
+    hogs = [sp.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        assert threads.busy_elsewhere() >= 2  # the two spinning processes are seen as busy
+    finally:
+        for p in hogs:
+            p.kill()
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("HEADSURGEON_THREADS", "3")
+        assert threads.fit_threads() == 3 and torch.get_num_threads() == 3
+        monkeypatch.setenv("HEADSURGEON_THREADS", "two")
+        with pytest.raises(ValueError, match="HEADSURGEON_THREADS='two' is not a whole number"):
+            threads.fit_threads()
+        monkeypatch.delenv("HEADSURGEON_THREADS")
+        assert 1 <= threads.fit_threads() <= threads.usable_cores()
+    finally:
+        threads.pin_threads(before)
