@@ -131,7 +131,7 @@ def patterns(v: HeadView, store: Any, index: int, n: int, cache: dict[str, np.nd
             continue
         key = shown.program.hash
         if key not in cache:
-            cache[key] = safe(lambda: shown.program.evaluate([seq], causal=store.causal)[0], None)
+            cache[key] = safe(lambda shown=shown: shown.program.evaluate([seq], causal=store.causal)[0], None)
         if cache[key] is not None:
             out[name] = cache[key][:n, :n]
     return out

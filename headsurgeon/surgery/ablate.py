@@ -52,7 +52,7 @@ def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: lis
         ids, _ = padded_batch(batch)
         seen: dict[int, torch.Tensor] = {}
         hooks = [handle.model.hook_dict[f"blocks.{layer}.attn.hook_z"].register_forward_hook(
-            lambda m, i, z, layer=layer: seen.__setitem__(layer, z.detach().float().cpu())) for layer in layers]
+            lambda m, i, z, layer=layer, seen=seen: seen.__setitem__(layer, z.detach().float().cpu())) for layer in layers]
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -60,7 +60,7 @@ def wrap_headless(base: Any) -> Any:
     head.decoder.weight = base.embeddings.word_embeddings.weight  # tied, as BertForMaskedLM ties it
     head.bias = torch.nn.Parameter(torch.zeros(int(config.vocab_size), device=device, dtype=dtype))
     head.decoder.bias = head.bias
-    for name, param in head.named_parameters():
+    for param in head.parameters():
         if param is not head.decoder.weight:
             param.requires_grad_(False)
     wrapper.train(base.training)

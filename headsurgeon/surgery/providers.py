@@ -6,7 +6,7 @@ return their patterns as they are (``zero`` must stay all-zero).
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from ..synth.sequence import Sequence
 from ..synth.tensors import program_tensors
 from ..kernels.core import InputError, NotFoundError
 from ..kernels.normalize import visible_mask
+
+if TYPE_CHECKING:
+    import torch
 
 
 @runtime_checkable

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import operator
 import os
-import re
 import warnings
 from collections import OrderedDict
 from typing import Any, Iterator, Mapping

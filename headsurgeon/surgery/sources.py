@@ -63,7 +63,6 @@ INSTALLED_PARTS: dict[str, GGUFParts] = {
 
 def installed_copy(name: str) -> str | None:
     """The folder or .gguf file of an installed package's copy of hub id ``name``, or None when none is installed."""
-    from pathlib import Path
 
     if str(name) in INSTALLED_PARTS:
         assembled = assemble_parts(INSTALLED_PARTS[str(name)])

@@ -15,7 +15,6 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from .discrete import CatHead, DiscreteProgram, MLPTable, NumHead, numeric_mlp
-from ...kernels.core import InputError
 
 MAX_TABLE = 4096
 """Numerical MLPs with more input combinations than this are written as their network, not a table."""

@@ -148,7 +148,6 @@ def fit_head(real: np.ndarray, data: TrainData, space: FeatureSpace, cfg: Learne
         terms = [prune(t, data, space, real_t, cfg.max_pairs) for t in terms]
         hard = [select_rows(hard_match(t, data, space, rows)[0].float(), t.select, rows.order, hard=True)
                 for t in terms]
-    T = len(terms)
     heads = []
     # refit the mixture weights on the discretized components: one mixture, then (optionally) two gated ones
     refits: list[tuple[str | None, list[torch.Tensor]]] = [(None, [model.mix.detach().clone()])]
@@ -160,7 +159,8 @@ def fit_head(real: np.ndarray, data: TrainData, space: FeatureSpace, cfg: Learne
         params = [torch.nn.Parameter(x) for x in init]
         opt2 = torch.optim.Adam(params, lr=cfg.lr)
 
-        def predict(ws: list[torch.Tensor], comps: list[torch.Tensor], r: QueryRows) -> torch.Tensor:
+        def predict(ws: list[torch.Tensor], comps: list[torch.Tensor], r: QueryRows,
+                    gate: str | None = gate) -> torch.Tensor:
             return mix_rows(ws[0], comps, r) if gate is None else gated(ws[0], ws[1], flag_rows, comps, r)
 
         for _ in range(cfg.refit_steps):

@@ -105,7 +105,7 @@ class SoftHead(torch.nn.Module):
 
     def __init__(self, space: FeatureSpace, cfg: LearnedConfig, n_pos: int, gen: torch.Generator) -> None:
         super().__init__()
-        T, D, F_ = len(cfg.terms), space.dim, len(space.names)
+        T, D = len(cfg.terms), space.dim
         self.selects = cfg.terms
         self.pred = torch.nn.Parameter(torch.randn(T, D, D, generator=gen) * cfg.init_scale)
         prior = -cfg.gate_prior * torch.log(torch.tensor(space.sizes, dtype=torch.float32))

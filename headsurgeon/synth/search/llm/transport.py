@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ... import prompts
 from ....kernels.core import HeadsurgeonError
 from ....kernels.core import Head
 
