@@ -38,10 +38,11 @@ class CorpusConfig:
     """How a text corpus becomes token windows split by document (surgery/corpus.py load_corpus)."""
 
     max_len: int = setting(64, help="tokens per window, BOS included", type=int_at_least(2))
-    max_sequences: int | None = setting(300, help="windows read from the corpus (the split is by document)",
-                                        type=positive_int)
+    max_sequences: int | None = setting(300, help="windows read from the corpus (the split is by document, its "
+                                                  "shares count predicted tokens)", type=positive_int)
     fractions: tuple[float, float, float] = setting((0.6, 0.2, 0.2), flag=None,
-                                                    help="shares of the documents in synth, select and test")
+                                                    help="shares of the predicted tokens in synth, select and test "
+                                                         "(whole documents each)")
     seed: int = setting(0, help="seed of the document-level split", type=non_negative_int)
     separator: str | None = setting(None, help="document separator (blank lines when not given)")
 
