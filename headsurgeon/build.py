@@ -169,9 +169,8 @@ def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[
     from .surgery.corpus import load_corpus, make_sequences, read_documents
 
     splits = load_corpus(handle, corpus, **asdict(cfg.corpus))
-    if not splits.select or not splits.test or not splits.synth:
-        raise InputError(f"build needs synth, select and test windows; the corpus gave {splits.sizes()}: give more "
-                         "documents or raise --max-sequences")
+    splits.require("synth", minimum=1)
+    splits.require("select", "test")  # both are judged with intervals over windows
     extra = []
     if heldout is not None:
         extra = make_sequences(handle, read_documents(heldout, cfg.corpus.separator), max_len=cfg.corpus.max_len,

@@ -81,6 +81,11 @@ class MeasureConfig:
                                 "select windows), or both side by side; each step names the cheaper order "
                                 "(random order included)")
     delta_ppl: bool = setting(False, action="store_true", help="also measure each head's ΔPPL on the test windows")
+    head_costs: bool = setting(False, action="store_true",
+                               help="also measure each head's causal cost on the select windows: KL(base ‖ swapped) "
+                                    "and ΔNLL of swapping it alone for its replacement, its explanation and its mean "
+                                    "pattern (mean ablation), with intervals; kept in OUT/head_costs.json, so a rerun "
+                                    "goes on from it")
     cloze: bool = setting(False, action="store_true",
                           help="also score a held-out cloze (the last word of test documents) through lm-eval "
                                "(needs pip install 'headsurgeon[eval]')")

@@ -41,6 +41,14 @@ def head_label(head: Any) -> str:
     return str(Head.parse(head))
 
 
+def _cost_kl(costs: Any, label: str, variant: str) -> float | None:
+    """``costs[label][variant]["kl"]`` of a programs.json's meta (data from a file: anything else is None)."""
+    row = costs.get(label) if isinstance(costs, dict) else None
+    cell = row.get(variant) if isinstance(row, dict) else None
+    kl = cell.get("kl") if isinstance(cell, dict) else None
+    return float(kl) if isinstance(kl, (int, float)) and not isinstance(kl, bool) else None
+
+
 def _declared_kind(item: dict) -> str | None:
     """The entry's declared program kind (a registered backend's), which its program must match; None if absent."""
     kind = item.get("kind")
@@ -290,17 +298,25 @@ class ProgramSet:
 
     def table(self, split: str = "test", width: int = 60) -> list[dict[str, Any]]:
         """One row per head, what a reader scans first: the explanation (cut to ``width`` characters) with its IoU,
-        the replacement's IoU, JSD and length, and who proposed it."""
+        the replacement's IoU, JSD and length, and who proposed it; with per-head causal costs in ``meta``
+        (explain's ``head_costs``), each kind's KL and the mean ablation's."""
         def cut(text: str) -> str:
             return text if len(text) <= width else text[: width - 1] + "…"
 
+        costs = self.meta.get("head_costs")
+        costs = costs.get("heads") if isinstance(costs, dict) else None
         rows = []
         for head, entry in self.entries.items():
             ex = entry.explanation
-            rows.append({"head": head_label(head), "explanation": cut(ex.text) if ex is not None else None,
-                         "explanation_iou": ex.iou(split) if ex is not None else None,
-                         "replacement_iou": entry.replacement.iou(split), "replacement_jsd": entry.replacement.jsd(split),
-                         "replacement_chars": entry.chars, "source": entry.source})
+            row = {"head": head_label(head), "explanation": cut(ex.text) if ex is not None else None,
+                   "explanation_iou": ex.iou(split) if ex is not None else None,
+                   "replacement_iou": entry.replacement.iou(split), "replacement_jsd": entry.replacement.jsd(split),
+                   "replacement_chars": entry.chars, "source": entry.source}
+            if costs is not None:  # explain(head_costs=True): KL(base ‖ swapped) per token on the select windows
+                for variant, column in (("explanation", "explanation_kl"), ("replacement", "replacement_kl"),
+                                        ("mean", "mean_ablation_kl")):
+                    row[column] = _cost_kl(costs, head_label(head), variant)
+            rows.append(row)
         return rows
 
     def __repr__(self) -> str:
