@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -286,7 +287,29 @@ def _inputs(model: Any, corpus: Any, programs: Any, trust_programs: Any, cfg: Bu
     handle = load_model(model, **asdict(cfg.model))
     require_lm_head(handle)
     splits, heldout = _windows(handle, corpus, cfg.heldout, cfg)
+    mismatch = split_mismatch(programs.meta, splits)
+    if mismatch:
+        warnings.warn(mismatch, stacklevel=3)
     return handle, programs, splits, heldout
+
+
+def split_mismatch(meta: Any, splits: Any) -> str | None:
+    """Why build's windows are not the ones explain selected ``programs`` on (programs.json's ``meta``: the split's
+    windows and predicted tokens), or None when they are the same or the set does not say. Build and explain split
+    text by the same function (surgery/corpus.py ``load_corpus``), so the same corpus settings give the same split."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("splits"), dict):
+        return None
+    if "split_tokens" not in meta:
+        return ("the programs were selected by an older headsurgeon, whose split fractions counted documents; build "
+                "splits by predicted tokens, so its select and test windows may hold text explain searched or selected "
+                "on: run explain again for a test split the programs never saw")
+    had = {"windows": meta["splits"], "predicted tokens": meta["split_tokens"]}
+    now = {"windows": splits.sizes(), "predicted tokens": splits.tokens()}
+    if had != now:
+        return (f"the programs were selected on another split of the text (explain: {had}; build: {now}), so build's "
+                "select and test windows may hold text explain searched or selected on: give build the corpus, "
+                "--max-len, --max-sequences and --seed explain had")
+    return None
 
 
 def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:

@@ -83,3 +83,19 @@ def test_the_report_grid_switches_between_fidelity_and_causal_cost(run):
 def kl_of(summary: dict, head: str) -> float:
     row = summary["head_costs"]["heads"][head]
     return row.get("explanation", row["replacement"])["kl"]
+
+
+def test_build_splits_the_text_exactly_as_explain_did(run, stories):
+    from headsurgeon.build import _windows, split_mismatch
+    from headsurgeon.configs import BuildConfig, CorpusConfig
+
+    result, _, _ = run
+    splits, _ = _windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=30)))
+    for name in ("synth", "select", "test"):
+        assert [s.key for s in splits[name]] == [s.key for s in result.splits[name]]
+    meta = ProgramSet.load(result.out / "programs.json").meta
+    assert meta["split_tokens"] == splits.tokens() and split_mismatch(meta, splits) is None
+    old = {k: v for k, v in meta.items() if k != "split_tokens"}  # programs.json of a split by documents
+    assert "older headsurgeon" in split_mismatch(old, splits)
+    other, _ = _windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=40)))
+    assert "--max-sequences and --seed explain had" in split_mismatch(meta, other)
