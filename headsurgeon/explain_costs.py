@@ -13,7 +13,7 @@ from typing import Any
 
 from headsurgeon.surgery.head_costs import HeadCosts, head_costs
 
-__all__ = ["COSTS_NAME", "measure_head_costs", "compact_costs"]
+__all__ = ["COSTS_NAME", "measure_head_costs", "compact_costs", "format_costs"]
 
 #: the progress and result file under OUT (surgery/head_costs.py COSTS_FILE format)
 COSTS_NAME = "head_costs.json"
@@ -45,3 +45,26 @@ def compact_costs(costs: HeadCosts) -> dict[str, Any]:
                 kept[kind]["over_mean"] = row[f"{kind}_over_mean"]
         heads[label] = kept
     return {"split": "select", "windows": full["windows"], "tokens": full["tokens"], "heads": heads}
+
+
+def format_costs(compact: dict[str, Any]) -> str:
+    """``compact_costs``' record as text lines, costliest head first: each kind's KL with its interval and its ratio
+    to the mean ablation (explain's summary table)."""
+    heads = compact.get("heads", {})
+    lines = [f"per-head causal cost, each head swapped alone: KL(base ‖ swapped) nats/token over {compact['tokens']} "
+             f"predicted tokens in {compact['windows']} select windows [95% interval]; ratio: over mean ablation"]
+
+    def kl(label: str) -> float:
+        row = heads[label]
+        return row.get("explanation", row.get("replacement", {})).get("kl", 0.0)
+
+    for label in sorted(heads, key=lambda h: (-kl(h), h)):
+        parts = []
+        for kind in ("explanation", "replacement", "mean"):
+            cell = heads[label].get(kind)
+            if cell:
+                lo, hi = cell["kl_ci95"]
+                ratio = f", ratio {cell['over_mean']:.2f}" if "over_mean" in cell else ""
+                parts.append(f"{kind} {cell['kl']:.4f} [{lo:.4f}, {hi:.4f}]{ratio}")
+        lines.append(f"{label:<7} " + "; ".join(parts))
+    return "\n".join(lines)

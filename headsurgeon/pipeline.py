@@ -21,6 +21,7 @@ from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.synth.search.base import searchers as registered_searchers
 from headsurgeon.synth.search.config import SEARCHERS  # noqa: F401 - the default searchers, importable here too
 from .configs import ExplainConfig
+from .explain_costs import format_costs
 from .explain_measure import measure_and_report, sweep_rows
 from .kernels.core import InputError
 
@@ -71,6 +72,8 @@ class ExplainResult:
                          f"{sum(readable) / len(readable):.3f}")
         if self.evaluation is not None:  # both kinds: headline, per-head ΔPPL and Spearman when measured, sweep
             lines.append(self.evaluation.format())
+        if isinstance(self.programs.meta.get("head_costs"), dict):  # explain(head_costs=True)
+            lines.append(format_costs(self.programs.meta["head_costs"]))
         return "\n".join(lines)
 
 

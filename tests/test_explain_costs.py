@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 
@@ -99,3 +100,32 @@ def test_build_splits_the_text_exactly_as_explain_did(run, stories):
     assert "older headsurgeon" in split_mismatch(old, splits)
     other, _ = _windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=40)))
     assert "--max-sequences and --seed explain had" in split_mismatch(meta, other)
+
+
+def test_the_summary_table_lists_the_costs_costliest_first(run):
+    result, summary, _ = run
+    table = result.summary_table()
+    assert f"over {summary['head_costs']['tokens']} predicted tokens in {summary['head_costs']['windows']} select" in table
+    order = [line.split()[0] for line in table.splitlines() if re.match(r"L\d+H\d+ +(explanation|replacement) \d", line)]
+    assert order == sorted(HEADS, key=lambda h: -kl_of(summary, h))
+
+
+def test_the_switch_recolours_the_grid_in_headless_chromium(run, tmp_path):
+    """Choosing "causal cost (KL)" paints each cell with its cost colour and shows that scale's legend."""
+    from test_explain import chromium
+
+    browser = chromium()
+    result, _, page = run
+    choose = ("<script>var by = document.getElementById('colour-by'); by.value = 'kl';"
+              "by.dispatchEvent(new Event('change'));</script></body>")
+    copy = tmp_path / "report.html"
+    copy.write_text(page.replace("</body>", choose), encoding="utf-8")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", copy.resolve().as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    cells = re.findall(r'<td class="cell"[^>]*data-kl="([^"]*)"[^>]*style="background: ([^;"]*);?"', dom)
+    assert len(cells) == len(HEADS), dom[:300]
+    assert all(kl.replace(" ", "") == shown.replace(" ", "") for kl, shown in cells)
+    legend = re.search(r'<p class="small" id="grid-legend">(.*?)</p>', dom, re.S).group(1)
+    assert re.search(r'<span data-view="kl">', legend) and re.search(r'<span data-view="fidelity" hidden', legend)
