@@ -48,6 +48,13 @@ def test_summary_holds_each_heads_costs_with_intervals_and_the_ablation_ratio(ru
                        reference=result.splits.synth, progress=False)
     assert again.kl("L2H3", "replacement") == pytest.approx(costs["heads"]["L2H3"]["replacement"]["kl"], rel=1e-6)
     assert again.kl("L2H3", "mean") == pytest.approx(costs["heads"]["L2H3"]["mean"]["kl"], rel=1e-6)
+    # a head whose explanation is its replacement is swapped once (surgery/head_costs.py _same_programs)
+    entry = result.programs.entries[(2, 3)]
+    assert entry.explanation is not None and entry.explanation.program.hash == entry.program.hash
+    both = head_costs(stories, result.programs, select, which=("replacement", "explanation"), heads=["L2H3"],
+                      ablation=False, progress=False)
+    assert both.costs[(2, 3)]["explanation"] is both.costs[(2, 3)]["replacement"]
+    assert costs["heads"]["L2H3"]["explanation"] == costs["heads"]["L2H3"]["replacement"]
 
 
 def test_the_table_has_kl_columns_from_programs_json(run):
