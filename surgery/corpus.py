@@ -207,11 +207,12 @@ class Splits:
         reporting a degenerate bootstrap interval over one window later."""
         for name in names:
             if len(self[name]) < minimum:
+                need = (f"too few for a bootstrap interval over windows (at least {minimum})" if minimum >= 2
+                        else "and it needs at least one")
                 raise CorpusError(
                     f"the {name} split holds {len(self[name])} window(s) ({self.tokens()[name]} predicted tokens; all "
-                    f"splits: {self.sizes()} windows), too few for a bootstrap interval over windows (at least "
-                    f"{minimum}): give more text (more documents), or raise --max-sequences, or lower --max-len so "
-                    "the same text makes more windows")
+                    f"splits: {self.sizes()} windows), {need}: give more text (more documents), or raise "
+                    "--max-sequences, or lower --max-len so the same text makes more windows")
 
     @property
     def all(self) -> list[Sequence]:
