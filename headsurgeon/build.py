@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -169,9 +170,8 @@ def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[
     from .surgery.corpus import load_corpus, make_sequences, read_documents
 
     splits = load_corpus(handle, corpus, **asdict(cfg.corpus))
-    if not splits.select or not splits.test or not splits.synth:
-        raise InputError(f"build needs synth, select and test windows; the corpus gave {splits.sizes()}: give more "
-                         "documents or raise --max-sequences")
+    splits.require("synth", minimum=1)
+    splits.require("select", "test")  # both are judged with intervals over windows
     extra = []
     if heldout is not None:
         extra = make_sequences(handle, read_documents(heldout, cfg.corpus.separator), max_len=cfg.corpus.max_len,
@@ -287,7 +287,29 @@ def _inputs(model: Any, corpus: Any, programs: Any, trust_programs: Any, cfg: Bu
     handle = load_model(model, **asdict(cfg.model))
     require_lm_head(handle)
     splits, heldout = _windows(handle, corpus, cfg.heldout, cfg)
+    mismatch = split_mismatch(programs.meta, splits)
+    if mismatch:
+        warnings.warn(mismatch, stacklevel=3)
     return handle, programs, splits, heldout
+
+
+def split_mismatch(meta: Any, splits: Any) -> str | None:
+    """Why build's windows are not the ones explain selected ``programs`` on (programs.json's ``meta``: the split's
+    windows and predicted tokens), or None when they are the same or the set does not say. Build and explain split
+    text by the same function (headsurgeon/surgery/corpus.py ``load_corpus``), so the same corpus settings give the same split."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("splits"), dict):
+        return None
+    if "split_tokens" not in meta:
+        return ("the programs were selected by an older headsurgeon, whose split fractions counted documents; build "
+                "splits by predicted tokens, so its select and test windows may hold text explain searched or selected "
+                "on: run explain again for a test split the programs never saw")
+    had = {"windows": meta["splits"], "predicted tokens": meta["split_tokens"]}
+    now = {"windows": splits.sizes(), "predicted tokens": splits.tokens()}
+    if had != now:
+        return (f"the programs were selected on another split of the text (explain: {had}; build: {now}), so build's "
+                "select and test windows may hold text explain searched or selected on: give build the corpus, "
+                "--max-len, --max-sequences and --seed explain had")
+    return None
 
 
 def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:

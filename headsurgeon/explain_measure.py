@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from headsurgeon.surgery.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
 from .kernels.core import Head
+from .explain_costs import compact_costs, measure_head_costs
 
 __all__ = ["measure_and_report", "nest_timings", "format_timings", "cloze_documents", "sweep_rows"]
 
@@ -86,13 +87,15 @@ def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out:
                        sweep_steps: Iterable[float] = SWEEP_STEPS, order: str = "iou",
                        delta_ppl: bool = False, tasks: list[str] | None = None,
                        task_limit: int | float | None = None, include_path: Any = None, cloze: bool = False,
+                       head_costs: bool = False,
                        progress: bool = True) -> tuple[EvalReport, dict[str, Any], dict[str, Any]]:
     """Measure ``programs`` (both kinds), plot, write report.html and summary.json; return (the EvalReport, the
     nested timings, the summary written).
 
     ``heads``: the search stage's HeadsResult: its timings nest under "search", and its per-head ΔPPL (measured on
     the test windows when ``delta_ppl``) is the replacements' per-head ΔPPL here, not measured again (so their
-    per-head KL is missing: measuring it would repeat every head's swap).
+    per-head KL is missing: measuring it would repeat every head's swap). ``head_costs``: each head's causal cost
+    on the select windows (headsurgeon/explain_costs.py), into summary.json, programs.json's meta and the report.
     """
     from headsurgeon.report import write_report
 
@@ -109,12 +112,22 @@ def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out:
     if any(kr.sweep for kr in evaluation.kinds.values()):
         evaluation.plot(png)
     timings["measure"] = {"wall": time.perf_counter() - t0, **evaluation.seconds}
+    costs = None
+    if head_costs:
+        t0 = time.perf_counter()
+        measured = measure_head_costs(handle, programs, splits, out, seed=seed, progress=progress)
+        costs = measured.to_json()
+        programs.meta["head_costs"] = compact_costs(measured)  # ProgramSet.table() and report.html read it
+        programs.save(out / "programs.json")
+        timings["head costs"] = time.perf_counter() - t0
     timings["total"] = total_seconds(timings)
     idx = splits.indices
     write_report(out / "report.html", programs, store, idx["test"], png, title=f"headsurgeon: {handle.name}",
                  timings=timings, notes=notes, vocab=vocab, select_idx=idx["select"], evaluation=evaluation)
     summary: dict[str, Any] = {"summary": programs.summary("test"), "evaluation": evaluation.to_json(),
                                "timings_s": timings, "notes": notes}
+    if costs is not None:
+        summary["head_costs"] = costs
     if delta_ppl:  # the search tasks' own figures (headsurgeon/scaleout/task.py), as the journal holds them
         summary["delta_ppl"] = {Head.label(h): d for h, d in heads.delta_ppl.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

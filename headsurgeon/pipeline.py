@@ -21,6 +21,7 @@ from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.synth.search.base import searchers as registered_searchers
 from headsurgeon.synth.search.config import SEARCHERS  # noqa: F401 - the default searchers, importable here too
 from .configs import ExplainConfig
+from .explain_costs import format_costs
 from .explain_measure import measure_and_report, sweep_rows
 from .kernels.core import InputError
 from .kernels.core import Head
@@ -45,6 +46,7 @@ class ExplainResult:
     notes: list[str] = field(default_factory=list)
     delta_ppl: dict[tuple[int, int], float] = field(default_factory=dict)  # per head, when explain(delta_ppl=True)
     evaluation: Any = None  # EvalReport; None after capture_only
+    head_costs: dict[str, Any] | None = None  # HeadCosts.to_json() on the select windows, when explain(head_costs=True)
 
     def summary_table(self) -> str:
         """Per head: the replacement's test IoU/JSD and size beside the explanation's IoU, chars and gloss."""
@@ -71,6 +73,8 @@ class ExplainResult:
                          f"{sum(readable) / len(readable):.3f}")
         if self.evaluation is not None:  # both kinds: headline, per-head ΔPPL and Spearman when measured, sweep
             lines.append(self.evaluation.format())
+        if isinstance(self.programs.meta.get("head_costs"), dict):  # explain(head_costs=True)
+            lines.append(format_costs(self.programs.meta["head_costs"]))
         return "\n".join(lines)
 
 
@@ -86,7 +90,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     order), ``library`` (programs, DSL text or EAPS-style ``Path`` files that compete for every head),
     ``library_budget``, ``enumerative`` / ``learned`` / ``agent_config`` (each searcher's options); ``executor``,
     ``workers``, ``address``, ``heads_per_task``, ``store_url`` (scale-out); ``sweep_steps``, ``order``, ``delta_ppl``,
-    ``cloze``, ``tasks``, ``task_limit``, ``include_path`` (measurement); ``progress``, ``capture_only``.
+    ``cloze``, ``tasks``, ``task_limit``, ``include_path``, ``head_costs`` (measurement); ``progress``,
+    ``capture_only``.
     Each field's help says what it does; ``headsurgeon explain --help`` lists them with their defaults.
     Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/), on
     ``workers`` processes (None: every core this process may use; 1: this process); ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime).
@@ -135,8 +140,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
         corpus = demo_corpus_path()
     splits = load_corpus(handle, corpus, max_len=max_len, separator=corpus_cfg.separator,
                          max_sequences=corpus_cfg.max_sequences, fractions=corpus_cfg.fractions, seed=seed)
-    if not (splits.synth and splits.select and splits.test):
-        raise InputError(f"the corpus split is too small ({splits.sizes()}): give more documents")
+    splits.require("synth", "select", minimum=1)
+    splits.require("test", *(("select",) if measure.head_costs else ()))  # intervals over windows need two
     sequences, idx = splits.all, splits.indices
     subset = choose_heads(handle, cfg.subset)  # None: every head
     if subset is not None:
@@ -166,14 +171,16 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     notes.extend(heads.notes)
     t0 = time.perf_counter()
     programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>", "max_len": max_len,
-                          "splits": splits.sizes(), "seed": seed})
+                          "splits": splits.sizes(), "split_tokens": splits.tokens(),
+                          "seed": seed})
     programs.save(out / "programs.json")
     timings["save"] = time.perf_counter() - t0
     threads["measure"] = fit_threads()
     notes.append("torch threads: " + ", ".join(f"{stage} {n}" for stage, n in threads.items()))
-    evaluation, timings, _ = measure_and_report(
+    evaluation, timings, summary = measure_and_report(
         handle, programs, splits, store, out, heads=heads, vocab=vocab, timings=timings, notes=notes, seed=seed,
         sweep_steps=sweep_steps, order=order, delta_ppl=delta_ppl, tasks=tasks, task_limit=task_limit,
-        include_path=include_path, cloze=cloze, progress=progress)  # headsurgeon/explain_measure.py
+        include_path=include_path, cloze=cloze, head_costs=measure.head_costs,
+        progress=progress)  # headsurgeon/explain_measure.py
     return ExplainResult(programs, sweep_rows(evaluation), out, store, splits, timings, notes, heads.delta_ppl,
-                         evaluation)
+                         evaluation, summary.get("head_costs"))

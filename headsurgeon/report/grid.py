@@ -2,7 +2,8 @@
 heads (so the spread shows even when every IoU is between 0.4 and 1), named by its program's family (induction,
 previous token, duplicate, sink, ...) with the share of the program on the first token in its tooltip, linked to the
 head's section, with filters by family and by IoU, so a report of hundreds of heads (SmolLM2: 30 x 9) is read from
-one screen."""
+one screen. When explain measured each head's causal cost (``head_costs``), a switch recolours it by the rank of
+that cost (KL when the head alone is swapped) or of its ratio to mean-ablating the head."""
 from __future__ import annotations
 
 import html
@@ -94,14 +95,63 @@ def _colour(rank: float | None) -> str:
     return f"rgb({int(255 - 155 * t)},{int(255 - 55 * t)},{int(255 - 155 * t)})"
 
 
-def grid_html(views: list[hv.HeadView]) -> str:
-    """The overview grid (rows: layers, columns: query heads) with its family and IoU filters."""
+#: the grid's colourings: the view's name → what its colour ranks (report/grid.py GRID_SCRIPT switches among them)
+VIEWS = {"fidelity": "the rank of its test IoU among these heads (red the lowest, white the median, green the highest)",
+         "kl": "the rank of its causal cost among these heads: KL(base ‖ swapped) per predicted token when the head "
+               "alone is swapped for this program, on the select windows (green the cheapest, red the costliest)",
+         "ratio": "the rank of its KL over the KL of mean-ablating the head (green: the program keeps the most of "
+                  "what the head does; below 1 it explains more than deleting the head)"}
+
+
+def _cost(costs: dict | None, head: tuple[int, int], kind: str) -> dict:
+    """The compact cost record of one head's ``kind`` (headsurgeon/explain_costs.py), or {} when not measured."""
+    row = costs.get(Head.label(head)) if isinstance(costs, dict) else None
+    cell = row.get(kind) if isinstance(row, dict) else None
+    return cell if isinstance(cell, dict) else {}
+
+
+def _number(cell: dict, key: str) -> float | None:
+    value = cell.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _cost_words(cell: dict, mean: dict) -> str:
+    """The tooltip's causal-cost clause: KL with its interval, ΔNLL, the mean ablation's KL and the ratio."""
+    kl = _number(cell, "kl")
+    if kl is None:
+        return ""
+    ci = cell.get("kl_ci95") if isinstance(cell.get("kl_ci95"), list) and len(cell["kl_ci95"]) == 2 else None
+    text = f"; swapped alone: KL {kl:.4g}"
+    if ci is not None and all(isinstance(x, (int, float)) for x in ci):
+        text += f" [{ci[0]:.3g}, {ci[1]:.3g}]"
+    text += " nats/token"
+    if _number(cell, "delta_nll") is not None:
+        text += f", ΔNLL {_number(cell, 'delta_nll'):+.4g}"
+    if _number(mean, "kl") is not None:
+        text += f"; mean ablation KL {_number(mean, 'kl'):.4g}"
+    if _number(cell, "over_mean") is not None:
+        text += f" (program/ablation {_number(cell, 'over_mean'):.2f})"
+    return text + " (select windows)"
+
+
+def grid_html(views: list[hv.HeadView], costs: dict | None = None) -> str:
+    """The overview grid (rows: layers, columns: query heads) with its family and IoU filters; with per-head causal
+    costs (programs.json's ``meta["head_costs"]``), a switch that colours it by fidelity or by causal cost."""
     by_head = {v.head: v for v in views}
     layers = sorted({h[0] for h in by_head})
     cols = sorted({h[1] for h in by_head})
     seen: dict[str, int] = {}
     shown_of = {h: v.explanation or v.replacement for h, v in by_head.items()}
-    rank_of = dict(zip(shown_of, _ranks([s.iou() for s in shown_of.values()])))
+    kind_of = {h: "explanation" if v.explanation is not None else "replacement" for h, v in by_head.items()}
+    heads_costs = costs.get("heads") if isinstance(costs, dict) else None
+    cell_cost = {h: _cost(heads_costs, h, kind_of[h]) for h in by_head}
+    has_costs = any(_number(c, "kl") is not None for c in cell_cost.values())
+    keys = list(shown_of)
+    colours = {"fidelity": dict(zip(keys, _ranks([shown_of[h].iou() for h in keys])))}
+    if has_costs:  # cheaper is better: green is the lowest KL / ratio
+        for view, key in (("kl", "kl"), ("ratio", "over_mean")):
+            ranks = _ranks([_number(cell_cost[h], key) for h in keys])
+            colours[view] = dict(zip(keys, [None if r is None else 1 - r for r in ranks]))
     rows = []
     for layer in layers:
         cells = [f"<th>L{layer}</th>"]
@@ -110,29 +160,43 @@ def grid_html(views: list[hv.HeadView]) -> str:
             if v is None:
                 cells.append("<td></td>")
                 continue
-            shown = shown_of[(layer, col)]
+            head = (layer, col)
+            shown = shown_of[head]
             fam = family(shown.program)
             seen[fam] = seen.get(fam, 0) + 1
             iou = shown.iou()
             lab = Head.label(v.head)
             sink = sink_share(shown.program)
+            cost = _cost_words(cell_cost[head], _cost(heads_costs, head, "mean"))
             tip = html.escape(f"{lab}: {fam}, {sink:.0%} of the program on the first token, test IoU "
-                              f"{words.number(iou)} — {shown.gloss or shown.text}"[:300], quote=True)
-            cells.append(f"<td class='cell' data-family='{fam}' data-iou='{words.number(iou)}' "
-                         f"style='background:{_colour(rank_of[(layer, col)])}' title='{tip}'>"
+                              f"{words.number(iou)}{cost} — {shown.gloss or shown.text}"[:400], quote=True)
+            data = "".join(f" data-{view}='{_colour(c[head])}'" for view, c in colours.items()) if has_costs else ""
+            cells.append(f"<td class='cell' data-family='{fam}' data-iou='{words.number(iou)}'{data} "
+                         f"style='background:{_colour(colours['fidelity'][head])}' title='{tip}'>"
                          f"<a href='#{lab}'>{FAMILIES[fam]}</a></td>")
         rows.append(f"<tr>{''.join(cells)}</tr>")
     head_row = "<tr><th></th>" + "".join(f"<th>H{c}</th>" for c in cols) + "</tr>"
     options = "".join(f"<option value='{html.escape(f)}'>{html.escape(f)} ({n})</option>"
                       for f, n in sorted(seen.items(), key=lambda kv: -kv[1]))
     legend = ", ".join(f"<b>{FAMILIES[f]}</b> {html.escape(f)}" for f in seen)
+    switch, scales = "", f"<span data-view='fidelity'>{VIEWS['fidelity']}</span>"
+    if has_costs:
+        labels = {"fidelity": "fidelity (test IoU)", "kl": "causal cost (KL)", "ratio": "KL / mean ablation"}
+        switch = (" colour by <select id='colour-by'>"
+                  + "".join(f"<option value='{view}'>{labels[view]}</option>" for view in colours) + "</select>")
+        scales = "".join(f"<span data-view='{view}'{'' if view == 'fidelity' else ' hidden'}>{VIEWS[view]}</span>"
+                         for view in colours)
+        measured = (f" Causal costs: each head swapped alone, over {costs.get('tokens', '?')} predicted tokens in "
+                    f"{costs.get('windows', '?')} select windows.")
+    else:
+        measured = " (Run explain with --head-costs to colour the grid by each head's causal cost.)"
     return (f"<div id='grid-filters' class='small'>family <select id='family-filter'><option value=''>all</option>"
             f"{options}</select> test IoU at least <input id='iou-filter' type='number' min='0' max='1' step='0.05' "
-            f"value='0'> <span id='grid-count'></span></div>"
+            f"value='0'>{switch} <span id='grid-count'></span></div>"
             f"<table id='grid' class='grid-table'>{head_row}{''.join(rows)}</table>"
-            f"<p class='small'>Cells: the explanation (else the replacement), coloured by the rank of its test IoU among "
-            f"these heads (red the lowest, white the median, green the highest), labelled by what it does besides the "
-            f"first-token sink: {legend}. Hover for the sink's share, click for the head's section.</p>")
+            f"<p class='small' id='grid-legend'>Cells: the explanation (else the replacement), coloured by "
+            f"{scales}, labelled by what it does besides the first-token sink: {legend}. Hover for the sink's share"
+            f"{' and the costs' if has_costs else ''}, click for the head's section.{html.escape(measured)}</p>")
 
 
 GRID_STYLE = """
@@ -157,5 +221,14 @@ GRID_SCRIPT = """<script>
     document.getElementById('grid-count').textContent = shown + ' heads shown';
   }
   fam.addEventListener('change', apply); low.addEventListener('input', apply); apply();
+  var by = document.getElementById('colour-by');
+  if (by) {
+    by.addEventListener('change', function () {
+      document.querySelectorAll('td.cell').forEach(function (c) { c.style.background = c.dataset[by.value]; });
+      document.querySelectorAll('#grid-legend span[data-view]').forEach(function (s) {
+        s.hidden = s.dataset.view !== by.value;
+      });
+    });
+  }
 })();
 </script>"""

@@ -74,7 +74,7 @@ def summary_html(views: list[hv.HeadView], programs: ProgramSet, timings: dict, 
     n = len(views)
     readable = sum(v.explanation is not None for v in views)
     model = f" of {html.escape(programs.model)}" if programs.model else ""
-    windows = words.splits_sentence(programs.meta.get("splits"))
+    windows = words.splits_sentence(programs.meta.get("splits"), programs.meta.get("split_tokens"))
     lines = [f"<p>{n} heads{model}; {readable} have a readable explanation (≤ {READABLE_CHARS} characters)"
              f"{'; ' + windows if windows else ''}.</p>"]
     rows = [("explanations (readable)", [v.explanation.iou() if v.explanation else None for v in views]),
@@ -230,7 +230,7 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
         sweep_img = f"<img id='sweep' alt='the cost as heads are replaced' src='{uri}' style='max-width:640px'>"
     doc = (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}{GRID_STYLE}{WINDOWS_STYLE}{CANDIDATES_STYLE}{colour_css()}</style></head><body>\n"
-           f"<h1>{html.escape(title)}</h1>\n<h2>Heads by layer</h2>\n{grid_html(views)}\n"
+           f"<h1>{html.escape(title)}</h1>\n<h2>Heads by layer</h2>\n{grid_html(views, programs.meta.get('head_costs'))}\n"
            f"<p class='metrics' id='metrics'>{words.METRICS_PARAGRAPH}</p>\n<h2>Summary</h2>\n"
            f"{summary_html(views, programs, timings, notes, extra, sweep_rows)}"
            + (f"\n<h2>What swapping the programs in costs</h2>\n{cost_html(evaluation, sweep_img)}\n"

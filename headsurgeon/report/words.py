@@ -98,13 +98,17 @@ def plain(value: Any) -> str:
     return str(value)
 
 
-def splits_sentence(splits: Any) -> str:
-    """{"synth": 120, "select": 40, "test": 40} → "120 synth, 40 select and 40 test windows"."""
+def splits_sentence(splits: Any, tokens: Any = None) -> str:
+    """{"synth": 120, "select": 40, "test": 40} → "120 synth, 40 select and 40 test windows, split by document",
+    with each split's predicted tokens (programs.json's ``meta["split_tokens"]``) when known."""
     if not isinstance(splits, dict) or not splits:
         return ""
-    parts = [f"{v} {k}" for k, v in splits.items()]
+    tokens = tokens if isinstance(tokens, dict) else {}
+    parts = [f"{v} {k}" + (f" ({tokens[k]:,} predicted tokens)" if isinstance(tokens.get(k), int) else "")
+             for k, v in splits.items()]
     head = ", ".join(parts[:-1])
-    return (f"{head} and {parts[-1]}" if head else parts[0]) + " windows, split by document"
+    how = " (shares of predicted tokens)" if tokens else ""
+    return (f"{head} and {parts[-1]}" if head else parts[0]) + f" windows, split by document{how}"
 
 
 SWEEP_COLUMNS = (("delta", "in order of select IoU"), ("delta_random_order", "in random order"),

@@ -73,7 +73,10 @@ def _resume(store: AttentionStore) -> set[int]:
     differ = [k for k in RESUME_KEYS if old.get(k) != fresh[k]]
     if differ:
         shown = "; ".join(f"{k}: stored {_short(old.get(k))}, now {_short(fresh[k])}" for k in differ)
-        raise StoreError(f"{store.directory} already holds a different capture ({shown}); use the same settings "
+        why = (" (other windows or another order: another corpus, window settings or split seed, or a store captured "
+               "before the split fractions counted predicted tokens)" if "sequences_key" in differ
+               else "")
+        raise StoreError(f"{store.directory} already holds a different capture ({shown}){why}; use the same settings "
                          "to resume, or choose another output directory")
     store.adopt_records(old)
     _remove_stale_temporaries(store.directory)

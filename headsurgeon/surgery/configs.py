@@ -39,10 +39,11 @@ class CorpusConfig:
     """How a text corpus becomes token windows split by document (headsurgeon/surgery/corpus.py load_corpus)."""
 
     max_len: int = setting(64, help="tokens per window, BOS included", type=int_at_least(2))
-    max_sequences: int | None = setting(300, help="windows read from the corpus (the split is by document)",
-                                        type=positive_int)
+    max_sequences: int | None = setting(300, help="windows read from the corpus (the split is by document, its "
+                                                  "shares count predicted tokens)", type=positive_int)
     fractions: tuple[float, float, float] = setting((0.6, 0.2, 0.2), flag=None,
-                                                    help="shares of the documents in synth, select and test")
+                                                    help="shares of the predicted tokens in synth, select and test "
+                                                         "(whole documents each)")
     seed: int = setting(0, help="seed of the document-level split", type=non_negative_int)
     separator: str | None = setting(None, help="document separator (blank lines when not given)")
 
@@ -81,6 +82,11 @@ class MeasureConfig:
                                 "select windows), or both side by side; each step names the cheaper order "
                                 "(random order included)")
     delta_ppl: bool = setting(False, action="store_true", help="also measure each head's ΔPPL on the test windows")
+    head_costs: bool = setting(False, action="store_true",
+                               help="also measure each head's causal cost on the select windows: KL(base ‖ swapped) "
+                                    "and ΔNLL of swapping it alone for its replacement, its explanation and its mean "
+                                    "pattern (mean ablation), with intervals; kept in OUT/head_costs.json, so a rerun "
+                                    "goes on from it")
     cloze: bool = setting(False, action="store_true",
                           help="also score a held-out cloze (the last word of test documents) through lm-eval "
                                "(needs pip install 'headsurgeon[eval]')")

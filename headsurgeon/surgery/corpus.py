@@ -1,6 +1,7 @@
 """Text corpus → documents → token windows (:class:`Sequence`) with the model's BOS convention, and splits.
 
-Splits are made by document, never by window, so that ``synth`` / ``select`` / ``test`` never share text.
+Splits are made by document, never by window, so that ``synth`` / ``select`` / ``test`` never share text; their
+fractions count predicted tokens, not windows or documents, since every cost is averaged over predicted tokens.
 """
 from __future__ import annotations
 
@@ -172,6 +173,15 @@ def make_sequences(
     return out
 
 
+#: the fewest test windows a bootstrap interval over windows can be drawn from (headsurgeon/surgery/divergence.py MIN_WINDOWS)
+MIN_TEST_WINDOWS = 2
+
+
+def predicted_tokens(sequences: Iterable[Sequence]) -> int:
+    """The tokens a window's forward predicts (all but its first), summed: what every cost is averaged over."""
+    return int(sum(max(s.n - 1, 0) for s in sequences))
+
+
 @dataclass
 class Splits:
     """Sequences split by document into ``synth`` (fit/prompt), ``select`` (choose) and ``test`` (report)."""
@@ -188,6 +198,22 @@ class Splits:
     def sizes(self) -> dict[str, int]:
         return {name: len(self[name]) for name in SPLITS}
 
+    def tokens(self) -> dict[str, int]:
+        """Predicted tokens per split: the unit the split fractions count and every cost is averaged over."""
+        return {name: predicted_tokens(self[name]) for name in SPLITS}
+
+    def require(self, *names: Split, minimum: int = MIN_TEST_WINDOWS) -> None:
+        """Refuse (CorpusError) a split of ``names`` with fewer than ``minimum`` windows, naming the fix, instead of
+        reporting a degenerate bootstrap interval over one window later."""
+        for name in names:
+            if len(self[name]) < minimum:
+                need = (f"too few for a bootstrap interval over windows (at least {minimum})" if minimum >= 2
+                        else "and it needs at least one")
+                raise CorpusError(
+                    f"the {name} split holds {len(self[name])} window(s) ({self.tokens()[name]} predicted tokens; all "
+                    f"splits: {self.sizes()} windows), {need}: give more text (more documents), or raise "
+                    "--max-sequences, or lower --max-len so the same text makes more windows")
+
     @property
     def all(self) -> list[Sequence]:
         """synth, then select, then test: the order ``indices`` refers to (capture this list)."""
@@ -200,25 +226,38 @@ class Splits:
         return {"synth": list(range(a)), "select": list(range(a, b)), "test": list(range(b, b + len(self.test)))}
 
 
+def _cut(cumulative: np.ndarray, share: float) -> int:
+    """How many documents (in split order) go before the boundary at ``share`` of the predicted tokens: those whose
+    middle token falls before it, so each split's share is off by at most half a document."""
+    total = cumulative[-1]
+    middles = cumulative - np.diff(np.concatenate([[0.0], cumulative])) / 2
+    return int(np.searchsorted(middles, share * total, side="left"))
+
+
 def split_sequences(
     sequences: list[Sequence], fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0
 ) -> Splits:
-    """Deterministic document-level split; every split gets at least one document when there are three."""
+    """Deterministic split by document whose ``fractions`` count predicted tokens (whole windows, never a document in
+    two splits); every split with a positive fraction gets at least one document when there are three."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or not np.isclose(sum(fractions), 1.0):
         raise CorpusError(f"fractions must be three non-negative numbers summing to 1, got {excerpt(fractions)}")
     docs = sorted({s.doc for s in sequences})
     if not docs:
         raise CorpusError("cannot split an empty list of sequences")
-    order = np.random.default_rng(seed).permutation(len(docs))
+    weight = dict.fromkeys(docs, 0)
+    for s in sequences:
+        weight[s.doc] += max(s.n - 1, 0)
+    order = [docs[i] for i in np.random.default_rng(seed).permutation(len(docs))]
+    cumulative = np.cumsum([float(max(weight[d], 1)) for d in order])
     n = len(docs)
-    n_synth = int(round(fractions[0] * n))
-    n_select = int(round(fractions[1] * n))
+    n_synth = _cut(cumulative, fractions[0])
+    n_select = _cut(cumulative, fractions[0] + fractions[1]) - n_synth
     if n >= 3:
         n_synth = min(max(n_synth, 1 if fractions[0] > 0 else 0), n - 2)
         n_select = min(max(n_select, 1 if fractions[1] > 0 else 0), n - n_synth - 1)
     which = {}
-    for rank, i in enumerate(order):
-        which[docs[i]] = "synth" if rank < n_synth else ("select" if rank < n_synth + n_select else "test")
+    for rank, d in enumerate(order):
+        which[d] = "synth" if rank < n_synth else ("select" if rank < n_synth + n_select else "test")
     parts: dict[str, list[Sequence]] = {name: [] for name in SPLITS}
     for s in sequences:
         parts[which[s.doc]].append(s)

@@ -163,6 +163,23 @@ def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[Any] | None, trus
     return out, texts
 
 
+def _same_programs(chosen: Mapping[Head, Mapping[str, Any]]) -> dict[tuple[Head, str], str]:
+    """(head, label) → the label of the same program (by hash) on that head measured in its place, so a head whose
+    explanation is its replacement is swapped once."""
+    aliases: dict[tuple[Head, str], str] = {}
+    for h, labelled in chosen.items():
+        first: dict[str, str] = {}
+        for label, program in labelled.items():
+            key = getattr(program, "hash", None)
+            if key is None:
+                continue
+            if key in first:
+                aliases[(h, label)] = first[key]
+            else:
+                first[key] = label
+    return aliases
+
+
 @contextmanager
 def _resume_at(model: Any, layer: int) -> Iterator[None]:
     """Blocks below ``layer`` pass their input through (their output is replaced at ``layer`` anyway)."""
@@ -407,8 +424,10 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
             handle.check_head(*h)
         except IndexError as e:
             raise InputError(f"{Head.label(h)}: {e}") from e
+    aliases = _same_programs(chosen)
     cache = TensorCache(max_bytes=256 << 20)
-    jobs = {h: {k: ProgramHead(h[0], h[1], p, cache=cache) for k, p in vs.items()} for h, vs in chosen.items()}
+    jobs = {h: {k: ProgramHead(h[0], h[1], p, cache=cache) for k, p in vs.items() if (h, k) not in aliases}
+            for h, vs in chosen.items()}
     if ablation:
         for h, mean in mean_patterns(handle, reference or windows, sorted(jobs)).items():
             jobs[h]["mean"] = mean
@@ -418,6 +437,8 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
         costs, resumed = _resumed(handle, jobs, windows, batch_size, max_bytes, progress, state)
     else:
         costs, resumed = _whole(handle, jobs, windows, batch_size, progress), False
+    for (h, label), measured in aliases.items():  # the same program swapped in: the same numbers
+        costs[h][label] = costs[h][measured]
     tokens = int(sum(max(s.n - 1, 0) for s in windows))
     return HeadCosts(len(windows), tokens, costs, texts, resumed, seed)
 

@@ -10,7 +10,6 @@ run only in the sandbox.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,7 +17,7 @@ from typing import Any, Iterator
 from headsurgeon.kernels.fileio import atomic_file
 from headsurgeon.kernels.formats import check_versioned
 
-from ..kernels.core import SPLITS, WHICHES, Head, InputError
+from ..kernels.core import WHICHES, Head, InputError
 from . import programtables
 from .backends import get_backend
 from .errors import ProgramError
@@ -29,6 +28,14 @@ from .trust import API_FLAG, require_trusted
 
 FORMAT, VERSION = PROGRAMS.name, PROGRAMS.version  # declared once in headsurgeon/synth/programs_file.py
 WHICH = WHICHES
+
+
+def _cost_kl(costs: Any, label: str, variant: str) -> float | None:
+    """``costs[label][variant]["kl"]`` of a programs.json's meta (data from a file: anything else is None)."""
+    row = costs.get(label) if isinstance(costs, dict) else None
+    cell = row.get(variant) if isinstance(row, dict) else None
+    kl = cell.get("kl") if isinstance(cell, dict) else None
+    return float(kl) if isinstance(kl, (int, float)) and not isinstance(kl, bool) else None
 
 
 def _declared_kind(item: dict) -> str | None:
@@ -280,17 +287,25 @@ class ProgramSet:
 
     def table(self, split: str = "test", width: int = 60) -> list[dict[str, Any]]:
         """One row per head, what a reader scans first: the explanation (cut to ``width`` characters) with its IoU,
-        the replacement's IoU, JSD and length, and who proposed it."""
+        the replacement's IoU, JSD and length, and who proposed it; with per-head causal costs in ``meta``
+        (explain's ``head_costs``), each kind's KL and the mean ablation's."""
         def cut(text: str) -> str:
             return text if len(text) <= width else text[: width - 1] + "…"
 
+        costs = self.meta.get("head_costs")
+        costs = costs.get("heads") if isinstance(costs, dict) else None
         rows = []
         for head, entry in self.entries.items():
             ex = entry.explanation
-            rows.append({"head": Head.label(head), "explanation": cut(ex.text) if ex is not None else None,
-                         "explanation_iou": ex.iou(split) if ex is not None else None,
-                         "replacement_iou": entry.replacement.iou(split), "replacement_jsd": entry.replacement.jsd(split),
-                         "replacement_chars": entry.chars, "source": entry.source})
+            row = {"head": Head.label(head), "explanation": cut(ex.text) if ex is not None else None,
+                   "explanation_iou": ex.iou(split) if ex is not None else None,
+                   "replacement_iou": entry.replacement.iou(split), "replacement_jsd": entry.replacement.jsd(split),
+                   "replacement_chars": entry.chars, "source": entry.source}
+            if costs is not None:  # explain(head_costs=True): KL(base ‖ swapped) per token on the select windows
+                for variant, column in (("explanation", "explanation_kl"), ("replacement", "replacement_kl"),
+                                        ("mean", "mean_ablation_kl")):
+                    row[column] = _cost_kl(costs, Head.label(head), variant)
+            rows.append(row)
         return rows
 
     def __repr__(self) -> str:

@@ -37,7 +37,7 @@ def test_explain_flags_are_the_config_fields():
     today = {"--capture-only", "--delta-ppl", "--device", "--heads-per-task", "--include-path", "--library",
              "--library-budget", "--limit", "--llm-base-url", "--llm-model", "--llm-cost-cap", "--max-len",
              "--max-sequences", "--ray", "--searchers", "--seed", "--store-url", "--tasks", "--tokenizer"}
-    assert today | {"--dtype", "--order", "--cloze"} <= got
+    assert today | {"--dtype", "--order", "--cloze", "--head-costs"} <= got
 
 
 def test_a_field_added_to_a_config_becomes_a_flag():

@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headsurgeon.surgery.corpus import CorpusError, load_corpus, make_sequences, read_documents, split_sequences
+from headsurgeon.surgery.corpus import (CorpusError, load_corpus, make_sequences, predicted_tokens, read_documents,
+                                        split_sequences)
+from headsurgeon.synth.sequence import Sequence
 
 
 def test_documents_from_file_and_lists(tmp_path):
@@ -66,11 +68,45 @@ def test_document_level_splits_are_deterministic_and_disjoint(stories, documents
     docs = {name: {s.doc for s in a[name]} for name in ("synth", "select", "test")}
     assert not (docs["synth"] & docs["select"]) and not (docs["synth"] & docs["test"]) and not (docs["select"] & docs["test"])
     assert sum(a.sizes().values()) == len(seqs)
-    assert abs(len(docs["synth"]) - 36) <= 1 and abs(len(docs["test"]) - 12) <= 1
     c = split_sequences(seqs, seed=4)
     assert {s.doc for s in c.test} != docs["test"]
     with pytest.raises(ValueError, match="summing to 1"):
         split_sequences(seqs, fractions=(0.5, 0.2, 0.2))
+
+
+def _windows(n: int, doc: int) -> Sequence:
+    return Sequence(ids=np.arange(n) % 7, tokens=["t"] * n, text="t" * n, offsets=np.zeros((n, 2), int), doc=doc)
+
+
+def test_split_fractions_count_predicted_tokens_not_windows_or_documents():
+    # 40 short documents (one 9-token window each) and 10 long ones (six 64-token windows each): by documents the
+    # test split would hold ~10 documents whatever their length; by tokens it holds ~20% of the predicted tokens
+    seqs = [_windows(9, d) for d in range(40)] + [_windows(64, d) for d in range(40, 50) for _ in range(6)]
+    rng = np.random.default_rng(1)
+    seqs = [seqs[i] for i in rng.permutation(len(seqs))]
+    total = predicted_tokens(seqs)
+    for seed in range(6):
+        splits = split_sequences(seqs, (0.6, 0.2, 0.2), seed=seed)
+        tokens = splits.tokens()
+        assert sum(tokens.values()) == total and sum(splits.sizes().values()) == len(seqs)
+        for name, share in zip(("synth", "select", "test"), (0.6, 0.2, 0.2)):
+            # off by at most half of the longest document (6 x 63 tokens) at each of the split's two boundaries
+            assert abs(tokens[name] / total - share) <= 378 / total + 1e-9, (seed, tokens)
+        docs = {name: {s.doc for s in splits[name]} for name in ("synth", "select", "test")}
+        assert not (docs["synth"] & docs["select"] or docs["synth"] & docs["test"] or docs["select"] & docs["test"])
+        again = split_sequences(list(reversed(seqs)), (0.6, 0.2, 0.2), seed=seed)
+        assert {s.doc for s in again.test} == docs["test"]  # the input's order does not move a document
+
+
+def test_a_split_too_small_for_an_interval_is_refused_with_the_fix(stories, documents):
+    seqs = make_sequences(stories, documents[:3], max_len=512)
+    splits = split_sequences(seqs, seed=0)
+    assert len(splits.test) == 1
+    with pytest.raises(CorpusError, match=r"test split holds 1 window\(s\) \(\d+ predicted tokens.*more text.*"
+                                          r"--max-sequences.*--max-len"):
+        splits.require("test")
+    bigger = split_sequences(make_sequences(stories, documents[:40], max_len=64), seed=0)
+    bigger.require("synth", "select", "test")
 
 
 def test_load_corpus_end_to_end(stories, corpus_path):

