@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
 
 from conftest import CORPUS, STORIES, TASKS, need
 from headsurgeon.synth.programset import ProgramSet
+from support.browser import chromium
 
 pytestmark = pytest.mark.e2e
 
@@ -57,14 +57,6 @@ def test_explain_keeps_explanations_and_the_vocabulary_fingerprint(explained, st
     table = explained.summary_table()
     first = ps.entries[ps.ranked("test")[0]]
     assert "expl IoU" in table and first.explanation.gloss in table and "readable explanations: 40 of 40" in table
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
 
 
 def test_report_renders_in_headless_chromium(explained, tmp_path):

@@ -119,7 +119,7 @@ def test_the_summary_table_lists_the_costs_costliest_first(run):
 
 def test_the_switch_recolours_the_grid_in_headless_chromium(run, tmp_path):
     """Choosing "causal cost (KL)" paints each cell with its cost colour and shows that scale's legend."""
-    from test_explain import chromium
+    from support.browser import chromium
 
     browser = chromium()
     result, _, page = run

@@ -3,7 +3,6 @@ in words (no Python reprs), trust order, a note for heads without a readable exp
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from html import escape
 
@@ -21,6 +20,7 @@ from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import score_programs, select_programs
 from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.kernels.core import Head
+from support.browser import chromium
 
 LONG_READABLE = ("0.25*prev(1) + 0.15*prev(2) + 0.15*first() + 0.1*self() + 0.1*prev(3) + 0.1*same_token_recent()"
                  " + 0.1*prev(4) + 0.05*uniform()")  # longer than the old report's 120-character cut
@@ -131,14 +131,6 @@ def test_words():
     assert words.timings_sentence({"capture": 1.2, "search": 40}) == "capture 1.2 s, search 40 s (total 41 s)"
     assert words.notes_list([]) == "" and words.plain({"a_b": 0.5, "c": [1, 2]}) == "a b 0.500, c 1, 2"
     assert words.percent(0.165) == "+16.5%" and words.number(float("nan")) == "–"
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
 
 
 def test_report_renders_in_headless_chromium(report, tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -24,6 +23,7 @@ from headsurgeon.synth.select import score_programs
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.kernels.core import Head
+from support.browser import chromium
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", ".", "Lily", "saw", "dog", "and", "ran"]
 VOCAB = Vocabulary(["<s>"] + [f"▁{w}" for w in WORDS])
@@ -118,13 +118,6 @@ def test_window_maps_round_trip_through_the_compact_encoding():
         back = decode(encode(m, top, causal), 7, causal, top)
         assert np.abs(back - m).max() <= top / 255 / 2 + 1e-12
     assert len(encode(m, top, True)) < len(encode(m, top, False))  # causal maps carry only the lower triangle
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    pytest.skip("headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
 
 
 def test_windows_draw_in_headless_chromium(built, tmp_path):
