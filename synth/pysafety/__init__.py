@@ -35,7 +35,7 @@ Policy summary (every rejection names the line, the construct and the reason):
 from __future__ import annotations
 
 from .policy import (ALLOWED_IMPORTS, ALLOWED_NUMPY_SUBMODULES, AVAILABLE_NAMES, FORBIDDEN_ATTRIBUTES, FORBIDDEN_NAMES,
-                     MODULE_NAMES, SAFE_BUILTINS, SAFE_EXCEPTIONS, allowed_attributes, check_import,
+                     MODULE_NAMES, SAFE_BUILTINS, SHIMMED_IMPORTS, SAFE_EXCEPTIONS, allowed_attributes, check_import,
                      forbidden_attribute_reason)
 from .validate import MAX_AST_NODES, MAX_SOURCE_CHARS, ProgramInfo, analyze_source, validate_source
 
@@ -45,6 +45,7 @@ __all__ = [
     "ALLOWED_IMPORTS",
     "ALLOWED_NUMPY_SUBMODULES",
     "MODULE_NAMES",
+    "SHIMMED_IMPORTS",
     "SAFE_BUILTINS",
     "SAFE_EXCEPTIONS",
     "AVAILABLE_NAMES",

@@ -6,6 +6,7 @@ by :func:`features_for` only when the program reads them); the job process wraps
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -154,6 +155,35 @@ def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict
             why = f"features could not be computed: {type(e).__name__}: {e}"
         missing.append(why)
     return out, missing
+
+
+_PARSES: "OrderedDict[str, tuple]" = OrderedDict()  # text -> spacy_shim.doc_data, for this process (LRU)
+_MAX_PARSES = 8192
+
+
+def spacy_documents(sequences: list) -> list[dict[str, tuple]]:
+    """Per sequence, ``{its text: its full spaCy parse}`` as plain tuples (synth/sandbox/spacy_shim.py), parsed here
+    in the parent, once per text and process: what ``nlp(sentence)`` returns inside the sandbox."""
+    from ..features.spacy_views import load_spacy_full  # here, not at the top: the sandbox worker never needs it
+    from .spacy_shim import doc_data
+
+    texts = [str(s.get("text", "")) if isinstance(s, Mapping) else str(s.text) for s in sequences]
+    todo = list(dict.fromkeys(t for t in texts if t not in _PARSES))
+    if todo:
+        nlp = load_spacy_full()
+        for t, doc in zip(todo, nlp.pipe(todo, batch_size=64)):
+            _PARSES[t] = doc_data(doc)
+            while len(_PARSES) > _MAX_PARSES:
+                _PARSES.popitem(last=False)
+    out = []
+    for t in texts:
+        data = _PARSES.get(t)
+        if data is None:  # evicted meanwhile by a very long batch: parse it again
+            data = doc_data(load_spacy_full()(t))
+        _PARSES[t] = data
+        _PARSES.move_to_end(t)
+        out.append({t: data})
+    return out
 
 
 # ==================================================================================================
