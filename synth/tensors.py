@@ -189,13 +189,15 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     """Per program, its patterns on ``sequences`` (width N = the longest): ``SparseRows`` or float32 [B, N, N].
 
     Sparse DSL programs (``is_sparse_program``) come as compressed rows, the others dense. With a
-    ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed).
+    ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed); a
+    synth/runcache.py ``RoutedCache`` picks the cache per program.
     The batch (sequence keys, padded ids, features) is prepared once for all programs.
     """
     seqs = list(sequences)
     lengths = _check_sequences(seqs)
     N = int(lengths.max())
     policy = mask_policy(causal)
+    routed = cache if hasattr(cache, "for_program") else None
     seq_keys = [_seq_key(s) for s in seqs]
     slot: dict[str, int] = {}  # sequence key -> its index among the distinct sequences
     uniq: list[int] = []  # one representative index per distinct sequence
@@ -215,6 +217,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     result: list[ProgramTensor] = []
     for prog in programs:
         sparse = is_sparse_program(prog)
+        cache = routed.for_program(prog) if routed is not None else cache  # synth/runcache.py
         if cache is None:
             if sparse:
                 rows = _evaluate_sparse(prog, [seqs[b] for b in uniq], causal, batch=batch_of(uniq)).widen(N)
