@@ -32,7 +32,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import ProgramError, ProgramValidationError
 from .program import Program
@@ -88,8 +88,13 @@ def _bound_names(stmt: ast.stmt) -> set[str]:
 
 def _read_names(node: ast.AST) -> set[str]:
     """Names ``node`` reads (or declares ``global``): what it needs from the file's top level."""
-    out = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return out | {g for n in ast.walk(node) if isinstance(n, ast.Global) for g in n.names}
+    out: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            out.add(n.id)
+        elif isinstance(n, ast.Global):
+            out.update(n.names)
+    return out
 
 
 def _hint_only_import(stmt: ast.stmt, read: set[str]) -> bool:
@@ -136,9 +141,9 @@ def _signature_problem(f: ast.FunctionDef, eaps_style: bool) -> str | None:
     return None
 
 
-def _library_units(source: str, origin: str) -> tuple[list[tuple[str, str | None, str | None]], int]:
-    """Per candidate program: ``(name, program source or None, why refused or None)``, and how many functions the
-    file defines. Each program's source is its function last, after the helper functions and top-level statements
+def _library_units(source: str, origin: str) -> tuple[list[tuple[str, Callable[[], str] | None, str | None]], int]:
+    """Per candidate program: ``(name, its source when called, or None; why refused or None)``, and how many
+    functions the file defines (sources are rendered on demand: a budget may need only the first ones). Each program's source is its function last, after the helper functions and top-level statements
     it needs (transitively, in file order): what running the file and then calling it would see."""
     try:
         tree = ast.parse(source, filename=origin)
@@ -147,9 +152,12 @@ def _library_units(source: str, origin: str) -> tuple[list[tuple[str, str | None
     except (ValueError, RecursionError, MemoryError) as e:
         raise ProgramValidationError(f"{origin}: could not be parsed ({type(e).__name__})") from None
     tree = _StripHints().visit(tree)
-    tree = _DropHintImports(_read_names(tree)).visit(tree)
-    body = [s for s in tree.body if not (isinstance(s, ast.Pass)
-                                           or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)))]
+    top_reads = [_read_names(s) for s in tree.body]  # imports read nothing: dropping them changes no entry
+    tree = _DropHintImports(set().union(*top_reads)).visit(tree)
+    kept = [k for k, s in enumerate(tree.body) if not (isinstance(s, ast.Pass) or (
+        isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)))]
+    body = [tree.body[k] for k in kept]
+    reads = [top_reads[k] for k in kept]
     funcs = [s for s in body if isinstance(s, ast.FunctionDef)]
     if not funcs:
         raise ProgramValidationError(f"{origin}: defines no function; a library file defines prog(sentence, tokenizer)")
@@ -157,16 +165,16 @@ def _library_units(source: str, origin: str) -> tuple[list[tuple[str, str | None
     eaps_style = not chosen
     if eaps_style:
         referenced: set[str] = set()
-        for s in body:
-            referenced |= _read_names(s) - ({s.name} if isinstance(s, ast.FunctionDef) else set())
+        for s, r in zip(body, reads):
+            referenced |= r - ({s.name} if isinstance(s, ast.FunctionDef) else set())
         chosen = [f for f in funcs if not _is_helper(f, referenced)]
     binders: dict[str, list[int]] = {}
     for k, s in enumerate(body):
         for name in _bound_names(s):
             binders.setdefault(name, []).append(k)
-    reads = [_read_names(s) for s in body]
     seen: Counter[str] = Counter()
-    out: list[tuple[str, str | None, str | None]] = []
+    out: list[tuple[str, Callable[[], str] | None, str | None]] = []
+    where = {id(s): k for k, s in enumerate(body)}
     for f in chosen:
         seen[f.name] += 1
         name = f.name if seen[f.name] == 1 else f"{f.name}#{seen[f.name]}"
@@ -174,8 +182,8 @@ def _library_units(source: str, origin: str) -> tuple[list[tuple[str, str | None
         if why is not None:
             out.append((name, None, why))
             continue
-        me = body.index(f)
-        need, todo, done = set(), list(_read_names(f) - {f.name}), set()
+        me = where[id(f)]
+        need, todo, done = set(), list(reads[me] - {f.name}), set()
         while todo:
             n = todo.pop()
             if n in done:
@@ -186,7 +194,7 @@ def _library_units(source: str, origin: str) -> tuple[list[tuple[str, str | None
                     need.add(k)
                     todo.extend(reads[k])
         module = ast.Module(body=[body[k] for k in sorted(need)] + [f], type_ignores=[])
-        out.append((name, ast.unparse(ast.fix_missing_locations(module)) + "\n", None))
+        out.append((name, lambda m=module: ast.unparse(ast.fix_missing_locations(m)) + "\n", None))
     return out, len(funcs)
 
 
@@ -195,7 +203,7 @@ def split_library_source(source: str, origin: str = "<library>") -> list[tuple[s
 
     A function refused by its signature alone is left out (``read_library`` reports it)."""
     units, _ = _library_units(source, origin)
-    return [(name, text) for name, text, _why in units if text is not None]
+    return [(name, text()) for name, text, _why in units if text is not None]
 
 
 @dataclass(frozen=True)
@@ -263,7 +271,7 @@ def read_library(path: str | Path, budget: float | None = LIBRARY_BUDGET_S,
             continue
         if why is None:
             try:
-                accepted.append(LibraryProgram(Program.python(text or ""), name, str(p), budget=budget))
+                accepted.append(LibraryProgram(Program.python(text() if text else ""), name, str(p), budget=budget))
                 continue
             except ProgramValidationError as e:
                 why = str(e)
