@@ -56,6 +56,7 @@ _EXPORTS = {
         "MeasureConfig", "BuildConfig")},
     "spearman_ci": "headsurgeon.surgery.evaluate",
     "load_library_file": "headsurgeon.synth.eaps", "LibraryProgram": "headsurgeon.synth.eaps",
+    "read_library": "headsurgeon.synth.eaps", "LibraryLoad": "headsurgeon.synth.eaps",
     # hub: checkpoints
     "save_hybrid": "headsurgeon.hub.checkpoint", "load_hybrid": "headsurgeon.hub.checkpoint",
     "push_hybrid": "headsurgeon.hub.remote",
@@ -93,7 +94,7 @@ if TYPE_CHECKING:  # editors and type checkers see the real objects; at run time
     from .surgery.sources import ModelSource, register_model_source
     from .surgery.store import AttentionStore
     from .surgery.sweep_order import order_heads
-    from .synth.eaps import LibraryProgram, load_library_file
+    from .synth.eaps import LibraryLoad, LibraryProgram, load_library_file, read_library
     from .synth.features import FeatureView, compute_features
     from .synth.metrics import RealPatterns, jsd_distance, score_many, soft_iou, topq_iou
     from .synth.program import Program
