@@ -103,7 +103,8 @@ def _check_top_level(tree: ast.Module) -> tuple[ast.FunctionDef, int]:
         else:
             raise _fail(
                 stmt, f"top-level {type(stmt).__name__} statement",
-                "a program is one function definition plus optional imports and NAME = value constants",
+                "a program is function definitions (the last is the entry) plus optional imports and NAME = value "
+                "assignments",
             )
     if not funcs:
         raise ProgramValidationError("a program must define a top-level function taking the Sequence; found none")
