@@ -28,7 +28,7 @@ from ...kernels.core import InputError
 SOURCE = "library"
 # Per process, across head tasks of a run that shares a pattern cache (synth/runcache.py): why a program failed,
 # and each program's label on the probe windows; both depend on the program and the windows only.
-_FAILED: dict[str, str] = {}
+_FAILED: dict[tuple[str, int], str] = {}
 _LABELS: dict[tuple[str, tuple], str] = {}
 PROBE_WINDOWS = 8  # synth windows a Python program's labels are read from
 
@@ -79,6 +79,7 @@ class LibrarySearcher:
         groups = [g for g in groups if g]
         cols: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # program hash -> split -> metric -> [H]
         failed: set[str] = set()
+        windows = hash(tuple(getattr(store.sequences[i], "key", i) for i in list(synth) + list(select)))
         for split, idx in tqdm((("synth", synth), ("select", select)), desc="library", disable=not progress,
                                leave=False):
             if stop():
@@ -86,10 +87,10 @@ class LibrarySearcher:
             for group in groups:  # each Python program alone: a failing one is dropped, not the whole library
                 if group[0].hash in failed:
                     continue
-                if group[0].hash in _FAILED:  # failed in an earlier task of this process: same windows, same error
+                if (group[0].hash, windows) in _FAILED:  # failed in an earlier task of this process on these windows
                     failed.add(group[0].hash)
                     self.notes.append(f"library program {self.names.get(group[0].hash, group[0].hash[:12])} "
-                                      f"dropped: {_FAILED[group[0].hash]}")
+                                      f"dropped: {_FAILED[(group[0].hash, windows)]}")
                     continue
                 if clock():
                     break
@@ -100,7 +101,7 @@ class LibrarySearcher:
                         raise
                     failed.add(group[0].hash)
                     if self.cache is not None:
-                        _FAILED[group[0].hash] = str(e)[:300]
+                        _FAILED[(group[0].hash, windows)] = str(e)[:300]
                     self.notes.append(f"library program {self.names.get(group[0].hash, group[0].hash[:12])} "
                                       f"dropped: {str(e)[:300]}")
                     continue
