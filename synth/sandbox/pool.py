@@ -329,7 +329,15 @@ class SandboxPool:
 
     def _prepare(self, sequences: list, info: pysafety.ProgramInfo, state: _RunState) -> list[dict | None]:
         feats, missing = features_for(sequences, info)
-        parses = spacy_documents(sequences) if info.uses_spacy else [None] * len(sequences)
+        parses: list = [None] * len(sequences)
+        if info.uses_spacy:  # the window's parse, made here (synth/sandbox/spacy_shim.py)
+            try:
+                parses = spacy_documents(sequences)
+            except Exception as e:  # noqa: BLE001 - e.g. no spaCy model installed: each sequence says why
+                why = f"the program imports spacy, and its parses could not be made here: {type(e).__name__}: {e}"
+                for i in range(len(sequences)):
+                    state.results[i] = ProgramExecutionError(f"sequence {i}: {why}"[:MAX_MESSAGE], "sandbox")
+                return [None] * len(sequences)
         words = info.params == 2 and info.mentions(("word_ids",))  # the facade's Encoding.word_ids()
         views: list[dict | None] = []
         for i, s in enumerate(sequences):
