@@ -29,6 +29,7 @@ facade of synth/sandbox/facade.py. The file format:
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,10 +114,6 @@ class _DropHintImports(ast.NodeTransformer):
 
     def __init__(self, read: set[str]) -> None:
         self.read = read
-
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        super().generic_visit(node)
-        return node
 
     def visit_Import(self, node: ast.Import) -> ast.stmt:
         return ast.copy_location(ast.Pass(), node) if _hint_only_import(node, self.read) else node
@@ -232,8 +229,6 @@ class LibraryLoad:
 
 def _reason_kind(why: str) -> str:
     """A refusal without its line number and program name, so that equal reasons group."""
-    import re
-
     why = re.sub(r"^line \d+: ", "", why)
     why = re.sub(r"^\w+\((\w+)\) takes one argument", r"f(\1) takes one argument", why)
     return why[:220]
