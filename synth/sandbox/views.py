@@ -6,6 +6,7 @@ by :func:`features_for` only when the program reads them); the job process wraps
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -158,6 +159,7 @@ def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict
 
 
 _PARSES: "OrderedDict[str, tuple]" = OrderedDict()  # text -> spacy_shim.doc_data, for this process (LRU)
+_PARSES_LOCK = threading.Lock()
 _MAX_PARSES = 8192
 
 
@@ -168,22 +170,20 @@ def spacy_documents(sequences: list) -> list[dict[str, tuple]]:
     from .spacy_shim import doc_data
 
     texts = [str(s.get("text", "")) if isinstance(s, Mapping) else str(s.text) for s in sequences]
-    todo = list(dict.fromkeys(t for t in texts if t not in _PARSES))
+    with _PARSES_LOCK:
+        found = {t: _PARSES[t] for t in texts if t in _PARSES}
+    todo = [t for t in dict.fromkeys(texts) if t not in found]
     if todo:
         nlp = load_spacy_full()
         for t, doc in zip(todo, nlp.pipe(todo, batch_size=64)):
-            _PARSES[t] = doc_data(doc)
-            while len(_PARSES) > _MAX_PARSES:
-                _PARSES.popitem(last=False)
-    out = []
-    for t in texts:
-        data = _PARSES.get(t)
-        if data is None:  # evicted meanwhile by a very long batch: parse it again
-            data = doc_data(load_spacy_full()(t))
-        _PARSES[t] = data
-        _PARSES.move_to_end(t)
-        out.append({t: data})
-    return out
+            found[t] = doc_data(doc)
+    with _PARSES_LOCK:
+        for t in dict.fromkeys(texts):
+            _PARSES[t] = found[t]
+            _PARSES.move_to_end(t)
+        while len(_PARSES) > _MAX_PARSES:
+            _PARSES.popitem(last=False)
+    return [{t: found[t]} for t in texts]
 
 
 # ==================================================================================================
