@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the one list of top-level names: type checkers read it, and
     from .surgery.replace import HybridModel, replace_heads
     from .surgery.score import score
     from .surgery.store import AttentionStore
-    from .synth.eaps import load_library_file
+    from .synth.eaps import load_library_file, read_library
     from .synth.program import Program
     from .synth.programset import ProgramSet
     from .synth.search.enumerative import enumerative_search

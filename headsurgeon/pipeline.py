@@ -5,6 +5,7 @@ Writes OUT/programs.json (a ProgramSet), OUT/sweep.png, OUT/report.html and OUT/
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,13 +124,16 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
         tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks or [])
         if tasks:
             check_tasks(tasks, include_path)  # the task names too, not only after the whole search
-    library = search.programs()  # library files are read and validated before the model loads (headsurgeon/synth/eaps.py)
+    library_notes: list[str] = []
+    library = search.programs(library_notes)  # read and validated before the model loads (headsurgeon/synth/eaps.py)
+    if library_notes and progress:
+        print("\n".join(library_notes), file=sys.stderr)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"the output folder {out} is a file; pass a new or existing folder as OUT")
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    notes: list[str] = []
+    notes: list[str] = list(library_notes)
     t0 = time.perf_counter()
     handle = load_model(model, tokenizer=tokenizer, device=model_cfg.device, dtype=model_cfg.dtype)
     if tasks or cloze:

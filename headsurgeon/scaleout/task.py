@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence as Seq
 
 from ..synth.search.base import SearchSettings, run_searchers
+from ..synth.runcache import routed_cache
 from ..synth.select import select_programs
 from .headstore import HeadStore
 from ..kernels.core import Head
@@ -123,7 +124,8 @@ def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dic
     pool = _search(job, store, heads, notes, timings)
     t0 = time.perf_counter()
     chosen = select_programs(store, {h: pool.get(h, []) for h in heads}, list(job.select_idx), list(job.test_idx),
-                             synth_idx=list(job.synth_idx), progress=False, model=job.model, vocab=job.vocab)
+                             synth_idx=list(job.synth_idx), progress=False, model=job.model, vocab=job.vocab,
+                             cache=routed_cache(job.out))  # sandboxed programs' patterns: once per run
     t_select = time.perf_counter() - t0
     deltas: dict[tuple[int, int], float] = {}
     t_delta = 0.0

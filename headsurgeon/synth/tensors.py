@@ -249,7 +249,8 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     """Per program, its patterns on ``sequences`` (width N = the longest): ``SparseRows`` or float32 [B, N, N].
 
     Sparse DSL programs (``is_sparse_program``) come as compressed rows, the others dense. With a
-    ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed).
+    ``cache``, hits are read from it and only the misses are computed (then stored: sparse ones packed); a
+    headsurgeon/synth/runcache.py ``RoutedCache`` picks the cache per program.
     The batch (sequence keys, padded ids, features) is prepared once for all programs.
     """
     seqs = sequences if type(sequences) is list else list(sequences)  # only read: a copy would touch every Sequence
@@ -257,6 +258,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     lengths = whole.lengths
     N = int(lengths.max())
     policy = mask_policy(causal)
+    routed = cache if hasattr(cache, "for_program") else None  # headsurgeon/synth/runcache.py RoutedCache
     batches: dict[tuple[int, ...], _Batch] = {}
 
     def batch_of(idx: list[int]) -> _Batch:
@@ -270,6 +272,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
     result: list[ProgramTensor] = []
     for prog in programs:
         sparse = is_sparse_program(prog)
+        cache = routed.for_program(prog) if routed is not None else cache
         if cache is None and (sparse or _in_process(prog)):
             # the kernels evaluate every sequence on its own, so a repeated sequence needs no deduplication
             result.append(_evaluate_sparse(prog, seqs, causal, batch=whole) if sparse  # width N: the longest

@@ -121,7 +121,9 @@ def test_library_file_splits_into_validated_programs(library_file):
     for p in progs:
         assert isinstance(p, LibraryProgram) and p.program.kind == "python"
         assert "typing" not in p.program.text and "PreTrainedTokenizerBase" not in p.program.text
-        assert "PUNCTUATION = " in p.program.text and p.program.text.count("def ") == 1
+        # each program takes the top-level statements it reads, no others (headsurgeon/synth/eaps.py)
+        assert ("PUNCTUATION = " in p.program.text) == (p.name == "prog_punctuation")
+        assert p.program.text.count("def ") == 1 and "import numpy as np" in p.program.text
 
 
 def test_programs_align_with_their_dsl_equivalents(library_file, windows):
@@ -196,10 +198,11 @@ HOSTILE = {
     "escape": ("def prog(sentence, tokenizer):\n    return ().__class__.__bases__[0].__subclasses__()\n",
                "dunder"),
     "import": ("import os\ndef prog(sentence, tokenizer):\n    return os.listdir('/')\n", "import of 'os'"),
-    "spacy": ("import spacy\nnlp = spacy.load('en_core_web_sm')\ndef prog(sentence, tokenizer):\n    return nlp\n",
-              "tokenizer.features"),
-    "helper": ("def helper(x):\n    return x\ndef prog(sentence, tokenizer):\n    return helper(1)\n", "helpers"),
-    "class": ("class T:\n    pass\ndef prog(sentence, tokenizer):\n    return 1\n", "not allowed"),
+    "spacy_load_numpy": ("import spacy\nimport numpy as spacy\ndef prog(sentence, tokenizer):\n"
+                         "    return spacy.load('x')\n", "other than by 'import spacy'"),
+    "helper": ("import os\ndef helper(x):\n    return os.getcwd()\ndef prog(sentence, tokenizer):\n"
+               "    return helper(1)\n", "import of 'os'"),
+    "class": ("class T:\n    pass\ndef prog(sentence, tokenizer):\n    return T()\n", "not allowed"),
 }
 
 

@@ -1,7 +1,8 @@
 """Unbounded program libraries (headsurgeon/synth/eaps.py, headsurgeon/synth/search/library.py, SECURITY.md "Program libraries").
 
-A 2 MB ``--library`` file holds about 30,000 programs, each run in the sandbox for every head: a file may
-hold at most MAX_LIBRARY_PROGRAMS, and the library search stops at a time budget (total across heads) with
+A 2 MB ``--library`` file holds about 30,000 programs, each run in the sandbox once per run: the first
+``max_programs`` (MAX_LIBRARY_PROGRAMS by default) accepted programs of a file are used and the rest reported,
+and the library search stops at a time budget (total across heads) with
 a note, letting the programs scored so far compete.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import pytest
 
 from headsurgeon.synth.eaps import (LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library, load_library_file,
                                     split_library_source)
+from headsurgeon.kernels.core import InputError
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.search import library as library_search
 from headsurgeon.synth.search.library import LibrarySearcher
@@ -23,15 +25,23 @@ def library_source(n: int) -> str:
     return "import numpy as np\n" + "".join(PROG.format(i=i) for i in range(n))
 
 
-def test_a_file_with_more_programs_than_the_cap_is_refused_naming_count_cap_and_fix(tmp_path):
-    assert len(split_library_source(library_source(MAX_LIBRARY_PROGRAMS))) == MAX_LIBRARY_PROGRAMS
+def test_a_file_past_the_program_budget_keeps_the_first_programs_and_says_so(tmp_path):
+    assert len(split_library_source(library_source(MAX_LIBRARY_PROGRAMS + 3))) == MAX_LIBRARY_PROGRAMS + 3
     path = tmp_path / "huge.py"
-    path.write_text(library_source(MAX_LIBRARY_PROGRAMS + 1))
-    with pytest.raises(ProgramValidationError) as info:
-        load_library([path])
-    text = str(info.value)
-    assert "huge.py" in text and str(MAX_LIBRARY_PROGRAMS + 1) in text and str(MAX_LIBRARY_PROGRAMS) in text
-    assert "split it" in text
+    path.write_text(library_source(MAX_LIBRARY_PROGRAMS + 3))
+    notes: list[str] = []
+    programs = load_library([path], notes=notes)
+    assert [p.name for p in programs] == [f"prog_{i}" for i in range(MAX_LIBRARY_PROGRAMS)]  # the first ones
+    text = notes[0]
+    print(text)
+    assert "huge.py" in text and f"{MAX_LIBRARY_PROGRAMS + 3} functions" in text
+    assert f"{MAX_LIBRARY_PROGRAMS} programs accepted" in text
+    assert f"3 past the budget of {MAX_LIBRARY_PROGRAMS} programs per file" in text
+    assert "--library-max-programs" in text  # the fix
+    assert len(load_library([path], max_programs=MAX_LIBRARY_PROGRAMS + 3)) == MAX_LIBRARY_PROGRAMS + 3
+    assert [p.name for p in load_library([path], max_programs=2)] == ["prog_0", "prog_1"]
+    with pytest.raises(InputError, match="whole number >= 1"):
+        load_library([path], max_programs=0)
 
 
 def test_budget_travels_from_the_files_to_the_searcher(tmp_path):
@@ -99,5 +109,5 @@ def test_cli_help_states_the_cap_and_the_budget(capsys):
     with pytest.raises(SystemExit):
         main(["explain", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert f"At most {MAX_LIBRARY_PROGRAMS} programs per file" in text
+    assert "--library-max-programs N" in text and f"(default: {MAX_LIBRARY_PROGRAMS})" in text
     assert "--library-budget SECONDS" in text and "in total across heads" in text

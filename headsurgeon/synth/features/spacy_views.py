@@ -19,7 +19,7 @@ from .words import Layout, align_spans, sentence_of
 
 __all__ = [
     "DEP_LABELS", "POS_TAGS", "SPACY_INSTALL_HINT", "SPACY_MODELS", "align_doc", "align_ents", "load_spacy",
-    "load_spacy_ner", "parse_texts",
+    "load_spacy_full", "load_spacy_ner", "parse_texts",
 ]
 
 # The 17 Universal POS tags plus spaCy's SPACE (whitespace tokens); ``pos_index`` indexes this tuple.
@@ -60,9 +60,14 @@ def load_spacy_ner(models: tuple[str, ...] = SPACY_MODELS) -> Any:
     return _load(models, _NER_ONLY)
 
 
+def load_spacy_full(models: tuple[str, ...] = SPACY_MODELS) -> Any:
+    """Load the first importable spaCy English pipeline whole (tags, parse and NER), as ``spacy.load`` would."""
+    return _load(models, ())
+
+
 def _load(models: tuple[str, ...], exclude: tuple[str, ...]) -> Any:
     """The first importable pipeline of ``models`` without the ``exclude`` components, cached per process."""
-    key = models if exclude == ("ner",) else models + ("+ner-only",)
+    key = models + tuple(f"-{c}" for c in exclude)
     with _NLP_LOCK:
         nlp = _NLP_CACHE.get(key)
         if nlp is not None:

@@ -1,9 +1,10 @@
 """AST validation of untrusted Python programs (docs/architecture.md, SECURITY.md): one function over the Sequence API.
 
-A Python program is source text defining exactly ONE top-level function that takes one argument (a
-Sequence view ``seq``) or two (EAPS's ``prog(sentence, tokenizer)``: the window's text and the tokenizer
-facade of headsurgeon/synth/sandbox/facade.py) and returns an n x n array-like of scores, or ``(label, matrix)``. Optional top-level statements:
-a docstring, imports of ``numpy`` / ``math`` / ``re`` and plain assignments of constants.
+A Python program is source text whose LAST top-level function (the entry; functions before it are helpers)
+takes one argument (a Sequence view ``seq``) or two (EAPS's ``prog(sentence, tokenizer)``: the window's text and
+the tokenizer facade of headsurgeon/synth/sandbox/facade.py) and returns an n x n array-like of scores, or ``(label,
+matrix)``. Optional top-level statements: a docstring, imports of ``numpy`` / ``math`` / ``re`` / ``spacy`` (the
+sandbox's read-only parses, headsurgeon/synth/sandbox/spacy_shim.py) and plain assignments (``nlp = spacy.load(...)``).
 
 This module is the *first* layer of defence: it rejects anything outside a small allowlist of syntax,
 names and attributes before the source ever reaches a sandbox worker. It does not execute anything
@@ -14,7 +15,7 @@ layer (restricted builtins and import hook) and the third (OS limits in the work
 Policy summary (every rejection names the line, the construct and the reason):
 
 * syntax: an allowlist of AST node types; no ``class``, ``async``/``await``, ``with``, ``match``,
-  ``global``/``nonlocal``, decorators, bare ``except:``, and no ``return``/``break``/``continue`` inside
+  ``nonlocal``, ``global`` of a name the program's top level does not assign, decorators, bare ``except:``, and no ``return``/``break``/``continue`` inside
   ``finally`` (it would turn the sandbox's timeout into an accepted result);
 * names: a name that is read must be bound by the program itself or be one of :data:`AVAILABLE_NAMES`
   (numpy as ``np``/``numpy``, ``math``, ``re``, safe builtins, common exception classes); reading an
@@ -29,13 +30,14 @@ Policy summary (every rejection names the line, the construct and the reason):
   Within the allowlist :data:`FORBIDDEN_ATTRIBUTES` still removes file I/O (``np.load``/``tofile``),
   raw memory (``ctypes``), ``str.format``, ``mro`` and module-valued attributes other than the
   allowed numpy submodules. No assignment/deletion of attributes (shared modules must stay intact);
-* imports: only ``numpy`` (and its ``linalg``/``fft``/``random`` subpackages), ``math`` and ``re``;
+* imports: only ``numpy`` (and its ``linalg``/``fft``/``random`` subpackages), ``math``, ``re`` and ``spacy``
+  (whose ``load`` is the only attribute allowed on it, and whose name nothing else may bind);
 * size: at most :data:`MAX_SOURCE_CHARS` characters and :data:`MAX_AST_NODES` syntax nodes.
 """
 from __future__ import annotations
 
 from .policy import (ALLOWED_IMPORTS, ALLOWED_NUMPY_SUBMODULES, AVAILABLE_NAMES, FORBIDDEN_ATTRIBUTES, FORBIDDEN_NAMES,
-                     MODULE_NAMES, SAFE_BUILTINS, SAFE_EXCEPTIONS, allowed_attributes, check_import,
+                     MODULE_NAMES, SAFE_BUILTINS, SHIMMED_IMPORTS, SAFE_EXCEPTIONS, allowed_attributes, check_import,
                      forbidden_attribute_reason)
 from .validate import MAX_AST_NODES, MAX_SOURCE_CHARS, ProgramInfo, analyze_source, validate_source
 
@@ -45,6 +47,7 @@ __all__ = [
     "ALLOWED_IMPORTS",
     "ALLOWED_NUMPY_SUBMODULES",
     "MODULE_NAMES",
+    "SHIMMED_IMPORTS",
     "SAFE_BUILTINS",
     "SAFE_EXCEPTIONS",
     "AVAILABLE_NAMES",

@@ -15,7 +15,10 @@ import numpy as np
 
 from ..features import BASIC_VIEWS, NER_VIEWS, SPACY_VIEWS, WORDNET_VIEWS
 
-ALLOWED_IMPORTS: frozenset[str] = frozenset({"numpy", "numpy.linalg", "numpy.fft", "numpy.random", "math", "re"})
+ALLOWED_IMPORTS: frozenset[str] = frozenset({"numpy", "numpy.linalg", "numpy.fft", "numpy.random", "math", "re",
+                                             "spacy"})
+#: ``import spacy`` gives the sandbox's read-only parses (headsurgeon/synth/sandbox/spacy_shim.py), never the real package
+SHIMMED_IMPORTS: frozenset[str] = frozenset({"spacy"})
 ALLOWED_NUMPY_SUBMODULES: frozenset[str] = frozenset({"linalg", "fft", "random", "emath", "char", "strings"})
 MODULE_NAMES: dict[str, str] = {"np": "numpy", "numpy": "numpy", "math": "math", "re": "re"}
 
@@ -25,6 +28,13 @@ FACADE_ATTRIBUTES: tuple[str, ...] = (
     "input_ids", "attention_mask", "offset_mapping", "word_ids", "all_special_tokens", "all_special_ids",
     "bos_token", "cls_token", "eos_token", "sep_token", "pad_token", "unk_token", "bos_token_id",
     "cls_token_id", "eos_token_id", "sep_token_id", "pad_token_id", "unk_token_id",
+)
+
+# What EAPS's files read of spaCy's Doc/Token/Span (headsurgeon/synth/sandbox/spacy_shim.py offers exactly these).
+SPACY_ATTRIBUTES: tuple[str, ...] = (
+    "text", "i", "idx", "pos_", "tag_", "dep_", "lemma_", "ent_type_", "head", "children", "lefts", "rights",
+    "ancestors", "sent", "sents", "ents", "is_sent_start", "is_sent_end", "sent_start", "is_stop", "is_punct",
+    "is_space", "is_title", "whitespace_", "start", "end", "label_",
 )
 
 SAFE_BUILTINS: tuple[str, ...] = (
@@ -41,7 +51,7 @@ AVAILABLE_NAMES: frozenset[str] = frozenset(SAFE_BUILTINS) | frozenset(SAFE_EXCE
 
 _WHY_CODE = "it runs or compiles arbitrary code"
 _WHY_INTROSPECT = "it exposes interpreter internals (namespaces, frames, attributes by name)"
-_WHY_MODULE = "only numpy, math and re are available to programs"
+_WHY_MODULE = "only numpy, math, re and spacy (read-only parses) are available to programs"
 FORBIDDEN_NAMES: dict[str, str] = {
     **{n: _WHY_CODE for n in ("eval", "exec", "compile", "__import__", "breakpoint", "help", "input")},
     **{n: _WHY_INTROSPECT for n in (
@@ -121,7 +131,7 @@ def allowed_attributes() -> frozenset[str]:
     names = {n for obj in roots for n in dir(obj) if not n.startswith("_")}
     names |= {"ids", "tokens", "text", "offsets", "n", "features", "keys", "to_dict"}  # the Sequence API
     names |= set(BASIC_VIEWS) | set(SPACY_VIEWS) | set(WORDNET_VIEWS) | set(NER_VIEWS)
-    names |= set(FACADE_ATTRIBUTES)
+    names |= set(FACADE_ATTRIBUTES) | set(SPACY_ATTRIBUTES)
     return frozenset(n for n in names if blocked_reason(n) is None)
 
 

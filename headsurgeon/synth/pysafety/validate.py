@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import ProgramValidationError
 from .policy import (ALLOWED_IMPORTS, ALLOWED_NUMPY_SUBMODULES, AVAILABLE_NAMES, FORBIDDEN_NAMES, MODULE_NAMES,
-                     MODULE_VALUE_REASON, SAFE_BUILTINS, SAFE_EXCEPTIONS, DUNDER_STRING, allowed_attributes,
+                     MODULE_VALUE_REASON, SHIMMED_IMPORTS, SAFE_BUILTINS, SAFE_EXCEPTIONS, DUNDER_STRING, allowed_attributes,
                      blocked_reason, check_import, forbidden_attribute_reason)
 
 MAX_SOURCE_CHARS = 50_000
@@ -22,7 +22,7 @@ _ALLOWED_NODES: tuple[type, ...] = (
     ast.UnaryOp, ast.Lambda, ast.IfExp, ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp,
     ast.GeneratorExp, ast.Compare, ast.Call, ast.keyword, ast.FormattedValue, ast.JoinedStr, ast.Constant,
     ast.Attribute, ast.Subscript, ast.Starred, ast.Name, ast.List, ast.Tuple, ast.Slice, ast.comprehension,
-    ast.Yield, ast.YieldFrom, ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop,
+    ast.Yield, ast.YieldFrom, ast.Global, ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop,
 )
 _NODE_REASONS: dict[str, str] = {
     "ClassDef": "class definitions allow metaclass and descriptor tricks; use functions and dicts",
@@ -30,7 +30,6 @@ _NODE_REASONS: dict[str, str] = {
     "Await": "async code is not supported",
     "AsyncFor": "async code is not supported",
     "AsyncWith": "async code is not supported",
-    "Global": "programs may not rebind module-level names",
     "Nonlocal": "programs may not rebind enclosing names; return values instead",
     "With": "no context managers are available to programs",
     "Match": "class patterns read attributes by name; use if/elif",
@@ -46,6 +45,7 @@ class ProgramInfo:
     attributes: frozenset[str]
     strings: frozenset[str]
     params: int = 1  # 1: ``f(seq)``; 2: EAPS's ``prog(sentence, tokenizer)`` (headsurgeon/synth/sandbox/facade.py)
+    uses_spacy: bool = False  # imports spacy: the parent sends the window's parses (headsurgeon/synth/sandbox/spacy_shim.py)
 
     @property
     def uses_features(self) -> bool:
@@ -103,21 +103,19 @@ def _check_top_level(tree: ast.Module) -> tuple[ast.FunctionDef, int]:
         else:
             raise _fail(
                 stmt, f"top-level {type(stmt).__name__} statement",
-                "a program is one function definition plus optional imports and NAME = value constants",
+                "a program is function definitions (the last is the entry) plus optional imports and NAME = value "
+                "assignments",
             )
-    if len(funcs) != 1:
-        raise ProgramValidationError(
-            f"a program must define exactly one top-level function taking the Sequence; found {len(funcs)}"
-            + (f" ({', '.join(f.name for f in funcs)})" if funcs else "")
-        )
-    fn = funcs[0]
+    if not funcs:
+        raise ProgramValidationError("a program must define a top-level function taking the Sequence; found none")
+    fn = funcs[-1]  # the entry point; the functions before it are its helpers (headsurgeon/synth/eaps.py puts them first)
     a = fn.args
     positional = list(a.posonlyargs) + list(a.args)
     required = len(positional) - len(a.defaults)
     if not positional or required not in (1, 2) or a.vararg or a.kwarg or any(d is None for d in a.kw_defaults):
         raise _fail(
             fn, f"signature of {fn.name}()",
-            "the function must take exactly one required positional argument (the Sequence view), "
+            "the function (the last top-level one; those before it are helpers) must take exactly one required positional argument (the Sequence view), "
             "e.g. `def pattern(seq):`, or two (EAPS's shape) `def prog(sentence, tokenizer):`",
         )
     return fn, required
@@ -152,7 +150,7 @@ def _module_bindings(nodes: list[ast.AST], plain: set[str]) -> dict[str, types.M
         if isinstance(node, ast.Import):
             for a in node.names:
                 top = a.name if a.asname else a.name.split(".")[0]
-                out[a.asname or top] = importlib.import_module(top)
+                out[a.asname or top] = _SHIM if top in SHIMMED_IMPORTS else importlib.import_module(top)
         elif isinstance(node, ast.ImportFrom) and node.module in ALLOWED_IMPORTS:
             base = importlib.import_module(node.module)
             for a in node.names:
@@ -160,6 +158,54 @@ def _module_bindings(nodes: list[ast.AST], plain: set[str]) -> dict[str, types.M
                 if isinstance(value, types.ModuleType):
                     out[a.asname or a.name] = value
     return out
+
+
+_SHIM = types.ModuleType("spacy")  # stands for the sandbox's spacy (headsurgeon/synth/sandbox/spacy_shim.py): never imported here
+
+
+def _spacy_aliases(tree: ast.Module) -> set[str]:
+    """Names an ``import spacy`` binds anywhere in the program (``spacy.load`` is allowed on them only)."""
+    return {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for a in node.names if a.name in SHIMMED_IMPORTS}
+
+
+def _check_spacy_bindings(nodes: list[ast.AST], spacy_names: set[str]) -> None:
+    """A name ``import spacy`` binds may be bound by nothing else: ``spacy.load`` must never reach ``np.load``."""
+    for node in nodes:
+        names: list[str] = []
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names = [node.id]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.FunctionDef):
+            names = [node.name]
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names = [node.name]
+        elif isinstance(node, ast.Import):
+            names = [a.asname or a.name.split(".")[0] for a in node.names if a.name not in SHIMMED_IMPORTS]
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.asname or a.name for a in node.names]
+        for name in names:
+            if name in spacy_names:
+                raise _fail(node, f"binding {name!r} other than by 'import spacy'",
+                            "a name that holds the spacy module may not be rebound; use another name")
+
+
+def _check_globals(tree: ast.Module, nodes: list[ast.AST]) -> None:
+    """``global NAME`` only for a name the program's own top level assigns: it rebinds the program's module only."""
+    top: set[str] = set()
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
+                top |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    for node in nodes:
+        if isinstance(node, ast.Global):
+            for name in node.names:
+                _check_identifier(node, "global name", name)
+                if name not in top:
+                    raise _fail(node, f"'global {name}'", f"{name} is not assigned at the program's top level; "
+                                "`global` may only rebind the program's own module-level names (e.g. a cache "
+                                "`_nlp = None`)")
 
 
 def _check_module_values(nodes: list[ast.AST], modules: dict[str, types.ModuleType]) -> None:
@@ -192,6 +238,7 @@ def analyze_source(source: str) -> ProgramInfo:
     strings: set[str] = set()
     nodes: list[ast.AST] = []
     unlisted: ast.Attribute | None = None
+    spacy_names = _spacy_aliases(tree)
     for node in ast.walk(tree):
         nodes.append(node)
         if len(nodes) > MAX_AST_NODES:
@@ -212,6 +259,9 @@ def analyze_source(source: str) -> ProgramInfo:
             else:
                 bound.add(node.id)
                 bound_plain.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) \
+                and node.value.id in spacy_names and isinstance(node.ctx, ast.Load):
+            attributes.add(node.attr)  # spacy.load: the sandbox's pipeline of read-only parses, not a file
         elif isinstance(node, ast.Attribute):
             why = blocked_reason(node.attr)
             if why is not None:
@@ -293,6 +343,8 @@ def analyze_source(source: str) -> ProgramInfo:
             )
 
     _check_module_values(nodes, _module_bindings(nodes, bound_plain))
+    _check_globals(tree, nodes)
+    _check_spacy_bindings(nodes, spacy_names)
 
     if unlisted is not None:
         raise _fail(unlisted, f"attribute access '.{unlisted.attr}'", forbidden_attribute_reason(unlisted.attr) or "")
@@ -303,7 +355,8 @@ def analyze_source(source: str) -> ProgramInfo:
         raise ProgramValidationError(f"line {e.lineno}: syntax error: {e.msg}") from None
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         raise ProgramValidationError(f"program could not be compiled ({type(e).__name__}: {e}); simplify it") from None
-    return ProgramInfo(name=fn.name, attributes=frozenset(attributes), strings=frozenset(strings), params=params)
+    return ProgramInfo(name=fn.name, attributes=frozenset(attributes), strings=frozenset(strings), params=params,
+                       uses_spacy=bool(spacy_names))
 
 
 def validate_source(source: str) -> str:

@@ -23,7 +23,7 @@ from .. import pysafety
 from ..errors import ProgramExecutionError, ProgramValidationError
 from .parent import ProtocolError, Worker, WorkerGone, describe_status, spawner
 from .protocol import COSTLY, MAX_DETAIL, MAX_MESSAGE, REASONS, label_problem
-from .views import features_for, sequence_view
+from .views import features_for, sequence_view, spacy_documents
 from .worker import BOOT
 from ...kernels.core import InputError
 
@@ -329,11 +329,22 @@ class SandboxPool:
 
     def _prepare(self, sequences: list, info: pysafety.ProgramInfo, state: _RunState) -> list[dict | None]:
         feats, missing = features_for(sequences, info)
+        parses: list = [None] * len(sequences)
+        if info.uses_spacy:  # the window's parse, made here (headsurgeon/synth/sandbox/spacy_shim.py)
+            try:
+                parses = spacy_documents(sequences)
+            except Exception as e:  # noqa: BLE001 - e.g. no spaCy model installed: each sequence says why
+                why = f"the program imports spacy, and its parses could not be made here: {type(e).__name__}: {e}"
+                for i in range(len(sequences)):
+                    state.results[i] = ProgramExecutionError(f"sequence {i}: {why}"[:MAX_MESSAGE], "sandbox")
+                return [None] * len(sequences)
         words = info.params == 2 and info.mentions(("word_ids",))  # the facade's Encoding.word_ids()
         views: list[dict | None] = []
         for i, s in enumerate(sequences):
             try:
                 v = sequence_view(s, feats[i], missing[i], words=words)
+                if parses[i] is not None:
+                    v["spacy"] = parses[i]
             except Exception as e:  # noqa: BLE001
                 state.results[i] = ProgramExecutionError(
                     f"sequence {i}: cannot be sent to the sandbox: {type(e).__name__}: {e}", "sandbox")
@@ -505,6 +516,8 @@ def _unvalidated_info(source: str) -> pysafety.ProgramInfo:
     if not funcs:
         raise ProgramValidationError("the program defines no top-level function")
     attrs = frozenset(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute))
-    a = funcs[0].args
+    a = funcs[-1].args
     params = 2 if len(a.posonlyargs) + len(a.args) - len(a.defaults) == 2 else 1
-    return pysafety.ProgramInfo(name=funcs[0].name, attributes=attrs, strings=frozenset(), params=params)
+    spacy = any(isinstance(n, ast.Import) and any(x.name == "spacy" for x in n.names) for n in ast.walk(tree))
+    return pysafety.ProgramInfo(name=funcs[-1].name, attributes=attrs, strings=frozenset(), params=params,
+                                uses_spacy=spacy)

@@ -6,6 +6,8 @@ by :func:`features_for` only when the program reads them); the job process wraps
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -154,6 +156,34 @@ def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict
             why = f"features could not be computed: {type(e).__name__}: {e}"
         missing.append(why)
     return out, missing
+
+
+_PARSES: "OrderedDict[str, tuple]" = OrderedDict()  # text -> spacy_shim.doc_data, for this process (LRU)
+_PARSES_LOCK = threading.Lock()
+_MAX_PARSES = 8192
+
+
+def spacy_documents(sequences: list) -> list[dict[str, tuple]]:
+    """Per sequence, ``{its text: its full spaCy parse}`` as plain tuples (headsurgeon/synth/sandbox/spacy_shim.py), parsed here
+    in the parent, once per text and process: what ``nlp(sentence)`` returns inside the sandbox."""
+    from ..features.spacy_views import load_spacy_full  # here, not at the top: the sandbox worker never needs it
+    from .spacy_shim import doc_data
+
+    texts = [str(s.get("text", "")) if isinstance(s, Mapping) else str(s.text) for s in sequences]
+    with _PARSES_LOCK:
+        found = {t: _PARSES[t] for t in texts if t in _PARSES}
+    todo = [t for t in dict.fromkeys(texts) if t not in found]
+    if todo:
+        nlp = load_spacy_full()
+        for t, doc in zip(todo, nlp.pipe(todo, batch_size=64)):
+            found[t] = doc_data(doc)
+    with _PARSES_LOCK:
+        for t in dict.fromkeys(texts):
+            _PARSES[t] = found[t]
+            _PARSES.move_to_end(t)
+        while len(_PARSES) > _MAX_PARSES:
+            _PARSES.popitem(last=False)
+    return [{t: found[t]} for t in texts]
 
 
 # ==================================================================================================

@@ -26,11 +26,15 @@ import numpy as np
 from .. import pysafety
 from .hardening import harden_child, harden_zygote
 from .facade import TokenizerFacade
+from . import spacy_shim
 from .protocol import (CHILD_FD_RES, COSTLY, FD_CTL_IN, FD_CTL_OUT, FD_WAKE_R, FD_WAKE_W, MAX_DETAIL, MAX_LABEL,
                        MAX_MESSAGE, error_header, recv_message, send_frame)
 from .views import SequenceView, sequence_view
 
 PROGRAM_FILE = "<program>"
+#: what ``import spacy`` gives a program: a module holding only ``load`` (headsurgeon/synth/sandbox/spacy_shim.py)
+SPACY_MODULE = type(sys)("spacy")
+SPACY_MODULE.load = spacy_shim.load
 
 
 class _SandboxTimeout(BaseException):
@@ -83,6 +87,11 @@ def _warm_up() -> None:
     view = SequenceView(pickle.loads(pickle.dumps(views, protocol=pickle.HIGHEST_PROTOCOL))[0])
     tok = _facade(view, views[0])
     tok("ab", return_tensors="pt").input_ids[0], tok.convert_ids_to_tokens([1, 2]), tok.decode([1, 2]), tok.tokenize("a")
+    spacy_shim.set_documents({"ab": ((("ab", 0, "", "X", "X", "ROOT", 0, "ab", "", False, False, False, False, True,
+                                       True),), (), ((0, 1),))})
+    doc = spacy_shim.load()("ab")
+    [(t.head.i, list(t.children), t.sent.start) for t in doc], doc.ents, list(doc.sents), doc[0:1].text
+    spacy_shim.set_documents({})
     _split_label(("warm-up", np.zeros((2, 2))))
     try:
         raise ValueError("warm-up")
@@ -131,6 +140,8 @@ def _safe_import(name: str, globals: Any = None, locals: Any = None, fromlist: A
     why = pysafety.check_import(name, tuple(fromlist or ()), level)
     if why is not None:
         raise ImportError(f"import of {name!r} is blocked in the program sandbox: {why}")
+    if name in pysafety.SHIMMED_IMPORTS:
+        return SPACY_MODULE
     return builtins.__import__(name, globals, locals, fromlist, level)
 
 
@@ -298,6 +309,7 @@ def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
             send(error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
             continue
         np.random.seed(0)  # programs using the global RNG are reproducible per sequence
+        spacy_shim.set_documents(v.get("spacy") or {})  # this window's parses, made by the parent
         if eaps:  # prog(sentence, tokenizer): the window's exact text and its tokenizer facade
             tok = _facade(view, v)
             call: Any = lambda sv, tok=tok: fn(sv.text, tok)  # noqa: E731

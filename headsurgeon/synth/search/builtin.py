@@ -36,9 +36,10 @@ def llm(settings: SearchSettings) -> Searcher:
 
 def library(settings: SearchSettings) -> Searcher:
     """The user's own programs (``settings.options["library"]``: programs or their text), scored for every head."""
+    from ..runcache import run_cache
     from .library import LibrarySearcher
 
-    return LibrarySearcher(settings.option("library", ()))
+    return LibrarySearcher(settings.option("library", ()), cache=run_cache(settings.out))
 
 
 register_searcher("enumerative", enumerative)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...kernels.argtypes import non_negative_float
+from ...kernels.argtypes import int_at_least, non_negative_float
 from ...kernels.configs import nested, setting
 from ..eaps import LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library
 from .learned.config import LearnedConfig
@@ -31,9 +31,12 @@ class SearchConfig:
     library: tuple[Any, ...] = setting(
         (), action="append", type=Path, metavar="FILE.py",
         help="program file in EAPS's style (prog(sentence, tokenizer) -> (label, matrix)); repeatable. Its "
-             f"functions compete for every head; they run only in the sandbox. At most {MAX_LIBRARY_PROGRAMS} "
-             "programs per file; the library search stops after --library-budget seconds. In Python also "
-             "programs or DSL text")
+             "functions compete for every head; they run only in the sandbox, each once per run. The first "
+             "--library-max-programs accepted programs per file are used; the library search stops after "
+             "--library-budget seconds. In Python also programs or DSL text")
+    library_max_programs: int = setting(MAX_LIBRARY_PROGRAMS, type=int_at_least(1), metavar="N",
+                                        help="per-file budget of --library programs: the first N accepted ones are "
+                                             "used and the rest reported")
     library_budget: float = setting(LIBRARY_BUDGET_S, type=non_negative_float, metavar="SECONDS",
                                     help="time for the --library programs, in total across heads; past it the "
                                          "programs scored so far compete and the report notes the rest")
@@ -42,11 +45,13 @@ class SearchConfig:
     agent_config: AgentConfig | None = nested(AgentConfig, optional=True, prefix="llm_",
                                               help="the LLM agent's AgentConfig (default: from the environment)")
 
-    def programs(self) -> list[Any]:
-        """The library as programs: each ``Path`` is a file read by ``load_library`` (validated, never run here)."""
+    def programs(self, notes: list[str] | None = None) -> list[Any]:
+        """The library as programs: each ``Path`` is a file read by ``load_library`` (validated, never run here);
+        ``notes`` receives each file's counts of programs accepted, refused (and why) and past the budget."""
         out: list[Any] = []
         for item in self.library:
-            out.extend(load_library([item], budget=self.library_budget) if isinstance(item, Path) else [item])
+            out.extend(load_library([item], budget=self.library_budget, max_programs=self.library_max_programs,
+                                    notes=notes) if isinstance(item, Path) else [item])
         return out
 
     def options(self, library: list[Any] | None = None) -> dict[str, Any]:

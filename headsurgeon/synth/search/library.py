@@ -17,6 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..scored import ScoredProgram
+from ...kernels.cache import TensorCache
 from ..eaps import LIBRARY_BUDGET_S, LibraryProgram, probe_labels
 from ..errors import ProgramError
 from ..program import Program
@@ -25,6 +26,10 @@ from .base import CandidateMap, PatternSource, StopCheck, check_splits
 from ...kernels.core import Head, InputError
 
 SOURCE = "library"
+# Per process, across head tasks of a run that shares a pattern cache (headsurgeon/synth/runcache.py): why a program failed,
+# and each program's label on the probe windows; both depend on the program and the windows only.
+_FAILED: dict[tuple[str, int], str] = {}
+_LABELS: dict[tuple[str, tuple], str] = {}
 PROBE_WINDOWS = 8  # synth windows a Python program's labels are read from
 
 
@@ -33,8 +38,11 @@ class LibrarySearcher:
 
     name = SOURCE
 
-    def __init__(self, programs: Iterable[Program | str | LibraryProgram] = (), budget: float | None = None) -> None:
-        """``budget``: seconds for the whole search (all heads); default the library files' (``load_library``)."""
+    def __init__(self, programs: Iterable[Program | str | LibraryProgram] = (), budget: float | None = None,
+                 cache: TensorCache | None = None) -> None:
+        """``budget``: seconds for the whole search (all heads); default the library files' (``load_library``).
+        ``cache``: where the programs' patterns are kept across head tasks (headsurgeon/synth/runcache.py ``run_cache``)."""
+        self.cache = cache
         self.hypotheses: dict[str, str] = {}
         budgets: list[float | None] = []
         self.names: dict[str, str] = {}
@@ -71,6 +79,7 @@ class LibrarySearcher:
         groups = [g for g in groups if g]
         cols: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # program hash -> split -> metric -> [H]
         failed: set[str] = set()
+        windows = hash(tuple(getattr(store.sequences[i], "key", i) for i in list(synth) + list(select)))
         for split, idx in tqdm((("synth", synth), ("select", select)), desc="library", disable=not progress,
                                leave=False):
             if stop():
@@ -78,14 +87,21 @@ class LibrarySearcher:
             for group in groups:  # each Python program alone: a failing one is dropped, not the whole library
                 if group[0].hash in failed:
                     continue
+                if (group[0].hash, windows) in _FAILED:  # failed in an earlier task of this process on these windows
+                    failed.add(group[0].hash)
+                    self.notes.append(f"library program {self.names.get(group[0].hash, group[0].hash[:12])} "
+                                      f"dropped: {_FAILED[(group[0].hash, windows)]}")
+                    continue
                 if clock():
                     break
                 try:
-                    got = score_programs(store, heads, group, idx)
+                    got = score_programs(store, heads, group, idx, self.cache)
                 except ProgramError as e:
                     if not group[0].sandboxed:
                         raise
                     failed.add(group[0].hash)
+                    if self.cache is not None:
+                        _FAILED[(group[0].hash, windows)] = str(e)[:300]
                     self.notes.append(f"library program {self.names.get(group[0].hash, group[0].hash[:12])} "
                                       f"dropped: {str(e)[:300]}")
                     continue
@@ -99,15 +115,26 @@ class LibrarySearcher:
                               "not tried; raise --library-budget or pass fewer programs")
         if not programs:
             return {}
-        labels = ({} if clock() else
-                  probe_labels([p for p in programs if p.sandboxed],
-                               [store.sequences[i] for i in synth[:PROBE_WINDOWS]]))
+        labels = {} if clock() else self._labels([p for p in programs if p.sandboxed],
+                                                 [store.sequences[i] for i in synth[:PROBE_WINDOWS]])
         hyp = {p.hash: self.hypotheses.get(p.hash) or labels.get(p.hash) or self.names.get(p.hash, "").split(" (")[0]
                for p in programs}
         return {h: [ScoredProgram(p, SOURCE, {split: {m: float(v[r]) for m, v in got.items()}
                                               for split, got in cols[p.hash].items()}, hyp[p.hash])
                     for p in programs]
                 for r, h in enumerate(heads)}
+
+    def _labels(self, programs: list[Program], windows: list) -> dict[str, str]:
+        """``probe_labels``, remembered per program and windows in this process when the run shares a cache."""
+        if self.cache is None:
+            return probe_labels(programs, windows)
+        key = tuple(getattr(w, "key", id(w)) for w in windows)
+        todo = [p for p in programs if (p.hash, key) not in _LABELS]
+        for h, label in probe_labels(todo, windows).items():
+            _LABELS[(h, key)] = label
+        for p in todo:
+            _LABELS.setdefault((p.hash, key), "")
+        return {p.hash: _LABELS[(p.hash, key)] for p in programs if _LABELS.get((p.hash, key))}
 
     def report(self) -> str:
         """The library programs dropped because they failed, one line each."""
