@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-STORIES = Path("/work/shared/data/models/stories260K")
-CORPORA = [Path("/work/shared/data/corpora/tinystories-valid.txt")]
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+STORIES = SHARED / "models" / "stories260K"
+CORPORA = [SHARED / "corpora" / "tinystories-valid.txt"]
 FRACTIONS = (0.6, 0.2, 0.2)
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import need
+from conftest import SHARED, need
 from headsurgeon.synth.eaps import load_library_file, read_library, split_library_source
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.sandbox.facade import TokenizerFacade
 
-EAPS = Path("/work/shared/data/eaps")
+EAPS = SHARED / "data" / "eaps"
 FILES = ("golden_programs.py", "golden_programs_new.py", "gpt2_programs.py", "tinyllama_programs.py")
 TEXT = "Alice met Bob in Paris. He gave her a red apple, and she smiled at him."
 
