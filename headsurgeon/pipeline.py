@@ -146,7 +146,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     t0 = time.perf_counter()
     threads = {"capture": fit_threads()}  # surgery/threads.py: the cores free now, never more
     store = capture(handle, sequences, out=out / "store", mode=cfg.capture.mode, q_frac=cfg.capture.q_frac,
-                    batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress)
+                    batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress,
+                    value_norms=cfg.capture.value_norms)
     timings["capture"] = time.perf_counter() - t0
     if cfg.capture_only:
         return ExplainResult(ProgramSet(model=handle.name), [], out, store, splits, timings, notes)
@@ -159,7 +160,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     heads = explain_store(store, handle, idx, names, options=search.options(library), seed=seed, vocab=vocab,
                           out=out, executor=scaleout.executor, workers=scaleout.workers, address=scaleout.address,
                           heads_per_task=scaleout.heads_per_task, delta_ppl=delta_ppl, model_spec=model,
-                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress, heads=subset)
+                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress, heads=subset,
+                          select_by=search.select_by)
     programs = heads.programs
     timings.update(heads.timings)
     notes.extend(heads.notes)
