@@ -25,11 +25,13 @@ from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import Entry, ProgramSet
 from .scored import ScoredProgram
 from .tensors import program_rows
+from .sink_terms import cores_of, side_term_programs
 from .weighted import score_weighted
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
 ROUND_DIGITS = (2, 3, 4)
 ROUND_TOLERANCE = 0.005
+SIDE_CORES = 8  # per head, the candidates (in the searchers' order) whose cores get the sink as a side term
 CONTENDERS = 3  # per bounded budget, the best candidates (by select IoU as proposed) whose rounding is tried
 Key = tuple[int, int]
 
@@ -170,13 +172,14 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
                     library: Iterable[Program | str] = (), baselines: bool = True,
                     cache: TensorCache | None = None, progress: bool = True, model: str = "",
                     vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS,
-                    select_by: SelectBy = "iou") -> ProgramSet:
+                    select_by: SelectBy = "iou", side_terms: bool | None = None) -> ProgramSet:
     """Pick per head the best candidate on ``select`` (by ``select_by``, ties: lower JSD) at each budget; score them
     on ``test``.
 
     ``select_by``: ``"iou"`` (soft IoU), ``"vw_iou"`` / ``"vw_jsd"`` (value-weighted, synth/weighted.py: needs a
     store with value norms, else IoU with a warning) or ``"jsd"``. Value-weighted scores are reported whenever the
-    store has norms.
+    store has norms. ``side_terms`` (default: when selecting by a value-weighted metric) adds, per head, the cores of
+    its first ``SIDE_CORES`` candidates with the sink as a side term (synth/sink_terms.py).
 
     ``library`` programs (and, with ``baselines``, a few templates) compete for every head. ``vocab`` (a
     ``Vocabulary``) renders programs in token strings: budgets count those characters, and the set records
@@ -193,11 +196,13 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
     if baselines:
         extra += [Program.parse(t) for t in BASELINES]
         extra_src += ["baseline"] * len(BASELINES)
+    side = by in WEIGHTED_METRICS if side_terms is None else bool(side_terms)
     pool: dict[tuple[int, int], list[ScoredProgram]] = {}
     for h in heads:
         mine = list(candidates.get(h, []))
         seen = {c.program.hash for c in mine}
-        for p, src in zip(extra, extra_src):
+        sides = side_term_programs(cores_of([c.program for c in mine[:SIDE_CORES]])) if side else []
+        for p, src in [*zip(extra, extra_src), *((p, "sink-side") for p in sides)]:
             if p.hash not in seen:
                 mine.append(ScoredProgram(p, src))
                 seen.add(p.hash)
@@ -259,7 +264,8 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
         frontier = [choice(picks[b], b) if b is not None else replacement for b in budgets]
         entries[h] = Entry(replacement, choice(picks[READABLE_CHARS], READABLE_CHARS),
                            [c for c in frontier if c is not None])
-    return ProgramSet(entries, model=model, meta={"selected_on": "select", "selected_by": by, "reported_on": "test",
+    return ProgramSet(entries, model=model, meta={"selected_on": "select", "selected_by": by, "sink_side_terms": side,
+                                                  "reported_on": "test",
                                                   "n_select": len(select_idx), "n_test": len(test_idx),
                                                   "budgets": list(budgets), "readable_chars": READABLE_CHARS},
                       vocab_fingerprint=getattr(vocab, "fingerprint", None))
