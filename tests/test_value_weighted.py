@@ -113,12 +113,17 @@ def test_selection_by_moved_mass_prefers_the_program_that_moves_it(story_seqs):
     library = ["first()", "prev(1)"]
     by_iou = select_programs(store, {}, idx[:3], idx[3:], library=library, baselines=False, progress=False)
     by_vw = select_programs(store, {}, idx[:3], idx[3:], library=library, baselines=False, progress=False,
-                            select_by="vw_iou")
+                            select_by="vw_iou", side_terms=False)
     assert by_iou.entries[(0, 0)].replacement.program == Program.parse("first()")
     chosen = by_vw.entries[(0, 0)].replacement
     assert chosen.program == Program.parse("prev(1)") and by_vw.meta["selected_by"] == "vw_iou"
     assert chosen.scores["test"]["vw_iou"] == pytest.approx(1.0, abs=1e-3)  # reported beside IoU/JSD
     assert chosen.scores["test"]["iou"] < 0.3
+    # with the sink as a side term (the default for value-weighted selection) the share is the head's as well
+    side = select_programs(store, {}, idx[:3], idx[3:], library=library, baselines=False, progress=False,
+                           select_by="vw_iou")
+    assert side.entries[(0, 0)].replacement.program == Program.parse("0.2*prev(1) + 0.8*first()")
+    assert side.entries[(0, 0)].replacement.source == "sink-side" and side.meta["sink_side_terms"]
 
 
 def test_a_store_written_before_value_norms_still_loads(stories, story_seqs, tmp_path):
