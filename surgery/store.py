@@ -381,6 +381,9 @@ class AttentionStore:
         layer_idx = np.array([h[0] for h in heads], dtype=np.int64)
         head_idx = np.array([h[1] for h in heads], dtype=np.int64)
         for b, i in enumerate(indices):
-            n = lengths[b]
-            out[:, b, :n, :n] = self.patterns(i)[layer_idx, head_idx]
+            n = int(lengths[b])
+            entries = self._entries(i)  # decode only the heads asked for, not all [L, H] of the window
+            wanted = {name: entries[name][layer_idx, head_idx]
+                      for name in self.layout.pattern_tensors(i, n, (self.n_layers, self.n_heads))}
+            out[:, b, :n, :n] = self.layout.decode(wanted, i, n)
         return out, lengths

@@ -52,8 +52,7 @@ def weigh_rows(rows: SparseRows, norms: np.ndarray) -> SparseRows:
     counts = np.diff(rows.rowptr)
     row_of = np.repeat(np.arange(B * n), counts)
     vals = rows.vals * w[row_of // n, rows.cols]
-    total = np.zeros(B * n, dtype=np.float64)
-    np.add.at(total, row_of, vals)
+    total = np.bincount(row_of, weights=vals, minlength=B * n)
     scale = np.divide(1.0, total, out=np.zeros_like(total), where=total > 0)
     vals = (vals * scale[row_of]).astype(np.float32)
     return SparseRows(rows.rowptr.copy(), rows.cols.copy(), vals, rows.lengths.copy(), n, True)
