@@ -63,6 +63,9 @@ class ExplainResult:
         if "mean_iou" in s:
             lines.append(f"mean test IoU {s['mean_iou']:.3f}, median {s['median_iou']:.3f}, "
                          f"IoU>=0.9: {s['share_iou_ge_0.9']:.0%}, IoU>=0.7: {s['share_iou_ge_0.7']:.0%}")
+        if "mean_vw_iou" in s:
+            lines.append(f"mean test value-weighted IoU {s['mean_vw_iou']:.3f}, JSD {s.get('mean_vw_jsd', nan):.3f} "
+                         f"(selected by {self.programs.meta.get('selected_by', 'iou')})")
         readable = [x.iou("test") for x in (e.explanation for e in self.programs.entries.values())
                     if x is not None and x.iou("test") is not None]
         if readable:
