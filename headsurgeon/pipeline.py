@@ -67,6 +67,9 @@ class ExplainResult:
         if "mean_iou" in s:
             lines.append(f"mean test IoU {s['mean_iou']:.3f}, median {s['median_iou']:.3f}, "
                          f"IoU>=0.9: {s['share_iou_ge_0.9']:.0%}, IoU>=0.7: {s['share_iou_ge_0.7']:.0%}")
+        if "mean_vw_iou" in s:
+            lines.append(f"mean test value-weighted IoU {s['mean_vw_iou']:.3f}, JSD {s.get('mean_vw_jsd', nan):.3f} "
+                         f"(selected by {self.programs.meta.get('selected_by', 'iou')})")
         readable = [x.iou("test") for x in (e.explanation for e in self.programs.entries.values())
                     if x is not None and x.iou("test") is not None]
         if readable:
@@ -156,7 +159,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     t0 = time.perf_counter()
     threads = {"capture": fit_threads()}  # headsurgeon/surgery/threads.py: the cores free now, never more
     store = capture(handle, sequences, out=out / "store", mode=cfg.capture.mode, q_frac=cfg.capture.q_frac,
-                    batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress)
+                    batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress,
+                    value_norms=cfg.capture.value_norms)
     timings["capture"] = time.perf_counter() - t0
     if cfg.capture_only:
         return ExplainResult(ProgramSet(model=handle.name), [], out, store, splits, timings, notes)
@@ -169,7 +173,8 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     heads = explain_store(store, handle, idx, names, options=search.options(library), seed=seed, vocab=vocab,
                           out=out, executor=scaleout.executor, workers=scaleout.workers, address=scaleout.address,
                           heads_per_task=scaleout.heads_per_task, delta_ppl=delta_ppl, model_spec=model,
-                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress, heads=subset)
+                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress, heads=subset,
+                          select_by=search.select_by)
     programs = heads.programs
     timings.update(heads.timings)
     notes.extend(heads.notes)

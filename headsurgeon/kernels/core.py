@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["Head", "HeadError", "HeadsurgeonError", "InputError", "JournalMismatchError", "NotFoundError", "Split", "SPLITS", "Which", "WHICHES", "AblationKind", "ABLATION_KINDS",
-           "Metric", "METRICS", "check_choice"]
+__all__ = ["Head", "HeadError", "HeadsurgeonError", "InputError", "JournalMismatchError", "NotFoundError", "Split", "SPLITS",
+           "Which", "WHICHES", "AblationKind", "ABLATION_KINDS", "Metric", "METRICS", "WeightedMetric", "WEIGHTED_METRICS",
+           "SelectBy", "SELECT_BY", "check_choice"]
 
 
 class HeadsurgeonError(Exception):
@@ -42,6 +43,12 @@ ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)
 #: a candidate's scores per split (headsurgeon/synth/metrics.py): soft IoU, Jensen-Shannon distance, top-q set IoU
 Metric = Literal["iou", "jsd", "topq"]
 METRICS: tuple[Metric, ...] = get_args(Metric)
+#: the value-weighted ones (headsurgeon/synth/weighted.py): IoU and JSD of rows weighed by each key's value norm through the head
+WeightedMetric = Literal["vw_iou", "vw_jsd"]
+WEIGHTED_METRICS: tuple[WeightedMetric, ...] = get_args(WeightedMetric)
+#: what selection may rank by: higher is better for the IoUs, lower for the distances (headsurgeon/synth/select.py)
+SelectBy = Literal["iou", "vw_iou", "vw_jsd", "jsd"]
+SELECT_BY: tuple[SelectBy, ...] = get_args(SelectBy)
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*[.,:/]\s*(\d+)\s*", re.IGNORECASE)
 

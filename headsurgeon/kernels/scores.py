@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .core import METRICS, InputError, Metric, Split
+from .core import METRICS, WEIGHTED_METRICS, InputError, Metric, Split
 
 __all__ = ["Scores"]
 
@@ -30,8 +30,9 @@ class Scores(dict):  # dict[Split, dict[Metric, float]]
         got = super().get(split)
         if metric is None:
             return got
-        if metric not in METRICS:
-            raise InputError(f"Scores.get(split, metric) takes a metric ({', '.join(METRICS)}), not {metric!r}; "
+        if metric not in METRICS + WEIGHTED_METRICS:
+            raise InputError(f"Scores.get(split, metric) takes a metric ({', '.join(METRICS + WEIGHTED_METRICS)}), "
+                             f"not {metric!r}; "
                              "for a split's dict use scores.get(split)")
         return None if got is None else got.get(metric)
 
@@ -48,14 +49,16 @@ class Scores(dict):  # dict[Split, dict[Metric, float]]
         self.setdefault(split, {}).update(values)
 
     def by_metric(self) -> dict[str, dict[str, float]]:
-        """metric → split → value: the layout of a programs.json explanation or frontier point."""
-        return {m: {split: s[m] for split, s in self.items() if m in s} for m in METRICS}
+        """metric → split → value: the layout of a programs.json explanation or frontier point (value-weighted
+        metrics only where measured)."""
+        out = {m: {split: s[m] for split, s in self.items() if m in s} for m in METRICS + WEIGHTED_METRICS}
+        return {m: v for m, v in out.items() if v or m in METRICS}
 
     @classmethod
     def from_by_metric(cls, item: Mapping[str, Any]) -> "Scores":
         """Read :meth:`by_metric`'s layout back from a record (metrics absent from it are skipped)."""
         out = cls()
-        for m in METRICS:
+        for m in METRICS + WEIGHTED_METRICS:
             got = item.get(m) or {}
             if not isinstance(got, Mapping):
                 raise InputError(f"a record's {m!r} must map a split to a value, not {type(got).__name__}")

@@ -15,6 +15,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 
 from ..surgery.store_reader import (MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, StoreError, StoreReader, byte_source,
+                                    norm_name,
                                     listed_shards)
 
 
@@ -67,11 +68,39 @@ class HeadStore:
         key = (index, layer, head)
         if key not in self._cache:
             shard, n = index // self.shard_size, self.sequences[index].n
-            want = self.layout.tensors(index, n, (self.n_layers, self.n_heads))
+            want = self.layout.pattern_tensors(index, n, (self.n_layers, self.n_heads))
             parts = {name: self.reader.head_slice(shard, self.records.get(shard), name, spec, layer, head)
                      for name, spec in want.items()}
             self._cache[key] = self.layout.decode(parts, index, n)
         return self._cache[key]
+
+    @property
+    def has_value_norms(self) -> bool:
+        """Whether the store holds each key's value norm (headsurgeon/surgery/value_norms.py)."""
+        return self.layout.value_norms
+
+    def norm(self, index: int, layer: int, head: int) -> np.ndarray:
+        """One head's value norms on sequence ``index`` as float32 [n] (as ``AttentionStore.norms``)."""
+        key = (index, layer, -1 - head)
+        if key not in self._cache:
+            if not self.has_value_norms:
+                raise StoreError(f"{self.location} holds no value norms; capture again to score by value-weighted "
+                                 "attention")
+            shard, n = index // self.shard_size, self.sequences[index].n
+            name = norm_name(index)
+            spec = ((self.n_layers, self.n_heads, n), "float16")
+            part = self.reader.head_slice(shard, self.records.get(shard), name, spec, layer, head)
+            self._cache[key] = np.asarray(part, dtype=np.float32).reshape(n)
+        return self._cache[key]
+
+    def norm_batch(self, indices: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+        """Padded value norms [H, B, N], as ``AttentionStore.norm_batch``."""
+        lengths = [self.sequences[i].n for i in indices]
+        out = np.zeros((len(heads), len(indices), max(lengths, default=0)), dtype=np.float32)
+        for b, i in enumerate(indices):
+            for k, (layer, head) in enumerate(heads):
+                out[k, b, : lengths[b]] = self.norm(i, layer, head)
+        return out
 
     def batch(self, indices: list[int] | None = None, heads: list[tuple[int, int]] | None = None,
               dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:

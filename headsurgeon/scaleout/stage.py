@@ -75,7 +75,8 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
                   options: dict[str, Any], seed: int, vocab: Any, out: Path, executor: str = "local",
                   workers: int | None = None, address: str | None = None, heads_per_task: int | None = None,
                   delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, store_url: str | None = None,
-                  progress: bool = True, on_record: Any = None, heads: Seq[tuple[int, int]] | None = None) -> HeadsResult:
+                  progress: bool = True, on_record: Any = None, heads: Seq[tuple[int, int]] | None = None,
+                  select_by: str = "iou") -> HeadsResult:
     """Search, select and (``delta_ppl``) measure every head of ``store`` (or ``heads``); resumes from
     ``out / "heads"``.
 
@@ -121,7 +122,7 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
                          dtype=str(param.dtype).removeprefix("torch."), device=param.device.type)
     job = HeadJob(store_location(store.directory, store_url if executor == "ray" else None),
                   tuple(indices["synth"]), tuple(indices["select"]), tuple(indices["test"]), factories, seed,
-                  dict(options), vocab, handle.name, delta, None if pooled else str(out), gate)
+                  dict(options), vocab, handle.name, delta, None if pooled else str(out), gate, select_by)
     heads = [tuple(h) for h in heads] if heads is not None else list(store.heads)
     t0 = time.perf_counter()
     records, resumed, run_notes = run_heads(job, heads, out / "heads", fingerprint=job.fingerprint(store),

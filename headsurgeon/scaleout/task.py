@@ -48,6 +48,7 @@ class HeadJob:
     delta: DeltaJob | None = None
     out: str | None = None  # a folder searchers may write to (SearchSettings.out; runs in the driver's process only: the LLM journal)
     llm_gate: str | None = None  # name of the cluster's LLM gate actor (llmgate.py); None: the agent's own caps
+    select_by: str = "iou"  # headsurgeon/synth/select.py select_programs: what chooses on the select split
 
     def fingerprint(self, store: Any) -> dict[str, Any]:
         """What a journal is bound to: the store's sequences, splits, seed, searchers, options, ΔPPL on/off."""
@@ -61,7 +62,7 @@ class HeadJob:
                 "heads": [store.n_layers, store.n_heads],
                 "splits": digest([self.synth_idx, self.select_idx, self.test_idx]), "seed": self.seed,
                 "searchers": [name for name, _ in self.searchers], "options": digest(_public(self.options)),
-                "delta_ppl": self.delta is not None}
+                "delta_ppl": self.delta is not None, **({} if self.select_by == "iou" else {"select_by": self.select_by})}
 
 
 def _public(options: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +126,8 @@ def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dic
     t0 = time.perf_counter()
     chosen = select_programs(store, {h: pool.get(h, []) for h in heads}, list(job.select_idx), list(job.test_idx),
                              synth_idx=list(job.synth_idx), progress=False, model=job.model, vocab=job.vocab,
-                             cache=routed_cache(job.out))  # sandboxed programs' patterns: once per run
+                             cache=routed_cache(job.out),  # sandboxed programs' patterns: once per run
+                             select_by=job.select_by)
     t_select = time.perf_counter() - t0
     deltas: dict[tuple[int, int], float] = {}
     t_delta = 0.0

@@ -28,9 +28,12 @@ from .pattern_entries import EntryBuilder
 from .replace import HybridModel
 from .shard_writer import ShardWriter
 from .store import SEQUENCES_FILE, AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
+from .store_reader import norm_name
+from .value_norms import output_matrices, v_hook, value_norms as norms_of
 from ..kernels.core import HeadsurgeonError
 
-RESUME_KEYS = ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size", "n_sequences", "sequences_key")
+RESUME_KEYS = ("model", "n_layers", "n_heads", "mode", "q_frac", "shard_size", "n_sequences", "sequences_key",
+               "value_norms")
 
 
 class CaptureError(HeadsurgeonError, ValueError):
@@ -68,7 +71,7 @@ def _resume(store: AttentionStore) -> set[int]:
 
     Shards the manifest lists whose file is missing or damaged are dropped (with a warning) so they are recomputed.
     """
-    old = read_manifest(store.directory / "manifest.json")
+    old = {"value_norms": False, **read_manifest(store.directory / "manifest.json")}  # before version 2: none
     fresh = store.manifest([])
     differ = [k for k in RESUME_KEYS if old.get(k) != fresh[k]]
     if differ:
@@ -105,8 +108,9 @@ def _sequences_file_ok(store: AttentionStore) -> bool:
 
 
 def _hooked_forward(handle: ModelHandle, sequences: list[Sequence], take: Callable[[int, torch.Tensor], None],
-                    call: Any = None) -> None:
-    """One batched forward under no_grad that hands every layer's pattern [B, H, N, N] to ``take(layer, pattern)``.
+                    call: Any = None, take_v: Callable[[int, torch.Tensor], None] | None = None) -> None:
+    """One batched forward under no_grad that hands every layer's pattern [B, H, N, N] to ``take(layer, pattern)``
+    (and, with ``take_v``, its value vectors to ``take_v(layer, v)``).
 
     ``call`` (a HybridModel) runs the forward instead of the base, so the patterns are the hybrid's.
     """
@@ -121,6 +125,13 @@ def _hooked_forward(handle: ModelHandle, sequences: list[Sequence], take: Callab
         return hook
 
     hooks = [(handle.pattern_hook(layer), make_hook(layer)) for layer in range(handle.n_layers)]
+    if take_v is not None:
+        missing = [v_hook(layer) for layer in range(handle.n_layers) if v_hook(layer) not in handle.model.hook_dict]
+        if missing:
+            raise CaptureError(f"{handle.name} has no hook point {missing[0]}, so value norms cannot be captured; "
+                               "capture with value_norms=False")
+        hooks += [(v_hook(layer), lambda v, hook, layer=layer: (take_v(layer, v.detach()), v)[1])
+                  for layer in range(handle.n_layers)]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kwargs = {} if handle.causal else {"attention_mask": mask.to(handle.device)}  # right padding is causal-safe
@@ -164,8 +175,22 @@ def forward_entries(handle: ModelHandle, store: AttentionStore, indices: list[in
     """
     sequences = [store.sequences[i] for i in indices]
     builder = EntryBuilder(store.mode, store.q_frac, store.n_layers, store.n_heads, sequences, indices, executor)
-    _hooked_forward(handle, sequences, builder.take, call)
-    return builder.entries()
+    if not store.has_value_norms:
+        _hooked_forward(handle, sequences, builder.take, call)
+        return builder.entries()
+    w_o = output_matrices(handle)
+    norms = [torch.empty((store.n_layers, store.n_heads, s.n), dtype=torch.float16) for s in sequences]
+
+    def take_v(layer: int, v: torch.Tensor) -> None:
+        got = norms_of(v, w_o[layer]).to("cpu")  # [B, H, N]
+        for b, s in enumerate(sequences):
+            norms[b][layer] = got[b, :, : s.n]
+
+    _hooked_forward(handle, sequences, builder.take, call, take_v)
+    entries = builder.entries()
+    for b, i in enumerate(indices):
+        entries[i][norm_name(i)] = norms[b].numpy()
+    return entries
 
 
 def capture(
@@ -177,19 +202,21 @@ def capture(
     batch_size: int = CaptureConfig.batch_size,
     shard_size: int = CaptureConfig.shard_size,
     progress: bool = True,
+    value_norms: bool = CaptureConfig.value_norms,
 ) -> AttentionStore:
     """Capture every head's attention pattern over ``sequences``.
 
     ``mode="dense"`` keeps float16 patterns; ``mode="topq"`` keeps the top ``q_frac`` of each n×n
     grid per head and sequence. With ``out`` the store streams to safetensors shards in that
-    directory (resumable); without it the store lives in memory.
+    directory (resumable); without it the store lives in memory. ``value_norms`` also keeps ‖v_j·W_O^h‖ per key
+    (headsurgeon/surgery/value_norms.py), which value-weighted scoring reads (headsurgeon/synth/weighted.py).
     """
     _check_batch_size(batch_size)
     hybrid = model if isinstance(model, HybridModel) else None  # capture what a hybrid's heads actually use
     handle = hybrid.handle if hybrid is not None else load_model(model)
     _check_sequences(handle, sequences)
     store = AttentionStore(sequences, handle.n_layers, handle.n_heads, mode, q_frac, handle.causal, handle.name,
-                           Path(out) if out is not None else None, shard_size)
+                           Path(out) if out is not None else None, shard_size, value_norms)
     done: set[int] = set()
     if store.directory is not None:
         store.directory.mkdir(parents=True, exist_ok=True)

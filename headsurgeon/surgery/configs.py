@@ -69,6 +69,9 @@ class CaptureConfig:
                             help="top-q fraction of the n×n grid kept in topq mode")
     batch_size: int = setting(16, type=positive_int, help="windows per forward pass")
     shard_size: int = setting(64, type=positive_int, help="windows per shard file")
+    value_norms: bool = setting(True, flag="--no-value-norms", action="store_false",
+                                help="do not keep each key's value norm through each head's output matrix "
+                                     "(value-weighted scoring needs them)")
 
 
 @dataclass(frozen=True)

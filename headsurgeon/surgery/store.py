@@ -23,7 +23,7 @@ from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 from .store_reader import (MANIFEST, MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, MAX_UNLISTED_SHARD_BYTES,
                            SEQUENCES_FILE, SHARD_FIX, STORE_MANIFEST, LocalBytes, StoreError, StoreReader,
-                           check_manifest,
+                           check_manifest, norm_name,
                            check_settings, layout_of, listed_shards, manifest_from_bytes, sequences_from_bytes,
                            shard_name, shard_records, topq_count)
 
@@ -84,8 +84,8 @@ class AttentionStore:
 
     def __init__(self, sequences: list[Sequence], n_layers: int, n_heads: int, mode: str = "dense",
                  q_frac: float = 0.025, causal: bool = True, model_name: str = "", directory: Path | None = None,
-                 shard_size: int = 64) -> None:
-        self.layout = layout_of(mode, q_frac, shard_size)
+                 shard_size: int = 64, value_norms: bool = False) -> None:
+        self.layout = layout_of(mode, q_frac, shard_size, value_norms)
         self.sequences = list(sequences)
         self.n_layers, self.n_heads = int(n_layers), int(n_heads)
         self.causal = bool(causal)
@@ -104,6 +104,11 @@ class AttentionStore:
     @property
     def q_frac(self) -> float:
         return self.layout.q_frac
+
+    @property
+    def has_value_norms(self) -> bool:
+        """Whether the store holds ‖v_j·W_O^h‖ per key (headsurgeon/surgery/value_norms.py); stores before version 2 do not."""
+        return self.layout.value_norms
 
     @property
     def _hashed(self) -> set[int]:
@@ -136,8 +141,9 @@ class AttentionStore:
         return len(self.sequences)
 
     # ----------------------------------------------------------------- writing
-    def put(self, index: int, pattern: np.ndarray) -> dict[str, np.ndarray]:
-        """Record the float pattern [L, H, n, n] of sequence ``index`` (dense or reduced to top-q).
+    def put(self, index: int, pattern: np.ndarray, norms: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Record the float pattern [L, H, n, n] of sequence ``index`` (dense or reduced to top-q), and its value
+        norms [L, H, n] when the store keeps them.
 
         torch does the float16 cast and the top-q selection: numpy's cast is ~100× slower on the many
         subnormal attention weights, and torch.topk beats argpartition + argsort.
@@ -149,6 +155,13 @@ class AttentionStore:
             raise StoreError(f"pattern for sequence {index} has shape {pattern.shape}, expected "
                              f"{(self.n_layers, self.n_heads, n, n)}")
         entry = self.layout.entry(index, torch.from_numpy(np.ascontiguousarray(pattern)))
+        if self.has_value_norms:
+            if norms is None or np.shape(norms) != (self.n_layers, self.n_heads, n):
+                raise StoreError(f"this store keeps value norms: put sequence {index} with norms of shape "
+                                 f"{(self.n_layers, self.n_heads, n)}, got {None if norms is None else np.shape(norms)}")
+            entry[norm_name(index)] = torch.from_numpy(np.asarray(norms, dtype=np.float32)).to(torch.float16).numpy()
+        elif norms is not None:
+            raise StoreError("this store was made with value_norms=False; make it with value_norms=True to keep norms")
         self.keep(index, entry)
         return entry
 
@@ -173,6 +186,7 @@ class AttentionStore:
             **STORE_MANIFEST.header(), "model": self.model_name,
             "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "q_frac": self.q_frac,
             "causal": self.causal, "shard_size": self.shard_size, "n_sequences": len(self.sequences),
+            "value_norms": self.has_value_norms,
             "sequences_file": SEQUENCES_FILE, "sequences_key": sequences_key(self.sequences),
             "done_shards": sorted(set(done_shards)),
             "shards": {f"{s:05d}": self.shard_records[s] for s in sorted(set(done_shards)) if s in self.shard_records},
@@ -290,7 +304,7 @@ class AttentionStore:
             raise StoreError(f"{path} is unreadable or corrupted ({excerpt(str(e))}); delete the directory and "
                              "capture again") from None
         store = cls(facts.sequences, facts.n_layers, facts.n_heads, facts.layout.mode, facts.layout.q_frac,
-                    facts.causal, facts.model, directory, facts.shard_size)
+                    facts.causal, facts.model, directory, facts.shard_size, facts.layout.value_norms)
         store.adopt_records(facts.meta)
         missing = set(range(store.n_shards)) - store.done_shards()
         if missing:
@@ -336,6 +350,22 @@ class AttentionStore:
             raise IndexError(f"head L{layer}H{head} not in store ({self.n_layers} layers × {self.n_heads} heads)")
         return self.patterns(index)[layer, head]
 
+    def norms(self, index: int) -> np.ndarray:
+        """Value norms ‖v_j·W_O^h‖ of sequence ``index`` as float32 [L, H, n] (a StoreError if the store lacks them)."""
+        if not self.has_value_norms:
+            raise StoreError(f"{self!r} holds no value norms (captured before they were kept, or with "
+                             "value_norms=False); capture again to score by value-weighted attention")
+        return self._entries(index)[norm_name(index)].astype(np.float32)
+
+    def norm_batch(self, indices: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+        """Padded value norms [H, B, N] of ``heads`` over ``indices`` (zeros beyond each length), as ``batch``."""
+        lengths = [self.sequences[i].n for i in indices]
+        out = np.zeros((len(heads), len(indices), max(lengths, default=0)), dtype=np.float32)
+        rows, cols = np.array([h[0] for h in heads], dtype=np.int64), np.array([h[1] for h in heads], dtype=np.int64)
+        for b, i in enumerate(indices):
+            out[:, b, : lengths[b]] = self.norms(i)[rows, cols]
+        return out
+
     def topq(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-q flat indices (int64 [L,H,q]) and values (float32) for sequence ``index`` (any mode)."""
         return self.layout.topq(self._entries(index), index, self.sequences[index].n)
@@ -351,6 +381,9 @@ class AttentionStore:
         layer_idx = np.array([h[0] for h in heads], dtype=np.int64)
         head_idx = np.array([h[1] for h in heads], dtype=np.int64)
         for b, i in enumerate(indices):
-            n = lengths[b]
-            out[:, b, :n, :n] = self.patterns(i)[layer_idx, head_idx]
+            n = int(lengths[b])
+            entries = self._entries(i)  # decode only the heads asked for, not all [L, H] of the window
+            wanted = {name: entries[name][layer_idx, head_idx]
+                      for name in self.layout.pattern_tensors(i, n, (self.n_layers, self.n_heads))}
+            out[:, b, :n, :n] = self.layout.decode(wanted, i, n)
         return out, lengths

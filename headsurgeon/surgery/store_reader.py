@@ -29,7 +29,7 @@ from ..kernels.formats import FileFormat, check_versioned
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 
-__all__ = ["StoreError", "STORE_MANIFEST", "ByteSource", "LocalBytes", "FsspecBytes", "Layout", "layout_of",
+__all__ = ["StoreError", "STORE_MANIFEST", "ByteSource", "LocalBytes", "FsspecBytes", "Layout", "layout_of", "norm_name",
            "StoreReader", "StoreFacts", "topq_count", "check_settings", "check_manifest", "manifest_from_bytes",
            "sequences_from_bytes", "shard_records", "listed_shards", "shard_name", "byte_source", "MANIFEST",
            "SEQUENCES_FILE", "SHARD_FIX"]
@@ -39,8 +39,9 @@ class StoreError(HeadsurgeonError, ValueError):
     """The store directory is missing, incomplete, corrupted or built for other inputs."""
 
 
-#: the store's manifest.json (its version is 0 in files written before it had one)
-STORE_MANIFEST = FileFormat("headsurgeon.attention_store", 1, (0, 1), "an attention-store manifest",
+#: the store's manifest.json (its version is 0 in files written before it had one; 2 adds ``value_norms``: shards may hold
+#: ``s{i}.vnorm`` float16 [L, H, n], headsurgeon/surgery/value_norms.py; older stores read as without them)
+STORE_MANIFEST = FileFormat("headsurgeon.attention_store", 2, (0, 1, 2), "an attention-store manifest",
                             "delete the directory and capture again", default=0, error=StoreError)
 MANIFEST = "manifest.json"
 SEQUENCES_FILE = "sequences.json"
@@ -78,13 +79,21 @@ class Layout:
 
     mode: str
     q_frac: float
+    value_norms: bool = False  # whether each sequence also holds s{i}.vnorm: ‖v_j·W_O^h‖ float16 [L, H, n]
 
     @property
     def dense(self) -> bool:
         return self.mode == "dense"
 
     def tensors(self, index: int, n: int, lh: tuple[int, int]) -> dict[str, tuple[tuple[int, ...], str]]:
-        """name → (shape, dtype) of sequence ``index``'s tensors."""
+        """name → (shape, dtype) of sequence ``index``'s tensors (patterns, then value norms when kept)."""
+        out = self.pattern_tensors(index, n, lh)
+        if self.value_norms:
+            out[norm_name(index)] = ((*lh, n), "float16")
+        return out
+
+    def pattern_tensors(self, index: int, n: int, lh: tuple[int, int]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name → (shape, dtype) of sequence ``index``'s pattern tensors only."""
         if self.dense:
             return {f"s{index}": ((*lh, n, n), "float16")}
         q = topq_count(n, self.q_frac)
@@ -120,10 +129,17 @@ class Layout:
         return idx, np.take_along_axis(flat, idx, axis=-1)
 
 
-def layout_of(mode: str, q_frac: float, shard_size: int = 1) -> Layout:
+def layout_of(mode: str, q_frac: float, shard_size: int = 1, value_norms: bool = False) -> Layout:
     """The layout of a store's settings, refused with a StoreError when they would fail later."""
     check_settings(mode, q_frac, shard_size)
-    return Layout(mode, float(q_frac))
+    if not isinstance(value_norms, bool):
+        raise StoreError(f"value_norms must be True or False, got {excerpt(value_norms)}")
+    return Layout(mode, float(q_frac), value_norms)
+
+
+def norm_name(index: int) -> str:
+    """The tensor holding sequence ``index``'s value norms [L, H, n] (headsurgeon/surgery/value_norms.py)."""
+    return f"s{index}.vnorm"
 
 
 # ----------------------------------------------------------------------------------------------- byte sources
@@ -326,7 +342,8 @@ class StoreReader:
             raise StoreError(f"{seq_where} does not match its manifest; capture again")
         try:
             facts = StoreFacts(meta, sequences, int(meta["n_layers"]), int(meta["n_heads"]),
-                               layout_of(meta["mode"], meta["q_frac"], meta["shard_size"]), bool(meta["causal"]),
+                               layout_of(meta["mode"], meta["q_frac"], meta["shard_size"],
+                                         meta.get("value_norms", False)), bool(meta["causal"]),
                                meta["model"], int(meta["shard_size"]), shard_records(meta))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, StoreError):

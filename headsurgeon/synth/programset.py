@@ -217,9 +217,15 @@ class ProgramSet:
         ious_sorted = sorted(ious)
         mid = len(ious_sorted) // 2
         median = ious_sorted[mid] if len(ious_sorted) % 2 else 0.5 * (ious_sorted[mid - 1] + ious_sorted[mid])
-        return {"heads": len(self.entries), "mean_iou": sum(ious) / len(ious), "median_iou": median,
-                "share_iou_ge_0.9": sum(i >= 0.9 for i in ious) / len(ious),
-                "share_iou_ge_0.7": sum(i >= 0.7 for i in ious) / len(ious)}
+        out = {"heads": len(self.entries), "mean_iou": sum(ious) / len(ious), "median_iou": median,
+               "share_iou_ge_0.9": sum(i >= 0.9 for i in ious) / len(ious),
+               "share_iou_ge_0.7": sum(i >= 0.7 for i in ious) / len(ious)}
+        for m in ("vw_iou", "vw_jsd"):  # measured where the store had value norms (headsurgeon/synth/weighted.py)
+            got = [e.replacement.scores.get(split, m) for e in self.entries.values() if e.replacement is not None]
+            got = [g for g in got if g is not None]
+            if got:
+                out[f"mean_{m}"] = sum(got) / len(got)
+        return out
 
     # JSON
     def to_json(self, tables: dict | None = None) -> dict:

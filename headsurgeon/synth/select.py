@@ -9,13 +9,14 @@ most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
-from ..kernels.core import METRICS, Head, InputError
+from ..kernels.core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, check_choice
 from . import dsl
 from .errors import ProgramExecutionError
 from ..kernels.scores import Scores
@@ -24,28 +25,40 @@ from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import Entry, ProgramSet
 from .scored import ScoredProgram
 from .tensors import program_rows
+from .sink_terms import cores_of, side_term_programs
+from .weighted import score_weighted
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
 ROUND_DIGITS = (2, 3, 4)
 ROUND_TOLERANCE = 0.005
+SIDE_CORES = 8  # per head, the candidates (in the searchers' order) whose cores get the sink as a side term
 CONTENDERS = 3  # per bounded budget, the best candidates (by select IoU as proposed) whose rounding is tried
+
+
+def weighs(store: Any) -> bool:
+    """Whether ``store`` holds value norms, so value-weighted scores can be measured (headsurgeon/surgery/value_norms.py)."""
+    return bool(getattr(store, "has_value_norms", False))
 
 
 def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Program], indices: list[int],
                    cache: TensorCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
-    """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P].
+    """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P], and the
+    value-weighted IoU / JSD (headsurgeon/synth/weighted.py) when the store holds value norms.
 
     Sparse programs are scored from their compressed rows (``program_rows``), never densified.
     """
     if not indices:
         raise InputError("cannot score on an empty split")
-    totals = {m: np.zeros((len(heads), len(programs))) for m in METRICS}
+    metrics = METRICS + (WEIGHTED_METRICS if weighs(store) else ())
+    totals = {m: np.zeros((len(heads), len(programs))) for m in metrics}
     seqs = [store.sequences[i] for i in indices]
     for start in range(0, len(indices), chunk):
         idx = indices[start: start + chunk]
         real, lengths = store.batch(idx, heads)
         cand = program_rows(programs, seqs[start: start + chunk], causal=store.causal, cache=cache)
         got = score_many(real, cand, lengths, store.causal)
+        if weighs(store):
+            got.update(score_weighted(real, cand, lengths, store.causal, store.norm_batch(idx, heads)))
         for m in totals:
             totals[m] += got[m] * len(idx)
     return {m: v / len(indices) for m, v in totals.items()}
@@ -68,10 +81,23 @@ def _pair_blocks(heads: list[Head], pool: dict[Head, list[ScoredProgram]], colum
     return [(list(rows), cols[i: i + step]) for rows, cols in groups.items() for i in range(0, len(cols), step)]
 
 
-def _key(scores: dict[str, float]) -> tuple[float, float]:
-    """Select IoU descending, then JSD ascending (NaN ranks last)."""
-    iou, jsd = scores.get("iou", float("nan")), scores.get("jsd", float("nan"))
-    return (iou if iou == iou else float("-inf"), -jsd if jsd == jsd else float("-inf"))
+def _key(scores: dict[str, float], by: SelectBy = "iou") -> tuple[float, float]:
+    """The ``by`` metric best first (IoUs descending, distances ascending), then JSD ascending (NaN ranks last)."""
+    first = scores.get(by, float("nan"))
+    first = -first if by.endswith("jsd") else first
+    jsd = scores.get("jsd", float("nan"))
+    return (first if first == first else float("-inf"), -jsd if jsd == jsd else float("-inf"))
+
+
+def selection_metric(store: Any, select_by: str) -> SelectBy:
+    """``select_by`` checked; a value-weighted one on a store without value norms falls back to IoU with a warning."""
+    by = check_choice(select_by, SELECT_BY, "select_by")
+    if by in WEIGHTED_METRICS and not weighs(store):
+        warnings.warn(f"select_by={by!r} needs value norms, which this store lacks (captured before they were kept, "
+                      "or with value_norms=False); selecting by soft IoU instead. Capture again to weigh by what "
+                      "heads move", stacklevel=3)
+        return "iou"
+    return by  # type: ignore[return-value]
 
 
 def rounded(program: Program, digits: int) -> Program | None:
@@ -90,22 +116,23 @@ def rounded(program: Program, digits: int) -> Program | None:
 
 
 def _score1(store: Any, head: Head, programs: list[Program], idx: list[int], cache: TensorCache) -> list[dict]:
-    """Scores of ``programs`` for one head on ``idx``: one {"iou", "jsd", "topq"} per program."""
+    """Scores of ``programs`` for one head on ``idx``: one {"iou", "jsd", "topq"} (and the value-weighted ones when
+    the store has norms) per program."""
     if not programs:
         return []
     try:
         got = score_programs(store, [head], programs, idx, cache)
     except ProgramExecutionError:
         if len(programs) == 1:  # a Python program that fails on these windows scores nothing here
-            return [{m: float("nan") for m in METRICS}]
+            return [{m: float("nan") for m in METRICS + (WEIGHTED_METRICS if weighs(store) else ())}]
         return [s for p in programs for s in _score1(store, head, [p], idx, cache)]
-    return [{m: float(got[m][0, j]) for m in METRICS} for j in range(len(programs))]
+    return [{m: float(got[m][0, j]) for m in got} for j in range(len(programs))]
 
 
 def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], select_idx: list[int], cache: TensorCache,
-                      chars_of: Any, budgets: list[int], memo: dict) -> None:
-    """Round the leading options (select scores only) of each bounded budget in place, keeping IoU within
-    ROUND_TOLERANCE."""
+                      chars_of: Any, budgets: list[int], memo: dict, by: SelectBy = "iou") -> None:
+    """Round the leading options (select scores only) of each bounded budget in place, keeping the ``by`` metric
+    within ROUND_TOLERANCE."""
     def rounded_memo(p: Program, digits: int) -> Program | None:
         if (p.hash, digits) not in memo:  # the same program is often proposed for many heads
             memo[p.hash, digits] = rounded(p, digits)
@@ -116,7 +143,7 @@ def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], sele
                                 or o.program) for o in options}
     todo: dict[int, ScoredProgram] = {}
     for b in budgets:
-        fits = sorted((o for o in options if shortest[id(o)] <= b), key=lambda o: _key(o.scores["select"]),
+        fits = sorted((o for o in options if shortest[id(o)] <= b), key=lambda o: _key(o.scores["select"], by),
                       reverse=True)
         todo.update({id(o): o for o in fits[:CONTENDERS]})
     pending = [o for o in todo.values() if o.program.has_tree]
@@ -125,25 +152,33 @@ def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], sele
         tries = [(o, p) for o, p in tries if p is not None]
         pending = []
         for (o, p), sel in zip(tries, _score1(store, head, [p for _, p in tries], select_idx, cache)):
-            if abs(sel["iou"] - o.scores["select"]["iou"]) <= ROUND_TOLERANCE:
+            if abs(sel[by] - o.scores["select"][by]) <= ROUND_TOLERANCE:
                 o.program, o.digits = p, digits
                 o.scores["select"] = sel
             else:
                 pending.append(o)
 
 
-def _choose(options: list[ScoredProgram], budget: int | None, chars_of: Any) -> ScoredProgram | None:
-    """The best option whose text fits ``budget`` characters (None: any)."""
+def _choose(options: list[ScoredProgram], budget: int | None, chars_of: Any,
+            by: SelectBy = "iou") -> ScoredProgram | None:
+    """The best option by ``by`` whose text fits ``budget`` characters (None: any)."""
     fits = [o for o in options if budget is None or chars_of(o.program) <= budget]
-    return max(fits, key=lambda o: _key(o.scores["select"])) if fits else None
+    return max(fits, key=lambda o: _key(o.scores["select"], by)) if fits else None
 
 
 def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredProgram]], select_idx: list[int],
                     test_idx: list[int], synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
                     cache: TensorCache | None = None, progress: bool = True, model: str = "",
-                    vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS) -> ProgramSet:
-    """Pick per head the best candidate on ``select`` (IoU, ties: lower JSD) at each budget; score them on ``test``.
+                    vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS,
+                    select_by: SelectBy = "iou", side_terms: bool | None = None) -> ProgramSet:
+    """Pick per head the best candidate on ``select`` (by ``select_by``, ties: lower JSD) at each budget; score them
+    on ``test``.
+
+    ``select_by``: ``"iou"`` (soft IoU), ``"vw_iou"`` / ``"vw_jsd"`` (value-weighted, headsurgeon/synth/weighted.py: needs a
+    store with value norms, else IoU with a warning) or ``"jsd"``. Value-weighted scores are reported whenever the
+    store has norms. ``side_terms`` (default: when selecting by a value-weighted metric) adds, per head, the cores of
+    its first ``SIDE_CORES`` candidates with the sink as a side term (headsurgeon/synth/sink_terms.py).
 
     ``library`` programs (and, with ``baselines``, a few templates) compete for every head. ``vocab`` (a
     ``Vocabulary``) renders programs in token strings: budgets count those characters, and the set records
@@ -152,6 +187,7 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
     """
     if set(select_idx) & set(test_idx):
         raise InputError("select and test share sequences; selection and reporting must use disjoint splits")
+    by = selection_metric(store, select_by)
     cache = cache if cache is not None else TensorCache(max_bytes=512 << 20)
     heads = sorted(set(candidates) | set(getattr(store, "heads", [])))
     extra = [p if isinstance(p, Program) else Program.parse(p) for p in library]
@@ -159,11 +195,13 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
     if baselines:
         extra += [Program.parse(t) for t in BASELINES]
         extra_src += ["baseline"] * len(BASELINES)
+    side = by in WEIGHTED_METRICS if side_terms is None else bool(side_terms)
     pool: dict[tuple[int, int], list[ScoredProgram]] = {}
     for h in heads:
         mine = list(candidates.get(h, []))
         seen = {c.program.hash for c in mine}
-        for p, src in zip(extra, extra_src):
+        sides = side_term_programs(cores_of([c.program for c in mine[:SIDE_CORES]])) if side else []
+        for p, src in [*zip(extra, extra_src), *((p, "sink-side") for p in sides)]:
             if p.hash not in seen:
                 mine.append(ScoredProgram(p, src))
                 seen.add(p.hash)
@@ -171,7 +209,8 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
     # score every distinct program once against the heads that consider it (select split)
     programs = list({c.program.hash: c.program for cs in pool.values() for c in cs}.values())
     column = {p.hash: i for i, p in enumerate(programs)}
-    sel = {m: np.full((len(heads), len(programs)), np.nan) for m in METRICS}
+    measured = METRICS + (WEIGHTED_METRICS if weighs(store) else ())
+    sel = {m: np.full((len(heads), len(programs)), np.nan) for m in measured}
     for rows, cols in tqdm(_pair_blocks(heads, pool, column), desc="select", disable=not progress):
         got = score_programs(store, [heads[r] for r in rows], [programs[c] for c in cols], select_idx, cache)
         for m in sel:
@@ -190,14 +229,14 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
     for r, h in enumerate(tqdm(heads, desc="frontier", disable=not progress)):
         for c in pool[h]:
             col = column[c.program.hash]
-            c.scores.merge("select", {m: float(sel[m][r, col]) for m in ("iou", "jsd", "topq")})
+            c.scores.merge("select", {m: float(sel[m][r, col]) for m in measured})
         if not pool[h]:
             continue
-        winner = max(pool[h], key=lambda c: _key(c.scores["select"]))  # the replacement: as proposed, any size
+        winner = max(pool[h], key=lambda c: _key(c.scores["select"], by))  # the replacement: as proposed, any size
         # each candidate as compared at the bounded budgets: its select scores, possibly rounded
         options = [ScoredProgram(c.program, c.source, {"select": c.scores["select"]}, c.hypothesis) for c in pool[h]]
-        _round_contenders(store, h, options, select_idx, cache, chars_of, bounded, round_memo)
-        picks = {b: _choose(options, b, chars_of) for b in bounded}
+        _round_contenders(store, h, options, select_idx, cache, chars_of, bounded, round_memo, by)
+        picks = {b: _choose(options, b, chars_of, by) for b in bounded}
         # score every kept program on test (and synth when given)
         kept = list({p.hash: p for p in [winner.program] + [o.program for o in picks.values() if o]}.values())
         found = {p.hash: Scores(select={}) for p in kept}
@@ -216,7 +255,7 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
             if o is None:
                 return None
             # a program tied with the winner (e.g. a baseline beside a user's labelled library program) keeps its label
-            tied = _key(o.scores["select"]) == _key(winner.scores["select"])
+            tied = _key(o.scores["select"], by) == _key(winner.scores["select"], by)
             return ScoredProgram.of(o.program, o.source, found[o.program.hash], vocab,
                                     o.hypothesis or (winner.hypothesis if tied else ""), budget, o.digits)
 
@@ -224,7 +263,8 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
         frontier = [choice(picks[b], b) if b is not None else replacement for b in budgets]
         entries[h] = Entry(replacement, choice(picks[READABLE_CHARS], READABLE_CHARS),
                            [c for c in frontier if c is not None])
-    return ProgramSet(entries, model=model, meta={"selected_on": "select", "reported_on": "test",
+    return ProgramSet(entries, model=model, meta={"selected_on": "select", "selected_by": by, "sink_side_terms": side,
+                                                  "reported_on": "test",
                                                   "n_select": len(select_idx), "n_test": len(test_idx),
                                                   "budgets": list(budgets), "readable_chars": READABLE_CHARS},
                       vocab_fingerprint=getattr(vocab, "fingerprint", None))

@@ -98,7 +98,7 @@ def test_one_default_per_setting():
     assert "config" in defaults(explain)  # explain's defaults are ExplainConfig's
     assert ExplainConfig().corpus == corpus
     d = defaults(capture)
-    assert (d["mode"], d["q_frac"], d["batch_size"], d["shard_size"]) == dataclasses.astuple(capture_cfg)
+    assert (d["mode"], d["q_frac"], d["batch_size"], d["shard_size"], d["value_norms"]) == dataclasses.astuple(capture_cfg)
     d = defaults(load_model)
     assert (d["tokenizer"], d["device"], d["dtype"]) == (model.tokenizer, model.device, model.dtype)
     for name in ("capture", "explain", "score", "eval", "ablate", "demo"):

@@ -68,7 +68,7 @@ def test_store_manifest_round_trips_byte_for_byte(tmp_path):
     store = _store(tmp_path / "s")
     first = (tmp_path / "s" / "manifest.json").read_bytes()
     meta = json.loads(first)
-    assert (meta["format"], meta["version"]) == ("headsurgeon.attention_store", 1)
+    assert (meta["format"], meta["version"]) == ("headsurgeon.attention_store", 2)
     again = AttentionStore.load(tmp_path / "s")
     again.save_manifest(range(again.n_shards))
     assert (tmp_path / "s" / "manifest.json").read_bytes() == first

@@ -9,6 +9,7 @@ from typing import Any
 
 from ...kernels.argtypes import int_at_least, non_negative_float
 from ...kernels.configs import nested, setting
+from ...kernels.core import SELECT_BY
 from ..eaps import LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library
 from .learned.config import LearnedConfig
 from .llm.config import AgentConfig
@@ -40,6 +41,10 @@ class SearchConfig:
     library_budget: float = setting(LIBRARY_BUDGET_S, type=non_negative_float, metavar="SECONDS",
                                     help="time for the --library programs, in total across heads; past it the "
                                          "programs scored so far compete and the report notes the rest")
+    select_by: str = setting("iou", choices=SELECT_BY,
+                             help="what chooses among candidates on the select split: soft IoU, or value-weighted "
+                                  "IoU / JSD (attention weighed by each key's value norm through the head, so the "
+                                  "first-token sink counts by what it moves; needs a store with value norms)")
     enumerative: Any = setting(None, flag=None, help="keyword arguments of enumerative_search (beam, top_k, ...)")
     learned: LearnedConfig | None = setting(None, flag=None, help="the learned searcher's LearnedConfig")
     agent_config: AgentConfig | None = nested(AgentConfig, optional=True, prefix="llm_",
