@@ -80,7 +80,7 @@ def cheaper_sentence(kr: Any) -> str:
     counts: dict[str, int] = {}
     for r in middle:
         counts[r["cheapest"]] = counts.get(r["cheapest"], 0) + 1
-    best = max(counts, key=counts.get)  # type: ignore[arg-type]
+    best = max(counts, key=counts.get)  # type: ignore[arg-type]  # dict.get as a key function: typeshed's overloads reject it
     steps = ", ".join(f"{words.percent(r['fraction'], signed=False, digits=0)}: {html.escape(r['cheapest'])}"
                       for r in middle)
     return (f"cheaper order: <b>{html.escape(best)}</b> at {counts[best]} of {len(middle)} partial steps "

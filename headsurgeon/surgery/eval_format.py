@@ -111,7 +111,7 @@ def _sweep(report: EvalReport) -> list[str]:
                          **{k: 100 * v for k, v in r.items() if k.startswith("delta") and v is not None}})
     if not rows:
         return []
-    first, *rest = orders  # type: ignore[misc]
+    first, *rest = orders  # type: ignore[misc]  # orders is a non-empty tuple of order names
     metric = "ΔPPL %" if report.lm_head else "embedding distance %"
     columns = [("kind", "kind", ""), ("fraction", "replaced", ".0%"), ("n_heads", "heads", "d"),
                ("delta", f"{metric} ({ORDER_LABELS[first]})", "+.2f")]

@@ -121,7 +121,7 @@ class EvalReport:
                        kinds={k: r.to_json() for k, r in self.kinds.items()})
             if self.order_on is not None:
                 out.update(order_on=self.order_on, order_sequences=self.order_sequences)
-            headline = self.kinds[self.headline].to_json()  # type: ignore[index]
+            headline = self.kinds[self.headline].to_json()  # type: ignore[index]  # headline is set whenever kinds is
             out.update({k: v for k, v in headline.items() if k not in ("neural", "neural_count", "heads")})
         if self.downstream is not None:
             out["downstream"] = self.downstream
@@ -374,7 +374,7 @@ def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: SwapCosts
     with _timed(seconds, "perplexity"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NEURAL_WARNING)  # the report names them
         with replace_heads(handle, programs, which=kind) as hybrid:  # checks the tokenizer's fingerprint
-            _headline(report, costs.windows(chosen, hybrid), seed)  # type: ignore[arg-type]
+            _headline(report, costs.windows(chosen, hybrid), seed)  # type: ignore[arg-type]  # a model with an LM head: windows() gives WindowCosts
     if per_head:
         with _timed(seconds, "per-head ΔPPL"):
             report.per_head = _per_head_rows(programs, kind, costs, known, seed, progress)
@@ -387,7 +387,7 @@ def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: SwapCosts
 def _scored(programs: ProgramSet, head: Any, kind: str) -> ScoredProgram:
     """The head's program of this kind with its scores (headsurgeon/synth/scored.py)."""
     entry = programs.entries[head]
-    return entry.replacement if kind == "replacement" else entry.explanation  # type: ignore[return-value]
+    return entry.replacement if kind == "replacement" else entry.explanation  # type: ignore[return-value]  # only heads with that kind of program reach here
 
 
 def _text(scored: ScoredProgram) -> str:
@@ -412,7 +412,7 @@ def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], 
             with _timed(report.seconds, "embedding distance"), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_NEURAL_WARNING)
                 with replace_heads(handle, programs, which=kind) as hybrid:
-                    kr.embedding_distance = costs.windows(chosen, hybrid)  # type: ignore[assignment]
+                    kr.embedding_distance = costs.windows(chosen, hybrid)  # type: ignore[assignment]  # a headless model: windows() gives the distance
             if sweep:
                 order = order_heads(programs, "iou", which=kind, seed=seed)
                 with _timed(report.seconds, "sweep"):

@@ -61,7 +61,7 @@ def _versions() -> dict[str, str]:
 
 def _require_gguf_package() -> None:
     try:
-        import gguf  # noqa: F401
+        import gguf  # noqa: F401 - imported only to fail early with the install hint
     except ImportError as e:
         raise ModelLoadError("reading a .gguf file needs the gguf package: pip install gguf") from e
 

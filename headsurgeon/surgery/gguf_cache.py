@@ -29,7 +29,7 @@ from ..kernels.fileio import private_key, sha256_file
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no locks, so no leftover is ever judged dead
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl on Windows: the lock degrades to none
 
 __all__ = ["ConversionCacheWarning", "private_folder", "entry_problem", "sign_entry", "building", "sweep_dead_builds",
            "KEY_FILE", "ENTRY", "BUILD_PREFIX"]

@@ -232,7 +232,7 @@ def _target(model_or_hybrid: Any) -> tuple[ModelHandle, HybridModel | None]:
 
 def _check_numbers(steps: Any, lr: Any, batch_size: Any, seed: Any, objective: Any) -> None:
     """Each setting in range, with the fix in the message."""
-    whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+    whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731 - a one-line predicate beside the checks that use it
     if not (whole(steps) and steps >= 1):
         raise InputError(f"steps must be a whole number >= 1 (optimizer steps), got {steps!r}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):

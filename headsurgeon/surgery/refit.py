@@ -155,7 +155,7 @@ def _check_windows(handle: ModelHandle, windows: list[Sequence]) -> None:
 def _head(key: Any) -> Head:
     """A head key as (layer, head), or an InputError saying how to write one."""
     try:
-        return tuple(Head.parse(key))  # type: ignore[return-value]
+        return tuple(Head.parse(key))  # type: ignore[return-value]  # Head is a tuple[int, int]
     except HeadsurgeonError as e:
         raise InputError(str(e)) from e
 

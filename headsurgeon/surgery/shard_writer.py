@@ -73,7 +73,7 @@ class ShardWriter:
             self.close()
             return
         self._stop()  # the caller failed: still write the shards it finished, then let its exception through
-        if self._error is not None and exc is not self._error:
+        if self._error is not None and exc is not self._error and hasattr(exc, "add_note"):  # Python >= 3.11
             exc.add_note(f"also: {self._error}")
 
     def _stop(self) -> None:

@@ -25,7 +25,7 @@ class _Record:
     def to_json(self) -> dict[str, Any]:
         """The record as manifests and ``describe()`` show it."""
         out: dict[str, Any] = {"kind": self.kind}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every record class is a dataclass
             value = getattr(self, f.name)
             if not (value is None and f.default is None):
                 out[f.name] = value
@@ -96,7 +96,7 @@ _KINDS: dict[str, type] = {c.kind: c for c in (Llama2cSource, GgufSource, HfSour
 def source_from_json(obj: Mapping[str, Any]) -> SourceRecord:
     """The record ``to_json`` wrote, or an InputError naming the kind or field that is wrong."""
     kind = obj.get("kind") if isinstance(obj, Mapping) else None
-    cls = _KINDS.get(kind)  # type: ignore[arg-type]
+    cls = _KINDS.get(kind)  # type: ignore[arg-type]  # an unknown kind gives None, refused below
     if cls is None:
         raise InputError(f"unknown model source kind {kind!r}; expected one of {', '.join(_KINDS)}")
     names = {f.name for f in dataclasses.fields(cls)}

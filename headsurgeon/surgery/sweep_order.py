@@ -24,7 +24,7 @@ ORDER_LABELS = {"iou": "IoU order", "delta_ppl": "ΔPPL order", "random": "rando
 def _kind_iou(programs: ProgramSet, head: Head, which: Which, split: Split) -> float | None:
     """The test IoU of the head's program of kind ``which`` (the explanation has its own scores)."""
     entry = programs.entries[head]
-    scores = entry.scores if which == "replacement" else entry.explanation.scores  # type: ignore[union-attr]
+    scores = entry.scores if which == "replacement" else entry.explanation.scores  # type: ignore[union-attr]  # the caller asks only for heads with an explanation
     return scores.iou(split)
 
 

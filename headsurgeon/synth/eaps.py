@@ -118,7 +118,7 @@ class _DropHintImports(ast.NodeTransformer):
     def visit_Import(self, node: ast.Import) -> ast.stmt:
         return ast.copy_location(ast.Pass(), node) if _hint_only_import(node, self.read) else node
 
-    visit_ImportFrom = visit_Import  # type: ignore[assignment]
+    visit_ImportFrom = visit_Import  # type: ignore[assignment]  # one visitor for both import forms
 
 
 def _is_helper(f: ast.FunctionDef, referenced: set[str]) -> bool:

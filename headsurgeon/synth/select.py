@@ -97,7 +97,7 @@ def selection_metric(store: Any, select_by: str) -> SelectBy:
                       "or with value_norms=False); selecting by soft IoU instead. Capture again to weigh by what "
                       "heads move", stacklevel=3)
         return "iou"
-    return by  # type: ignore[return-value]
+    return by  # type: ignore[return-value]  # checked against SELECT_BY above
 
 
 def rounded(program: Program, digits: int) -> Program | None:
@@ -251,7 +251,8 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
             if split in found[winner.program.hash]:
                 winner.scores.merge(split, found[winner.program.hash][split])
 
-        def choice(o: ScoredProgram | None, budget: int | None) -> ScoredProgram | None:
+        def choice(o: ScoredProgram | None, budget: int | None, winner: ScoredProgram = winner,
+                   found: dict = found) -> ScoredProgram | None:
             if o is None:
                 return None
             # a program tied with the winner (e.g. a baseline beside a user's labelled library program) keeps its label

@@ -22,7 +22,7 @@ from .errors import CheckpointError
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl on Windows: the lock degrades to none
 
 __all__ = ["LOCK_WAIT_S", "folder_lock"]
 

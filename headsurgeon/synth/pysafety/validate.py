@@ -61,7 +61,7 @@ def _fail(node: ast.AST | None, construct: str, why: str) -> ProgramValidationEr
     line = getattr(node, "lineno", None)
     where = f"line {line}: " if line is not None else ""
     err = ProgramValidationError(f"{where}{construct} is not allowed: {why}")
-    err.lineno = line  # type: ignore[attr-defined]
+    err.lineno = line  # type: ignore[attr-defined]  # SyntaxError carries lineno
     return err
 
 
@@ -89,7 +89,7 @@ def _parse(source: str) -> ast.Module:
 
 def _check_top_level(tree: ast.Module) -> tuple[ast.FunctionDef, int]:
     funcs: list[ast.FunctionDef] = []
-    for i, stmt in enumerate(tree.body):
+    for stmt in tree.body:
         if isinstance(stmt, ast.FunctionDef):
             funcs.append(stmt)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
@@ -135,7 +135,7 @@ def _finally_escape(body: list[ast.stmt]) -> ast.stmt | None:
     while todo:
         node, in_loop = todo.pop()
         if isinstance(node, ast.Return) or (isinstance(node, (ast.Break, ast.Continue)) and not in_loop):
-            return node  # type: ignore[return-value]
+            return node  # type: ignore[return-value]  # the visitor returns the node it was given
         if isinstance(node, (ast.FunctionDef, ast.Lambda)):
             continue
         loop = in_loop or isinstance(node, (ast.For, ast.While))

@@ -42,7 +42,7 @@ class _Spawner:
             fn, fut = self._q.get()
             try:
                 fut.set_result(fn())
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - every failure goes to the waiting caller
                 fut.set_exception(e)
 
     def call(self, fn: Any) -> Any:
@@ -101,8 +101,8 @@ class Worker:
 
     def __init__(self, proc: subprocess.Popen, res_r: int) -> None:
         self.proc = proc
-        self.ctl_w = proc.stdin.fileno()  # type: ignore[union-attr]
-        self.ctl_r = proc.stdout.fileno()  # type: ignore[union-attr]
+        self.ctl_w = proc.stdin.fileno()  # type: ignore[union-attr]  # Popen with PIPE: stdin is set
+        self.ctl_r = proc.stdout.fileno()  # type: ignore[union-attr]  # Popen with PIPE: stdout is set
         self.res_r = res_r
         self.report: dict[str, Any] = {}
         self.jobs = 0
@@ -188,13 +188,13 @@ class Worker:
                 except (ProcessLookupError, PermissionError):
                     self.proc.kill()
             self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - shutting down: the process may already be gone
             pass
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 if f is not None:
                     f.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - shutting down: the pipe may already be closed
                 pass
         try:
             os.close(self.res_r)

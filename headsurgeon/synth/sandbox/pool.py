@@ -345,7 +345,7 @@ class SandboxPool:
                 v = sequence_view(s, feats[i], missing[i], words=words)
                 if parses[i] is not None:
                     v["spacy"] = parses[i]
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any failure to build a view is that sequence's error
                 state.results[i] = ProgramExecutionError(
                     f"sequence {i}: cannot be sent to the sandbox: {type(e).__name__}: {e}", "sandbox")
                 views.append(None)

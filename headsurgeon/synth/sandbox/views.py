@@ -127,12 +127,12 @@ def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict
     if real and info.mentions(spacy_views):
         try:
             _features.compute_features(real, spacy=True)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a missing spaCy model becomes a note, not a crash
             note = f"spaCy views unavailable: {type(e).__name__}: {e}"
     if real and info.mentions(_features.NER_VIEWS):
         try:
             _features.compute_features(real, spacy=False, ner=True)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a missing NER model becomes a note, not a crash
             note = f"spaCy named entities unavailable: {type(e).__name__}: {e}"
     want_wordnet = [v for v in wordnet_views if info.mentions((v,))]
     out: list[dict] = []
@@ -148,10 +148,10 @@ def features_for(sequences: list, info: pysafety.ProgramInfo) -> tuple[list[dict
             for v in want_wordnet:
                 try:
                     getattr(fv, v)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - missing WordNet data becomes a note, not a crash
                     why = f"WordNet views unavailable: {type(e).__name__}: {e}"
             out.append(dict(fv.to_dict()))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a view that fails becomes a note, not a crash
             out.append({})
             why = f"features could not be computed: {type(e).__name__}: {e}"
         missing.append(why)

@@ -53,7 +53,7 @@ def _warm_up() -> None:
     import _socket  # noqa: F401 - imported now: after the uid drop the files may be unreadable
     import importlib
     import platform
-    import socket  # noqa: F401
+    import socket  # noqa: F401 - imported now: after the uid drop the files may be unreadable
     import warnings
 
     platform.machine()
@@ -118,7 +118,7 @@ def _describe_exception(e: BaseException) -> tuple[str, str]:
             msg += f" (at line {last.lineno}" + (f": {line[:120]}" if line else "") + ")"
             detail = ("Traceback (program frames, most recent call last):\n"
                       + "".join(traceback.format_list(frames[-8:])) + msg)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the plain message stands when the traceback cannot be read
         pass
     return msg, detail[-MAX_DETAIL:]
 
@@ -305,14 +305,14 @@ def _run_job(job: dict[str, Any], out: int, max_cells: int) -> None:
         n = int(v["n"])
         try:
             view = SequenceView(v)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a bad view is that sequence's error, not the worker's
             send(error_header(i, "sandbox", f"could not build the sequence view: {e!r}"))
             continue
         np.random.seed(0)  # programs using the global RNG are reproducible per sequence
         spacy_shim.set_documents(v.get("spacy") or {})  # this window's parses, made by the parent
         if eaps:  # prog(sentence, tokenizer): the window's exact text and its tokenizer facade
             tok = _facade(view, v)
-            call: Any = lambda sv, tok=tok: fn(sv.text, tok)  # noqa: E731
+            call: Any = lambda sv, tok=tok: fn(sv.text, tok)  # noqa: E731 - the two-argument EAPS call adapted in place
         else:
             call = fn
 
@@ -381,7 +381,7 @@ def _zygote_loop(cfg: dict[str, Any]) -> None:
             except BaseException:  # noqa: BLE001 - our own failure: try to say so, then die
                 try:
                     send_frame(CHILD_FD_RES, {"t": "fatal", "error": traceback.format_exc()[-MAX_DETAIL:]})
-                except BaseException:  # noqa: BLE001
+                except BaseException:  # noqa: BLE001 - the parent is gone: nothing is left to tell
                     pass
             finally:
                 os._exit(code)

@@ -64,7 +64,7 @@ class single_thread_blas:
         for put, n in self.saved:
             try:
                 put(n)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - restoring thread counts is best effort
                 pass
 
 

@@ -89,7 +89,7 @@ class LLMAgent(ChatRequests, ProgramScoring):
                     "no LLM endpoint configured: pass AgentConfig(base_url=..., api_key=...) or set "
                     "HEADSURGEON_LLM_BASE_URL (e.g. http://127.0.0.1:8000/v1 for vLLM) / OPENAI_API_KEY")
             try:
-                import openai  # noqa: F401
+                import openai  # noqa: F401 - imported only to fail early with the install hint
             except ImportError as e:  # pragma: no cover - openai is a dependency
                 raise AgentConfigError(f"the LLM agent needs the openai package ({e}): pip install openai") from e
         self._given_client = client

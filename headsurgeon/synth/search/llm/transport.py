@@ -269,7 +269,7 @@ def close_quietly(client: Any) -> None:
     """Close a client; errors (e.g. from a connection another thread is using) do not matter here."""
     try:
         client.close()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - closing is best effort (see the docstring)
         pass
 
 
@@ -293,7 +293,7 @@ def guard_response(response: Any) -> None:
 def capped_stream_class(base: type) -> type:
     """A subclass of ``base`` (the HTTP library's SyncByteStream) that stops at a byte cap or a deadline."""
 
-    class CappedStream(base):  # type: ignore[misc, valid-type]
+    class CappedStream(base):  # type: ignore[misc, valid-type]  # the base class is chosen at run time
         """A response body read chunk by chunk, never past ``limit`` bytes or ``deadline``."""
 
         def __init__(self, inner: Any, limit: int, deadline: float | None) -> None:
