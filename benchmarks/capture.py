@@ -316,7 +316,7 @@ def throughput(handle: Any, cfg: Config, repeats: int, tmp: Path) -> dict:
 
 def topk_rate(handle: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
     """Elements per second torch.topk selects from on one real full-width batch (best of 3, this thread)."""
-    from headsurgeon.surgery.store import topq_count
+    from headsurgeon.surgery.store import stored_entries
 
     pats: list[torch.Tensor] = []
     hooks = [(handle.pattern_hook(layer), lambda p, hook: pats.append(p.detach().clone()))
@@ -325,7 +325,7 @@ def topk_rate(handle: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         handle.model.run_with_hooks(batch[0], fwd_hooks=hooks, **forward_kwargs(handle, batch[1]))
     n = pats[0].shape[-1]
     rows = [p.reshape(p.shape[0], p.shape[1], n * n) for p in pats]
-    q = topq_count(n, 0.025)
+    q = stored_entries(n, 0.025)
     best = min(clocked(lambda: [torch.topk(r, q, dim=-1, sorted=True) for r in rows]).wall for _ in range(3))
     return sum(r.numel() for r in rows) / best
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..synth.sequence import Sequence
-from .store import StoreError, check_settings, topq_count
+from .store import StoreError, check_settings, stored_entries
 from ..kernels.core import InputError
 
 __all__ = ["EntryBuilder"]
@@ -76,7 +76,7 @@ class EntryBuilder:
 
     def _select(self, layer: int, rows: list[torch.Tensor]) -> None:
         """Top-q of each group's float32 rows [g, H, n·n] for one layer, as put() computes it (sorted, descending)."""
-        self.picked[layer] = [torch.topk(r, topq_count(n, self.q_frac), dim=-1, sorted=True)
+        self.picked[layer] = [torch.topk(r, stored_entries(n, self.q_frac), dim=-1, sorted=True)
                               for r, (_, _, n) in zip(rows, self.groups)]
 
     def _finish_jobs(self) -> None:

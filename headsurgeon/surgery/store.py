@@ -25,9 +25,9 @@ from .store_reader import (MANIFEST, MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, MA
                            SEQUENCES_FILE, SHARD_FIX, STORE_MANIFEST, LocalBytes, StoreError, StoreReader,
                            check_manifest, norm_name,
                            check_settings, layout_of, listed_shards, manifest_from_bytes, sequences_from_bytes,
-                           shard_name, shard_records, topq_count)
+                           shard_name, shard_records, stored_entries)
 
-__all__ = ["AttentionStore", "StoreError", "FORMAT_VERSION", "STORE_FORMAT", "topq_count", "check_settings",
+__all__ = ["AttentionStore", "StoreError", "FORMAT_VERSION", "STORE_FORMAT", "stored_entries", "check_settings",
            "read_manifest", "read_sequences", "check_manifest", "check_sequences", "SEQUENCES_FILE",
            "MAX_MANIFEST_BYTES", "MAX_SEQUENCES_BYTES", "MAX_UNLISTED_SHARD_BYTES", "listed_shards", "shard_records",
            "manifest_from_bytes", "sequences_from_bytes"]

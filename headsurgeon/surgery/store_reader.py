@@ -30,7 +30,7 @@ from ..synth.errors import excerpt
 from ..synth.sequence import Sequence, sequences_key
 
 __all__ = ["StoreError", "STORE_MANIFEST", "ByteSource", "LocalBytes", "FsspecBytes", "Layout", "layout_of", "norm_name",
-           "StoreReader", "StoreFacts", "topq_count", "check_settings", "check_manifest", "manifest_from_bytes",
+           "StoreReader", "StoreFacts", "stored_entries", "check_settings", "check_manifest", "manifest_from_bytes",
            "sequences_from_bytes", "shard_records", "listed_shards", "shard_name", "byte_source", "MANIFEST",
            "SEQUENCES_FILE", "SHARD_FIX"]
 
@@ -66,8 +66,9 @@ def check_settings(mode: str, q_frac: float, shard_size: int) -> None:
         raise StoreError(f"q_frac must be a fraction in (0, 1] (e.g. 0.025 keeps the top 2.5%), got {excerpt(q_frac)}")
 
 
-def topq_count(n: int, q_frac: float) -> int:
-    """Entries kept per head and sequence: ceil(q_frac · n²), at least 1."""
+def stored_entries(n: int, q_frac: float) -> int:
+    """Entries a top-q store keeps per head and sequence: ceil(q_frac · n²), at least 1 (the top-q IoU metric counts
+    its own q over visible cells: headsurgeon/synth/metrics.py ``topq_count``)."""
     return max(1, int(math.ceil(q_frac * n * n)))
 
 
@@ -96,7 +97,7 @@ class Layout:
         """name → (shape, dtype) of sequence ``index``'s pattern tensors only."""
         if self.dense:
             return {f"s{index}": ((*lh, n, n), "float16")}
-        q = topq_count(n, self.q_frac)
+        q = stored_entries(n, self.q_frac)
         return {f"s{index}.index": ((*lh, q), "int32"), f"s{index}.value": ((*lh, q), "float16")}
 
     def entry(self, index: int, pattern: Any) -> dict[str, np.ndarray]:
@@ -106,7 +107,7 @@ class Layout:
         if self.dense:
             return {f"s{index}": pattern.to(torch.float16).numpy()}
         n_layers, n_heads, n, _ = pattern.shape
-        val, idx = torch.topk(pattern.reshape(n_layers, n_heads, n * n).float(), topq_count(n, self.q_frac), dim=-1,
+        val, idx = torch.topk(pattern.reshape(n_layers, n_heads, n * n).float(), stored_entries(n, self.q_frac), dim=-1,
                               sorted=True)
         return {f"s{index}.index": idx.to(torch.int32).numpy(), f"s{index}.value": val.to(torch.float16).numpy()}
 
@@ -125,7 +126,7 @@ class Layout:
             return entries[f"s{index}.index"].astype(np.int64), entries[f"s{index}.value"].astype(np.float32)
         flat = self.decode(entries, index, n)
         flat = flat.reshape(*flat.shape[:-2], n * n)
-        idx = np.argsort(-flat, axis=-1, kind="stable")[..., :topq_count(n, self.q_frac)]
+        idx = np.argsort(-flat, axis=-1, kind="stable")[..., :stored_entries(n, self.q_frac)]
         return idx, np.take_along_axis(flat, idx, axis=-1)
 
 

@@ -8,7 +8,7 @@ import torch
 from headsurgeon.surgery import capture as capture_mod
 from headsurgeon.surgery.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.store import AttentionStore, StoreError, topq_count
+from headsurgeon.surgery.store import AttentionStore, StoreError, stored_entries
 
 
 def hf_attentions(hf_model, seq) -> np.ndarray:
@@ -70,7 +70,7 @@ def test_topq_entries_are_exactly_the_top_of_the_dense_pattern(stories, story_se
     reopened = AttentionStore.load(tmp_path / "s")
     for i, s in enumerate(story_seqs[:6]):
         idx, val = reopened.topq(i)
-        q = topq_count(s.n, 0.05)
+        q = stored_entries(s.n, 0.05)
         assert idx.shape == (5, 8, q)
         flat = dense.patterns(i).reshape(5, 8, -1)
         kth = -np.sort(-flat, axis=-1)[..., q - 1]

@@ -16,7 +16,7 @@ import torch
 from headsurgeon.surgery.capture import capture, forward_entries, forward_patterns
 from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.surgery.pattern_entries import EntryBuilder
-from headsurgeon.surgery.store import AttentionStore, topq_count
+from headsurgeon.surgery.store import AttentionStore, stored_entries
 
 
 def reference_patterns(handle, seqs) -> list[np.ndarray]:
@@ -42,7 +42,7 @@ def reference_entry(i: int, pattern: np.ndarray, mode: str, q_frac: float) -> di
     if mode == "dense":
         return {f"s{i}": t.to(torch.float16).numpy()}
     L, H, n, _ = pattern.shape
-    val, idx = torch.topk(t.reshape(L, H, n * n).float(), topq_count(n, q_frac), dim=-1, sorted=True)
+    val, idx = torch.topk(t.reshape(L, H, n * n).float(), stored_entries(n, q_frac), dim=-1, sorted=True)
     return {f"s{i}.index": idx.to(torch.int32).numpy(), f"s{i}.value": val.to(torch.float16).numpy()}
 
 
@@ -122,7 +122,7 @@ def test_topq_ties_pick_the_same_indices_as_the_old_path(uniform_gpt2, documents
     row = pats[0, 0, 5, :6]
     assert np.all(row == row[0]), "the zeroed query must give exactly uniform rows (ties everywhere)"
     n = seqs[0].n
-    q = topq_count(n, q_frac)
+    q = stored_entries(n, q_frac)
     kth = np.sort(pats[0, 0].ravel())[::-1][q - 1]
     assert np.count_nonzero(pats[0, 0] == kth) > 1, "the cut must fall inside a group of equal values"
     want = reference_store(uniform_gpt2, seqs, "topq", q_frac, batch_size=3, shard_size=4)
