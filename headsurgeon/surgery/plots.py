@@ -39,7 +39,7 @@ def save_figure(fig: Any, out_png: str | Path) -> Path:
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
+    fig.savefig(out_png, bbox_inches="tight")  # tight_layout leaves a suptitle out: the box takes it in
     pyplot().close(fig)
     return out_png
 

@@ -171,6 +171,10 @@ def test_candidates_table_ranks_what_else_nearly_won(built):
      "to the first token (20%) and to itself (20%); otherwise to the token 2 positions back (40%)", ("(50%)",)),
     ("0.5*sharpen(0.7*prev(1) + 0.3*first(), 2) + 0.5*self()", None, "sharpened to the power 2 (50%)",
      ("(70%)", "(35%)")),
+    # a profile's first-token weight is named first, where a sink head's mass is (it was left out)
+    ("profile(w=[0.0068, 0.004], tail=0.001, bos=0.95)", None, "weighing the first token 0.95, itself 0.0068",
+     ("None",)),
+    ("profile(w=[0.5, 0.3])", None, "weighing itself 0.5 and 1 back 0.3", ("first token", "None")),
 ])
 def test_glosses_are_words(text, vocab, must, never):
     got = Program.parse(text, vocab=vocab).gloss(vocab) if vocab is not None else dsl.gloss(dsl.parse(text))

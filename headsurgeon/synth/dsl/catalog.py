@@ -108,7 +108,7 @@ _primitive("profile", (Param("w", "weights"), Param("tail", "nonneg", 0.0), Para
            _profile,
            "a positional profile: key j = i-d scores w[d] for d < len(w), else tail (default 0); key 0 scores "
            "bos if given; keys ahead of the query score 0",
-           "attends by distance, weighing {w}; farther tokens {tail}", keywords=True, cells=_profile_cells)
+           "attends by distance, weighing {bos}{w}; farther tokens {tail}", keywords=True, cells=_profile_cells)
 
 # --------------------------------------------------------------------------------------------
 # token primitives

@@ -206,6 +206,8 @@ def _words(value: Any, kind: str = "", vocab: Any = None, node: Prim | None = No
         return _class_pairs(node, vocab)
     if kind == "weights":
         return _distances(value)
+    if kind == "optnonneg":  # the profile's first-token weight: named first, where the mass usually is
+        return "" if value is None else f"the first token {_num(float(value))}, "
     if isinstance(value, float):
         return _num(value)
     if isinstance(value, (list, tuple)):
