@@ -24,6 +24,7 @@ from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from ..kernels.cache import TensorCache
 from ..kernels.core import InputError, WHICHES
 from ..synth.programset import ProgramSet
 from ..synth.scored import ScoredProgram
@@ -205,6 +206,9 @@ class SwapCosts:
         self.handle, self.sequences = handle, sequences
         self.base = BaseDistributions(handle, sequences) if handle.has_lm_head else None
         self.known: dict[frozenset, WindowCosts | float] = {}
+        #: one pattern cache for every swap: a program (a sandboxed one above all) is evaluated once on these
+        #: windows, not once per sweep step
+        self.patterns = TensorCache(max_bytes=256 << 20)
 
     @staticmethod
     def key(chosen: Mapping[Any, Any]) -> frozenset:
@@ -224,7 +228,7 @@ class SwapCosts:
             elif hybrid is not None:
                 self.known[key] = self._run(hybrid)
             else:
-                with replace_heads(self.handle, dict(chosen)) as swapped:
+                with replace_heads(self.handle, dict(chosen), cache=self.patterns) as swapped:
                     self.known[key] = self._run(swapped)
         return self.known[key]
 

@@ -272,3 +272,17 @@ def test_known_per_head_delta_ppl_is_kept_unmeasured_and_its_kl_left_missing(han
     assert report.kinds["replacement"].spearman_kl is None  # two heads with a KL: too few to rank
     line = next(x for x in report.format().splitlines() if x.startswith("L0H1"))
     assert "+50.00" in line and " - " in line
+
+
+def test_a_program_is_evaluated_once_across_the_swaps_of_a_sweep(handle, splits):
+    """Every swap of one measurement shares a pattern cache: the sweep's steps re-use a program's patterns (a
+    sandboxed library program would otherwise run again at every step)."""
+    from headsurgeon.surgery.eval_report import SwapCosts
+
+    costs = SwapCosts(handle, splits.test[:3])
+    costs.measure({(0, 1): Program.parse("prev(1)")})
+    first = costs.patterns.stats
+    assert first.misses > 0 and first.hits == 0
+    costs.measure({(0, 1): Program.parse("prev(1)"), (1, 0): Program.parse("first()")})
+    second = costs.patterns.stats
+    assert second.hits >= first.misses, "the second swap evaluated prev(1) again"
