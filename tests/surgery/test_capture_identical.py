@@ -60,7 +60,7 @@ def reference_store(handle, seqs, mode, q_frac, batch_size, shard_size) -> dict[
 
 def assert_bits_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     """Same names, dtypes, shapes and bytes (float16 compared as raw bits, so -0.0 and NaN payloads count). Capture
-    also keeps value norms (``s{i}.vnorm``), which the old path did not: tests/test_value_weighted.py checks them."""
+    also keeps value norms (``s{i}.vnorm``), which the old path did not: tests/synth/test_value_weighted.py checks them."""
     got = {k: v for k, v in got.items() if not k.endswith(".vnorm")}
     assert set(got) == set(want)
     for name, w in want.items():
