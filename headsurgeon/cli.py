@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
-from typing import Callable
+from typing import Any, Callable
 
 from .kernels.configs import add_flags, from_flags
 from .kernels.core import SPLITS, HeadsurgeonError
@@ -204,7 +204,7 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
                 _no_abbreviations(subparser)
 
 
-def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
+def _extensions() -> list[Callable[[argparse._SubParsersAction], Any]]:
     """Subcommands defined next to the code they drive (imported here because they import this module)."""
     from .surgery.cli import register as surgery_commands
     from .synth.tp.cli import register as tp_commands

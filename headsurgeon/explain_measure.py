@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from headsurgeon.surgery.configs import SweepChoice
 from headsurgeon.surgery.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
 from .kernels.core import Head
 from .explain_costs import compact_costs, measure_head_costs
@@ -84,7 +85,7 @@ def sweep_rows(evaluation: EvalReport | None) -> list[dict[str, Any]]:
 
 def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out: Path, *, heads: Any, vocab: Any,
                        timings: dict[str, Any], notes: list[str], seed: int = 0,
-                       sweep_steps: Iterable[float] = SWEEP_STEPS, order: str = "iou",
+                       sweep_steps: Iterable[float] = SWEEP_STEPS, order: SweepChoice = "iou",
                        delta_ppl: bool = False, tasks: list[str] | None = None,
                        task_limit: int | float | None = None, include_path: Any = None, cloze: bool = False,
                        head_costs: bool = False,

@@ -70,8 +70,8 @@ class ExplainResult:
         if "mean_vw_iou" in s:
             lines.append(f"mean test value-weighted IoU {s['mean_vw_iou']:.3f}, JSD {s.get('mean_vw_jsd', nan):.3f} "
                          f"(selected by {self.programs.meta.get('selected_by', 'iou')})")
-        readable = [x.iou("test") for x in (e.explanation for e in self.programs.entries.values())
-                    if x is not None and x.iou("test") is not None]
+        readable = [iou for x in (e.explanation for e in self.programs.entries.values())
+                    if x is not None and (iou := x.iou("test")) is not None]
         if readable:
             lines.append(f"readable explanations: {len(readable)} of {len(self.programs)} heads, mean test IoU "
                          f"{sum(readable) / len(readable):.3f}")

@@ -152,6 +152,8 @@ def _read_entry(path: Path, key: str) -> tuple[np.ndarray, str | None]:
     try:
         header = _header(fd, size)
         info = header.get(key)
+        if not isinstance(info, dict):
+            raise UnsafeFileError(f"{path} lists no entry {key}")
         meta = header.get("__metadata__") or {}
         if isinstance(meta, dict) and "format" in meta:
             metadata_version(meta["format"], SHARD_FORMAT, str(path))

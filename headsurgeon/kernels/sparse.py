@@ -353,7 +353,9 @@ def packed_valid(packed: list[np.ndarray], lengths: np.ndarray) -> np.ndarray:
     ints = [t for t, p in enumerate(packed) if p.dtype == np.int32 and p.ndim == 1]
     if not ints:
         return ok
-    flat, starts = _flatten([packed[t] for t in ints])
+    flattened = _flatten([packed[t] for t in ints])
+    assert flattened is not None  # ints holds the flat int32 arrays only
+    flat, starts = flattened
     good = np.empty(len(ints), dtype=np.bool_)
     found = np.empty(len(ints), dtype=np.int64)
     _packed_check(flat, starts, found, good)

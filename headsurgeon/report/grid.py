@@ -186,8 +186,9 @@ def grid_html(views: list[hv.HeadView], costs: dict | None = None) -> str:
                   + "".join(f"<option value='{view}'>{labels[view]}</option>" for view in colours) + "</select>")
         scales = "".join(f"<span data-view='{view}'{'' if view == 'fidelity' else ' hidden'}>{VIEWS[view]}</span>"
                          for view in colours)
-        measured = (f" Causal costs: each head swapped alone, over {costs.get('tokens', '?')} predicted tokens in "
-                    f"{costs.get('windows', '?')} select windows.")
+        facts = costs if isinstance(costs, dict) else {}
+        measured = (f" Causal costs: each head swapped alone, over {facts.get('tokens', '?')} predicted tokens in "
+                    f"{facts.get('windows', '?')} select windows.")
     else:
         measured = " (Run explain with --head-costs to colour the grid by each head's causal cost.)"
     return (f"<div id='grid-filters' class='small'>family <select id='family-filter'><option value=''>all</option>"

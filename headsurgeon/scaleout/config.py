@@ -3,6 +3,7 @@ where workers read the store."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..kernels.argtypes import positive_int
 from ..kernels.configs import setting
@@ -30,6 +31,6 @@ class ScaleoutConfig:
                                          "not at OUT/store")
 
     @classmethod
-    def from_ray_flag(cls, address: str | None, **settings: object) -> "ScaleoutConfig":
+    def from_ray_flag(cls, address: str | None, **settings: Any) -> "ScaleoutConfig":
         """The config for ``--ray [ADDRESS]``: None (not given) runs locally, "" on a local Ray runtime."""
         return cls(executor="local" if address is None else "ray", address=address or None, **settings)

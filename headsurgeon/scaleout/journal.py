@@ -142,7 +142,8 @@ class HeadJournal:
         if os.path.lexists(run):
             body = self._open_run()
             if body != want:
-                had = body.get("fingerprint") if isinstance(body.get("fingerprint"), dict) else {}
+                found = body.get("fingerprint")
+                had = found if isinstance(found, dict) else {}
                 changed = sorted(k for k in set(want["fingerprint"]) | set(had)
                                  if want["fingerprint"].get(k) != had.get(k))
                 raise JournalMismatchError(

@@ -14,7 +14,7 @@ from ..synth.search.base import SearcherUnavailable, SearchSettings, make_search
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
 from .task import DeltaJob, HeadJob
-from ..kernels.core import InputError
+from ..kernels.core import Head, InputError
 
 @dataclass
 class HeadsResult:
@@ -123,7 +123,7 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
     job = HeadJob(store_location(store.directory, store_url if executor == "ray" else None),
                   tuple(indices["synth"]), tuple(indices["select"]), tuple(indices["test"]), factories, seed,
                   dict(options), vocab, handle.name, delta, None if pooled else str(out), gate, select_by)
-    heads = [tuple(h) for h in heads] if heads is not None else list(store.heads)
+    heads = [Head.parse(h) for h in heads] if heads is not None else list(store.heads)
     t0 = time.perf_counter()
     records, resumed, run_notes = run_heads(job, heads, out / "heads", fingerprint=job.fingerprint(store),
                                             executor=executor, workers=workers, address=address,

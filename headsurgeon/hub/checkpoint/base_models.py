@@ -29,7 +29,7 @@ __all__ = ["base_reference", "base_weights", "check_base_ref", "load_base", "por
 def base_reference(source: SourceRecord, hf_model: Any) -> dict[str, Any] | None:
     """A JSON reference to the base model from a ModelHandle's source, or None when it cannot be re-loaded."""
     if isinstance(source, Llama2cSource) and source.path and source.sha256:
-        ref = {"kind": "llama2c", "path": str(source.path), "sha256": str(source.sha256)}
+        ref: dict[str, Any] = {"kind": "llama2c", "path": str(source.path), "sha256": str(source.sha256)}
         if source.tokenizer:
             ref["tokenizer"] = str(source.tokenizer)
             ref["tokenizer_sha256"] = str(source.tokenizer_sha256 or sha256_file(Path(source.tokenizer)))
@@ -206,7 +206,8 @@ def load_base(ref: Mapping[str, Any], device: str | torch.device, override: Any 
             handle = load_model(str(gguf_file(ref)), device=device)
             if ref.get("name"):  # an installed copy keeps the hub id it stands for, so a re-save writes the same ref
                 handle.name = str(ref["name"])
-                handle.source = dataclasses.replace(handle.source, name=str(ref["name"]))
+                if isinstance(handle.source, GgufSource):
+                    handle.source = dataclasses.replace(handle.source, name=str(ref["name"]))
             return handle
         if kind == "hf":
             name = str(ref["name_or_path"])

@@ -174,8 +174,8 @@ def file_info(rel: str, info: Any) -> tuple[int, str]:
 
 def _program_files(manifest: Mapping[str, Any]) -> set[str]:
     """The files the manifest's heads name as their programs."""
-    return {item.get("program") for item in manifest["heads"].values()
-            if isinstance(item, dict) and isinstance(item.get("program"), str)}
+    return {program for item in manifest["heads"].values()
+            if isinstance(item, dict) and isinstance(program := item.get("program"), str)}
 
 
 def verify_files(root: Path, manifest: Mapping[str, Any], links_into: Path | None = None) -> dict[str, bytes]:

@@ -99,13 +99,16 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
                           "embedding the weights instead")
             changed = None
     embed = ref is None or changed is None or bool(changed)
+    if ref is None:
+        base: dict[str, Any] = {"kind": "embedded", "original": original_of(source)}
+    else:
+        base = {"kind": "embedded", "original": portable(ref, target)} if embed else portable(ref, target)
 
     manifest: dict[str, Any] = {
         **CHECKPOINT.header(),
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "library": library_versions(),
-        "base": ({"kind": "embedded", "original": portable(ref, target) if ref else original_of(source)} if embed
-                 else portable(ref, target)),
+        "base": base,
         "weights": {
             "stored": "embedded" if embed else "reference",
             "file": WEIGHTS if embed else None,
