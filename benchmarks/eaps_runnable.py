@@ -1,4 +1,5 @@
-"""How many of EAPS's own programs run, unchanged, on a model's windows (issue 37 item 8).
+"""How many of EAPS's own programs run, unchanged, on a model's windows: the seed paper's
+library files, read as they are (docs/library-format.md).
 
 Reads each file with headsurgeon/synth/eaps.py (no program budget), runs every accepted program in the sandbox on the
 first WINDOWS windows of a corpus and counts the programs that give a pattern on every window, grouped by the
