@@ -9,7 +9,6 @@ read, so a file from a newer headsurgeon fails with one message naming the file,
 """
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +32,16 @@ class FutureFormatError(FormatError):
     """A versioned file was written by a newer headsurgeon, in a version this one does not read."""
 
 
-@functools.lru_cache(maxsize=None)
+_FUTURE_ERRORS: dict[type[Exception], type[Exception]] = {}
+
+
 def _future(error: type[Exception]) -> type[Exception]:
-    """The future-version error of a format whose own error class is ``error`` (caught as either)."""
+    """The future-version error of a format whose own error class is ``error`` (caught as either), made once."""
     if issubclass(error, FutureFormatError):
         return error
-    return type(f"Future{error.__name__}", (error, FutureFormatError), {"__module__": error.__module__})
+    if error not in _FUTURE_ERRORS:
+        _FUTURE_ERRORS[error] = type(f"Future{error.__name__}", (error, FutureFormatError), {"__module__": error.__module__})
+    return _FUTURE_ERRORS[error]
 
 
 @dataclass(frozen=True)

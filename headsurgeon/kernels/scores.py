@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .core import METRICS, WEIGHTED_METRICS, InputError, Metric, Split
+from .core import METRICS, WEIGHTED_METRICS, InputError, Metric, Split, WeightedMetric
 
 __all__ = ["Scores"]
 
@@ -25,7 +25,7 @@ class Scores(dict):  # dict[Split, dict[Metric, float]]
                              f"got {type(scores).__name__}")
         return cls({split: dict(v) for split, v in scores.items()})
 
-    def get(self, split: Split, metric: Metric | None = None) -> Any:  # type: ignore[override]  # get(split, metric) narrows dict.get on purpose
+    def get(self, split: Split, metric: Metric | WeightedMetric | None = None) -> Any:  # type: ignore[override]  # get(split, metric) narrows dict.get on purpose
         """``metric`` on ``split`` (None when not measured); without a metric, the split's dict (or None)."""
         got = super().get(split)
         if metric is None:

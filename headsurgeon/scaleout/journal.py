@@ -238,7 +238,7 @@ class HeadJournal:
         if missing:
             raise JournalError(f"the journal {self.directory} has no record for {', '.join(missing[:8])}")
         try:
-            entries = {h: Entry.from_json(recs[h]["entry"]) for h in heads if recs[h].get("entry")}
+            entries = {Head(*h): Entry.from_json(recs[h]["entry"]) for h in heads if recs[h].get("entry")}
         except (ProgramError, KeyError, TypeError, ValueError) as e:
             raise JournalError(f"a record in {self.directory} holds an unusable entry ({e}); {self._fix()}") from None
         ps = ProgramSet(entries, model, next((dict(recs[h]["meta"]) for h in heads if recs[h].get("meta")), {}),

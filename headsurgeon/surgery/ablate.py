@@ -17,33 +17,34 @@ from .batches import padded_batch
 from .capture import forward_patterns
 from .evaluate import check_batch_size
 from .loading import ModelHandle, load_model
-from .providers import MeanOutputs, MeanPatterns, ResamplePatterns, UniformPatterns, ZeroPatterns
+from .providers import (MeanOutputs, MeanPatterns, PatternProvider, ResamplePatterns, UniformPatterns,
+                        ZeroPatterns)
 from .replace import HybridModel, SurgeryError, replace_heads
 from ..kernels.core import Head
 
 KINDS = ABLATION_KINDS  # the closed set lives in headsurgeon/kernels/core.py
 
 
-def reference_patterns(handle: ModelHandle, sequences: list[Sequence], heads: list[tuple[int, int]],
-                       batch_size: int = 16) -> dict[tuple[int, int], list[np.ndarray]]:
+def reference_patterns(handle: ModelHandle, sequences: list[Sequence], heads: list[Head],
+                       batch_size: int = 16) -> dict[Head, list[np.ndarray]]:
     """Each head's float32 pattern on every reference sequence."""
     check_batch_size(batch_size)
-    out: dict[tuple[int, int], list[np.ndarray]] = {h: [] for h in heads}
+    out: dict[Head, list[np.ndarray]] = {Head(*h): [] for h in heads}
     for start in range(0, len(sequences), batch_size):
         for pats in forward_patterns(handle, sequences[start: start + batch_size]):
-            for layer, head in heads:
-                out[(layer, head)].append(pats[layer, head])
+            for h in out:
+                out[h].append(pats[h.layer, h.head])
     return out
 
 
-def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: list[tuple[int, int]],
-                      batch_size: int = 16) -> dict[tuple[int, int], np.ndarray]:
+def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: list[Head],
+                      batch_size: int = 16) -> dict[Head, np.ndarray]:
     """Each head's mean output z per position [positions, d_head] over the reference sequences."""
     check_batch_size(batch_size)
     if not sequences:
         raise SurgeryError("mean_output ablation needs at least one reference sequence")
     width = max(s.n for s in sequences)
-    total = {h: np.zeros((width, handle.d_head), np.float64) for h in heads}
+    total = {Head(*h): np.zeros((width, handle.d_head), np.float64) for h in heads}
     count = np.zeros((width, 1), np.float64)
     layers = sorted({h[0] for h in heads})
     d = handle.d_head
@@ -62,10 +63,10 @@ def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: lis
                 h.remove()
         for b, s in enumerate(batch):
             count[: s.n] += 1
-            for layer, head in heads:
-                z = seen[layer]
+            for h in total:
+                z = seen[h.layer]
                 z4 = z if z.ndim == 4 else z.reshape(z.shape[0], z.shape[1], -1, d)
-                total[(layer, head)][: s.n] += z4[b, : s.n, head].numpy()
+                total[h][: s.n] += z4[b, : s.n, h.head].numpy()
     return {h: (t / np.maximum(count, 1)).astype(np.float32) for h, t in total.items()}
 
 
@@ -101,10 +102,13 @@ def ablate(model: Any, heads: Iterable[Any], kind: AblationKind = "zero", refere
         raise SurgeryError(f"kind={kind!r} needs reference=[Sequence, ...] (e.g. splits.synth)")
     for h in keys:
         handle.check_head(*h)
+    sources: dict[Head, PatternProvider | MeanOutputs]
     if kind == "zero":
         sources = {h: ZeroPatterns() for h in keys}
     elif kind == "uniform":
         sources = {h: UniformPatterns() for h in keys}
+    elif reference is None:  # mean, mean_output and resample: refused above without a reference
+        raise SurgeryError(f"kind={kind!r} needs reference=[Sequence, ...]")
     elif kind == "mean":
         ref = reference_patterns(handle, reference, keys)
         sources = {h: MeanPatterns(ref[h]) for h in keys}

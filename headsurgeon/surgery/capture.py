@@ -66,12 +66,20 @@ def _short(value: object) -> str:
     return text[:12] + "..." if len(text) > 16 and text.isalnum() else excerpt(value, 60)
 
 
+def _on_disk(store: AttentionStore) -> Path:
+    """The store's directory (resuming reads what an earlier capture wrote there)."""
+    if store.directory is None:
+        raise StoreError("only a store with a directory can be resumed; give the capture an output directory")
+    return store.directory
+
+
 def _resume(store: AttentionStore) -> set[int]:
     """Open an existing store directory for resuming: same settings, sound sequences file; returns the sound shards.
 
     Shards the manifest lists whose file is missing or damaged are dropped (with a warning) so they are recomputed.
     """
-    old = {"value_norms": False, **read_manifest(store.directory / "manifest.json")}  # before version 2: none
+    directory = _on_disk(store)
+    old = {"value_norms": False, **read_manifest(directory / "manifest.json")}  # before version 2: none
     fresh = store.manifest([])
     differ = [k for k in RESUME_KEYS if old.get(k) != fresh[k]]
     if differ:
@@ -79,10 +87,10 @@ def _resume(store: AttentionStore) -> set[int]:
         why = (" (other windows or another order: another corpus, window settings or split seed, or a store captured "
                "before the split fractions counted predicted tokens)" if "sequences_key" in differ
                else "")
-        raise StoreError(f"{store.directory} already holds a different capture ({shown}){why}; use the same settings "
+        raise StoreError(f"{directory} already holds a different capture ({shown}){why}; use the same settings "
                          "to resume, or choose another output directory")
     store.adopt_records(old)
-    _remove_stale_temporaries(store.directory)
+    _remove_stale_temporaries(directory)
     damaged = store.damaged_shards()
     for shard, problem in damaged.items():
         warnings.warn(f"{store.shard_path(shard)} is damaged or missing ({problem}); recomputing it", stacklevel=3)
@@ -102,7 +110,7 @@ def _remove_stale_temporaries(directory: Path) -> None:
 def _sequences_file_ok(store: AttentionStore) -> bool:
     """Whether the store's sequences.json reads back as exactly the sequences being captured."""
     try:
-        return sequences_key(read_sequences(store.directory)) == sequences_key(store.sequences)
+        return sequences_key(read_sequences(_on_disk(store))) == sequences_key(store.sequences)
     except (StoreError, KeyError, TypeError, ValueError):
         return False
 

@@ -118,7 +118,9 @@ def _index_maps(attn: Any, fused: nn.Module, name: str) -> list[tuple[torch.Tens
 def _fused_of(attn: Any) -> tuple[nn.Module, str] | None:
     """The fused qkv nn.Linear under a joint-QKV attention bridge, and its attribute name in the HF module."""
     qkv = getattr(attn, "submodules", {}).get("qkv")
-    fused = getattr(qkv, "original_component", None) if qkv is not None else None
+    if qkv is None:
+        return None
+    fused = getattr(qkv, "original_component", None)
     if fused is None or not isinstance(getattr(fused, "weight", None), torch.Tensor) or not qkv.name:
         return None
     return fused, str(qkv.name)

@@ -43,6 +43,8 @@ class ModelHandle:
     has_lm_head: bool = True  # False: a headless encoder; its logits come from a fixed readout (headsurgeon/surgery/headless.py)
     #: whether this backend uses an edited hook_pattern, once measured (headsurgeon/surgery/replace.py pattern_edits_take_effect)
     pattern_edits: bool | None = field(default=None, compare=False)
+    #: hs.heal's records of the weights it changed, oldest first (headsurgeon/surgery/heal.py)
+    healing: list[dict[str, Any]] = field(default_factory=list, compare=False)
 
     @property
     def pattern_hooks(self) -> list[str]:

@@ -53,7 +53,7 @@ class LayerPatterns:
                     pats = np.pad(pats, ((0, 0), (0, width - pats.shape[1]), (0, width - pats.shape[2])))
                 stacked.append(pats)
             self.dense = torch.from_numpy(np.stack(stacked, axis=1))
-        self._placed: dict[tuple[torch.device, torch.dtype], dict[str, Any]] = {}
+        self._placed: dict[tuple[torch.device, torch.dtype], dict[Any, Any]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -62,7 +62,7 @@ class LayerPatterns:
         placed = [t for got in self._placed.values() for t in _tensors(got)]
         return sum(t.numel() * t.element_size() for t in own + placed)
 
-    def _on(self, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    def _on(self, device: torch.device, dtype: torch.dtype) -> dict[Any, Any]:
         """Every tensor the hooks need, on ``device`` in ``dtype`` (built once per device and dtype)."""
         key = (device, dtype)
         got = self._placed.get(key)
@@ -158,7 +158,7 @@ class LayerPatterns:
             out = out.index_add(2, got["dense_idx"], z) if grad else out.index_add_(2, got["dense_idx"], z)
         return out
 
-    def _flat_keys(self, got: dict[str, Any], B: int, KV: int, N: int, H: int,
+    def _flat_keys(self, got: dict[Any, Any], B: int, KV: int, N: int, H: int,
                    group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Row numbers of the sparse keys' values in v as [B·N·KV, d] and of their queries in z as [B·N·H, d], and
         their (alpha-scaled) weights as a column."""

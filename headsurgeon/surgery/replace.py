@@ -187,7 +187,7 @@ class HybridModel(nn.Module):
     # ------------------------------------------------------------ public face
     @property
     def replaced(self) -> dict[Head, Any]:
-        return {(ph.layer, ph.head): ph.program for ph in self.program_heads.values()}
+        return {Head(ph.layer, ph.head): ph.program for ph in self.program_heads.values()}
 
     @property
     def active(self) -> bool:
@@ -549,8 +549,7 @@ def independent_handle(handle: ModelHandle) -> ModelHandle:
                             if isinstance(v, torch.Tensor) and not v.is_leaf}
     model = _copy.deepcopy(handle.model, memo)
     copied = dataclasses.replace(handle, model=model, hf_model=getattr(model, "original_model", None))
-    if getattr(handle, "healing", None) is not None:
-        copied.healing = _copy.deepcopy(handle.healing)
+    copied.healing = _copy.deepcopy(handle.healing)
     return copied
 
 

@@ -404,8 +404,8 @@ class StoreReader:
         size = self._headers[shard][2]
         info = header.get(name)
         shape, dtype = want
-        if not isinstance(info, dict) or _DTYPES.get(info.get("dtype")) != dtype or info.get("shape") != list(shape):
-            found = (f"{_DTYPES.get(info.get('dtype'), info.get('dtype'))}{info.get('shape')}" if isinstance(info, dict)
+        if not isinstance(info, dict) or _DTYPES.get(str(info.get("dtype"))) != dtype or info.get("shape") != list(shape):
+            found = (f"{_DTYPES.get(str(info.get('dtype')), info.get('dtype'))}{info.get('shape')}" if isinstance(info, dict)
                      else "missing")
             raise self.damaged(shard, f"tensor {name} is {found}, expected {dtype}{list(shape)}")
         itemsize = np.dtype(dtype).itemsize

@@ -44,7 +44,7 @@ def _reachable(endpoint: str) -> bool:
         return False
 
 
-def _is_connection_failure(error: BaseException) -> bool:
+def _is_connection_failure(error: BaseException | None) -> bool:
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

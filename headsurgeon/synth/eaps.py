@@ -29,6 +29,7 @@ facade of headsurgeon/synth/sandbox/facade.py. The file format:
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -138,6 +139,11 @@ def _signature_problem(f: ast.FunctionDef, eaps_style: bool) -> str | None:
     return None
 
 
+def _module_source(module: ast.Module) -> str:
+    """A program unit's source, unparsed only when someone reads it."""
+    return ast.unparse(ast.fix_missing_locations(module)) + "\n"
+
+
 def _library_units(source: str, origin: str) -> tuple[list[tuple[str, Callable[[], str] | None, str | None]], int]:
     """Per candidate program: ``(name, its source when called, or None; why refused or None)``, and how many
     functions the file defines (sources are rendered on demand: a budget may need only the first ones). Each program's source is its function last, after the helper functions and top-level statements
@@ -191,7 +197,7 @@ def _library_units(source: str, origin: str) -> tuple[list[tuple[str, Callable[[
                     need.add(k)
                     todo.extend(reads[k])
         module = ast.Module(body=[body[k] for k in sorted(need)] + [f], type_ignores=[])
-        out.append((name, lambda m=module: ast.unparse(ast.fix_missing_locations(m)) + "\n", None))
+        out.append((name, functools.partial(_module_source, module), None))
     return out, len(funcs)
 
 

@@ -72,15 +72,17 @@ def _kernel_view(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
     raise TypeError(f"{name} has dtype {x.dtype}; pass float16, float32 or float64 attention patterns")
 
 
+_METRIC_BY_NAME: dict[str, Metric] = {m: m for m in METRICS}
+
+
 def _metric_names(metrics: _Seq[Metric]) -> tuple[Metric, ...]:
     """Validate and de-duplicate requested metric names."""
-    if isinstance(metrics, str):
-        metrics = (metrics,)
-    wanted = tuple(dict.fromkeys(metrics))
+    asked: _Seq[str] = (metrics,) if isinstance(metrics, str) else metrics
+    wanted = tuple(dict.fromkeys(asked))
     unknown = [m for m in wanted if m not in METRICS]
     if unknown or not wanted:
-        raise InputError(f"unknown metrics {unknown or list(metrics)}; choose from {list(METRICS)}")
-    return wanted
+        raise InputError(f"unknown metrics {unknown or list(asked)}; choose from {list(METRICS)}")
+    return tuple(_METRIC_BY_NAME[m] for m in wanted)
 
 
 def _raise_bad(bad: np.ndarray, name: str, b0: int) -> None:
@@ -173,17 +175,20 @@ class RealPatterns:
         a ``SparseRows`` (scored without densifying).
         """
         wanted = _metric_names(metrics)
-        if isinstance(cand, np.ndarray) or not any(isinstance(c, SparseRows) for c in cand):
-            return self._score_dense(cand if isinstance(cand, np.ndarray) else _stack(cand), wanted,
-                                     per_sequence, max_nnz)
+        if isinstance(cand, np.ndarray):
+            return self._score_dense(cand, wanted, per_sequence, max_nnz)
+        sparse = [(k, c) for k, c in enumerate(cand) if isinstance(c, SparseRows)]
+        dense = [(k, c) for k, c in enumerate(cand) if not isinstance(c, SparseRows)]
+        if not sparse:
+            return self._score_dense(_stack([c for _, c in dense]), wanted, per_sequence, max_nnz)
         P, B = len(cand), self.lengths.shape[0]
         H = self.real.shape[0]
-        results = {m: np.zeros((H, P, B) if per_sequence else (H, P), dtype=np.float64) for m in wanted}
-        sparse = [k for k, c in enumerate(cand) if isinstance(c, SparseRows)]
-        dense = [k for k, c in enumerate(cand) if not isinstance(c, SparseRows)]
-        parts = [(sparse, self._score_sparse([cand[k] for k in sparse], wanted, per_sequence))]
+        results: dict[str, np.ndarray] = {m: np.zeros((H, P, B) if per_sequence else (H, P), dtype=np.float64)
+                                          for m in wanted}
+        parts = [([k for k, _ in sparse], self._score_sparse([c for _, c in sparse], wanted, per_sequence))]
         if dense:
-            parts.append((dense, self._score_dense(_stack([cand[k] for k in dense]), wanted, per_sequence, max_nnz)))
+            parts.append(([k for k, _ in dense], self._score_dense(_stack([c for _, c in dense]), wanted, per_sequence,
+                                                                   max_nnz)))
         for cols, got in parts:
             for m in wanted:
                 results[m][:, cols] = got[m]
@@ -297,8 +302,8 @@ class RealPatterns:
                     c_idx, c_cnt = metrics_kernels.topq_sets(cx, clut, lens, causal, p0, p1, b0, b1, qs, int(qs[b0:b1].max()))
                 else:
                     c_idx, c_cnt = empty_i, empty_c
-                bufs = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted else np.zeros((1, 1, 1))
-                        for m in METRICS}
+                bufs: dict[str, np.ndarray] = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted
+                                               else np.zeros((1, 1, 1)) for m in METRICS}
                 metrics_kernels.score_block(self._rx, self._rlut, lens, causal, b0, b1, Pc, N,
                                rowptr, cidx, cval, cwlog, ctot,
                                do_iou, do_jsd, do_topq,
@@ -366,7 +371,7 @@ def score_many(
     return prepared.score(cand, wanted, per_sequence=per_sequence, max_nnz=max_nnz)
 
 
-def _pair(p: np.ndarray, q: np.ndarray, lengths, causal: bool, metric: str, **kw) -> np.ndarray:
+def _pair(p: np.ndarray, q: np.ndarray, lengths, causal: bool, metric: Metric, **kw) -> np.ndarray:
     """Per-sequence ``metric`` of one pattern pair [B,N,N] x [B,N,N] -> [B]."""
     p = np.asarray(p)
     q = np.asarray(q)

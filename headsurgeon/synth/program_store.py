@@ -24,7 +24,7 @@ class ProgramStore:
         if not sequences:
             raise InputError("a ProgramStore needs at least one window")
         self.sequences, self.causal = list(sequences), bool(causal)
-        self.programs = {(int(h[0]), int(h[1])): p if isinstance(p, Program) else Program.parse(p)
+        self.programs: dict[Head, Program] = {Head(int(h[0]), int(h[1])): p if isinstance(p, Program) else Program.parse(p)
                          for h, p in programs.items()}
         self._patterns: dict[str, np.ndarray] = {}
 
@@ -44,12 +44,12 @@ class ProgramStore:
     def pattern(self, index: int, layer: int, head: int) -> np.ndarray:
         """The pattern [n, n] of one head on window ``index``."""
         n = self.sequences[index].n
-        return self._all((layer, head))[index, :n, :n]
+        return self._all(Head(layer, head))[index, :n, :n]
 
     def batch(self, indices: Seq[int] | None = None, heads: Seq[Head] | None = None,
               dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """Patterns [H, B, N, N] of ``heads`` (default: all) on windows ``indices`` (default: all), and the lengths."""
         idx = list(range(len(self.sequences))) if indices is None else list(indices)
         n = max(self.sequences[i].n for i in idx)
-        pats = np.stack([self._all(tuple(h))[idx, :n, :n] for h in (self.heads if heads is None else heads)])
+        pats = np.stack([self._all(Head(*h))[idx, :n, :n] for h in (self.heads if heads is None else heads)])
         return pats.astype(dtype), np.array([self.sequences[i].n for i in idx], dtype=np.int64)

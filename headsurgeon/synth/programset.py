@@ -10,14 +10,16 @@ run only in the sandbox.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 from headsurgeon.kernels.fileio import atomic_file
 from headsurgeon.kernels.formats import check_versioned
 
-from ..kernels.core import WHICHES, Head, InputError
+from ..kernels.core import WHICHES, Head, InputError, Metric, Split
 from . import programtables
 from .backends import get_backend
 from .errors import ProgramError
@@ -81,7 +83,7 @@ class Entry:
     chars = _replacement("chars", "Characters of the replacement's rendered text.")
     size = _replacement("size", "The replacement's description length (``Program.size``).")
 
-    def iou(self, split: str = "test") -> float | None:
+    def iou(self, split: Split = "test") -> float | None:
         return self.replacement.iou(split)
 
     def to_json(self, head: tuple[int, int], tables: dict | None = None) -> dict:
@@ -123,9 +125,9 @@ class Entry:
 class ProgramSet:
     """head → Entry, ordered by head; iterate ``.items()`` for (head, Program) like a dict."""
 
-    def __init__(self, entries: dict[tuple[int, int], Entry] | None = None, model: str = "",
+    def __init__(self, entries: Mapping[Head, Entry] | None = None, model: str = "",
                  meta: dict | None = None, vocab_fingerprint: str | None = None, origin: str | None = None) -> None:
-        self.entries: dict[tuple[int, int], Entry] = dict(sorted((entries or {}).items()))
+        self.entries: dict[Head, Entry] = dict(sorted((entries or {}).items()))
         self.model = model
         self.meta = dict(meta or {})
         self.vocab_fingerprint = vocab_fingerprint  # Vocabulary.fingerprint of the tokenizer (headsurgeon/synth/vocab.py)
@@ -133,7 +135,7 @@ class ProgramSet:
         #: in this process. Python programs of a set with an origin run only through the trust gate (headsurgeon/synth/trust.py)
         self.origin = origin
 
-    def programs(self, which: str = "replacement") -> dict[tuple[int, int], Program]:
+    def programs(self, which: str = "replacement") -> dict[Head, Program]:
         """head → Program: every head's replacement, or the explanations of the heads that have one."""
         if which not in WHICH:
             raise InputError(f"which must be one of {WHICH}, got {which!r}")
@@ -142,10 +144,10 @@ class ProgramSet:
         return {h: e.explanation.program for h, e in self.entries.items() if e.explanation is not None}
 
     # mapping face: what replace_heads needs
-    def items(self) -> Iterator[tuple[tuple[int, int], Program]]:
+    def items(self) -> Iterator[tuple[Head, Program]]:
         return iter([(h, e.program) for h, e in self.entries.items()])
 
-    def keys(self) -> list[tuple[int, int]]:
+    def keys(self) -> list[Head]:
         return list(self.entries)
 
     def __getitem__(self, head: Any) -> Program:
@@ -157,7 +159,7 @@ class ProgramSet:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[Head]:
         return iter(self.entries)
 
     def add(self, head: Any, program: Program | str, source: str = "unknown", scores: dict | None = None,
@@ -197,11 +199,11 @@ class ProgramSet:
             return self
         return ProgramSet(self.entries, self.model, self.meta, self.vocab_fingerprint)
 
-    def ranked(self, split: str = "test", metric: str = "iou") -> list[tuple[int, int]]:
+    def ranked(self, split: Split = "test", metric: Metric = "iou") -> list[Head]:
         """Heads from best to worst on ``split`` (IoU descending; JSD ascending)."""
         sign = -1 if metric in ("iou", "topq") else 1
 
-        def key(h: tuple[int, int]) -> tuple[float, tuple[int, int]]:
+        def key(h: Head) -> tuple[float, Head]:
             got = self.entries[h].scores.get(split, metric)
             return (sign * (got if got is not None else float("-inf") * sign), h)
         return sorted(self.entries, key=key)
@@ -210,19 +212,19 @@ class ProgramSet:
         keys = [Head.parse(h) for h in heads]
         return ProgramSet({h: self.entries[h] for h in keys}, self.model, self.meta, self.vocab_fingerprint, self.origin)
 
-    def summary(self, split: str = "test") -> dict[str, float]:
-        ious = [e.iou(split) for e in self.entries.values() if e.iou(split) is not None]
+    def summary(self, split: Split = "test") -> dict[str, float]:
+        ious = [i for i in (e.iou(split) for e in self.entries.values()) if i is not None]
         if not ious:
             return {"heads": len(self.entries)}
         ious_sorted = sorted(ious)
         mid = len(ious_sorted) // 2
         median = ious_sorted[mid] if len(ious_sorted) % 2 else 0.5 * (ious_sorted[mid - 1] + ious_sorted[mid])
-        out = {"heads": len(self.entries), "mean_iou": sum(ious) / len(ious), "median_iou": median,
+        out: dict[str, float] = {"heads": len(self.entries), "mean_iou": sum(ious) / len(ious), "median_iou": median,
                "share_iou_ge_0.9": sum(i >= 0.9 for i in ious) / len(ious),
                "share_iou_ge_0.7": sum(i >= 0.7 for i in ious) / len(ious)}
         for m in ("vw_iou", "vw_jsd"):  # measured where the store had value norms (headsurgeon/synth/weighted.py)
-            got = [e.replacement.scores.get(split, m) for e in self.entries.values() if e.replacement is not None]
-            got = [g for g in got if g is not None]
+            got = [g for g in (e.replacement.scores.get(split, m) for e in self.entries.values()
+                               if e.replacement is not None) if g is not None]
             if got:
                 out[f"mean_{m}"] = sum(got) / len(got)
         return out
@@ -268,7 +270,7 @@ class ProgramSet:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, trust_programs: Any = False) -> "ProgramSet":
+    def load(cls, path: str | os.PathLike, trust_programs: Any = False) -> "ProgramSet":
         """Read programs.json (and its tables side file when it names one). The file may be hostile: its size and
         layout are checked first (headsurgeon/synth/programs_file.py) and every failure is a one-line ProgramError.
 
@@ -291,7 +293,7 @@ class ProgramSet:
         entry = self.entries[Head.parse(head)]
         return entry.explanation.program if entry.explanation is not None else None
 
-    def table(self, split: str = "test", width: int = 60) -> list[dict[str, Any]]:
+    def table(self, split: Split = "test", width: int = 60) -> list[dict[str, Any]]:
         """One row per head, what a reader scans first: the explanation (cut to ``width`` characters) with its IoU,
         the replacement's IoU, JSD and length, and who proposed it; with per-head causal costs in ``meta``
         (explain's ``head_costs``), each kind's KL and the mean ablation's."""
@@ -322,7 +324,7 @@ class ProgramSet:
         summary = self.summary("test")
         if "mean_iou" in summary:
             text += f"; mean test IoU: replacements {summary['mean_iou']:.3f}"
-            ious = [c.iou("test") for c in readable if c.iou("test") is not None]
+            ious = [i for i in (c.iou("test") for c in readable) if i is not None]
             if ious:
                 text += f", explanations {sum(ious) / len(ious):.3f}"
         return text + ")"

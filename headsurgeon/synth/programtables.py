@@ -52,8 +52,8 @@ def _table(value: list) -> dict[str, np.ndarray] | None:
     depth = _leaves(value, 0, leaves, lens)
     if depth is None or len(leaves) < MIN_TABLE:
         return None
-    arrays = {"values": np.asarray(leaves, dtype=np.float64),
-              "ints": np.asarray([isinstance(v, int) for v in leaves], dtype=np.uint8)}
+    arrays: dict[str, np.ndarray] = {"values": np.asarray(leaves, dtype=np.float64),
+                                  "ints": np.asarray([isinstance(v, int) for v in leaves], dtype=np.uint8)}
     for level in range(1, depth):
         arrays[f"lens{level}"] = np.asarray(lens[level], dtype=np.int64)
     arrays["shape"] = np.asarray([depth, len(value)], dtype=np.int64)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Sequence as _Seq
-from typing import Protocol
+from collections.abc import Mapping, Sequence as _Seq
+from typing import Protocol, TypeGuard
 
 import numpy as np
 
@@ -43,10 +43,27 @@ ProgramTensor = SparseRows | np.ndarray
 class PatternProgram(Protocol):
     """What :func:`program_tensors` needs from a program (``headsurgeon.synth.program.Program`` fits)."""
 
-    hash: str
+    @property
+    def hash(self) -> str:
+        """The program's content hash (the cache keys' program part)."""
+        ...
 
     def evaluate(self, sequences: list[Sequence], causal: bool = True) -> np.ndarray:
         """Normalized patterns, float32 [B, N, N], padded to the longest of ``sequences``."""
+        ...
+
+
+class InProcessProgram(PatternProgram, Protocol):
+    """A program this process's kernels evaluate (a DSL tree): it reads precomputed features and fills a buffer."""
+
+    @property
+    def node(self) -> dsl.Node:
+        """The program's DSL tree."""
+        ...
+
+    def evaluate(self, sequences: list[Sequence], causal: bool = True,
+                 features: Mapping[str, np.ndarray] | None = None, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Normalized patterns, float32 [B, N, N], written into ``out`` when given."""
         ...
 
 
@@ -55,12 +72,12 @@ def mask_policy(causal: bool) -> str:
     return f"{'causal' if causal else 'bidirectional'}/{NORMALIZATION_VERSION}"
 
 
-def is_sparse_program(program: PatternProgram) -> bool:
+def is_sparse_program(program: PatternProgram) -> TypeGuard[InProcessProgram]:
     """Whether ``program`` is evaluated as compressed rows (its backend says: DSL trees per ``dsl.is_sparse``)."""
     return bool(getattr(program, "sparse_rows", False))
 
 
-def _in_process(program: PatternProgram) -> bool:
+def _in_process(program: PatternProgram) -> TypeGuard[InProcessProgram]:
     """Whether this process's kernels evaluate ``program`` (a Program whose backend is not sandboxed)."""
     return getattr(program, "sandboxed", True) is False
 
@@ -98,9 +115,10 @@ def _evaluate(program: PatternProgram, seqs: list[Sequence], causal: bool, reuse
     ``reuse``: a DSL program writes into this thread's scratch buffer (valid until the next such call).
     """
     width = max(s.n for s in seqs)
-    buf = _scratch((len(seqs), width, width)) if reuse and _in_process(program) else None
-    out = np.asarray(program.evaluate(seqs, causal=causal) if buf is None else program.evaluate(seqs, causal=causal,
-                                                                                                  out=buf))
+    if reuse and _in_process(program):
+        out = np.asarray(program.evaluate(seqs, causal=causal, out=_scratch((len(seqs), width, width))))
+    else:
+        out = np.asarray(program.evaluate(seqs, causal=causal))
     n_max = max(s.n for s in seqs)
     if out.ndim != 3 or out.shape[0] != len(seqs) or out.shape[1] != out.shape[2] or out.shape[1] < n_max:
         raise InputError(
@@ -110,7 +128,7 @@ def _evaluate(program: PatternProgram, seqs: list[Sequence], causal: bool, reuse
     return out
 
 
-def _evaluate_sparse(program: PatternProgram, seqs: list[Sequence], causal: bool,
+def _evaluate_sparse(program: InProcessProgram, seqs: list[Sequence], causal: bool,
                      features: dict[str, np.ndarray] | None = None, out: RowsBuffer | None = None,
                      batch: "_Batch | None" = None) -> SparseRows:
     """The normalized compressed rows of a sparse DSL program on ``seqs`` (width: their longest);
@@ -275,7 +293,7 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
         cache = routed.for_program(prog) if routed is not None else cache
         if cache is None and (sparse or _in_process(prog)):
             # the kernels evaluate every sequence on its own, so a repeated sequence needs no deduplication
-            result.append(_evaluate_sparse(prog, seqs, causal, batch=whole) if sparse  # width N: the longest
+            result.append(_evaluate_sparse(prog, seqs, causal, batch=whole) if is_sparse_program(prog)  # width N
                           else _evaluate(prog, seqs, causal))  # zero-padded by the kernels: the result as is
             continue
         # keys and distinct sequences: for the cache, or a program not evaluated in this process (a repeat costs a
@@ -283,30 +301,30 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
         seq_keys, uniq, order = whole.distinct(seqs)
         if cache is None:
             pats = _evaluate(prog, [seqs[b] for b in uniq], causal, reuse=True)
-            found = [pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)]
+            patterns = [pats[r, : lengths[b], : lengths[b]] for r, b in enumerate(uniq)]
         else:
             keys = [_cache_key(prog.hash, seq_keys[b], policy) for b in uniq]
             hits = cache.get_many(keys)
-            found = [hits.get(k) for k in keys]
+            found: list[np.ndarray | None] = [hits.get(k) for k in keys]
             if sparse and len(hits) == len(keys):  # all held: check and unpack them in one pass
                 try:
-                    result.append(from_packed([found[r] for r in order], N, lengths))
+                    result.append(from_packed([hits[keys[r]] for r in order], N, lengths))
                     continue
                 except InputError:  # one is not what its key says: the general path evaluates it again
                     pass
             held = [r for r, a in enumerate(found) if a is not None]
             if sparse and held:
-                ok = packed_valid([found[r] for r in held], lengths[[uniq[r] for r in held]])
+                ok = packed_valid(_filled([found[r] for r in held]), lengths[[uniq[r] for r in held]])
                 for r in np.asarray(held)[~ok].tolist():
                     found[r] = None
             elif held:
                 for r in held:
-                    if found[r].shape != (lengths[uniq[r]], lengths[uniq[r]]):
+                    if getattr(found[r], "shape", None) != (lengths[uniq[r]], lengths[uniq[r]]):
                         found[r] = None
             missing = [r for r, a in enumerate(found) if a is None]
             if missing:
                 idx = [uniq[r] for r in missing]
-                if sparse:
+                if is_sparse_program(prog):
                     rows = _evaluate_sparse(prog, [seqs[b] for b in idx], causal, out=_rows_buffer(),
                                             batch=batch_of(idx))
                     fresh = pack_sequences(rows)
@@ -317,14 +335,23 @@ def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], caus
                 cache.put_many({keys[r]: a for r, a in zip(missing, fresh)})
                 for r, a in zip(missing, fresh):
                     found[r] = a
+            patterns = _filled(found)
             if sparse:
-                result.append(from_packed([found[r] for r in order], N))
+                result.append(from_packed([patterns[r] for r in order], N))
                 continue
         dense = np.zeros((len(seqs), N, N), dtype=np.float32)
         for b, r in enumerate(order):
-            dense[b, : lengths[b], : lengths[b]] = found[r]
+            dense[b, : lengths[b], : lengths[b]] = patterns[r]
         result.append(dense)
     return result
+
+
+def _filled(found: list[np.ndarray | None]) -> list[np.ndarray]:
+    """``found`` once every entry was read from the cache or evaluated."""
+    patterns = [a for a in found if a is not None]
+    if len(patterns) != len(found):
+        raise RuntimeError("a program's pattern was neither in the cache nor evaluated")
+    return patterns
 
 
 def program_tensors(

@@ -103,7 +103,8 @@ def _from_pretrained(root: Path, manifest: Mapping[str, Any]) -> tuple[Any, Any]
         if not isinstance(dtype, torch.dtype):
             raise CheckpointError(f"the manifest's weights.dtype {excerpt(manifest['weights'].get('dtype'))} is not "
                                   "a torch dtype; save the checkpoint again")
-        hf = cls.from_pretrained(str(root), config=config, use_safetensors=True, attn_implementation="eager",
+        model_class: Any = cls  # a PreTrainedModel subclass, checked above
+        hf = model_class.from_pretrained(str(root), config=config, use_safetensors=True, attn_implementation="eager",
                                  dtype=dtype, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
     return hf, tokenizer

@@ -28,7 +28,9 @@ _REGISTRY: dict[str, "ProgramBackend"] = {}
 
 def json_document(obj: Any) -> Any:
     """Parse a JSON string or bytes with the DSL's bounded loader (objects pass through)."""
-    return dsl.json_loads(obj) if isinstance(obj, (str, bytes, bytearray)) else obj
+    if isinstance(obj, bytearray):
+        obj = bytes(obj)
+    return dsl.json_loads(obj) if isinstance(obj, (str, bytes)) else obj
 
 
 class ProgramBackend(ABC):

@@ -121,10 +121,10 @@ def parse_reply(text: str | None) -> ParsedReply:
                                  "are allowed: write a shorter program")
     elif not isinstance(program, (dict, list)):
         raise MalformedReply(f"\"program\" must be a string (DSL text or Python source), got {type(program).__name__}")
-    kind = found.get("kind")
-    kind = kind.strip().lower() if isinstance(kind, str) else ""
-    if kind not in REPLY_KINDS:
-        kind = "python" if isinstance(program, str) and re.search(r"(^|\n)\s*def\s", program) else "dsl"
+    named = found.get("kind")
+    named = named.strip().lower() if isinstance(named, str) else ""
+    kind: ReplyKind = "python" if isinstance(program, str) and re.search(r"(^|\n)\s*def\s", program) else "dsl"
+    kind = next((k for k in REPLY_KINDS if k == named), kind)
     if kind == "python" and not isinstance(program, str):
         raise MalformedReply("a Python program must be source text in the \"program\" string")
     return ParsedReply(hypothesis=clip(hypothesis.strip(), MAX_HYPOTHESIS_CHARS), kind=kind, program=program)

@@ -249,8 +249,7 @@ def analyze_source(source: str) -> ProgramInfo:
     for node in nodes:
         kind = type(node).__name__
         if not isinstance(node, _ALLOWED_NODES):
-            why = _NODE_REASONS.get(kind, "this syntax is outside the allowlist for programs")
-            raise _fail(node, f"{kind} syntax", why)
+            raise _fail(node, f"{kind} syntax", _NODE_REASONS.get(kind, "this syntax is outside the allowlist for programs"))
 
         if isinstance(node, ast.Name):
             _check_identifier(node, "name", node.id)

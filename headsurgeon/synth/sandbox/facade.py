@@ -123,7 +123,7 @@ class TokenizerFacade:
         pos, base = self._located(text, add_special_tokens)
         offsets = [(0, 0) if self._special[i] else (max(self._offsets[i][0] - base, 0), max(self._offsets[i][1] - base, 0))
                    for i in pos]
-        out = {"input_ids": [self._ids[i] for i in pos], "attention_mask": [1] * len(pos), "offset_mapping": offsets}
+        out: dict[str, list] = {"input_ids": [self._ids[i] for i in pos], "attention_mask": [1] * len(pos), "offset_mapping": offsets}
         if self._words is not None:
             out["_words"] = [self._words[i] for i in pos]
         return out

@@ -70,7 +70,7 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
-_SIGNAL_HINTS = {
+_SIGNAL_HINTS: dict[int, str] = {
     signal.SIGSEGV: "segmentation fault: e.g. C-stack overflow from very deep recursion or nesting, "
                     "or a C-extension bug",
     signal.SIGKILL: "killed",
@@ -87,7 +87,8 @@ def describe_status(hdr: dict[str, Any], cpu_hard: int) -> tuple[str, str]:
         return "sandbox", "the sandbox reported an unreadable exit status"
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        cpu = hdr.get("cpu") if isinstance(hdr.get("cpu"), (int, float)) else 0.0
+        cpu = hdr.get("cpu")
+        cpu = cpu if isinstance(cpu, (int, float)) else 0.0
         if sig in (signal.SIGKILL, signal.SIGXCPU) and cpu >= cpu_hard - 1:
             return "timeout", f"the program used up the job's CPU-time budget ({cpu_hard} s) and was killed"
         return "crash", f"the program's process died with {_signal_name(sig)} ({_SIGNAL_HINTS.get(sig, 'a signal')})"

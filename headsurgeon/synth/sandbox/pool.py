@@ -441,7 +441,7 @@ class SandboxPool:
                         raise ProtocolError(f"expected 'loaded', got {t!r}")
                     loaded = True
                     if not hdr.get("ok"):
-                        reason = hdr.get("reason") if hdr.get("reason") in REASONS else "crash"
+                        reason = str(hdr.get("reason")) if hdr.get("reason") in REASONS else "crash"
                         fail(reason, str(hdr.get("message", "the program failed to load"))[:MAX_MESSAGE],
                              str(hdr.get("detail", ""))[-MAX_DETAIL:], whole=True)
                         pos = len(chunk)
@@ -463,9 +463,9 @@ class SandboxPool:
                     state.results[i] = arr
                     state.labels[i] = hdr.get("label")
                 else:
-                    reason = hdr.get("reason")
-                    if reason not in REASONS:
-                        raise ProtocolError(f"unknown reason {reason!r}")
+                    if hdr.get("reason") not in REASONS:
+                        raise ProtocolError(f"unknown reason {hdr.get('reason')!r}")
+                    reason = str(hdr.get("reason"))
                     message = str(hdr.get("message", ""))[:MAX_MESSAGE]
                     state.results[i] = ProgramExecutionError(
                         f"sequence {i}: {message}", reason, str(hdr.get("detail", ""))[-MAX_DETAIL:])

@@ -18,6 +18,7 @@ import resource
 import select
 import signal
 import sys
+import types
 import traceback
 from typing import Any
 
@@ -33,8 +34,8 @@ from .views import SequenceView, sequence_view
 
 PROGRAM_FILE = "<program>"
 #: what ``import spacy`` gives a program: a module holding only ``load`` (headsurgeon/synth/sandbox/spacy_shim.py)
-SPACY_MODULE = type(sys)("spacy")
-SPACY_MODULE.load = spacy_shim.load
+SPACY_MODULE = types.ModuleType("spacy")
+SPACY_MODULE.__dict__["load"] = spacy_shim.load
 
 
 class _SandboxTimeout(BaseException):

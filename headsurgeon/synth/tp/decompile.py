@@ -11,6 +11,7 @@ logits are summed in float64 in the same order.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import Any
 
 import numpy as np
 
@@ -126,9 +127,9 @@ def _predicate(prog: DiscreteProgram, head: CatHead | NumHead, fname: str) -> li
         else:
             groups[k_labels[target]].append(q_labels[a])
     lines = [f"def {fname}({qa}, {ka}):"]
-    for i, (target, qs) in enumerate(groups.items()):
+    for i, (key_value, qs) in enumerate(groups.items()):
         lines.append(f"    {'if' if i == 0 else 'elif'} {qa} in {_set(qs)}:")
-        lines.append(f"        return {ka} == {_lit(target)}")
+        lines.append(f"        return {ka} == {_lit(key_value)}")
     if never:
         lines.append(f"    # query values {_set(never)} accept a key value that never occurs")
     lines.append("    return False")
@@ -140,7 +141,7 @@ def _num_range(prog: DiscreteProgram, var: str) -> list[int]:
 
 
 def _mlp_network(mt: MLPTable, args: list[str]) -> list[str]:
-    w = mt.weights
+    w = mt.network
     const = f"{mt.name.upper()}_WEIGHTS"
     rows = ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in w["w_out"])
     lines = [
@@ -166,25 +167,25 @@ def _mlp(prog: DiscreteProgram, mt: MLPTable) -> list[str]:
         args = [_arg(mt.a)]
     else:
         args = [f"{_arg(mt.a)}_a", f"{_arg(mt.b)}_b"] if _arg(mt.a) == _arg(mt.b) else [_arg(mt.a), _arg(mt.b)]
-    entries = []  # (key literal, output)
+    entries: list[tuple[Any, Any]] = []  # (key literal, output)
     if mt.numeric:
         ra, rb = _num_range(prog, mt.a), _num_range(prog, mt.b)
         if (len(ra) if same else len(ra) * len(rb)) > MAX_TABLE:
             return _mlp_network(mt, args)
         if same:
-            outs = numeric_mlp(mt.weights, np.array(ra), np.array(ra)).tolist()
+            outs = numeric_mlp(mt.network, np.array(ra), np.array(ra)).tolist()
             entries = list(zip(ra, outs))
         else:
             ga, gb = np.meshgrid(ra, rb, indexing="ij")
-            outs = numeric_mlp(mt.weights, ga, gb).tolist()
+            outs = numeric_mlp(mt.network, ga, gb).tolist()
             entries = [((va, vb), outs[i][j]) for i, va in enumerate(ra) for j, vb in enumerate(rb)]
     else:
         a_vals = [(i, lab) for i, lab in enumerate(prog.value_labels[mt.a]) if lab is not None]
         b_vals = [(i, lab) for i, lab in enumerate(prog.value_labels[mt.b]) if lab is not None]
         if same:
-            entries = [(lab, mt.table[i][i]) for i, lab in a_vals]
+            entries = [(lab, mt.lookup[i][i]) for i, lab in a_vals]
         else:
-            entries = [((la, lb), mt.table[i][j]) for i, la in a_vals for j, lb in b_vals]
+            entries = [((la, lb), mt.lookup[i][j]) for i, la in a_vals for j, lb in b_vals]
     counts = Counter(out for _, out in entries)
     default = counts.most_common(1)[0][0] if counts else 0
     by_out: dict[int, list] = defaultdict(list)

@@ -92,6 +92,20 @@ class MLPTable:
     def name(self) -> str:
         return f"{'num_mlp' if self.numeric else 'mlp'}_{self.layer}_{self.index}"
 
+    @property
+    def network(self) -> dict:
+        """A numerical MLP's weights (a categorical one has a table instead)."""
+        if self.weights is None:
+            raise ValueError(f"{self.name} is categorical: it holds a lookup table, not weights")
+        return self.weights
+
+    @property
+    def lookup(self) -> list[list[int]]:
+        """A categorical MLP's table (a numerical one has weights instead)."""
+        if self.table is None:
+            raise ValueError(f"{self.name} is numerical: it holds weights, not a lookup table")
+        return self.table
+
 
 def numeric_mlp(weights: dict, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Output value of a numerical MLP for integer inputs ``a``, ``b`` (any shape), in float64 with the

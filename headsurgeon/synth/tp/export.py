@@ -101,7 +101,9 @@ def to_sequences(x: np.ndarray, vocab: list[str]) -> list[Sequence]:
     for doc, row in enumerate(np.asarray(x)):
         ids = row[row != 0]
         tokens = [vocab[i] for i in ids]
-        offsets, pos, parts = [], 0, []
+        offsets: list[tuple[int, int]] = []
+        parts: list[str] = []
+        pos = 0
         for t_i, tok in enumerate(tokens):
             if t_i == 0:
                 offsets.append((0, 0))
@@ -133,10 +135,10 @@ def head_patterns(prog: DiscreteProgram, x: np.ndarray) -> dict[str, np.ndarray]
     keymask = real[:, None, :] & real[:, :, None]
     if prog.causal:
         keymask &= np.tri(n, dtype=bool)[None]
-    for h in prog.num_heads():
-        want = np.asarray(h.pred)[trace[h.q]]
-        m = ((want[:, :, None] == trace[h.k][:, None, :]) & keymask).astype(np.float32)
+    for nh in prog.num_heads():
+        want = np.asarray(nh.pred)[trace[nh.q]]
+        m = ((want[:, :, None] == trace[nh.k][:, None, :]) & keymask).astype(np.float32)
         cnt = m.sum(-1, keepdims=True)
         m[..., 0] += ((cnt[..., 0] == 0) & real).astype(np.float32)
-        out[h.name] = m / np.maximum(m.sum(-1, keepdims=True), 1.0)
+        out[nh.name] = m / np.maximum(m.sum(-1, keepdims=True), 1.0)
     return out

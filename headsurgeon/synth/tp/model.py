@@ -185,6 +185,7 @@ def _read(stream: torch.Tensor | list[torch.Tensor], gate: torch.Tensor) -> torc
         g = gate[:, start : start + v]
         out = g @ flat if out is None else torch.addmm(out, g, flat)
         start += v
+    assert out is not None, "a residual stream has at least one block"
     return out.reshape(gate.shape[0], *stream[0].shape[1:])
 
 

@@ -118,7 +118,7 @@ def _double_hist(rng: np.random.Generator, n_sym: int = 6, min_len: int = 1, max
 def _most_freq(rng: np.random.Generator, n_sym: int = 6, min_len: int = 1, max_len: int = 8):
     sent = _draw(rng, n_sym, min_len, max_len)
     counts = Counter(sent)
-    first = {}
+    first: dict[str, int] = {}
     for i, c in enumerate(sent):
         first.setdefault(c, i)
     order = sorted(counts, key=lambda c: (-counts[c], first[c]))
