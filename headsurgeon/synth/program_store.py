@@ -36,7 +36,8 @@ class ProgramStore:
     def _all(self, head: Head) -> np.ndarray:
         program = self.programs.get(head)
         if program is None:
-            raise InputError(f"head {head} is not in this ProgramStore; it holds {self.heads}")
+            raise InputError(f"head {Head.label(head)} is not in this ProgramStore; it holds "
+                             f"{', '.join(Head.label(h) for h in self.heads)}")
         if program.hash not in self._patterns:
             self._patterns[program.hash] = program.evaluate(self.sequences, causal=self.causal)
         return self._patterns[program.hash]

@@ -34,7 +34,7 @@ def test_batch_and_pattern_equal_the_programs_evaluated_on_the_windows_asked_for
 
 
 def test_an_unknown_head_and_no_windows_are_clear_errors():
-    with pytest.raises(InputError, match=r"head \(1, 1\) is not in this ProgramStore; it holds \[\(0, 0\)\]"):
+    with pytest.raises(InputError, match=r"head L1H1 is not in this ProgramStore; it holds L0H0$"):
         ProgramStore(windows(), {(0, 0): "prev(1)"}).batch([0], [(1, 1)])
     with pytest.raises(InputError, match="at least one window"):
         ProgramStore([], {(0, 0): "prev(1)"})
