@@ -102,7 +102,7 @@ def build_gpt2_dir(directory: Path) -> Path:
 
 def load(model: str, gpt2_dir: str | None) -> Any:
     """Load stories260K (llama2.c) or the saved random GPT-2 as a ModelHandle."""
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     if model == "stories":
         return load_model(f"llama2c:{STORIES_BIN}", tokenizer=str(STORIES_TOK))
@@ -159,7 +159,7 @@ def noop_hooks(handle: Any, batches: list[tuple[torch.Tensor, torch.Tensor]]) ->
 
 def capture_now(handle: Any, seqs: list, cfg: Config, mode: str, out: Path) -> None:
     """Today's capture to a fresh directory."""
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
 
     capture(handle, seqs, out=out, mode=mode, batch_size=cfg.batch_size, shard_size=cfg.shard_size, progress=False)
 
@@ -167,8 +167,8 @@ def capture_now(handle: Any, seqs: list, cfg: Config, mode: str, out: Path) -> N
 def capture_previous(handle: Any, seqs: list, cfg: Config, mode: str, out: Path) -> None:
     """The capture loop before the in-hook conversion and the writer thread: float32 patterns to numpy,
     ``AttentionStore.put``, then ``write_shard`` and ``save_manifest`` in line after each shard."""
-    from headsurgeon.surgery.capture import forward_patterns
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.capture import forward_patterns
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     store = AttentionStore(seqs, handle.n_layers, handle.n_heads, mode, 0.025, handle.causal, handle.name, out,
                            cfg.shard_size)
@@ -199,16 +199,16 @@ def thread_kind() -> str:
 
 
 PARTS = {  # (module, object, attribute) -> part label
-    ("headsurgeon.surgery.capture", None, "_hooked_forward"): "forward incl. hooks",
-    ("headsurgeon.surgery.pattern_entries", "EntryBuilder", "take"): "  of which: conversion in the hooks",
-    ("headsurgeon.surgery.pattern_entries", "EntryBuilder", "_select"): "top-q selection (torch.topk)",
-    ("headsurgeon.surgery.pattern_entries", "EntryBuilder", "_finish_jobs"): "finishing / waiting for selections",
-    ("headsurgeon.surgery.store", "AttentionStore", "put"): "store.put (numpy -> torch, cast / topk)",
-    ("headsurgeon.surgery.shard_writer", "ShardWriter", "submit"): "waiting to hand a shard over",
-    ("headsurgeon.surgery.shard_writer", "ShardWriter", "__exit__"): "waiting for the last shard's write",
-    ("headsurgeon.surgery.store", "AttentionStore", "write_shard"): "write_shard (serialize, fsync, sha256)",
-    ("headsurgeon.surgery.store", "AttentionStore", "save_manifest"): "save_manifest",
-    ("headsurgeon.surgery.store", "AttentionStore", "save_sequences"): "save_sequences",
+    ("headsurgeon.surgery.patterns.capture", None, "_hooked_forward"): "forward incl. hooks",
+    ("headsurgeon.surgery.patterns.pattern_entries", "EntryBuilder", "take"): "  of which: conversion in the hooks",
+    ("headsurgeon.surgery.patterns.pattern_entries", "EntryBuilder", "_select"): "top-q selection (torch.topk)",
+    ("headsurgeon.surgery.patterns.pattern_entries", "EntryBuilder", "_finish_jobs"): "finishing / waiting for selections",
+    ("headsurgeon.surgery.patterns.store", "AttentionStore", "put"): "store.put (numpy -> torch, cast / topk)",
+    ("headsurgeon.surgery.patterns.shard_writer", "ShardWriter", "submit"): "waiting to hand a shard over",
+    ("headsurgeon.surgery.patterns.shard_writer", "ShardWriter", "__exit__"): "waiting for the last shard's write",
+    ("headsurgeon.surgery.patterns.store", "AttentionStore", "write_shard"): "write_shard (serialize, fsync, sha256)",
+    ("headsurgeon.surgery.patterns.store", "AttentionStore", "save_manifest"): "save_manifest",
+    ("headsurgeon.surgery.patterns.store", "AttentionStore", "save_sequences"): "save_sequences",
 }
 
 
@@ -260,7 +260,7 @@ def clocked(fn: Callable[[], Any]) -> Clock:
 # --------------------------------------------------------------------------- throughput
 def same_stores(a: Path, b: Path) -> bool:
     """Whether two store directories hold bit-identical shards."""
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     x, y = AttentionStore.load(a), AttentionStore.load(b)
     for shard in range(x.n_shards):
@@ -272,7 +272,7 @@ def same_stores(a: Path, b: Path) -> bool:
 
 def throughput(handle: Any, cfg: Config, repeats: int, tmp: Path) -> dict:
     """Interleaved repeats of every method; medians, ratios and the per-thread profile of the capture runs."""
-    from headsurgeon.surgery.capture import padded_batch
+    from headsurgeon.surgery.patterns.capture import padded_batch
 
     seqs = corpus_sequences(handle, cfg.max_len, cfg.n_throughput)
     batches = [padded_batch(b) for b in capture_batches(seqs, cfg.batch_size, cfg.shard_size)]
@@ -316,7 +316,7 @@ def throughput(handle: Any, cfg: Config, repeats: int, tmp: Path) -> dict:
 
 def topk_rate(handle: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
     """Elements per second torch.topk selects from on one real full-width batch (best of 3, this thread)."""
-    from headsurgeon.surgery.store import stored_entries
+    from headsurgeon.surgery.patterns.store import stored_entries
 
     pats: list[torch.Tensor] = []
     hooks = [(handle.pattern_hook(layer), lambda p, hook: pats.append(p.detach().clone()))
@@ -353,7 +353,7 @@ def reset_peak() -> bool:
 
 def child(spec: dict) -> dict:
     """In a fresh process: load, warm up, reset the peak, run one method over N windows; report peak - baseline."""
-    from headsurgeon.surgery.capture import capture, padded_batch
+    from headsurgeon.surgery.patterns.capture import capture, padded_batch
 
     torch.set_num_threads(spec["threads"])
     cfg = Config(**spec["cfg"])

@@ -2,7 +2,7 @@
 
 Workload: the local tasks of tests/lm_eval_tasks/ (``hs_cloze``: 100 four-way next-word questions, 400
 loglikelihood requests; ``hs_rolling``: rolling loglikelihood of long passages) through
-``headsurgeon/surgery/downstream.py``'s ``evaluate_tasks`` (lm-eval's ``simple_evaluate``, seeds fixed), on stories260K
+``headsurgeon/surgery/measure/downstream.py``'s ``evaluate_tasks`` (lm-eval's ``simple_evaluate``, seeds fixed), on stories260K
 (../shared/data/models/stories260K) and on the embedded tiny-stories model. Hybrids replace 25% and 100% of the
 heads (chosen with seed 0) with ``prev(1)``, ``first()``, ``0.5*prev(1) + 0.5*first()``, ``same_token_recent()``
 and ``fallback(induction(), first())`` in turn.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from headsurgeon.surgery.downstream import evaluate_tasks, lm_for
-from headsurgeon.surgery.loading import load_model
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.measure.downstream import evaluate_tasks, lm_for
+from headsurgeon.surgery.models.loading import load_model
+from headsurgeon.surgery.swap.replace import replace_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS_DIR = ROOT / "tests" / "lm_eval_tasks"

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from headsurgeon.surgery.corpus import make_sequences, read_documents
-from headsurgeon.surgery.loading import load_model
+from headsurgeon.surgery.models.loading import load_model
 from headsurgeon.synth.eaps import read_library
 from headsurgeon.synth.sandbox import get_pool
 

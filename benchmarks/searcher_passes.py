@@ -183,9 +183,9 @@ def main() -> int:
         return 0
     import torch
 
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
     from headsurgeon.synth.search.enumerative import FitSet, SplitArrays, primitive_library, query_predicates
     from headsurgeon.synth.search.enumerative.split import features_for
     from headsurgeon.synth.search.enumerative.util import spacy_available

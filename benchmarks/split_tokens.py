@@ -61,7 +61,7 @@ def errors(parts: dict[str, list]) -> tuple[list[float], int]:
 
 def main() -> None:
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", nargs="+", type=Path, default=[c for c in CORPORA if c.exists()])

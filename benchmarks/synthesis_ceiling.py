@@ -109,9 +109,9 @@ def main() -> int:
 
     import torch
 
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     torch.set_num_threads(2)
     model = load_model(f"llama2c:{MODEL}", tokenizer=TOKENIZER)

@@ -5,7 +5,7 @@ epochs, Gumbel tau 3.0 -> 0.01 geometric per step, then argmax), keeps the seed 
 accuracy, and prints the test accuracy of its *discretized* program beside the paper's, with the wall
 time, the process CPU time and the load average of every run. The decompiled Python program is checked
 against the discretized model on the test split (must be exact). ``--failures N`` prints the selected
-program's wrong answers grouped by input pattern (headsurgeon/synth/tp/failures.py).
+program's wrong answers grouped by input pattern (headsurgeon/tp/failures.py).
 Goals: within 1 point of the paper (or better) and <= 15 CPU-minutes per task on 2 cores.
 
 Run: ``python benchmarks/tp.py [--tasks hist reverse ...] [--seeds 0 1 2] [--threads 1] [--out runs/bench]``.
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from headsurgeon.synth.tp.decompile import decompile, load_module
-from headsurgeon.synth.tp.discrete import discretize
-from headsurgeon.synth.tp.failures import failure_groups, format_failures
-from headsurgeon.synth.tp.rundir import save_run
-from headsurgeon.synth.tp.train import PAPER_ACCURACY, default_configs, train
+from headsurgeon.tp.decompile import decompile, load_module
+from headsurgeon.tp.discrete import discretize
+from headsurgeon.tp.failures import failure_groups, format_failures
+from headsurgeon.tp.rundir import save_run
+from headsurgeon.tp.train import PAPER_ACCURACY, default_configs, train
 
 RASP_TASKS = ["reverse", "hist", "double_hist", "sort", "most_freq", "dyck1", "dyck2"]
 

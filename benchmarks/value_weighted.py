@@ -2,7 +2,7 @@
 it selects cost? SmolLM2-135M-Instruct from its GGUF, windows of ``--corpus`` as ``explain --max-len 128
 --max-sequences 120`` makes them (24 select windows).
 
-``spearman``: every swap of a per-head cost file (headsurgeon/surgery/head_costs.py ``head_costs(..., path=)``: the
+``spearman``: every swap of a per-head cost file (headsurgeon/surgery/measure/head_costs.py ``head_costs(..., path=)``: the
 explanation and 60-character frontier point of each head of ``--programs``) scored on the select windows of a store
 captured with value norms, by IoU, JSD, value-weighted IoU and JSD; Spearman of each with the swap's KL per
 predicted token and with its ratio to the head's mean-ablation KL, signed so that + means "better fidelity, lower
@@ -26,9 +26,9 @@ import torch
 from scipy.stats import spearmanr
 
 import headsurgeon as hs
-from headsurgeon.kernels.core import Head
-from headsurgeon.surgery.head_costs import head_costs
-from headsurgeon.surgery.store import AttentionStore
+from headsurgeon.core import Head
+from headsurgeon.surgery.measure.head_costs import head_costs
+from headsurgeon.surgery.patterns.store import AttentionStore
 from headsurgeon.synth.select import score_programs
 from headsurgeon.synth.sequence import sequences_key
 

@@ -23,23 +23,23 @@ if TYPE_CHECKING:  # the one list of top-level names: type checkers read it, and
     from .hub.checkpoint import load_hybrid, save_hybrid
     from .hub.remote import push_hybrid
     from .hub.zoo import demo_corpus_path
-    from .kernels.core import Head, HeadsurgeonError
+    from .core import Head, HeadsurgeonError
     from .pipeline import explain
-    from .surgery.ablate import ablate
+    from .surgery.measure.ablate import ablate
     from .surgery.batches import batches
-    from .surgery.capture import capture
+    from .surgery.patterns.capture import capture
     from .surgery.corpus import load_corpus, make_sequences, Splits
-    from .surgery.downstream import downstream
-    from .surgery.eval_report import evaluate_programs
-    from .surgery.evaluate import perplexity
-    from .surgery.head_costs import head_costs
-    from .surgery.head_finders import head_scores
-    from .surgery.heal import heal
-    from .surgery.loading import load_model
-    from .surgery.refit import refit_mixtures
-    from .surgery.replace import HybridModel, replace_heads
-    from .surgery.score import score
-    from .surgery.store import AttentionStore
+    from .surgery.measure.downstream import downstream
+    from .surgery.measure.eval_report import evaluate_programs
+    from .surgery.measure.evaluate import perplexity
+    from .surgery.measure.head_costs import head_costs
+    from .surgery.measure.head_finders import head_scores
+    from .surgery.swap.heal import heal
+    from .surgery.models.loading import load_model
+    from .surgery.swap.refit import refit_mixtures
+    from .surgery.swap.replace import HybridModel, replace_heads
+    from .surgery.measure.score import score
+    from .surgery.patterns.store import AttentionStore
     from .synth.eaps import load_library_file, read_library
     from .synth.program import Program
     from .synth.programset import ProgramSet
@@ -62,44 +62,44 @@ _MOVED = {
     "AgentConfig": "headsurgeon.synth.search.llm",
     "BuildResult": "headsurgeon.build",
     "compute_features": "headsurgeon.synth.features",
-    "embedding_distance": "headsurgeon.surgery.embedding",
-    "EvalReport": "headsurgeon.surgery.eval_report",
+    "embedding_distance": "headsurgeon.surgery.measure.embedding",
+    "EvalReport": "headsurgeon.surgery.measure.eval_report",
     "FeatureView": "headsurgeon.synth.features",
-    "HeadCosts": "headsurgeon.surgery.head_costs",
-    "HeadScores": "headsurgeon.surgery.head_finders",
-    "HealReport": "headsurgeon.surgery.heal",
+    "HeadCosts": "headsurgeon.surgery.measure.head_costs",
+    "HeadScores": "headsurgeon.surgery.measure.head_finders",
+    "HealReport": "headsurgeon.surgery.swap.heal",
     "jsd_distance": "headsurgeon.synth.metrics",
     "learned_search": "headsurgeon.synth.search.learned",
     "LibraryProgram": "headsurgeon.synth.eaps",
     "LLMAgent": "headsurgeon.synth.search.llm",
-    "ModelHandle": "headsurgeon.surgery.loading",
-    "ModelLoadError": "headsurgeon.surgery.loading",
-    "ModelSource": "headsurgeon.surgery.sources",
+    "ModelHandle": "headsurgeon.surgery.models.loading",
+    "ModelLoadError": "headsurgeon.surgery.models.loading",
+    "ModelSource": "headsurgeon.surgery.models.sources",
     "normalize_scores": "headsurgeon.kernels.normalize",
-    "order_heads": "headsurgeon.surgery.sweep_order",
+    "order_heads": "headsurgeon.surgery.measure.sweep_order",
     "padded_batch": "headsurgeon.surgery.batches",
-    "per_head_delta_ppl": "headsurgeon.surgery.evaluate",
-    "probe_sequences": "headsurgeon.surgery.head_finders",
+    "per_head_delta_ppl": "headsurgeon.surgery.measure.evaluate",
+    "probe_sequences": "headsurgeon.surgery.measure.head_finders",
     "program_tensors": "headsurgeon.synth.tensors",
-    "ProgramHead": "headsurgeon.surgery.replace",
+    "ProgramHead": "headsurgeon.surgery.swap.replace",
     "read_documents": "headsurgeon.surgery.corpus",
     "RealPatterns": "headsurgeon.synth.metrics",
-    "RefitResult": "headsurgeon.surgery.refit",
-    "register_model_source": "headsurgeon.surgery.sources",
+    "RefitResult": "headsurgeon.surgery.swap.refit",
+    "register_model_source": "headsurgeon.surgery.models.sources",
     "register_searcher": "headsurgeon.synth.search",
-    "replacement_sweep": "headsurgeon.surgery.evaluate",
+    "replacement_sweep": "headsurgeon.surgery.measure.evaluate",
     "run_searchers": "headsurgeon.synth.search",
     "SandboxPool": "headsurgeon.synth.sandbox",
     "score_many": "headsurgeon.synth.metrics",
     "ScoredProgram": "headsurgeon.synth.scored",
-    "Scores": "headsurgeon.kernels.scores",
+    "Scores": "headsurgeon.core.scores",
     "Searcher": "headsurgeon.synth.search",
     "searchers": "headsurgeon.synth.search",
     "SearchSettings": "headsurgeon.synth.search",
-    "sentence_embeddings": "headsurgeon.surgery.embedding",
+    "sentence_embeddings": "headsurgeon.surgery.measure.embedding",
     "Sequence": "headsurgeon.synth.sequence",
     "soft_iou": "headsurgeon.synth.metrics",
-    "spearman_ci": "headsurgeon.surgery.evaluate",
+    "spearman_ci": "headsurgeon.surgery.measure.evaluate",
     "split_sequences": "headsurgeon.surgery.corpus",
     "TensorCache": "headsurgeon.kernels.cache",
     "topq_iou": "headsurgeon.synth.metrics",

@@ -2,13 +2,13 @@
 the result on windows that neither selection nor healing saw.
 
 Each head gets the cheapest of its candidates (its program, its frontier points of that size, a refit of its
-mixture weights to the head's output, headsurgeon/surgery/refit.py) by single-swap KL on the select windows
-(headsurgeon/surgery/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
+mixture weights to the head's output, headsurgeon/surgery/swap/refit.py) by single-swap KL on the select windows
+(headsurgeon/surgery/measure/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
 jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
 apart, and its heads that cost more together than alone go to the back of the queue. Healing tunes the norm gains on
-the synth windows (headsurgeon/surgery/heal.py), by default distilling from the base (which is then its own control); with
+the synth windows (headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control); with
 next-token loss a copy of the base is tuned the same way and every healed figure is against it. Costs are
-KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (headsurgeon/surgery/divergence.py).
+KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (headsurgeon/surgery/measure/divergence.py).
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from .configs import BuildConfig
-from .kernels.core import InputError
-from .kernels.fileio import json_bytes
+from .core import InputError
+from .core.fileio import json_bytes
 from .surgery.threads import fit_threads
-from .kernels.core import Head
+from .core import Head
 
 __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 
@@ -107,15 +107,15 @@ def _line(summary: dict[str, Any]) -> str:
 
 class _Joint:
     """Joint costs of head sets on fixed windows, as summaries: each distinct set is measured once
-    (headsurgeon/surgery/eval_report.py ``SwapCosts``)."""
+    (headsurgeon/surgery/measure/eval_report.py ``SwapCosts``)."""
 
     def __init__(self, handle: Any, windows: list[Any], programs: dict[Any, Any]) -> None:
-        from .surgery.eval_report import SwapCosts
+        from .surgery.measure.eval_report import SwapCosts
 
         self.costs, self.programs = SwapCosts(handle, windows), programs
 
     def measure(self, heads: list[Any]) -> Any:
-        from .surgery.divergence import summarize
+        from .surgery.measure.divergence import summarize
 
         return summarize(self.costs.windows({h: self.programs[h] for h in heads}))
 
@@ -188,9 +188,9 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     norm gains of the hybrid and of a copy of the base are tuned on the synth windows and compared. With ``out``, the
     (healed) hybrid is saved there with ``build.json``. Settings: :class:`BuildConfig`, or its fields as keywords."""
     from .hub.checkpoint import save_hybrid
-    from .surgery.divergence import BaseDistributions, summarize, window_costs
-    from .surgery.head_costs import head_costs
-    from .surgery.replace import replace_heads
+    from .surgery.measure.divergence import BaseDistributions, summarize, window_costs
+    from .surgery.measure.head_costs import head_costs
+    from .surgery.swap.replace import replace_heads
     from .synth.vocab import Vocabulary
 
     cfg = BuildConfig.resolve(config, shortcuts)
@@ -273,8 +273,8 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
 
 def _inputs(model: Any, corpus: Any, programs: Any, trust_programs: Any, cfg: BuildConfig) -> tuple[Any, ...]:
     """(handle, trusted ProgramSet, splits, heldout windows), refusing what build cannot use before any work."""
-    from .surgery.loading import load_model
-    from .surgery.scorable import require_lm_head
+    from .surgery.models.loading import load_model
+    from .surgery.measure.scorable import require_lm_head
     from .synth.programset import ProgramSet
 
     if isinstance(programs, (str, Path)):
@@ -333,8 +333,8 @@ def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:
 
 def _refits(handle: Any, programs: Any, cfg: BuildConfig, synth: list[Any], vocab: Any) -> dict[Any, Any]:
     """Per head whose program is a mixture: the same components reweighted to match the head's output on the synth
-    windows (headsurgeon/surgery/refit.py), kept when it changed and, for explanations, is still readable."""
-    from .surgery.refit import refit_mixtures
+    windows (headsurgeon/surgery/swap/refit.py), kept when it changed and, for explanations, is still readable."""
+    from .surgery.swap.refit import refit_mixtures
     from .synth.program import READABLE_CHARS
 
     found = refit_mixtures(handle, programs, synth, which=cfg.which, progress=cfg.progress)
@@ -369,9 +369,9 @@ def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[
     """Heal the hybrid (and the control) on the synth windows and judge it against the base tuned the same way: with
     "kl" (distilling from the base) that is the base itself, whose KL to itself is 0, so no step moves it; with "lm"
     a copy of the base is tuned on the same windows and every healed figure is against that copy."""
-    from .surgery.divergence import BaseDistributions, summarize, window_costs
-    from .surgery.heal import heal
-    from .surgery.replace import independent_handle, replace_heads
+    from .surgery.measure.divergence import BaseDistributions, summarize, window_costs
+    from .surgery.swap.heal import heal
+    from .surgery.swap.replace import independent_handle, replace_heads
 
     def healed_hybrid(swap: Any) -> tuple[Any, Any]:
         hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)
@@ -409,8 +409,8 @@ def _card_metrics(result: BuildResult) -> dict[str, Any]:
 
 def _control(programs: Any, which: str, k: int, base: Any, handle: Any) -> dict[str, Any]:
     """The same number of heads in select-IoU order (the order a pattern metric gives), measured on the same windows."""
-    from .surgery.divergence import summarize, window_costs
-    from .surgery.replace import replace_heads
+    from .surgery.measure.divergence import summarize, window_costs
+    from .surgery.swap.replace import replace_heads
 
     chosen = programs.programs(which)
 

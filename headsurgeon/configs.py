@@ -1,15 +1,15 @@
 """``ExplainConfig``: every stage's settings for one ``explain`` run, composed from the stages' own configs in
 their layers (headsurgeon/surgery/configs.py, headsurgeon/synth/search/config.py, headsurgeon/scaleout/config.py). ``explain``'s keyword
-shortcuts (``max_len=``, ``searchers=``, ...) are these fields by name (headsurgeon/kernels/configs.py ``with_shortcuts``),
+shortcuts (``max_len=``, ``searchers=``, ...) are these fields by name (headsurgeon/core/configs.py ``with_shortcuts``),
 and ``headsurgeon explain`` builds its flags from them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .kernels.argtypes import fraction, positive_float, positive_int
-from .kernels.configs import nested, setting, with_shortcuts
-from .kernels.core import WHICHES
+from .core.argtypes import fraction, positive_float, positive_int
+from .core.configs import nested, setting, with_shortcuts
+from .core import WHICHES
 from .scaleout.config import ScaleoutConfig
 from .surgery.configs import CaptureConfig, CorpusConfig, HeadsConfig, MeasureConfig, ModelConfig
 from .synth.search.config import SearchConfig

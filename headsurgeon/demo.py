@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from headsurgeon.pipeline import ExplainResult, explain
-from headsurgeon.surgery.capture import padded_batch
-from headsurgeon.surgery.replace import replace_heads
-from .kernels.core import Head
+from headsurgeon.surgery.patterns.capture import padded_batch
+from headsurgeon.surgery.swap.replace import replace_heads
+from .core import Head
 
 
 def run_demo(out: str | Path = "headsurgeon-demo", model: Any = "tiny-stories", corpus: Any = None,
@@ -22,7 +22,7 @@ def run_demo(out: str | Path = "headsurgeon-demo", model: Any = "tiny-stories", 
     result: ExplainResult = explain(model, corpus, out, max_len=max_len, max_sequences=max_sequences,
                                     searchers=searchers, progress=progress)
     from headsurgeon.hub.checkpoint import load_hybrid, save_hybrid
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     handle = load_model(model)
     ranked = result.programs.ranked("select")

@@ -1,4 +1,4 @@
-"""explain's ``head_costs`` option: each head's causal cost (headsurgeon/surgery/head_costs.py) on the select windows, for its
+"""explain's ``head_costs`` option: each head's causal cost (headsurgeon/surgery/measure/head_costs.py) on the select windows, for its
 replacement, its explanation and its mean pattern (mean ablation), kept in OUT/head_costs.json so a rerun goes on
 from it, then folded into summary.json (the whole ``HeadCosts.to_json()``) and into the ProgramSet's meta (a compact
 per-head form that ``ProgramSet.table()`` and report.html read).
@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from headsurgeon.surgery.head_costs import HeadCosts, head_costs
+from headsurgeon.surgery.measure.head_costs import HeadCosts, head_costs
 
 __all__ = ["COSTS_NAME", "measure_head_costs", "compact_costs", "format_costs"]
 
-#: the progress and result file under OUT (headsurgeon/surgery/head_costs.py COSTS_FILE format)
+#: the progress and result file under OUT (headsurgeon/surgery/measure/head_costs.py COSTS_FILE format)
 COSTS_NAME = "head_costs.json"
 
 

@@ -1,11 +1,11 @@
 """explain after selection: both kinds of program measured as ``headsurgeon eval`` measures them
-(headsurgeon/surgery/eval_report.py ``evaluate_programs`` on the run's own Splits), then OUT/sweep.png, OUT/report.html and
+(headsurgeon/surgery/measure/eval_report.py ``evaluate_programs`` on the run's own Splits), then OUT/sweep.png, OUT/report.html and
 OUT/summary.json, with the run's timings nested where phases nest.
 
 Replacements (the most faithful programs) and explanations (the best readable ones) each get the headline ΔPPL and
 KL(base ‖ hybrid) with bootstrap intervals and the test tokens counted, the sweep (each arm's ΔPPL and KL) in IoU
 and/or ΔPPL order beside a random order and random programs, and, when asked, per-head ΔPPL and KL with
-Spearman(IoU, ΔPPL) and Spearman(IoU / JSD, KL), and lm-eval tasks (the held-out cloze, headsurgeon/surgery/cloze.py, among
+Spearman(IoU, ΔPPL) and Spearman(IoU / JSD, KL), and lm-eval tasks (the held-out cloze, headsurgeon/surgery/measure/cloze.py, among
 them). summary.json's "evaluation" is ``EvalReport.to_json()``, so it carries every one of these fields.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from headsurgeon.surgery.configs import SweepChoice
-from headsurgeon.surgery.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
-from .kernels.core import Head
+from headsurgeon.surgery.measure.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
+from .core import Head
 from .explain_costs import compact_costs, measure_head_costs
 
 __all__ = ["measure_and_report", "nest_timings", "format_timings", "cloze_documents", "sweep_rows"]
@@ -69,7 +69,7 @@ def cloze_documents(splits: Any) -> list[str]:
 
 def _with_cloze(tasks: list[str], include_path: Any, splits: Any, out: Path, seed: int) -> tuple[list[str], Any]:
     """``tasks`` plus the held-out cloze written under OUT/cloze, and the include path that finds it."""
-    from headsurgeon.surgery.cloze import write_cloze_task
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
 
     name, folder = write_cloze_task(cloze_documents(splits), out / "cloze", seed=seed)
     given = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])

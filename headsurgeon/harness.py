@@ -17,9 +17,9 @@ from typing import Any
 from lm_eval.api.registry import register_model
 
 from headsurgeon.hub.checkpoint import load_hybrid
-from headsurgeon.surgery.downstream import TASKS_DIR
-from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM, model_flag
-from .kernels.core import InputError
+from headsurgeon.surgery.measure.downstream import TASKS_DIR
+from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM, model_flag
+from .core import InputError
 
 __all__ = ["HarnessLM", "main"]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from headsurgeon.scaleout import explain_store, preflight
-from headsurgeon.surgery.capture import capture
+from headsurgeon.surgery.patterns.capture import capture
 from headsurgeon.surgery.corpus import check_corpus_source, load_corpus
-from headsurgeon.surgery.head_subset import check_subset, choose_heads
-from headsurgeon.surgery.loading import load_model
+from headsurgeon.surgery.measure.head_subset import check_subset, choose_heads
+from headsurgeon.surgery.models.loading import load_model
 from headsurgeon.surgery.threads import fit_threads
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.vocab import Vocabulary
@@ -24,15 +24,15 @@ from headsurgeon.synth.search.config import SEARCHERS  # noqa: F401 - the defaul
 from .configs import ExplainConfig
 from .explain_costs import format_costs
 from .explain_measure import measure_and_report, sweep_rows
-from .kernels.core import InputError
-from .kernels.core import Head
+from .core import InputError
+from .core import Head
 
 
 @dataclass
 class ExplainResult:
     """What explain produced: the program set, the sweep rows, the store, the measurement and where files went.
 
-    ``evaluation``: the EvalReport of both kinds (headsurgeon/surgery/eval_report.py; OUT/summary.json holds its JSON);
+    ``evaluation``: the EvalReport of both kinds (headsurgeon/surgery/measure/eval_report.py; OUT/summary.json holds its JSON);
     ``sweep``: its sweep rows, replacements' then explanations', each labelled by kind under ``"which"``;
     ``timings``: seconds per phase, a nested phase as a dict whose ``"wall"`` is its wall time (the rest its
     parts), and ``"total"``, the run's wall time.
@@ -90,7 +90,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     keywords by name instead (not both): ``tokenizer``, ``device``, ``dtype`` (the model); ``max_len``,
     ``max_sequences``, ``fractions``, ``seed`` (also the searchers' and the sweep's), ``separator`` (the corpus);
     ``mode``, ``q_frac``, ``batch_size``, ``shard_size`` (capture); ``heads``, ``layers``, ``top``, ``by`` (which heads:
-    every one by default, see headsurgeon/surgery/head_subset.py); ``searchers`` (registered names, run in
+    every one by default, see headsurgeon/surgery/measure/head_subset.py); ``searchers`` (registered names, run in
     order), ``library`` (programs, DSL text or EAPS-style ``Path`` files that compete for every head),
     ``library_budget``, ``enumerative`` / ``learned`` / ``agent_config`` (each searcher's options); ``executor``,
     ``workers``, ``address``, ``heads_per_task``, ``store_url`` (scale-out); ``sweep_steps``, ``order``, ``delta_ppl``,
@@ -99,7 +99,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     Each field's help says what it does; ``headsurgeon explain --help`` lists them with their defaults.
     Search and selection run per head, journaled in OUT/heads so a killed run resumes (headsurgeon/scaleout/), on
     ``workers`` processes (None: every core this process may use; 1: this process); ``executor="ray"`` runs them on Ray (``address``: a running cluster, None: a local runtime).
-    ``tasks``: lm-eval tasks scored on the base and the hybrid, shown in report.html (headsurgeon/surgery/downstream.py).
+    ``tasks``: lm-eval tasks scored on the base and the hybrid, shown in report.html (headsurgeon/surgery/measure/downstream.py).
     ``capture_only``: stop once OUT/store is complete (e.g. on the GPU box); the same call without it later
     (e.g. with ``executor="ray"`` on the cluster) finds the store complete and goes on from there.
     """
@@ -120,9 +120,9 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
 
         check_endpoint(search.agent_config)
     if tasks or cloze:  # before minutes of capture and search: lm-eval must be installed and the model scorable
-        from headsurgeon.surgery.downstream import check_tasks
-        from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM  # noqa: F401 - a clear ImportError without lm-eval
-        from headsurgeon.surgery.scorable import require_lm_head
+        from headsurgeon.surgery.measure.downstream import check_tasks
+        from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM  # noqa: F401 - a clear ImportError without lm-eval
+        from headsurgeon.surgery.measure.scorable import require_lm_head
 
         tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks or [])
         if tasks:

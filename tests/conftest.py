@@ -62,17 +62,17 @@ def corpus_path() -> Path:
 @pytest.fixture(scope="session")
 def stories():
     """stories260K as a ModelHandle (llama2.c checkpoint, GQA 8 query / 4 kv heads)."""
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     need(STORIES / "stories260K.bin")
     return load_model(f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=STORIES / "tok512.model")
 
 
 def _installed_gguf(hub_id: str, install: str):
-    """load_model(hub_id) from its installed GGUF copy (headsurgeon/surgery/sources.py), or a skip saying what to install."""
+    """load_model(hub_id) from its installed GGUF copy (headsurgeon/surgery/models/sources.py), or a skip saying what to install."""
     pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -e '.[test]')")
-    from headsurgeon.surgery.loading import load_model
-    from headsurgeon.surgery.sources import installed_copy
+    from headsurgeon.surgery.models.loading import load_model
+    from headsurgeon.surgery.models.sources import installed_copy
 
     if installed_copy(hub_id) is None:
         pytest.skip(f"no installed copy of {hub_id}: {install}")
@@ -137,7 +137,7 @@ def random_model_dirs(tmp_path_factory, gpt2_tokenizer_dir) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def random_models(random_model_dirs):
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     return {kind: load_model(path) for kind, path in random_model_dirs.items()}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from headsurgeon.synth.backends import backend_kinds, get_backend
-from headsurgeon.surgery.sources import install_hint
+from headsurgeon.surgery.models.sources import install_hint
 
 __all__ = ["render_card", "load_snippet"]
 
@@ -121,7 +121,7 @@ def _param_families(names: Any) -> Any:
 
 
 def _healing_lines(records: Any) -> list[str]:
-    """The Healing section: per ``heal`` call (headsurgeon/surgery/heal.py), what was trained, how, on what, and the loss."""
+    """The Healing section: per ``heal`` call (headsurgeon/surgery/swap/heal.py), what was trained, how, on what, and the loss."""
     if not isinstance(records, list) or not records:
         return []
     lines = ["## Healing", "",

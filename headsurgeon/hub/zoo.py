@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from headsurgeon.kernels.fileio import split_documents
-from ..kernels.core import HeadsurgeonError
+from headsurgeon.core.fileio import split_documents
+from ..core import HeadsurgeonError
 
 DEFAULT_NAME = "tiny-stories"
 ZOO_DATA = Path(__file__).resolve().parent / "zoo_data"

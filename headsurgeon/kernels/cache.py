@@ -39,16 +39,16 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
-from .fileio import UnsafeFileError, atomic_write_bytes, private_key
-from .core import InputError
-from .formats import FileFormat, FutureFormatError, metadata_version
+from ..core.fileio import UnsafeFileError, atomic_write_bytes, private_key
+from ..core import InputError
+from ..core.formats import FileFormat, FutureFormatError, metadata_version
 
 __all__ = ["TensorCache", "CacheStats", "CacheEntryWarning", "cache_key"]
 
 SHARD_SUFFIX = ".safetensors"
 KEY_FILE = ".cache-key"
 MAX_HEADER_BYTES = 64 << 20
-#: a shard's ``format`` metadata, ``headsurgeon-tensor-cache/1`` (headsurgeon/kernels/formats.py); shards without it still load
+#: a shard's ``format`` metadata, ``headsurgeon-tensor-cache/1`` (headsurgeon/core/formats.py); shards without it still load
 SHARD_FORMAT = FileFormat("headsurgeon-tensor-cache", 1, (1,), "a tensor-cache shard",
                           "clear the cache folder (TensorCache.clear(disk=True))", error=UnsafeFileError)
 _MAC_PREFIX = "hmac-sha256:"

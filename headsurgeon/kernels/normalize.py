@@ -23,7 +23,7 @@ from numba import njit
 
 from .sparse import RowsBuffer, SparseRows
 from .specialise import specialised
-from .core import InputError
+from ..core import InputError
 
 __all__ = ["normalize_scores", "normalize_rows", "visible_mask"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
-from .core import InputError
+from ..core import InputError
 
 __all__ = ["SparseRows", "RowsBuffer", "PACK_TAG", "pack_sequence", "pack_sequences", "packed_valid",
            "is_packed", "from_packed", "empty_rows_like",

@@ -1,5 +1,5 @@
 """The report's cost section: what swapping each kind of program in costs, from an EvalReport
-(headsurgeon/surgery/eval_report.py): both kinds' headline side by side (ΔPPL and KL(base ‖ hybrid) with their intervals, and a
+(headsurgeon/surgery/measure/eval_report.py): both kinds' headline side by side (ΔPPL and KL(base ‖ hybrid) with their intervals, and a
 note where an interval is wider than the effect), a sweep table per kind naming the cheaper order, Spearman(IoU,
 ΔPPL) and Spearman(fidelity, KL) with their intervals and the per-head table when measured, lm-eval tasks per
 kind."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from headsurgeon.surgery.eval_format import FIDELITY_LABELS, KIND_LABELS, wide_note
-from headsurgeon.surgery.sweep_order import ORDER_LABELS
+from headsurgeon.surgery.measure.eval_format import FIDELITY_LABELS, KIND_LABELS, wide_note
+from headsurgeon.surgery.measure.sweep_order import ORDER_LABELS
 
 from . import words
 from .downstream import downstream_table

@@ -13,7 +13,7 @@ from headsurgeon.synth import dsl
 
 from . import heads as hv
 from . import words
-from ..kernels.core import Head
+from ..core import Head
 
 #: family → the cell's short label
 FAMILIES = {"induction": "ind", "previous token": "prev", "duplicate": "dup", "sink": "sink", "self": "self",

@@ -21,7 +21,7 @@ from .downstream import downstream_table
 from .grid import GRID_SCRIPT, GRID_STYLE, grid_html
 from . import words
 from .plots import CELL, DIVERGING, colour_css, frontier_svg, heatmap
-from ..kernels.core import Head
+from ..core import Head
 
 #: a replacement's text is shown in full up to this many characters (fitted tables stay in programs.json)
 SHOW_REPLACEMENT_CHARS = 1000
@@ -194,7 +194,7 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
     ``timings`` and ``notes``); ``vocab``: the tokenizer's ``Vocabulary`` (headsurgeon/synth/vocab.py), to render token ids
     as strings where a stored text is missing or cut (ignored, with a note, when its fingerprint is not the set's);
     ``select_idx``: choose the best template on select rather than test; ``downstream``: ``hs.downstream``'s
-    result, shown as a table of task scores; ``evaluation``: an EvalReport (headsurgeon/surgery/eval_report.py) of both kinds,
+    result, shown as a table of task scores; ``evaluation``: an EvalReport (headsurgeon/surgery/measure/eval_report.py) of both kinds,
     shown as the cost section (report/cost.py) in place of ``sweep_rows`` and ``downstream``.
     ``examples`` is kept for callers; one example window is shown.
     """

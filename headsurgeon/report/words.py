@@ -120,7 +120,7 @@ def sweep_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     cols = [(k, label) for k, label in SWEEP_COLUMNS if any(k in r for r in rows)]
-    embedding = any("embedding_distance" in r for r in rows)  # a headless encoder (headsurgeon/surgery/embedding.py)
+    embedding = any("embedding_distance" in r for r in rows)  # a headless encoder (headsurgeon/surgery/measure/embedding.py)
     metric = "embedding distance" if embedding else "ΔPPL"
     head = "".join(f"<th>{metric} {label}</th>" for _, label in cols)
     body = []

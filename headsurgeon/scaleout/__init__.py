@@ -4,7 +4,7 @@ Ray cluster, journaled per head so a killed run resumes. Ray is imported only wh
 from __future__ import annotations
 
 from .headstore import HeadStore, StoreUnreachable, store_location
-from ..kernels.core import JournalMismatchError
+from ..core import JournalMismatchError
 from .journal import HeadJournal
 from .run import EXECUTORS, chunked, run_heads
 from .stage import HeadsResult, explain_store, preflight

@@ -1,7 +1,7 @@
 """How explain's heads are cut into tasks: shared by the local executor (run.py, pool.py) and Ray's (ray_run.py)."""
 from __future__ import annotations
 
-from ..kernels.core import InputError
+from ..core import InputError
 
 __all__ = ["FIRST_TASK_HEADS", "MAX_HEADS_PER_TASK", "balanced", "chunked"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..kernels.argtypes import positive_int
-from ..kernels.configs import setting
+from ..core.argtypes import positive_int
+from ..core.configs import setting
 
 __all__ = ["ScaleoutConfig"]
 

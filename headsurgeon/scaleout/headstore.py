@@ -1,10 +1,10 @@
-"""A read-only view of an attention store (headsurgeon/surgery/store.py) that reads only the heads a task needs.
+"""A read-only view of an attention store (headsurgeon/surgery/patterns/store.py) that reads only the heads a task needs.
 
 Workers open the store by a path or an fsspec URL that every worker can see, and fetch each (layer, head)
 slice of each shard by byte range: a head of a dense store is one contiguous run of float16 in its
 sequence's ``[L, H, n, n]`` tensor (a top-q store: ``[L, H, q]`` indices and values). Shard sizes are checked
 against the manifest; sha256 is not (that would read every head), the driver's capture checked it when it wrote.
-Reading and decoding are AttentionStore's own (headsurgeon/surgery/store_reader.py ``StoreReader`` and ``Layout``).
+Reading and decoding are AttentionStore's own (headsurgeon/surgery/patterns/store_reader.py ``StoreReader`` and ``Layout``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Sequence as Seq
 
 import numpy as np
 
-from ..surgery.store_reader import (MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, StoreError, StoreReader, byte_source,
+from ..surgery.patterns.store_reader import (MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, StoreError, StoreReader, byte_source,
                                     norm_name,
                                     listed_shards)
 
@@ -26,7 +26,7 @@ class StoreUnreachable(StoreError):
 class HeadStore:
     """``PatternSource`` (headsurgeon/synth/search/base.py) over ``heads`` of the store at ``location`` (path or fsspec URL).
 
-    Reads ``manifest.json`` and ``sequences.json`` once through the store's reader (headsurgeon/surgery/store_reader.py: the
+    Reads ``manifest.json`` and ``sequences.json`` once through the store's reader (headsurgeon/surgery/patterns/store_reader.py: the
     same format, version, settings and sequence checks as ``AttentionStore.load``), then per ``batch`` call only
     the byte ranges of the requested heads (kept in memory for the task's later reads).
     """
@@ -76,7 +76,7 @@ class HeadStore:
 
     @property
     def has_value_norms(self) -> bool:
-        """Whether the store holds each key's value norm (headsurgeon/surgery/value_norms.py)."""
+        """Whether the store holds each key's value norm (headsurgeon/surgery/patterns/value_norms.py)."""
         return self.layout.value_norms
 
     def norm(self, index: int, layer: int, head: int) -> np.ndarray:

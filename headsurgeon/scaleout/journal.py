@@ -1,5 +1,5 @@
 """The per-head journal of an explain run: one record per finished head under ``OUT/heads/``, written atomically
-(headsurgeon/kernels/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
+(headsurgeon/core/fileio.py) and never rewritten, so a driver killed mid-run resumes without redoing finished heads.
 
 Layout: ``run.json`` holds the fingerprint of the inputs (store, splits, seed, searchers and their options) and a
 random run id; ``L{layer}H{head}.json`` holds a head's selected entry (headsurgeon/synth/programset.py ``Entry.to_json``), the
@@ -26,17 +26,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..kernels.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
-from ..kernels.formats import FileFormat, check_versioned, write_versioned
+from ..core.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
+from ..core.formats import FileFormat, check_versioned, write_versioned
 from ..synth.errors import ProgramError
 from ..synth.programset import Entry, ProgramSet
-from ..kernels.core import Head, HeadsurgeonError, JournalMismatchError
+from ..core import Head, HeadsurgeonError, JournalMismatchError
 
 class JournalError(HeadsurgeonError, ValueError):
     """The journal folder cannot be used: unreadable, forged or altered records, or a missing run.json or key."""
 
 
-#: run.json's format (headsurgeon/kernels/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
+#: run.json's format (headsurgeon/core/formats.py); 2: records and run.json carry an HMAC under a key outside OUT
 RUN_FILE = FileFormat("headsurgeon.head_journal", 2, (2,), "a run file of a headsurgeon journal",
                       "delete the output folder's heads/ to start over (its heads are searched again)",
                       error=JournalError)
@@ -67,7 +67,7 @@ def _canonical(obj: Any) -> Any:
 
 
 def _is_record_name(name: str) -> bool:
-    """``L3H5.json``, the one spelling a record file has (headsurgeon/kernels/core.py ``Head``)."""
+    """``L3H5.json``, the one spelling a record file has (headsurgeon/core/__init__.py ``Head``)."""
     try:
         return name.endswith(".json") and f"{Head.parse(name[:-5])}.json" == name
     except HeadsurgeonError:
@@ -88,7 +88,7 @@ class HeadJournal:
         return f"delete {self.directory} to start over (its heads are searched again)"
 
     def _read(self, path: Path) -> Any:
-        """A JSON file of the journal, read bounded (headsurgeon/kernels/fileio.py), or a JournalError naming it and the fix."""
+        """A JSON file of the journal, read bounded (headsurgeon/core/fileio.py), or a JournalError naming it and the fix."""
         try:
             return json.loads(read_bounded(path, MAX_RECORD_BYTES, "a journal file"))
         except (OSError, UnsafeFileError, ValueError, RecursionError) as e:

@@ -21,7 +21,7 @@ from loky import ProcessPoolExecutor
 
 from ..surgery.threads import THREAD_ENV, pin_threads, usable_cores, worker_threads
 from .task import HeadJob, explain_heads
-from ..kernels.core import Head, HeadsurgeonError, InputError
+from ..core import Head, HeadsurgeonError, InputError
 
 __all__ = ["WORKERS_ENV", "PoolReport", "WorkerLost", "default_workers", "describe", "peak_rss", "pool_map"]
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .chunks import MAX_HEADS_PER_TASK, chunked
 from .headstore import HeadStore, StoreUnreachable
 from .task import HeadJob, explain_heads
-from ..kernels.core import Head, HeadsurgeonError
+from ..core import Head, HeadsurgeonError
 
 
 class ClusterError(HeadsurgeonError, ConnectionError, ValueError):

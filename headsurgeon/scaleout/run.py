@@ -18,7 +18,7 @@ from .chunks import balanced, chunked
 from .journal import HeadJournal
 from .pool import default_workers, describe, peak_rss, pool_map
 from .task import HeadJob, explain_heads
-from ..kernels.core import InputError
+from ..core import InputError
 
 EXECUTORS = ("local", "ray")
 

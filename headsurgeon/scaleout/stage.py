@@ -14,7 +14,7 @@ from ..synth.search.base import SearcherUnavailable, SearchSettings, make_search
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
 from .task import DeltaJob, HeadJob
-from ..kernels.core import Head, InputError
+from ..core import Head, InputError
 
 @dataclass
 class HeadsResult:
@@ -113,7 +113,7 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
     pooled = executor == "ray" or (executor == "local" and workers != 1)
     delta = None
     if delta_ppl:
-        from ..surgery.evaluate import perplexity
+        from ..surgery.measure.evaluate import perplexity
 
         base = perplexity(handle, [store.sequences[i] for i in indices["test"]], progress=False)
         param = next(handle.model.parameters())

@@ -1,7 +1,7 @@
 """One unit of explain work, the same on the driver and on a Ray worker: for a few heads, run every requested
 searcher with ``heads=`` (headsurgeon/synth/search/base.py ``run_searchers`` with the driver's registry factories), select
 among their candidates (headsurgeon/synth/select.py ``select_programs`` over a store view of just those heads) and, when
-asked, measure each head's ΔPPL (headsurgeon/surgery/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
+asked, measure each head's ΔPPL (headsurgeon/surgery/measure/evaluate.py ``per_head_delta_ppl``). Returns one journal record per head.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..synth.search.base import SearchSettings, run_searchers
 from ..synth.runcache import routed_cache
 from ..synth.select import select_programs
 from .headstore import HeadStore
-from ..kernels.core import Head
+from ..core import Head
 from .warmup import compile_clock
 
 
@@ -132,8 +132,8 @@ def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dic
     deltas: dict[tuple[int, int], float] = {}
     t_delta = 0.0
     if job.delta is not None and len(chosen):
-        from ..surgery.evaluate import per_head_delta_ppl
-        from ..surgery.loading import load_model
+        from ..surgery.measure.evaluate import per_head_delta_ppl
+        from ..surgery.models.loading import load_model
 
         t0 = time.perf_counter()
         model = handle if handle is not None else load_model(

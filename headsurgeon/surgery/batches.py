@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from ..synth.sequence import Sequence
-from ..kernels.core import InputError
+from ..core import InputError
 
 __all__ = ["padded_batch", "batches"]
 

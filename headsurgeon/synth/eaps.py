@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 
 from .errors import ProgramError, ProgramValidationError
 from .program import Program
-from ..kernels.core import InputError
+from ..core import InputError
 
 __all__ = ["MAX_LIBRARY_BYTES", "MAX_LIBRARY_PROGRAMS", "LIBRARY_BUDGET_S", "LibraryLoad", "LibraryProgram",
            "load_library", "load_library_file", "probe_labels", "read_library", "split_library_source"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import reprlib
-from ..kernels.core import HeadsurgeonError
+from ..core import HeadsurgeonError
 
 
 class ProgramError(HeadsurgeonError):

@@ -35,7 +35,7 @@ from collections.abc import Sequence as _Seq
 import numpy as np
 
 from ..kernels import metrics_kernels, sparse_metrics
-from ..kernels.core import InputError, METRICS, Metric
+from ..core import InputError, METRICS, Metric
 from ..kernels.sparse import SparseRows, stack_rows
 
 __all__ = ["METRICS", "TOPQ_FRAC", "RealPatterns", "score_many", "soft_iou", "jsd_distance", "topq_iou",

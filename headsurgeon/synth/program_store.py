@@ -1,7 +1,7 @@
 """``ProgramStore``: a pattern source whose heads are known programs, with no model behind it.
 
 What a searcher should recover, a report of known heads, a benchmark at any number of heads: the store answers
-``batch`` and ``pattern`` like ``headsurgeon/surgery/store.py``'s AttentionStore (the ``PatternSource`` of
+``batch`` and ``pattern`` like ``headsurgeon/surgery/patterns/store.py``'s AttentionStore (the ``PatternSource`` of
 headsurgeon/synth/search/base.py), from each program evaluated once over all its windows.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence as Seq
 
 import numpy as np
 
-from ..kernels.core import Head, InputError
+from ..core import Head, InputError
 from .program import Program
 from .sequence import Sequence
 

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from headsurgeon.kernels.fileio import UnsafeFileError, read_bounded
-from headsurgeon.kernels.formats import FileFormat, check_versioned
+from headsurgeon.core.fileio import UnsafeFileError, read_bounded
+from headsurgeon.core.formats import FileFormat, check_versioned
 
 from .errors import ProgramError, excerpt
 
@@ -21,7 +21,7 @@ __all__ = ["MAX_PROGRAMS_BYTES", "PROGRAMS", "clip", "read_programs_file"]
 MAX_PROGRAMS_BYTES = 64 << 20
 HEAD = re.compile(r"\s*L\d{1,6}H\d{1,6}\s*", re.IGNORECASE)
 FIX = "pass a programs.json written by ProgramSet.save or `headsurgeon explain`"
-#: programs.json's format (headsurgeon/kernels/formats.py): 2 keeps big tables in a side file, sets without one are written as 1;
+#: programs.json's format (headsurgeon/core/formats.py): 2 keeps big tables in a side file, sets without one are written as 1;
 #: files of version 0 left the field out
 PROGRAMS = FileFormat("headsurgeon.programset", 2, (0, 1, 2), "a headsurgeon program set", FIX, default=0,
                       error=ProgramError)
@@ -33,7 +33,7 @@ def clip(text: str, limit: int = 500) -> str:
 
 
 def _parse(path: Path) -> Any:
-    try:  # no symlinks or devices, the size checked before a byte is read (headsurgeon/kernels/fileio.py)
+    try:  # no symlinks or devices, the size checked before a byte is read (headsurgeon/core/fileio.py)
         data = read_bounded(path, MAX_PROGRAMS_BYTES, "a programs file")
     except FileNotFoundError:
         raise ProgramError(f"programs file not found: {path}; check the path (--programs on the command line)") from None

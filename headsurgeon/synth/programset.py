@@ -16,10 +16,10 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-from headsurgeon.kernels.fileio import atomic_file
-from headsurgeon.kernels.formats import check_versioned
+from headsurgeon.core.fileio import atomic_file
+from headsurgeon.core.formats import check_versioned
 
-from ..kernels.core import WHICHES, Head, InputError, Metric, Split
+from ..core import WHICHES, Head, InputError, Metric, Split
 from . import programtables
 from .backends import get_backend
 from .errors import ProgramError
@@ -245,7 +245,7 @@ class ProgramSet:
                   origin: str = "this programs.json document") -> "ProgramSet":
         """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them). The set's
         ``origin`` marks its programs as someone else's: Python ones pass only the trust gate (headsurgeon/synth/trust.py)."""
-        check_versioned(obj, PROGRAMS, origin)  # headsurgeon/kernels/formats.py: a newer version says to upgrade
+        check_versioned(obj, PROGRAMS, origin)  # headsurgeon/core/formats.py: a newer version says to upgrade
         entries = {}
         for item in obj.get("programs", []):
             entries[Head.parse(item["head"])] = Entry.from_json(item, tables)

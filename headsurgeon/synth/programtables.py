@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.fileio import UnsafeFileError, atomic_file, read_bounded
+from ..core.fileio import UnsafeFileError, atomic_file, read_bounded
 from .errors import ProgramError
 
 #: lists with at least this many numbers go to the side file
@@ -147,7 +147,7 @@ def load_tables(json_path: Path, record: Any) -> dict[str, np.ndarray]:
     if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
         raise ProgramError(f"{json_path}: its tables record must name a file beside it, got {record!r}")
     path = json_path.with_name(name)
-    try:  # no symlinks or devices, the size checked before a byte is read (headsurgeon/kernels/fileio.py)
+    try:  # no symlinks or devices, the size checked before a byte is read (headsurgeon/core/fileio.py)
         data = read_bounded(path, MAX_TABLES_BYTES, "a programs tables file")
     except FileNotFoundError:
         raise ProgramError(f"{json_path} keeps its tables in {name}, which is missing; copy both files") from None

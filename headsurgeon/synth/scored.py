@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..kernels.core import Metric, Split
-from ..kernels.scores import Scores
+from ..core import Metric, Split
+from ..core.scores import Scores
 from .program import Program
 
 __all__ = ["ScoredProgram", "TEXT_LIMIT", "GLOSS_LIMIT"]

@@ -16,10 +16,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
-from ..kernels.core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, check_choice
+from ..core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, check_choice
 from . import dsl
 from .errors import ProgramExecutionError
-from ..kernels.scores import Scores
+from ..core.scores import Scores
 from .metrics import score_many
 from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import Entry, ProgramSet
@@ -36,7 +36,7 @@ CONTENDERS = 3  # per bounded budget, the best candidates (by select IoU as prop
 
 
 def weighs(store: Any) -> bool:
-    """Whether ``store`` holds value norms, so value-weighted scores can be measured (headsurgeon/surgery/value_norms.py)."""
+    """Whether ``store`` holds value norms, so value-weighted scores can be measured (headsurgeon/surgery/patterns/value_norms.py)."""
     return bool(getattr(store, "has_value_norms", False))
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from ..kernels.core import InputError
+from ..core import InputError
 
 
 #: how many times a built Sequence's ``ids`` array was replaced: headsurgeon/synth/tensors.py reuses a prepared batch of

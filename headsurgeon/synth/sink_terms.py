@@ -1,7 +1,7 @@
 """Sink as a side term: candidates ``(1-s)·CORE + s·first()`` that name what a head moves first, for selection.
 
 Most heads park most of their attention on the first token, whose value vector moves little
-(headsurgeon/surgery/value_norms.py). Searchers fit their mixtures to the raw pattern, so what a head does besides the sink
+(headsurgeon/surgery/patterns/value_norms.py). Searchers fit their mixtures to the raw pattern, so what a head does besides the sink
 arrives with a weight of a few percent (``0.98*first() + 0.02*induction()``). Here each core, the part of a leading
 candidate other than ``first()`` (and the ``induction()`` template), is paired with ``first()`` at a few sink shares;
 selection (headsurgeon/synth/select.py) scores them like every other candidate, so value-weighted selection can choose the share

@@ -28,7 +28,7 @@ from . import dsl
 from .features import batch_feature_arrays
 from . import sequence as _sequence
 from .sequence import Sequence
-from ..kernels.core import InputError
+from ..core import InputError
 
 __all__ = ["program_tensors", "program_rows", "program_patterns", "ProgramTensor", "is_sparse_program", "mask_policy",
            "PatternProgram", "NORMALIZATION_VERSION"]

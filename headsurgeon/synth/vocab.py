@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any, Iterable, Sequence
-from ..kernels.core import HeadsurgeonError
+from ..core import HeadsurgeonError
 
 __all__ = ["Vocabulary", "VocabularyError"]
 

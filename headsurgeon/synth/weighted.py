@@ -2,10 +2,10 @@
 
 A head adds Σ_j α_ij v_j W_O to the residual stream, so mass on a key whose ‖v_j W_O‖ is small (the first-token sink)
 moves little; raw IoU/JSD still reward matching it. Here each row becomes α_ij·w_j / Σ_k α_ik·w_k, with w_j the key's
-value norm through the head (headsurgeon/surgery/value_norms.py, kept by the store), for the head's pattern and the program's
+value norm through the head (headsurgeon/surgery/patterns/value_norms.py, kept by the store), for the head's pattern and the program's
 alike, and soft IoU and JSD (headsurgeon/synth/metrics.py) compare those rows. A row whose weighted mass is 0 (all of it on
 zero-norm keys) stays all-zero: it moves nothing. The scores are ``vw_iou`` and ``vw_jsd``
-(headsurgeon/kernels/scores.py ``WEIGHTED_METRICS``).
+(headsurgeon/core/scores.py ``WEIGHTED_METRICS``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Sequence as Seq
 
 import numpy as np
 
-from ..kernels.core import InputError
+from ..core import InputError
 from ..kernels.sparse import SparseRows
 from .metrics import score_many
 

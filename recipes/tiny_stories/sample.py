@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence as TypingSequence
 
 from headsurgeon.hub.zoo import DEMO_CORPUS_NAME, ZOO_DATA, default_model_dir
-from headsurgeon.kernels.fileio import atomic_write_bytes
+from headsurgeon.core.fileio import atomic_write_bytes
 
 RECIPE = "python recipes/tiny_stories/sample.py"
 # U+FFFD (bytes that do not decode) and the UTF-8-read-as-cp1252 mojibake that the source text contains

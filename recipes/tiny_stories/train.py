@@ -28,7 +28,7 @@ from typing import Any, Sequence as TypingSequence
 import numpy as np
 
 from headsurgeon.hub.zoo import DEFAULT_NAME, ZOO_DATA
-from headsurgeon.kernels.fileio import json_bytes, split_documents
+from headsurgeon.core.fileio import json_bytes, split_documents
 
 EOT = "<|endoftext|>"
 RECIPE = "python recipes/tiny_stories/train.py"
@@ -406,7 +406,7 @@ def _save_atomic(model: Any, tokenizer: Any, out_dir: Path, record: dict, t_star
     """Write model + tokenizer + training.json + README.md into a temp dir beside ``out_dir`` and swap it in.
 
     A directory has no atomic replace, so the old one is renamed aside, the new one renamed in, the old removed;
-    single files elsewhere in the library are written with headsurgeon.kernels.fileio.
+    single files elsewhere in the library are written with headsurgeon.core.fileio.
     """
     import torch
 

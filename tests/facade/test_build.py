@@ -1,4 +1,4 @@
-"""Per-head causal cost (headsurgeon/surgery/head_costs.py) and ``build`` (headsurgeon/build.py) on the embedded model: resumed
+"""Per-head causal cost (headsurgeon/surgery/measure/head_costs.py) and ``build`` (headsurgeon/build.py) on the embedded model: resumed
 swaps give the numbers of whole hybrid forwards, the build grows under its budget with joint re-measurement, and its
 checkpoint carries build.json and loads back exactly (seconds)."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch
 
 import headsurgeon as hs
 from headsurgeon.build import BUILD_FILE, build_hybrid
-from headsurgeon.kernels.core import InputError
-from headsurgeon.surgery.ablate import ablate
-from headsurgeon.surgery.divergence import BaseDistributions, window_costs
-from headsurgeon.surgery.head_costs import head_costs
+from headsurgeon.core import InputError
+from headsurgeon.surgery.measure.ablate import ablate
+from headsurgeon.surgery.measure.divergence import BaseDistributions, window_costs
+from headsurgeon.surgery.measure.head_costs import head_costs
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
-from headsurgeon.kernels.core import Head
+from headsurgeon.core import Head
 
 EXPLANATIONS = ["prev(1)", "first()", "self()", "prev(2)", "0.9*first() + 0.1*prev(1)", "first()", "prev(1)",
                 "0.5*self() + 0.5*prev(1)"]

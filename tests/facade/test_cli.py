@@ -40,7 +40,7 @@ def test_capture_then_store_loads(tmp_path, capsys):
     out = tmp_path / "store"
     assert main(["capture", args[0], str(need(CORPUS)), str(out), *args[1:], "--max-sequences", "6",
                  "--max-len", "32", "--mode", "topq"]) == 0
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     store = AttentionStore.load(out)
     assert len(store) == 6 and store.mode == "topq"

@@ -1,5 +1,5 @@
 """Stage configs: the CLI's flags are the config fields, one default per setting, explain's keyword shortcuts beside
-config=, and --dtype reaching load_model (headsurgeon/configs.py, headsurgeon/surgery/configs.py, headsurgeon/kernels/configs.py)."""
+config=, and --dtype reaching load_model (headsurgeon/configs.py, headsurgeon/surgery/configs.py, headsurgeon/core/configs.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +12,8 @@ import pytest
 from headsurgeon.cli import build_parser, main, parse
 from headsurgeon.configs import (CaptureConfig, CorpusConfig, ExplainConfig, MeasureConfig, ModelConfig,
                                  ScaleoutConfig, SearchConfig)
-from headsurgeon.kernels.configs import add_flags, flags, from_flags, setting, shortcut_paths
-from headsurgeon.kernels.core import InputError
+from headsurgeon.core.configs import add_flags, flags, from_flags, setting, shortcut_paths
+from headsurgeon.core import InputError
 
 MODEL_COMMANDS = ("info", "capture", "explain", "score", "eval", "ablate")
 
@@ -79,10 +79,10 @@ def test_the_cli_defaults_are_the_config_defaults(monkeypatch, tmp_path):
 
 def test_one_default_per_setting():
     from headsurgeon.pipeline import explain
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import load_corpus, make_sequences
-    from headsurgeon.surgery.eval_report import evaluate_programs
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.measure.eval_report import evaluate_programs
+    from headsurgeon.surgery.models.loading import load_model
 
     corpus, capture_cfg, model = CorpusConfig(), CaptureConfig(), ModelConfig()
 
@@ -143,8 +143,8 @@ def test_searcher_options_reach_their_factories():
 @pytest.fixture
 def dtype_probe():
     """A model source ``probe:`` that records the dtype load_model hands it, then stops the run."""
-    from headsurgeon.surgery.handle import ModelLoadError
-    from headsurgeon.surgery.sources import ModelSource, register_model_source, unregister_model_source
+    from headsurgeon.surgery.models.handle import ModelLoadError
+    from headsurgeon.surgery.models.sources import ModelSource, register_model_source, unregister_model_source
 
     seen = []
 
@@ -179,8 +179,8 @@ def test_dtype_names_resolve_and_live_models_are_not_converted(gpt2_tokenizer_di
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
     from headsurgeon.surgery.configs import DTYPES, torch_dtype
-    from headsurgeon.surgery.handle import ModelLoadError
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.handle import ModelLoadError
+    from headsurgeon.surgery.models.loading import load_model
 
     assert [torch_dtype(d) for d in DTYPES] == [torch.float32, torch.bfloat16, torch.float16]
     assert torch_dtype(torch.float64) is torch.float64
@@ -196,7 +196,7 @@ def test_dtype_names_resolve_and_live_models_are_not_converted(gpt2_tokenizer_di
 
 def test_model_help_names_gguf_files_and_the_installed_real_models():
     from headsurgeon.surgery.configs import MODEL_HELP
-    from headsurgeon.surgery.sources import INSTALLED_COPIES, INSTALLED_PARTS
+    from headsurgeon.surgery.models.sources import INSTALLED_COPIES, INSTALLED_PARTS
 
     for name in MODEL_COMMANDS:
         model = next(a for a in subparser(name)._actions if a.dest == "model")
@@ -212,7 +212,7 @@ def test_model_help_names_gguf_files_and_the_installed_real_models():
 def test_explain_runs_from_a_config_and_each_stage_gets_its_settings(tmp_path):
     import headsurgeon as hs
     from headsurgeon.pipeline import explain
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     config = hs.ExplainConfig(corpus=hs.CorpusConfig(max_len=16, max_sequences=12),
                               capture=hs.CaptureConfig(mode="topq", q_frac=0.1, shard_size=5),

@@ -12,7 +12,7 @@ import pytest
 from conftest import CORPUS, need
 from headsurgeon.report.grid import grid_html
 from headsurgeon.report.heads import views
-from headsurgeon.surgery.head_costs import head_costs
+from headsurgeon.surgery.measure.head_costs import head_costs
 from headsurgeon.synth.programset import ProgramSet
 
 HEADS = ("L0H1", "L2H3", "L4H6")
@@ -48,7 +48,7 @@ def test_summary_holds_each_heads_costs_with_intervals_and_the_ablation_ratio(ru
                        reference=result.splits.synth, progress=False)
     assert again.kl("L2H3", "replacement") == pytest.approx(costs["heads"]["L2H3"]["replacement"]["kl"], rel=1e-6)
     assert again.kl("L2H3", "mean") == pytest.approx(costs["heads"]["L2H3"]["mean"]["kl"], rel=1e-6)
-    # a head whose explanation is its replacement is swapped once (headsurgeon/surgery/head_costs.py _same_programs)
+    # a head whose explanation is its replacement is swapped once (headsurgeon/surgery/measure/head_costs.py _same_programs)
     entry = result.programs.entries[(2, 3)]
     assert entry.explanation is not None and entry.explanation.program.hash == entry.program.hash
     both = head_costs(stories, result.programs, select, which=("replacement", "explanation"), heads=["L2H3"],

@@ -1,4 +1,4 @@
-"""explain measures both kinds of program as eval does (headsurgeon/explain_measure.py → headsurgeon/surgery/eval_report.py):
+"""explain measures both kinds of program as eval does (headsurgeon/explain_measure.py → headsurgeon/surgery/measure/eval_report.py):
 the sweep at 0/10/25/50/100% per kind, per-head ΔPPL with Spearman and its interval, the ΔPPL order naming the
 cheaper order, the held-out cloze, and timings whose total does not add nested phases. One small run on the
 embedded model, shared by the tests."""
@@ -13,8 +13,8 @@ import pytest
 import headsurgeon as hs
 from headsurgeon.explain_measure import measure_and_report, nest_timings, sweep_rows, total_seconds
 from headsurgeon.report import words
-from headsurgeon.surgery.eval_report import SWEEP_STEPS
-from headsurgeon.surgery.sweep_order import ORDER_LABELS, cheapest
+from headsurgeon.surgery.measure.eval_report import SWEEP_STEPS
+from headsurgeon.surgery.measure.sweep_order import ORDER_LABELS, cheapest
 
 LM_EVAL = importlib.util.find_spec("lm_eval") is not None
 KINDS = ("replacement", "explanation")
@@ -104,7 +104,7 @@ def test_the_held_out_cloze_is_scored_for_each_kind(run):
 
 @pytest.mark.e2e
 def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monkeypatch, tmp_path):
-    """Wiring only: a stand-in for headsurgeon/surgery/cloze.py and for the measurement."""
+    """Wiring only: a stand-in for headsurgeon/surgery/measure/cloze.py and for the measurement."""
     result = run[0]
     seen = {}
 
@@ -120,7 +120,7 @@ def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monk
         raise Stop
 
     import headsurgeon.explain_measure as em
-    import headsurgeon.surgery.cloze as cloze
+    import headsurgeon.surgery.measure.cloze as cloze
 
     monkeypatch.setattr(cloze, "write_cloze_task", fake_cloze)
     monkeypatch.setattr(em, "evaluate_programs", fake_evaluate)

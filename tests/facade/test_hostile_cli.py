@@ -89,10 +89,10 @@ def test_bad_numbers_are_refused_by_the_parser(capsys, argv, flag):
 
 
 def test_bad_numbers_are_refused_by_the_api(stories, documents):
-    from headsurgeon.surgery.capture import CaptureError, capture
+    from headsurgeon.surgery.patterns.capture import CaptureError, capture
     from headsurgeon.surgery.corpus import CorpusError, make_sequences
-    from headsurgeon.surgery.evaluate import EvaluationError, perplexity
-    from headsurgeon.surgery.store import AttentionStore, StoreError
+    from headsurgeon.surgery.measure.evaluate import EvaluationError, perplexity
+    from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 
     seqs = make_sequences(stories, documents[:2], max_len=16)
     with pytest.raises(StoreError, match="shard_size"):
@@ -291,8 +291,8 @@ def assert_same_store(a, b) -> None:
 
 @pytest.mark.parametrize("how", ["truncate", "bitflip", "delete"])
 def test_resume_recomputes_a_damaged_shard(stories, small_seqs, tmp_path, how):
-    from headsurgeon.surgery.capture import capture
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.capture import capture
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     reference = capture(stories, small_seqs, progress=False)
     out = tmp_path / "store"
@@ -309,8 +309,8 @@ def test_resume_recomputes_a_damaged_shard(stories, small_seqs, tmp_path, how):
 
 @pytest.mark.parametrize("how", ["truncate", "bitflip", "delete"])
 def test_reading_a_damaged_shard_names_it(stories, small_seqs, tmp_path, how):
-    from headsurgeon.surgery.capture import capture
-    from headsurgeon.surgery.store import AttentionStore, StoreError
+    from headsurgeon.surgery.patterns.capture import capture
+    from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 
     out = tmp_path / "store"
     capture(stories, small_seqs, out=out, shard_size=3, progress=False)
@@ -323,8 +323,8 @@ def test_reading_a_damaged_shard_names_it(stories, small_seqs, tmp_path, how):
 
 
 def test_resume_checks_shards_of_a_manifest_without_hashes(stories, small_seqs, tmp_path):
-    from headsurgeon.surgery.capture import capture
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.capture import capture
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     reference = capture(stories, small_seqs, progress=False)
     out = tmp_path / "store"
@@ -338,8 +338,8 @@ def test_resume_checks_shards_of_a_manifest_without_hashes(stories, small_seqs, 
 
 
 def test_resume_with_a_corrupted_manifest_is_a_store_error(stories, small_seqs, tmp_path):
-    from headsurgeon.surgery.capture import capture
-    from headsurgeon.surgery.store import StoreError
+    from headsurgeon.surgery.patterns.capture import capture
+    from headsurgeon.surgery.patterns.store import StoreError
 
     out = tmp_path / "store"
     capture(stories, small_seqs, out=out, shard_size=3, progress=False)
@@ -349,7 +349,7 @@ def test_resume_with_a_corrupted_manifest_is_a_store_error(stories, small_seqs, 
 
 
 def test_cli_capture_resume_with_a_damaged_shard(capsys, tmp_path):
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     model, *tok = model_args()
     out = tmp_path / "store"
@@ -370,7 +370,7 @@ def test_cli_capture_resume_with_a_damaged_shard(capsys, tmp_path):
 
 def _no_model_loads(monkeypatch):
     import headsurgeon.pipeline as pipeline
-    import headsurgeon.surgery.loading as loading
+    import headsurgeon.surgery.models.loading as loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")

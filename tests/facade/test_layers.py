@@ -44,9 +44,9 @@ def _plant(tmp_path: Path, file: str, code: str, contract: str) -> subprocess.Co
 
 def test_layers_contract_catches_an_upward_import(tmp_path):
     """The contract is not vacuous: a kernel that imports the hub breaks it."""
-    r = _plant(tmp_path, "kernels/fileio.py", "\nfrom headsurgeon.hub import zoo  # planted by the test\n",
+    r = _plant(tmp_path, "core/fileio.py", "\nfrom headsurgeon.hub import zoo  # planted by the test\n",
                "layers")
-    assert r.returncode != 0 and "headsurgeon.kernels.fileio -> headsurgeon.hub.zoo" in r.stdout, r.stdout
+    assert r.returncode != 0 and "headsurgeon.core.fileio -> headsurgeon.hub.zoo" in r.stdout, r.stdout
 
 
 def test_acyclic_contract_covers_the_facade_subpackages(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 CHECK = (
-    "import importlib.util as u, headsurgeon.surgery, headsurgeon.kernels, headsurgeon.synth, headsurgeon.synth.tp, "
+    "import importlib.util as u, headsurgeon.surgery, headsurgeon.kernels, headsurgeon.synth, headsurgeon.tp, "
     "headsurgeon.hub, headsurgeon.cli; "
     "assert all(u.find_spec(n) is None for n in ('kernels', 'surgery', 'synth', 'hub')), 'bare top-level package'; "
     "print(headsurgeon.kernels.__file__)"
@@ -45,7 +45,7 @@ def test_install_imports_from_outside_the_repository(tmp_path, venv_python, edit
         installed = location.parent.parent
         missing = [str(rel) for rel in repository_packages() if not (installed / rel / "__init__.py").is_file()]
         assert not missing, f"subpackages left out of the wheel (list them in pyproject.toml): {missing}"
-        assert (installed / "surgery" / "lm_eval_tasks" / "eaps6.yaml").is_file(), "the eaps6 task group is package data"
+        assert (installed / "surgery" / "measure" / "lm_eval_tasks" / "eaps6.yaml").is_file(), "the eaps6 task group is package data"
         assert (installed / "py.typed").is_file(), "type checkers read the package's annotations (PEP 561)"
 
 

@@ -12,14 +12,14 @@ from headsurgeon.report import METRICS_PARAGRAPH, write_report
 from headsurgeon.report import heads as hv
 from headsurgeon.report import words
 from headsurgeon.report.plots import token_label
-from headsurgeon.surgery.capture import capture
+from headsurgeon.surgery.patterns.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import READABLE_CHARS, Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import score_programs, select_programs
 from headsurgeon.synth.vocab import Vocabulary
-from headsurgeon.kernels.core import Head
+from headsurgeon.core import Head
 from support.browser import chromium
 
 LONG_READABLE = ("0.25*prev(1) + 0.15*prev(2) + 0.15*first() + 0.1*self() + 0.1*prev(3) + 0.1*same_token_recent()"

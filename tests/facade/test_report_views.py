@@ -22,7 +22,7 @@ from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import score_programs
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.vocab import Vocabulary
-from headsurgeon.kernels.core import Head
+from headsurgeon.core import Head
 from support.browser import chromium
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", ".", "Lily", "saw", "dog", "and", "ran"]

@@ -22,7 +22,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, stories):
     """A dense and a top-q store of 6 stories260K windows (two shards each)."""
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import load_corpus
 
     seqs = load_corpus(stories, need(CORPUS), max_len=16, max_sequences=12, seed=0).all[:6]
@@ -66,7 +66,7 @@ def test_head_store_names_the_location_and_the_fix_when_it_cannot_read(tmp_path)
 def test_head_store_refuses_a_shard_of_the_wrong_size(stores, tmp_path):
     import shutil
 
-    from headsurgeon.surgery.store import StoreError
+    from headsurgeon.surgery.patterns.store import StoreError
 
     copy = tmp_path / "store"
     shutil.copytree(stores["dense"].directory, copy)
@@ -81,11 +81,11 @@ def test_head_store_refuses_a_shard_of_the_wrong_size(stores, tmp_path):
                                              ({"format": "other"}, "not an attention-store manifest"),
                                              ({"shard_size": 0}, "shard_size must be a whole number")])
 def test_head_store_refuses_what_the_store_refuses(stores, tmp_path, change, message):
-    """Workers read a store through the same manifest checks as AttentionStore.load (headsurgeon/surgery/store.py)."""
+    """Workers read a store through the same manifest checks as AttentionStore.load (headsurgeon/surgery/patterns/store.py)."""
     import json
     import shutil
 
-    from headsurgeon.surgery.store import AttentionStore, StoreError
+    from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 
     copy = tmp_path / "store"
     shutil.copytree(stores["dense"].directory, copy)

@@ -10,7 +10,7 @@ from conftest import CORPUS, STORIES, need
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, stories):
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import load_corpus
 
     seqs = load_corpus(stories, need(CORPUS), max_len=16, max_sequences=8, seed=0).all[:6]
@@ -19,9 +19,9 @@ def store(tmp_path_factory, stories):
 
 def test_the_driver_hands_its_dtype_and_device_to_the_workers(store, tmp_path, monkeypatch):
     import headsurgeon.scaleout.stage as stage
-    import headsurgeon.surgery.evaluate as evaluate
+    import headsurgeon.surgery.measure.evaluate as evaluate
     from headsurgeon.scaleout.task import DeltaJob
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     half = load_model(f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=STORIES / "tok512.model", dtype="bfloat16")
     monkeypatch.setattr(evaluate, "per_head_delta_ppl", lambda model, programs, seqs, **kw: {h: 0.0 for h in programs})
@@ -38,8 +38,8 @@ def test_a_worker_loads_the_model_as_the_job_says(store, monkeypatch):
     from headsurgeon.synth.search.base import searcher_factory
 
     loaded = {}
-    import headsurgeon.surgery.loading as loading
-    import headsurgeon.surgery.evaluate as evaluate
+    import headsurgeon.surgery.models.loading as loading
+    import headsurgeon.surgery.measure.evaluate as evaluate
 
     real_load = loading.load_model
 

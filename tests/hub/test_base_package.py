@@ -8,8 +8,8 @@ import pytest
 
 from headsurgeon.hub.checkpoint.base_models import base_reference, gguf_file
 from headsurgeon.hub.checkpoint.errors import BaseModelError
-from headsurgeon.surgery.source_record import GgufSource
-from headsurgeon.surgery.sources import install_hint, providing_packages
+from headsurgeon.surgery.models.source_record import GgufSource
+from headsurgeon.surgery.models.sources import install_hint, providing_packages
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

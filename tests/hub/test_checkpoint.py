@@ -24,8 +24,8 @@ from headsurgeon.hub.checkpoint import save as ck_save
 from headsurgeon.hub.checkpoint import (BaseModelError, CheckpointError, FormatVersionError, IntegrityError,
                                         NotACheckpointError, UntrustedProgramError, hf_state_dict, load_hybrid,
                                         read_manifest, save_hybrid)
-from headsurgeon.surgery.handle import EmbeddedSource
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.models.handle import EmbeddedSource
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from support.tiny_gpt2 import STORY, make_tiny_gpt2
@@ -74,7 +74,7 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def own_stories():
     """A private stories260K handle whose weights these tests may change."""
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     from conftest import STORIES, need
 
@@ -204,7 +204,7 @@ def test_finetuned_checkpoint_embeds_weights_and_loads_without_base(embedded_ck,
 
 
 def test_gpt2_reference_and_finetuned_round_trips(tiny_gpt2_dir, tmp_path):
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     handle = load_model(tiny_gpt2_dir)
     ids = _ids(handle, "The cat sat on the mat and looked at the dog. The dog looked back at the cat.")
@@ -271,7 +271,7 @@ def test_python_program_round_trip_with_trust(stories, tmp_path, monkeypatch):
 
 
 def test_zoo_base_is_referenced_by_name(tmp_path):
-    from headsurgeon.surgery.loading import ModelLoadError, load_model
+    from headsurgeon.surgery.models.loading import ModelLoadError, load_model
 
     try:
         handle = load_model("tiny-stories")
@@ -311,7 +311,7 @@ def test_resave_replaces_checkpoint_and_leaves_no_siblings(stories, tmp_path):
 
 
 def test_save_refuses_what_it_cannot_save(stories, tmp_path):
-    from headsurgeon.surgery.providers import ZeroPatterns
+    from headsurgeon.surgery.swap.providers import ZeroPatterns
 
     foreign = tmp_path / "photos"
     foreign.mkdir()
@@ -420,7 +420,7 @@ def test_missing_or_mismatched_llama2c_base_is_refused(reference_ck, copy_of, tm
 def test_mismatched_hf_base_weights_are_refused(tiny_gpt2_dir, tmp_path):
     from transformers import GPT2LMHeadModel
 
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     base = tmp_path / "base"
     shutil.copytree(tiny_gpt2_dir, base)

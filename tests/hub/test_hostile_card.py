@@ -14,7 +14,7 @@ import pytest
 
 from headsurgeon.hub.card import render_card
 from headsurgeon.hub.checkpoint import save_hybrid
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from support.hostile_card import PAYLOADS, assert_inert, hostile_manifest

@@ -23,7 +23,7 @@ import torch
 
 from headsurgeon.hub import checkpoint as ck
 from headsurgeon.hub.checkpoint import CheckpointError, IntegrityError, load_hybrid, read_manifest, save_hybrid
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.errors import ProgramError, ProgramValidationError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
@@ -89,7 +89,7 @@ def base_ck(stories, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def embedded_ck(tmp_path_factory) -> Path:
     """A checkpoint with embedded weights (one weight of a private stories260K nudged)."""
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     from conftest import STORIES, need
 
@@ -241,7 +241,7 @@ def test_programset_python_programs_need_trust():
 
 
 def test_replace_heads_with_a_dict_is_dsl_json_only(no_python):
-    from headsurgeon.surgery.providers import as_provider
+    from headsurgeon.surgery.swap.providers import as_provider
 
     with pytest.raises(ProgramValidationError, match="Program.python"):
         as_provider({"python": "def f(seq):\n    return np.ones((seq.n, seq.n))\n"})
@@ -642,7 +642,7 @@ def test_a_base_that_is_not_a_regular_file_is_named_for_what_it_is(base_ck, copy
 
 
 def test_named_files_are_regular_non_empty_and_outside_the_kernel(tmp_path):
-    from headsurgeon.kernels.fileio import UnsafeFileError, named_file, sha256_file
+    from headsurgeon.core.fileio import UnsafeFileError, named_file, sha256_file
 
     good = tmp_path / "model.bin"
     good.write_bytes(b"weights")

@@ -12,7 +12,7 @@ import pytest
 from headsurgeon.hub.checkpoint import CheckpointError, load_hybrid, save_hybrid
 from headsurgeon.hub.checkpoint import lock as ck_lock
 from headsurgeon.hub.checkpoint.lock import folder_lock
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 
 ROUNDS = 15

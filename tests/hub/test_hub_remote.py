@@ -20,7 +20,7 @@ import torch
 from headsurgeon.hub.checkpoint import (BaseModelError, CheckpointError, UntrustedProgramError, hf_state_dict, load_hybrid,
                                         read_manifest, save_hybrid)
 from headsurgeon.hub.remote import parse_hf_url, push_hybrid
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 
 
@@ -191,7 +191,7 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def gpt2(tiny_gpt2_dir):
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     return load_model(tiny_gpt2_dir)
 
@@ -263,7 +263,7 @@ def test_push_then_load_from_hub_reproduces_logits(hub, gpt2, tiny_gpt2_dir, tmp
 
 
 def test_push_again_replaces_stale_files_and_embeds_changed_weights(hub, tiny_gpt2_dir, tmp_path):
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     handle = load_model(tiny_gpt2_dir)  # private copy: its weights change below
     weight = hf_state_dict(handle.hf_model)["transformer.h.1.mlp.c_fc.weight"]  # shares the live storage

@@ -18,7 +18,7 @@ import torch
 
 from headsurgeon.hub import zoo
 from conftest import CORPUS, ROOT
-from headsurgeon.kernels.fileio import split_documents
+from headsurgeon.core.fileio import split_documents
 
 FIVE_MB = 5 * 1000 * 1000
 EOT = "<|endoftext|>"

@@ -1,10 +1,10 @@
-"""The shared vocabulary (headsurgeon/kernels/core.py): one head parser and formatter, the closed sets, the error base."""
+"""The shared vocabulary (headsurgeon/core/__init__.py): one head parser and formatter, the closed sets, the error base."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from headsurgeon.kernels.core import (ABLATION_KINDS, METRICS, SPLITS, WHICHES, Head, HeadsurgeonError, InputError,
+from headsurgeon.core import (ABLATION_KINDS, METRICS, SPLITS, WHICHES, Head, HeadsurgeonError, InputError,
                                      check_choice)
 
 
@@ -31,12 +31,14 @@ def test_closed_sets_and_their_check():
 
 
 def test_the_stages_use_the_cores_closed_sets():
-    """One tuple per closed set: the stages and the CLI take theirs from headsurgeon/kernels/core.py (one definition, so no
+    """One tuple per closed set: the stages and the CLI take theirs from headsurgeon/core/__init__.py (one definition, so no
     stage can miss a new member)."""
     import argparse
 
-    from headsurgeon.surgery import ablate, cli as surgery_cli, corpus
-    from headsurgeon.kernels import scores
+    from headsurgeon.surgery import corpus
+    from headsurgeon.surgery.measure import ablate
+    from headsurgeon.cli import measure as surgery_cli
+    from headsurgeon.core import scores
     from headsurgeon.synth import metrics, select
 
     assert METRICS == ("iou", "jsd", "topq")
@@ -60,7 +62,7 @@ def test_every_library_exception_derives_from_the_error_base():
     skip = ("headsurgeon.harness", "headsurgeon.synth.sandbox.worker", "headsurgeon.scaleout.ray_run")
     strays = []
     names = ["headsurgeon"] + [info.name for info in pkgutil.walk_packages(headsurgeon.__path__, "headsurgeon.")]
-    assert "headsurgeon.kernels.core" in names and "headsurgeon.synth.dsl.spec" in names
+    assert "headsurgeon.core" in names and "headsurgeon.synth.dsl.spec" in names
     for name in names:
         if name.startswith(skip):
             continue

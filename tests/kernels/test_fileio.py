@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headsurgeon.kernels.fileio import (atomic_file, atomic_write_bytes, atomic_write_json, json_bytes, sha256_bytes,
+from headsurgeon.core.fileio import (atomic_file, atomic_write_bytes, atomic_write_json, json_bytes, sha256_bytes,
                                         sha256_file, split_documents)
 
 
@@ -57,7 +57,7 @@ def test_split_documents():
 
 
 def test_atomic_path_for_writers_that_take_a_file_name(tmp_path):
-    from headsurgeon.kernels.fileio import atomic_path
+    from headsurgeon.core.fileio import atomic_path
 
     target = tmp_path / "shard.bin"
     with atomic_path(target) as tmp:

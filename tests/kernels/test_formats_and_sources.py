@@ -1,5 +1,5 @@
-"""The versioned formats share one reader/writer (headsurgeon/kernels/formats.py), the model source is a typed record
-(headsurgeon/surgery/source_record.py), and AttentionStore and HeadStore read stores through one reader (headsurgeon/surgery/store_reader.py).
+"""The versioned formats share one reader/writer (headsurgeon/core/formats.py), the model source is a typed record
+(headsurgeon/surgery/models/source_record.py), and AttentionStore and HeadStore read stores through one reader (headsurgeon/surgery/patterns/store_reader.py).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from headsurgeon.kernels.formats import FutureFormatError, check_versioned, write_versioned
+from headsurgeon.core.formats import FutureFormatError, check_versioned, write_versioned
 from headsurgeon.synth.sequence import Sequence
 
 
@@ -32,7 +32,7 @@ def _clear(err, path, version):
 # ------------------------------------------------------------------------------------------- the store
 def _store(directory, mode="dense"):
     """A two-shard store on disk written through AttentionStore's own writer (no model needed)."""
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     rng = np.random.default_rng(0)
     seqs = [Sequence(ids=np.arange(n), tokens=[f"t{i}" for i in range(n)], text=" ".join(f"t{i}" for i in range(n)),
@@ -52,7 +52,7 @@ def _store(directory, mode="dense"):
 
 def test_a_future_store_manifest_is_refused_by_both_readers(tmp_path):
     from headsurgeon.scaleout.headstore import HeadStore
-    from headsurgeon.surgery.store import AttentionStore, StoreError
+    from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 
     _store(tmp_path / "s")
     version = _future(tmp_path / "s" / "manifest.json")
@@ -63,7 +63,7 @@ def test_a_future_store_manifest_is_refused_by_both_readers(tmp_path):
 
 
 def test_store_manifest_round_trips_byte_for_byte(tmp_path):
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     store = _store(tmp_path / "s")
     first = (tmp_path / "s" / "manifest.json").read_bytes()
@@ -78,8 +78,8 @@ def test_store_manifest_round_trips_byte_for_byte(tmp_path):
 @pytest.mark.parametrize("mode", ["dense", "topq"])
 def test_head_store_and_attention_store_share_one_reader(tmp_path, mode):
     from headsurgeon.scaleout.headstore import HeadStore
-    from headsurgeon.surgery.store import AttentionStore
-    from headsurgeon.surgery.store_reader import StoreReader
+    from headsurgeon.surgery.patterns.store import AttentionStore
+    from headsurgeon.surgery.patterns.store_reader import StoreReader
 
     _store(tmp_path / "s", mode)
     store, view = AttentionStore.load(tmp_path / "s"), HeadStore(tmp_path / "s")
@@ -92,7 +92,7 @@ def test_head_store_and_attention_store_share_one_reader(tmp_path, mode):
 def _damage_in_both(directory):
     """The StoreError each reader raises on the store at ``directory``: (AttentionStore's, HeadStore's)."""
     from headsurgeon.scaleout.headstore import HeadStore
-    from headsurgeon.surgery.store import AttentionStore, StoreError
+    from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 
     out = []
     for read in (lambda: AttentionStore.load(directory).batch([2]), lambda: HeadStore(directory).batch([2])):
@@ -203,8 +203,8 @@ def test_journal_run_file_round_trips(tmp_path):
 
 # ------------------------------------------------------------------------------------------- a tp run's config.json
 def test_a_future_tp_run_config_is_refused(tmp_path):
-    from headsurgeon.kernels.core import InputError
-    from headsurgeon.synth.tp.rundir import load_run
+    from headsurgeon.core import InputError
+    from headsurgeon.tp.rundir import load_run
 
     (tmp_path / "config.json").write_text(json.dumps({"format": 2, "task": "sort"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
@@ -214,7 +214,7 @@ def test_a_future_tp_run_config_is_refused(tmp_path):
 
 
 def test_tp_run_config_is_written_as_before(tmp_path):
-    from headsurgeon.synth.tp.rundir import RUN_CONFIG, _json
+    from headsurgeon.tp.rundir import RUN_CONFIG, _json
 
     write_versioned(tmp_path / "config.json", RUN_CONFIG, {"task": "sort"}, encode=_json)
     assert (tmp_path / "config.json").read_bytes() == b'{\n  "format": 1,\n  "task": "sort"\n}\n'
@@ -245,7 +245,7 @@ def test_a_future_tensor_cache_shard_is_a_miss_that_says_why(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the typed source
 def test_each_source_kind_writes_the_json_the_loaders_wrote():
-    from headsurgeon.surgery.handle import (EmbeddedSource, GgufSource, HfSource, Llama2cSource, ObjectSource,
+    from headsurgeon.surgery.models.handle import (EmbeddedSource, GgufSource, HfSource, Llama2cSource, ObjectSource,
                                             ZooSource, source_from_json)
 
     cases = [
@@ -270,8 +270,8 @@ def test_each_source_kind_writes_the_json_the_loaders_wrote():
 
 
 def test_a_malformed_source_record_names_the_problem():
-    from headsurgeon.kernels.core import InputError
-    from headsurgeon.surgery.handle import source_from_json
+    from headsurgeon.core import InputError
+    from headsurgeon.surgery.models.handle import source_from_json
 
     with pytest.raises(InputError, match="unknown model source kind 'disk'"):
         source_from_json({"kind": "disk"})
@@ -280,10 +280,10 @@ def test_a_malformed_source_record_names_the_problem():
 
 
 def test_the_handle_keeps_its_pattern_edit_probe_beside_its_source(stories):
-    from headsurgeon.surgery.handle import Llama2cSource
-    from headsurgeon.surgery.replace import pattern_edits_take_effect
+    from headsurgeon.surgery.models.handle import Llama2cSource
+    from headsurgeon.surgery.swap.replace import pattern_edits_take_effect
     from headsurgeon.synth.program import Program
-    from headsurgeon.surgery.replace import replace_heads
+    from headsurgeon.surgery.swap.replace import replace_heads
 
     assert isinstance(stories.source, Llama2cSource) and stories.source.path.endswith("stories260K.bin")
     assert stories.source.tokenizer.endswith("tok512.model") and len(stories.source.tokenizer_sha256) == 64

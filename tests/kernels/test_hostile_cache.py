@@ -19,7 +19,7 @@ import torch
 from safetensors.numpy import load_file, save
 
 from headsurgeon.kernels.cache import CacheEntryWarning, TensorCache, cache_key
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."

@@ -1,5 +1,5 @@
 """Hostile files: every reader of a file someone else may have written refuses symlinks (to /dev/zero) and oversized
-files before reading (headsurgeon/kernels/fileio.py ``read_bounded``); the explain journal refuses forged, edited and orphaned
+files before reading (headsurgeon/core/fileio.py ``read_bounded``); the explain journal refuses forged, edited and orphaned
 records (headsurgeon/scaleout/journal.py); and the CLI reports file-system failures in one line."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import CORPUS, need
 from headsurgeon.cli import main
-from headsurgeon.kernels.fileio import UnsafeFileError, read_bounded
+from headsurgeon.core.fileio import UnsafeFileError, read_bounded
 from headsurgeon.scaleout.journal import HeadJournal, JournalError
 from headsurgeon.synth.errors import ProgramError
 from headsurgeon.synth.program import Program
@@ -70,8 +70,8 @@ def test_programs_file_and_tables(tmp_path, monkeypatch):
 
 
 def test_store_manifest_and_sequences(tmp_path, monkeypatch):
-    from headsurgeon.surgery import store
-    from headsurgeon.surgery.store import StoreError, read_manifest, read_sequences
+    from headsurgeon.surgery.patterns import store
+    from headsurgeon.surgery.patterns.store import StoreError, read_manifest, read_sequences
 
     with pytest.raises(StoreError, match="symbolic link.*capture again"):
         read_manifest(zero_link(tmp_path / "a" / "manifest.json"))
@@ -88,9 +88,9 @@ def test_store_manifest_and_sequences(tmp_path, monkeypatch):
 
 
 def test_store_shards_are_read_only_up_to_their_recorded_size(stories, documents, tmp_path):
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences
-    from headsurgeon.surgery.store import AttentionStore, StoreError
+    from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 
     seqs = make_sequences(stories, documents[:4], max_len=16)
     capture(stories, seqs, out=tmp_path / "s", shard_size=len(seqs), progress=False)
@@ -108,7 +108,7 @@ def test_store_shards_are_read_only_up_to_their_recorded_size(stories, documents
 
 def test_head_store(tmp_path, monkeypatch):
     from headsurgeon.scaleout import headstore
-    from headsurgeon.surgery.store import StoreError
+    from headsurgeon.surgery.patterns.store import StoreError
 
     zero_link(tmp_path / "a" / "manifest.json")
     with pytest.raises(StoreError, match="symbolic link"):
@@ -125,7 +125,7 @@ def test_head_store(tmp_path, monkeypatch):
 
 
 def test_tp_run_folder(tmp_path):
-    from headsurgeon.synth.tp.rundir import load_program, load_run
+    from headsurgeon.tp.rundir import load_program, load_run
 
     zero_link(tmp_path / "run" / "config.json")
     (tmp_path / "run" / "model.safetensors").write_bytes(b"")
@@ -142,7 +142,7 @@ def test_tp_run_folder(tmp_path):
 def test_tp_training_state_is_read_bounded(tmp_path, monkeypatch):
     import torch
 
-    from headsurgeon.synth.tp import resume
+    from headsurgeon.tp import resume
 
     (tmp_path / "real.safetensors").write_bytes(b"x" * 100)
     (tmp_path / "run").mkdir()
@@ -289,7 +289,7 @@ def test_cli_explain_checks_task_names_before_capture(capsys, tmp_path, monkeypa
     pytest.importorskip("lm_eval")
     from types import SimpleNamespace
 
-    from headsurgeon.surgery import downstream
+    from headsurgeon.surgery.measure import downstream
 
     monkeypatch.setattr(downstream, "task_manager",
                         lambda include_path=None, tasks=None: SimpleNamespace(all_tasks={"eaps6"}))

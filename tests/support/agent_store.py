@@ -47,7 +47,7 @@ def make_sequences() -> list[Sequence]:
 
 def build_store():
     """A dense AttentionStore whose heads are the TRUE programs' patterns."""
-    from headsurgeon.surgery.store import AttentionStore
+    from headsurgeon.surgery.patterns.store import AttentionStore
 
     seqs = make_sequences()
     store = AttentionStore(seqs, n_layers=1, n_heads=3, causal=True, model_name="synthetic")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from headsurgeon.surgery import gguf as hs_gguf
+from headsurgeon.surgery.models import gguf as hs_gguf
 
 
 def _byte_tokens() -> list[str]:

@@ -2,7 +2,7 @@
 (tests/surgery/test_surgery.py, tests/surgery/test_sparse_hybrid.py)."""
 from __future__ import annotations
 
-from headsurgeon.surgery.capture import padded_batch
+from headsurgeon.surgery.patterns.capture import padded_batch
 from headsurgeon.surgery.corpus import make_sequences
 
 

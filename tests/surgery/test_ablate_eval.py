@@ -1,5 +1,5 @@
 """Ablations (zero / mean / mean_output / uniform / resample / program), perplexity, ΔPPL, sweeps, Spearman; the
-ablate command's ΔPPL and KL against the base with their intervals (headsurgeon/surgery/cli.py, headsurgeon/surgery/divergence.py)."""
+ablate command's ΔPPL and KL against the base with their intervals (headsurgeon/cli/measure.py, headsurgeon/surgery/measure/divergence.py)."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from headsurgeon.surgery.ablate import ablate, reference_patterns
-from headsurgeon.surgery.capture import padded_batch
+from headsurgeon.surgery.measure.ablate import ablate, reference_patterns
+from headsurgeon.surgery.patterns.capture import padded_batch
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
-from headsurgeon.surgery.replace import SurgeryError, replace_heads
+from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
+from headsurgeon.surgery.swap.replace import SurgeryError, replace_heads
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_spearman_with_bootstrap_interval():
 def test_the_ablate_command_reports_delta_ppl_and_kl_against_the_base_with_intervals(capsys):
     import headsurgeon as hs
     from headsurgeon.cli import main
-    from headsurgeon.surgery.divergence import BaseDistributions, summarize, window_costs
+    from headsurgeon.surgery.measure.divergence import BaseDistributions, summarize, window_costs
 
     corpus = str(hs.demo_corpus_path())
     argv = ["ablate", "tiny-stories", corpus, "--max-sequences", "40", "--max-len", "32", "--heads", "L0H1",

@@ -20,10 +20,10 @@ import torch
 
 import headsurgeon as hs
 from headsurgeon.hub.checkpoint import hf_state_dict
-from headsurgeon.surgery.capture import forward_patterns, padded_batch
+from headsurgeon.surgery.patterns.capture import forward_patterns, padded_batch
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.providers import StoredPatterns
-from headsurgeon.surgery.replace import SurgeryError
+from headsurgeon.surgery.swap.providers import StoredPatterns
+from headsurgeon.surgery.swap.replace import SurgeryError
 
 from conftest import GPT2_TOK, need
 
@@ -109,11 +109,11 @@ def hf_reference(handle: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     import transformers
 
     if handle.source.kind == "llama2c":
-        from headsurgeon.surgery.llama2c import load_llama2c
+        from headsurgeon.surgery.models.llama2c import load_llama2c
 
         hf = load_llama2c(handle.source.path)
     elif handle.source.kind == "gguf":
-        from headsurgeon.surgery.gguf import read_gguf
+        from headsurgeon.surgery.models.gguf import read_gguf
 
         hf = read_gguf(handle.source.path)[0]  # unbridged; the cache equals a fresh conversion (test_gguf.py)
         if hasattr(hf.config, "sliding_window"):  # a test's override of the window applies to the reference too

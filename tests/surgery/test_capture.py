@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from headsurgeon.surgery import capture as capture_mod
-from headsurgeon.surgery.capture import capture
+from headsurgeon.surgery.patterns import capture as capture_mod
+from headsurgeon.surgery.patterns.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.store import AttentionStore, StoreError, stored_entries
+from headsurgeon.surgery.patterns.store import AttentionStore, StoreError, stored_entries
 
 
 def hf_attentions(hf_model, seq) -> np.ndarray:
@@ -21,7 +21,7 @@ def hf_attentions(hf_model, seq) -> np.ndarray:
 @pytest.fixture(scope="module")
 def plain_stories():
     from conftest import STORIES
-    from headsurgeon.surgery.llama2c import load_llama2c
+    from headsurgeon.surgery.models.llama2c import load_llama2c
 
     return load_llama2c(STORIES / "stories260K.bin")
 

@@ -1,6 +1,6 @@
 """capture's in-hook torch conversion stores exactly what the numpy round trip stored before (bit for bit).
 
-The reference below is the previous capture path spelled out (headsurgeon/surgery/capture.py and headsurgeon/surgery/store.py before the
+The reference below is the previous capture path spelled out (headsurgeon/surgery/patterns/capture.py and headsurgeon/surgery/patterns/store.py before the
 in-hook conversion): float32 patterns copied to the CPU per layer, each sequence's n×n block stacked into a numpy
 array, then cast with torch to float16 or reduced with torch.topk over [L, H, n·n]. Ties in topk are where a different
 call shape or order could pick other indices, so one model here has exactly uniform attention (all ties).
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from headsurgeon.surgery.capture import capture, forward_entries, forward_patterns
+from headsurgeon.surgery.patterns.capture import capture, forward_entries, forward_patterns
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.pattern_entries import EntryBuilder
-from headsurgeon.surgery.store import AttentionStore, stored_entries
+from headsurgeon.surgery.patterns.pattern_entries import EntryBuilder
+from headsurgeon.surgery.patterns.store import AttentionStore, stored_entries
 
 
 def reference_patterns(handle, seqs) -> list[np.ndarray]:
@@ -94,7 +94,7 @@ def mixed_seqs(stories, documents):
 def uniform_gpt2(random_model_dirs):
     """The tiny random GPT-2 with its query projection zeroed: every visible score is 0, each row exactly uniform."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dirs["gpt2"], attn_implementation="eager")
     with torch.no_grad():

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headsurgeon.surgery import capture as capture_mod
-from headsurgeon.surgery.capture import capture
+from headsurgeon.surgery.patterns import capture as capture_mod
+from headsurgeon.surgery.patterns.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.pattern_entries import EntryBuilder
-from headsurgeon.surgery.shard_writer import ShardWriteError, ShardWriter
-from headsurgeon.surgery.store import AttentionStore
+from headsurgeon.surgery.patterns.pattern_entries import EntryBuilder
+from headsurgeon.surgery.patterns.shard_writer import ShardWriteError, ShardWriter
+from headsurgeon.surgery.patterns.store import AttentionStore
 
 REAL_WRITE = AttentionStore.write_shard
 
@@ -198,10 +198,10 @@ def test_writer_refuses_bad_settings(seqs, tmp_path):
 
 KILLED_RUN = textwrap.dedent("""
     import sys, time
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents
-    from headsurgeon.surgery.loading import load_model
-    import headsurgeon.surgery.store as store_mod
+    from headsurgeon.surgery.models.loading import load_model
+    import headsurgeon.surgery.patterns.store as store_mod
 
     real = store_mod.sha256_file
     def stall(path):

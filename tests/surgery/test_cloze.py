@@ -1,4 +1,4 @@
-"""The held-out cloze (headsurgeon/surgery/cloze.py): a LAMBADA-style local lm-eval task written from given documents only."""
+"""The held-out cloze (headsurgeon/surgery/measure/cloze.py): a LAMBADA-style local lm-eval task written from given documents only."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 @pytest.fixture(scope="module")
 def documents() -> list[str]:
     """Held-out documents: the last 120 of the shared TinyStories text (no program was fitted on them here)."""
-    from headsurgeon.kernels.fileio import split_documents
+    from headsurgeon.core.fileio import split_documents
 
     return split_documents(need(CORPUS).read_text(encoding="utf-8"))[-120:]
 
@@ -33,7 +33,7 @@ def _rows(folder: Path, name: str = "headsurgeon_cloze") -> list[dict]:
 
 def test_examples_are_final_words_of_the_given_documents(documents, tmp_path):
     """Every example is a prefix of one given document followed by a whole, sentence-final word with its space."""
-    from headsurgeon.surgery.cloze import MIN_CONTEXT_WORDS, write_cloze_task
+    from headsurgeon.surgery.measure.cloze import MIN_CONTEXT_WORDS, write_cloze_task
 
     name, include = write_cloze_task(documents, tmp_path / "task")
     assert (name, include) == ("headsurgeon_cloze", (tmp_path / "task").resolve())
@@ -48,7 +48,7 @@ def test_examples_are_final_words_of_the_given_documents(documents, tmp_path):
 
 def test_examples_are_deterministic_for_a_seed(documents, tmp_path):
     """Same seed, same bytes; another seed, other words; a document's example does not depend on the others."""
-    from headsurgeon.surgery.cloze import write_cloze_task
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
 
     def rows(docs, folder, **kw):
         return _rows(write_cloze_task(docs, tmp_path / folder, **kw)[1])
@@ -63,7 +63,7 @@ def test_examples_are_deterministic_for_a_seed(documents, tmp_path):
 
 def test_rewriting_the_task_replaces_its_data(documents, tmp_path):
     """A second write into the same folder leaves one data file, the one the YAML names, with the new rows."""
-    from headsurgeon.surgery.cloze import write_cloze_task
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
 
     write_cloze_task(documents, tmp_path, seed=0)
     write_cloze_task(documents, tmp_path, seed=1)
@@ -81,7 +81,7 @@ def test_task_loads_in_lm_evals_task_manager_offline_as_lambada_does(documents, 
     import yaml
     from lm_eval.tasks import TaskManager
 
-    from headsurgeon.surgery.cloze import write_cloze_task
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
@@ -107,8 +107,8 @@ def test_downstream_scores_base_and_hybrids_on_the_cloze(documents, tmp_path, mo
     import lm_eval.tasks
 
     import headsurgeon as hs
-    from headsurgeon.surgery.cloze import write_cloze_task
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
+    from headsurgeon.surgery.models.loading import load_model
     from headsurgeon.synth.program import Program
 
     # the task manager without lm-eval's 14,000 task files (downstream otherwise indexes them all, 12-35 s here);
@@ -146,8 +146,8 @@ def test_downstream_scores_base_and_hybrids_on_the_cloze(documents, tmp_path, mo
     (["x"], {"limit": 0}, "limit must be"),
 ])
 def test_bad_input_names_the_problem(documents, kwargs, match, tmp_path):
-    from headsurgeon.kernels.core import InputError
-    from headsurgeon.surgery.cloze import write_cloze_task
+    from headsurgeon.core import InputError
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
 
     with pytest.raises(InputError, match=match):
         write_cloze_task(documents, tmp_path / "task", **kwargs)
@@ -156,8 +156,8 @@ def test_bad_input_names_the_problem(documents, kwargs, match, tmp_path):
 
 def test_bad_folders_name_the_problem(documents, tmp_path):
     """A folder that is a file, and a folder where another YAML file already defines the task's name."""
-    from headsurgeon.kernels.core import InputError
-    from headsurgeon.surgery.cloze import write_cloze_task
+    from headsurgeon.core import InputError
+    from headsurgeon.surgery.measure.cloze import write_cloze_task
 
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(InputError, match="is a file"):

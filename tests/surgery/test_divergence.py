@@ -1,4 +1,4 @@
-"""headsurgeon/surgery/divergence.py: per-window KL(base ‖ other) and NLLs from one base pass, checked against torch written out
+"""headsurgeon/surgery/measure/divergence.py: per-window KL(base ‖ other) and NLLs from one base pass, checked against torch written out
 per window, against window_losses' perplexity (pseudo-perplexity for a masked LM), and its intervals' wide flags;
 on the embedded model (seconds)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import headsurgeon as hs
-from headsurgeon.surgery.divergence import (BaseDistributions, WindowCosts, base_costs, means, summarize,
+from headsurgeon.surgery.measure.divergence import (BaseDistributions, WindowCosts, base_costs, means, summarize,
                                             window_costs)
-from headsurgeon.surgery.evaluate import window_losses
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.measure.evaluate import window_losses
+from headsurgeon.surgery.swap.replace import replace_heads
 
 
 @pytest.fixture(scope="module")

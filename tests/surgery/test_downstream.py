@@ -20,7 +20,7 @@ PROGRAMS = ["prev(7)", "prev(13)", "first()", "prev(5)"]  # far from what the he
 
 @pytest.fixture(scope="module")
 def handle():
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     return load_model("tiny-stories")
 
@@ -40,7 +40,7 @@ def random_programs(handle, tmp_path_factory) -> Path:
 
 def test_loglikelihood_equals_the_library_forward(handle):
     """lm-eval's scores for a pair and a rolling text equal a direct computation with handle.forward."""
-    from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM
+    from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM
 
     lm = HeadsurgeonLM(model=handle, batch_size=3)
     pairs = [("Once upon a time, there was a little", " girl"), ("Lily saw a big", " dog"), ("Tom", " ran away")]
@@ -61,7 +61,7 @@ def test_loglikelihood_equals_the_library_forward(handle):
 
 def test_generation_is_greedy_and_stops_at_until(handle):
     """generate_until continues greedily, batched prompts of different lengths agree with one-at-a-time runs."""
-    from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM
+    from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM
 
     lm = HeadsurgeonLM(model=handle, batch_size=4)
     reqs = [SimpleNamespace(args=(p, {"until": ["."], "max_gen_toks": 12}))
@@ -90,8 +90,8 @@ def test_a_base_run_is_reused_and_must_match_the_settings(handle, random_program
     (a doctored score shows through); a run of another limit is refused, naming both settings."""
     import copy
 
-    from headsurgeon.kernels.core import InputError
-    from headsurgeon.surgery.downstream import BaseRun, base_run, downstream
+    from headsurgeon.core import InputError
+    from headsurgeon.surgery.measure.downstream import BaseRun, base_run, downstream
 
     kw = dict(programs=str(random_programs), limit=20, include_path=TASKS)
     base = base_run(handle, "hs_cloze", limit=20, include_path=TASKS)
@@ -126,7 +126,7 @@ def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals_and_the_sweep(caps
     assert "downstream (lm-eval, 8 examples per task" in out and "95% paired bootstrap" in out
     line = next(l for l in out.splitlines() if l.strip().startswith("hs_cloze"))
     assert len(line.split()) >= 10 and " .. " in line  # task metric n base se hybrid se Δ low .. high
-    # the sweep: task metric replaced heads | IoU order, random order, random programs (headsurgeon/surgery/downstream_sweep.py)
+    # the sweep: task metric replaced heads | IoU order, random order, random programs (headsurgeon/surgery/measure/downstream_sweep.py)
     sweep = [l.split() for l in out.split("downstream sweep")[1].splitlines() if l.strip().startswith("hs_cloze")]
     assert [row[2] for row in sweep] == ["0%", "25%", "50%", "100%"] and png.stat().st_size > 10_000
     zero, full = sweep[0][4:7], sweep[-1][4:7]
@@ -137,7 +137,7 @@ def test_cli_eval_tasks_prints_base_and_hybrid_with_intervals_and_the_sweep(caps
 
 
 def test_python_programs_need_trust(tmp_path):
-    from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM
+    from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM
     from headsurgeon.synth.errors import ProgramError
     from headsurgeon.synth.program import Program
     from headsurgeon.synth.programset import ProgramSet
@@ -178,7 +178,7 @@ def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_pa
                            include_path=TASKS)["rows"][0]
     assert _acc(saved.stdout, "hs_cloze") == pytest.approx(direct["hybrid"], abs=1e-4) != direct["base"]
     from headsurgeon.harness import HarnessLM
-    from headsurgeon.surgery.downstream import evaluate_tasks
+    from headsurgeon.surgery.measure.downstream import evaluate_tasks
 
     by_spec = evaluate_tasks(HarnessLM(model="tiny-stories", batch_size=4), ["hs_cloze"], 12, TASKS, 0)
     assert by_spec["results"]["hs_cloze"]["acc,none"] == pytest.approx(direct["base"], abs=1e-4)  # model= spec
@@ -190,7 +190,7 @@ def test_lm_eval_command_line_runs_the_headsurgeon_model_and_a_checkpoint(tmp_pa
 def test_eaps6_names_the_seed_papers_six_tasks_in_lm_evals_registry():
     """The group ships with headsurgeon (tests/lm_eval_tasks does not define it) and its members are lm-eval tasks
     (the datasets themselves need a network). The manager is the one the next test builds: one full index per file."""
-    from headsurgeon.surgery.downstream import task_manager
+    from headsurgeon.surgery.measure.downstream import task_manager
 
     manager = task_manager(TASKS, ["eaps6"])
     entry = manager.task_index["eaps6"]
@@ -201,7 +201,7 @@ def test_eaps6_names_the_seed_papers_six_tasks_in_lm_evals_registry():
 
 def test_tasks_of_the_include_path_alone_skip_indexing_lm_evals_own():
     """Tasks that the include path defines need only its folders indexed; a group, or any lm-eval task, needs all."""
-    from headsurgeon.surgery.downstream import task_manager
+    from headsurgeon.surgery.measure.downstream import task_manager
 
     local = task_manager(TASKS, ["hs_cloze", "hs_rolling"])
     assert {"hs_cloze", "hs_rolling"} <= set(local.all_tasks) and "hellaswag" not in local.all_tasks
@@ -214,9 +214,9 @@ def test_identity_hybrid_scores_exactly_as_the_base(handle):
     import numpy as np
 
     import headsurgeon as hs
-    from headsurgeon.surgery.capture import forward_patterns
-    from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM
-    from headsurgeon.surgery.providers import StoredPatterns
+    from headsurgeon.surgery.patterns.capture import forward_patterns
+    from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM
+    from headsurgeon.surgery.swap.providers import StoredPatterns
     from headsurgeon.synth.sequence import Sequence
 
     rows: list[list[int]] = []
@@ -226,7 +226,7 @@ def test_identity_hybrid_scores_exactly_as_the_base(handle):
             rows.extend(batch)
             return super()._logprobs(batch)
 
-    from headsurgeon.surgery.downstream import evaluate_tasks
+    from headsurgeon.surgery.measure.downstream import evaluate_tasks
 
     evaluate_tasks(Recording(model=handle), ["hs_cloze"], 10, TASKS, seed=0)
     seqs = list({tuple(r): Sequence(ids=np.array(r), tokens=[""] * len(r), text="", offsets=np.zeros((len(r), 2)))

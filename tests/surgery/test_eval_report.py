@@ -1,5 +1,5 @@
-"""``hs.evaluate_programs`` (headsurgeon/surgery/eval_report.py): both kinds of program measured side by side, KL(base ‖ hybrid)
-beside ΔPPL in every measurement (headsurgeon/surgery/divergence.py), the ΔPPL sweep order (headsurgeon/surgery/sweep_order.py), the report
+"""``hs.evaluate_programs`` (headsurgeon/surgery/measure/eval_report.py): both kinds of program measured side by side, KL(base ‖ hybrid)
+beside ΔPPL in every measurement (headsurgeon/surgery/measure/divergence.py), the ΔPPL sweep order (headsurgeon/surgery/measure/sweep_order.py), the report
 as text, JSON, HTML and a plot, on the embedded model (seconds)."""
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 import headsurgeon as hs
-from headsurgeon.kernels.core import InputError
-from headsurgeon.surgery.eval_report import EvalReport, evaluate_programs
-from headsurgeon.surgery.divergence import BaseDistributions, summarize, window_costs
-from headsurgeon.surgery.evaluate import per_head_delta_ppl, window_losses
-from headsurgeon.surgery.replace import replace_heads
-from headsurgeon.surgery.sweep_order import cheapest, order_heads
+from headsurgeon.core import InputError
+from headsurgeon.surgery.measure.eval_report import EvalReport, evaluate_programs
+from headsurgeon.surgery.measure.divergence import BaseDistributions, summarize, window_costs
+from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, window_losses
+from headsurgeon.surgery.swap.replace import replace_heads
+from headsurgeon.surgery.measure.sweep_order import cheapest, order_heads
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
-from headsurgeon.kernels.core import Head
+from headsurgeon.core import Head
 
 
 def program_set() -> ProgramSet:
@@ -113,7 +113,7 @@ def test_order_heads_by_each_rule_and_its_errors():
 
 
 def test_the_plot_has_a_row_of_panels_per_kind(report, tmp_path, monkeypatch):
-    from headsurgeon.surgery import plots
+    from headsurgeon.surgery.measure import plots
 
     seen = {}
     real = plots.save_figure
@@ -277,7 +277,7 @@ def test_known_per_head_delta_ppl_is_kept_unmeasured_and_its_kl_left_missing(han
 def test_a_program_is_evaluated_once_across_the_swaps_of_a_sweep(handle, splits):
     """Every swap of one measurement shares a pattern cache: the sweep's steps re-use a program's patterns (a
     sandboxed library program would otherwise run again at every step)."""
-    from headsurgeon.surgery.eval_report import SwapCosts
+    from headsurgeon.surgery.measure.eval_report import SwapCosts
 
     costs = SwapCosts(handle, splits.test[:3])
     costs.measure({(0, 1): Program.parse("prev(1)")})

@@ -1,4 +1,4 @@
-"""The hybrid's fused path (headsurgeon/surgery/fast_attention.py, headsurgeon/surgery/plain_model.py): an unwatched call gives the hooked
+"""The hybrid's fused path (headsurgeon/surgery/swap/fast_attention.py, headsurgeon/surgery/swap/plain_model.py): an unwatched call gives the hooked
 path's logits and gradients within float tolerance (MHA, GQA, a fused-qkv GPT-2; sparse, dense, blended and whole
 layers replaced; padding), computes Q·Kᵀ only for heads that keep a neural part, and any watcher (run_with_cache,
 TransformerLens hooks, a module hook, ``fused=False``) gets the hooked path."""
@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from headsurgeon.surgery.loading import load_model
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.models.loading import load_model
+from headsurgeon.surgery.swap.replace import replace_heads
 
 #: layer 0: sparse, sparse mix and a dense program; layer 1: every head (no neural head left)
 PROGRAMS = {"L0H0": "prev(1)", "L0H1": "0.9*first() + 0.1*prev(1)", "L0H4": "decay(0.7)",

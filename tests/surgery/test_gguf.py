@@ -1,4 +1,4 @@
-"""GGUF files as a model source (headsurgeon/surgery/gguf.py): tiny hand-made files written with the gguf package's GGUFWriter.
+"""GGUF files as a model source (headsurgeon/surgery/models/gguf.py): tiny hand-made files written with the gguf package's GGUFWriter.
 
 Covers loading (tokenizer and config from the file), the sha256 in handles and hybrid manifests, the float32 cache
 (a hit equals a fresh conversion bit for bit; a damaged entry is rebuilt), unreadable architectures, and the
@@ -16,10 +16,10 @@ pytest.importorskip("gguf", reason="the gguf package is not installed (pip insta
 
 import headsurgeon as hs  # noqa: E402
 from headsurgeon.hub.checkpoint.errors import BaseModelError  # noqa: E402
-from headsurgeon.kernels.fileio import sha256_file  # noqa: E402
-from headsurgeon.surgery import gguf as hs_gguf  # noqa: E402
-from headsurgeon.surgery.loading import ModelLoadError, load_model  # noqa: E402
-from headsurgeon.surgery.sources import INSTALLED_COPIES, installed_copy  # noqa: E402
+from headsurgeon.core.fileio import sha256_file  # noqa: E402
+from headsurgeon.surgery.models import gguf as hs_gguf  # noqa: E402
+from headsurgeon.surgery.models.loading import ModelLoadError, load_model  # noqa: E402
+from headsurgeon.surgery.models.sources import INSTALLED_COPIES, installed_copy  # noqa: E402
 from support.gguf_files import IDS, cache, fake_parts, same_state, state, tiny, write_tiny_gguf  # noqa: E402,F401 - fixtures
 
 
@@ -188,8 +188,8 @@ def test_smollm2_handle_and_checkpoint_reference_the_hub_id(smollm2, tmp_path):
 def test_a_head_a_gguf_lacks_is_refused_from_its_header_before_loading(tmp_path, capsys, monkeypatch):
     from conftest import CORPUS, need
     from headsurgeon.cli import main
-    from headsurgeon.surgery.dims import model_dims
-    import headsurgeon.surgery.loading as loading
+    from headsurgeon.surgery.models.dims import model_dims
+    import headsurgeon.surgery.models.loading as loading
 
     base = write_tiny_gguf(tmp_path / "tiny.gguf", layers=2, heads=4)
     assert model_dims(str(base)) == (2, 4)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import headsurgeon as hs
-from headsurgeon.surgery.loading import ModelLoadError, load_model
+from headsurgeon.surgery.models.loading import ModelLoadError, load_model
 
 
 @pytest.fixture(scope="module")

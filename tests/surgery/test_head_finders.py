@@ -1,4 +1,4 @@
-"""Head finders (headsurgeon/surgery/head_finders.py): the detection patterns by their definitions, and scores that find heads
+"""Head finders (headsurgeon/surgery/measure/head_finders.py): the detection patterns by their definitions, and scores that find heads
 whose attention is known because programs set it (a hybrid), on any loaded model."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import headsurgeon as hs
-from headsurgeon.surgery.head_finders import HEAD_KINDS, detection_pattern, probe_sequences
+from headsurgeon.surgery.measure.head_finders import HEAD_KINDS, detection_pattern, probe_sequences
 
 PLANTED = {"L0H1": ("previous", "prev(1)"), "L1H2": ("induction", "induction()"), "L2H3": ("first", "first()"),
            "L3H4": ("self", "self()")}
@@ -51,7 +51,7 @@ def test_the_finders_find_the_heads_programs_planted(stories, tmp_path):
 
 
 def test_subsets_parse_and_refuse_before_loading():
-    from headsurgeon.surgery.head_subset import parse_heads, parse_layers
+    from headsurgeon.surgery.measure.head_subset import parse_heads, parse_layers
 
     assert parse_heads(["L17H3,L18H6", "L2H0", (17, 3)]) == [(17, 3), (18, 6), (2, 0)]
     assert parse_layers("16-18") == [16, 17, 18] and parse_layers("0, 3,5-6") == [0, 3, 5, 6]

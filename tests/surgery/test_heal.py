@@ -1,4 +1,4 @@
-"""heal (headsurgeon/surgery/heal.py): only the chosen parameters train, the loss falls, program heads stay applied, the plain
+"""heal (headsurgeon/surgery/swap/heal.py): only the chosen parameters train, the loss falls, program heads stay applied, the plain
 model is the deterministic control, "kl" distils from the base, and a healed hybrid saves and loads bit for bit with
 its healing record in the manifest and card (headsurgeon/hub/checkpoint/save.py, load.py, headsurgeon/hub/card.py)."""
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 import headsurgeon as hs
 from headsurgeon.hub.card import render_card
 from headsurgeon.hub.checkpoint import IntegrityError, hf_state_dict, load_hybrid, save_hybrid
-from headsurgeon.kernels.core import InputError
+from headsurgeon.core import InputError
 from headsurgeon.surgery.batches import padded_batch
-from headsurgeon.surgery.heal import HealReport, element_count, heal, select_weights
-from headsurgeon.surgery.loading import zoo_dir
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.heal import HealReport, element_count, heal, select_weights
+from headsurgeon.surgery.models.loading import zoo_dir
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 
 from support.hostile_card import PAYLOADS, assert_inert, hostile_manifest

@@ -1,4 +1,4 @@
-"""GGUF files and a GGUF conversion cache from others (headsurgeon/surgery/gguf.py, gguf_header.py, gguf_cache.py; SECURITY.md).
+"""GGUF files and a GGUF conversion cache from others (headsurgeon/surgery/models/gguf.py, gguf_header.py, gguf_cache.py; SECURITY.md).
 
 A cache entry changed by another writer of the cache folder (its entry.json rewritten to match) or holding files
 it does not list is rebuilt with a warning; the cache folders are private; a build killed with SIGKILL leaves a
@@ -27,11 +27,11 @@ pytest.importorskip("gguf", reason="the gguf package is not installed (pip insta
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from headsurgeon.kernels.fileio import sha256_file  # noqa: E402
-from headsurgeon.surgery import gguf as hs_gguf  # noqa: E402
-from headsurgeon.surgery.gguf_cache import ConversionCacheWarning, building, sweep_dead_builds  # noqa: E402
-from headsurgeon.surgery.gguf_header import GGUFFileError, read_gguf_header  # noqa: E402
-from headsurgeon.surgery.loading import ModelLoadError, load_model  # noqa: E402
+from headsurgeon.core.fileio import sha256_file  # noqa: E402
+from headsurgeon.surgery.models import gguf as hs_gguf  # noqa: E402
+from headsurgeon.surgery.models.gguf_cache import ConversionCacheWarning, building, sweep_dead_builds  # noqa: E402
+from headsurgeon.surgery.models.gguf_header import GGUFFileError, read_gguf_header  # noqa: E402
+from headsurgeon.surgery.models.loading import ModelLoadError, load_model  # noqa: E402
 from support.gguf_files import IDS, cache, fake_parts, same_state, state, tiny, write_tiny_gguf  # noqa: E402,F401 - fixtures
 
 ADVICE = r"Compare its size \(\d+ bytes\) and sha256 \([0-9a-f]{64}\) with the publisher's"
@@ -73,7 +73,7 @@ def test_replaced_weights_with_a_rewritten_entry_json_are_rebuilt(tiny, cache):
 
 def test_a_digest_recomputed_with_another_key_is_refused(tiny, cache):
     """The digest is keyed: a writer who knows the format cannot make a valid one without the user's key."""
-    from headsurgeon.surgery.gguf_cache import sign_entry
+    from headsurgeon.surgery.models.gguf_cache import sign_entry
 
     folder, _ = built(tiny, cache)
     entry = json.loads((folder / "entry.json").read_text())
@@ -155,7 +155,7 @@ def test_a_key_file_others_can_read_is_not_used(tiny, cache):
 WRITER = """
 import os, sys, time
 from pathlib import Path
-from headsurgeon.surgery.gguf_cache import building
+from headsurgeon.surgery.models.gguf_cache import building
 with building(Path(sys.argv[1]), "ab" * 32) as tmp:
     (tmp / "model.safetensors").write_bytes(b"\\0" * 1048576)
     print(tmp, flush=True)
@@ -214,7 +214,7 @@ def test_leftovers_of_dead_pids_and_of_earlier_versions_are_removed(cache):
 
 
 def test_an_assembly_of_parts_killed_midway_is_removed_by_the_next_one(tmp_path, cache, monkeypatch):
-    """Gemma 3 is assembled from installed parts into gguf-files/ (headsurgeon/surgery/gguf.py assemble_parts), the same way."""
+    """Gemma 3 is assembled from installed parts into gguf-files/ (headsurgeon/surgery/models/gguf.py assemble_parts), the same way."""
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     parts = fake_parts(tmp_path / "site", [b"GGUF" + bytes(300), b"rest" * 100])
     files = cache / "gguf-files"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import headsurgeon as hs
-from headsurgeon.surgery.replace import SurgeryError
+from headsurgeon.surgery.swap.replace import SurgeryError
 
 PROGRAMS = {"L0H1": "prev(1)", "L1H2": "first()"}
 CLEAN, CORRUPT = "Lily had a cat. The cat loved", "Tom had a cat. The cat loved"

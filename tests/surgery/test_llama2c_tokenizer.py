@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import STORIES, need
-from headsurgeon.surgery.llama2c import load_llama2c_tokenizer, read_pieces
+from headsurgeon.surgery.models.llama2c import load_llama2c_tokenizer, read_pieces
 
 
 def run_c_encode(text: str, pieces: list[str], scores: list[float]) -> list[int]:

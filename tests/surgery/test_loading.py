@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import STORIES, need
-from headsurgeon.surgery.loading import ModelLoadError, load_model
+from headsurgeon.surgery.models.loading import ModelLoadError, load_model
 
 
 @pytest.mark.parametrize("kind,heads,kv,causal", [("gpt2", 4, 4, True), ("llama", 4, 2, True), ("bert", 4, 4, False)])
@@ -125,7 +125,7 @@ def test_error_model_without_attention_patterns(gpt2_tokenizer_dir):
 
 def test_probe_rejects_a_bridge_whose_pattern_hook_never_fires(random_models, monkeypatch):
     """A bridge whose attention bypasses hook_pattern (e.g. fused kernels) must be refused, not silently used."""
-    from headsurgeon.surgery import loading
+    from headsurgeon.surgery.models import loading
 
     h = random_models["gpt2"]
     monkeypatch.setattr(h.model, "run_with_hooks", lambda *a, **k: h.model(a[0]))  # hooks never run

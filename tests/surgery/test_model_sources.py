@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from headsurgeon.surgery.loading import ModelLoadError, load_model
-from headsurgeon.surgery.sources import ModelSource, model_sources, register_model_source, unregister_model_source
+from headsurgeon.surgery.models.loading import ModelLoadError, load_model
+from headsurgeon.surgery.models.sources import ModelSource, model_sources, register_model_source, unregister_model_source
 
 
 def test_builtin_sources_are_registered_in_order():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headsurgeon.surgery.plots import pyplot, save_figure
+from headsurgeon.surgery.measure.plots import pyplot, save_figure
 
 
 def test_a_long_suptitle_is_inside_the_saved_figure(tmp_path):

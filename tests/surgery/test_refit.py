@@ -1,4 +1,4 @@
-"""refit_mixtures (headsurgeon/surgery/refit.py): the simplex solver is the exact constrained minimum, a planted head's weights come
+"""refit_mixtures (headsurgeon/surgery/swap/refit.py): the simplex solver is the exact constrained minimum, a planted head's weights come
 back exactly, the reported errors are Σ‖(P − A)U‖² / Σ‖AU‖² computed here independently (GQA included), a refit never
 raises the error, degenerate mixtures stay finite, and rounded programs print and parse back to the same hash."""
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 from scipy.optimize import minimize
 
 import headsurgeon as hs
-from headsurgeon.kernels.core import InputError
+from headsurgeon.core import InputError
 from headsurgeon.surgery.batches import padded_batch
-from headsurgeon.surgery.loading import zoo_dir
-from headsurgeon.surgery.refit import RefitResult, refit_mixtures, solve_simplex
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.models.loading import zoo_dir
+from headsurgeon.surgery.swap.refit import RefitResult, refit_mixtures, solve_simplex
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram

@@ -1,12 +1,12 @@
-"""The hybrid's hook takes sparse programs as stored keys (headsurgeon/surgery/headpatterns.py): the same logits and gradients
+"""The hybrid's hook takes sparse programs as stored keys (headsurgeon/surgery/swap/headpatterns.py): the same logits and gradients
 as the dense path, in pattern mode and in z mode, with and without alpha blending."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from headsurgeon.surgery import replace as replace_module
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap import replace as replace_module
+from headsurgeon.surgery.swap.replace import replace_heads
 
 from support.surgery_models import batch_of, get_model
 

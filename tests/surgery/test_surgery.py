@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from headsurgeon.kernels.core import HeadError
+from headsurgeon.core import HeadError
 from headsurgeon.kernels.normalize import normalize_scores
-from headsurgeon.surgery.capture import forward_patterns
-from headsurgeon.surgery.providers import StoredPatterns
-from headsurgeon.surgery.replace import HybridModel, SurgeryError, replace_heads
+from headsurgeon.surgery.patterns.capture import forward_patterns
+from headsurgeon.surgery.swap.providers import StoredPatterns
+from headsurgeon.surgery.swap.replace import HybridModel, SurgeryError, replace_heads
 from headsurgeon.synth.program import Program
 from support.surgery_models import batch_of, get_model
 

@@ -1,12 +1,12 @@
-"""Downstream task data offline (headsurgeon/surgery/task_data.py): a missing dataset is one TaskDataError at once."""
+"""Downstream task data offline (headsurgeon/surgery/measure/task_data.py): a missing dataset is one TaskDataError at once."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 
-from headsurgeon.surgery import task_data
-from headsurgeon.surgery.task_data import TaskDataError, hub_data
+from headsurgeon.surgery.measure import task_data
+from headsurgeon.surgery.measure.task_data import TaskDataError, hub_data
 
 
 def dead_endpoint() -> str:

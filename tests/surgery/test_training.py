@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from headsurgeon.surgery.capture import padded_batch
+from headsurgeon.surgery.patterns.capture import padded_batch
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import TESTS
-from headsurgeon.synth import prompts  # noqa: E402
+from headsurgeon.synth.search.llm import prompts  # noqa: E402
 from headsurgeon.synth.search.llm import (AgentConfig, AgentConfigError, JournalMismatchError, LLMAgent,  # noqa: E402
                                           retry_after)
 from headsurgeon.synth.program import Program  # noqa: E402

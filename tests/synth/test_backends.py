@@ -14,7 +14,7 @@ import torch
 
 from headsurgeon.hub.checkpoint import UntrustedProgramError, load_hybrid, save_hybrid
 from headsurgeon.kernels.normalize import normalize_scores
-from headsurgeon.surgery.replace import replace_heads
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.backends import ProgramBackend, backend_kinds, register_backend, unregister_backend
 from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError
 from headsurgeon.synth.program import Program
@@ -92,7 +92,7 @@ def test_program_and_program_set_round_trip(window_sum, tmp_path):
 
 
 def test_checkpoint_round_trip_of_a_new_kind(window_sum, tmp_path):
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     handle = load_model("tiny-stories")
     ids = torch.tensor([handle.tokenizer.encode("Once upon a time there was a cat.")])

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from headsurgeon.kernels import primitives as kernels
-from headsurgeon.synth import dsl, prompts
+from headsurgeon.synth import dsl
+from headsurgeon.synth.search.llm import prompts
 from headsurgeon.synth.dsl import Param, PrimitiveSpec, Pred, Prim
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.program import Program

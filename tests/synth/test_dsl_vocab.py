@@ -109,7 +109,7 @@ def test_gloss_names_tokens() -> None:
 def stories_vocab() -> Vocabulary:
     if not (STORIES / "tok512.model").exists():
         pytest.skip(f"needs {STORIES / 'tok512.model'}")
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     handle = load_model(f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=STORIES / "tok512.model")
     return Vocabulary.from_tokenizer(handle.tokenizer)

@@ -238,7 +238,7 @@ def test_library_programs_run_once_per_run_not_once_per_head_task(stories, tmp_p
     """Two head tasks of one run (two searchers, as headsurgeon/scaleout/task.py makes them) and the selection
     share OUT's pattern cache: the second task and the selection compute no library pattern again."""
     from conftest import CORPUS
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents
     from headsurgeon.synth.runcache import routed_cache, run_cache
     from headsurgeon.synth.search.library import LibrarySearcher

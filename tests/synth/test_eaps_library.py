@@ -171,7 +171,7 @@ def test_sequence_programs_may_return_labels_too(windows):
 
 
 def test_labels_become_hypotheses_and_compete(stories, library_file, windows):
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.synth.search.library import LibrarySearcher
     from headsurgeon.synth.select import select_programs
 
@@ -234,7 +234,7 @@ BAD_LABELS = textwrap.dedent('''
 
 
 def test_bad_labels_are_refused_and_dropped(stories, windows, tmp_path):
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.synth.sandbox import get_pool
     from headsurgeon.synth.search.library import LibrarySearcher
 

@@ -254,7 +254,7 @@ def test_a_heads_candidates_do_not_depend_on_the_other_heads_searched_with_it() 
 
 
 def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents
 
     docs = read_documents(corpus_path)[:24]

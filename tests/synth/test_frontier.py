@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.replace import SurgeryError, replace_heads
-from headsurgeon.surgery.store import AttentionStore
+from headsurgeon.surgery.swap.replace import SurgeryError, replace_heads
+from headsurgeon.surgery.patterns.store import AttentionStore
 from headsurgeon.synth import dsl
-from headsurgeon.kernels.scores import Scores
+from headsurgeon.core.scores import Scores
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import BUDGETS, READABLE_CHARS, Program
 from headsurgeon.synth.programset import ProgramSet

@@ -15,7 +15,7 @@ import tracemalloc
 
 import pytest
 
-from headsurgeon.synth import prompts  # noqa: E402
+from headsurgeon.synth.search.llm import prompts  # noqa: E402
 from headsurgeon.synth.search.llm import LLMAgent  # noqa: E402
 from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationError  # noqa: E402
 from headsurgeon.synth.program import Program  # noqa: E402

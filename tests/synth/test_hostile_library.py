@@ -11,7 +11,7 @@ import pytest
 
 from headsurgeon.synth.eaps import (LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library, load_library_file,
                                     split_library_source)
-from headsurgeon.kernels.core import InputError
+from headsurgeon.core import InputError
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.search import library as library_search
 from headsurgeon.synth.search.library import LibrarySearcher
@@ -57,7 +57,7 @@ def test_budget_travels_from_the_files_to_the_searcher(tmp_path):
 
 @pytest.fixture(scope="module")
 def store(stories):
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents
 
     docs = read_documents(need(CORPUS))[:20]

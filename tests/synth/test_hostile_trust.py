@@ -39,7 +39,7 @@ def refusal(error: BaseException, slot: str, flag: str) -> None:
 
 @pytest.fixture(scope="module")
 def handle():
-    from headsurgeon.surgery.loading import load_model
+    from headsurgeon.surgery.models.loading import load_model
 
     need(STORIES / "stories260K.bin")
     return load_model(f"llama2c:{STORIES / 'stories260K.bin'}", tokenizer=STORIES / "tok512.model")
@@ -67,7 +67,7 @@ def test_programs_built_in_process_are_your_own_code():
 
 @pytest.mark.parametrize("slot", SLOTS)
 def test_replace_heads_gates_sets_and_paths(handle, tmp_path, slot):
-    from headsurgeon.surgery.replace import replace_heads
+    from headsurgeon.surgery.swap.replace import replace_heads
 
     path = hidden_python(tmp_path, slot)
     for programs in (path, ProgramSet.load(path)):
@@ -84,7 +84,7 @@ def test_replace_heads_gates_sets_and_paths(handle, tmp_path, slot):
 
 
 def test_ablate_gates_a_programset(handle, tmp_path):
-    from headsurgeon.surgery.ablate import ablate
+    from headsurgeon.surgery.measure.ablate import ablate
 
     path = hidden_python(tmp_path, "explanation")
     with pytest.raises(UntrustedProgramError) as e:
@@ -97,8 +97,8 @@ def test_ablate_gates_a_programset(handle, tmp_path):
 @pytest.mark.parametrize("slot", SLOTS)
 def test_lm_eval_model_and_downstream_gate_every_slot(handle, tmp_path, slot, monkeypatch):
     pytest.importorskip("lm_eval")
-    from headsurgeon.surgery import downstream as ds
-    from headsurgeon.surgery.lm_eval_model import HeadsurgeonLM
+    from headsurgeon.surgery.measure import downstream as ds
+    from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM
 
     path = hidden_python(tmp_path, slot)
     for trust in (False, "false"):
@@ -119,9 +119,9 @@ def test_lm_eval_model_and_downstream_gate_every_slot(handle, tmp_path, slot, mo
 
 @pytest.mark.parametrize("slot", SLOTS)
 def test_measurements_gate_a_programset(handle, tmp_path, slot, monkeypatch):
-    from headsurgeon.surgery import downstream_sweep as dsw
+    from headsurgeon.surgery.measure import downstream_sweep as dsw
     from headsurgeon.surgery.corpus import make_sequences
-    from headsurgeon.surgery.evaluate import per_head_delta_ppl, replacement_sweep
+    from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, replacement_sweep
 
     path = hidden_python(tmp_path, slot)
     seqs = make_sequences(handle, ["Once upon a time there was a girl. She liked the park."], max_len=16)
@@ -179,7 +179,7 @@ def test_cli_ablate_refuses_python_in_any_slot(capsys, tmp_path):
 
 def test_checkpoints_use_the_same_rule(handle, tmp_path):
     from headsurgeon.hub.checkpoint import UntrustedProgramError, load_hybrid, save_hybrid
-    from headsurgeon.surgery.replace import replace_heads
+    from headsurgeon.surgery.swap.replace import replace_heads
 
     save_hybrid(replace_heads(handle, {"L1H2": PY}), tmp_path / "ckpt")
     with pytest.raises(UntrustedProgramError, match="L1H2.*trust_programs"):

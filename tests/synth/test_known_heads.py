@@ -8,7 +8,7 @@ import pytest
 
 from headsurgeon.synth import dsl
 from headsurgeon.synth.sequence import Sequence
-from headsurgeon.kernels.core import Head
+from headsurgeon.core import Head
 
 pytestmark = pytest.mark.e2e
 T = 24  # length of the random block; each probe is BOS + block + block
@@ -55,7 +55,7 @@ def _uses(program, name: str, **params) -> bool:
 def known(smollm2, corpus_path, tmp_path_factory):
     """The probe's strongest induction and previous-token heads and their explanations, found once."""
     from headsurgeon.scaleout.task import HeadJob, explain_heads
-    from headsurgeon.surgery.capture import capture, forward_patterns
+    from headsurgeon.surgery.patterns.capture import capture, forward_patterns
     from headsurgeon.surgery.corpus import load_corpus
     from headsurgeon.synth.programset import Entry
     from headsurgeon.synth.search.base import searcher_factory

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.store import AttentionStore
+from headsurgeon.surgery.patterns.store import AttentionStore
 from headsurgeon.synth.search.learned import (
     FeatureSpace, LearnedConfig, LearnedHead, MatchTerm, feature_arrays, key_order, learned_search, positional_specs,
     select_rows, visible,
@@ -231,7 +231,7 @@ def test_rejects_overlapping_splits_and_bad_config(synthetic_store):
 
 def test_real_heads_beat_the_uniform_baseline(stories, seqs):
     """Two heads of stories260K, captured on real text: the learned program beats uniform() on select."""
-    from headsurgeon.surgery.capture import capture
+    from headsurgeon.surgery.patterns.capture import capture
 
     synth, select = _splits(seqs)
     synth, select = synth[:60], select[:30]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headsurgeon.kernels.core import InputError
+from headsurgeon.core import InputError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.program_store import ProgramStore
 from headsurgeon.synth.sequence import Sequence

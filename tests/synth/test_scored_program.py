@@ -1,4 +1,4 @@
-"""One scored-program record (headsurgeon/synth/scored.py) and typed Scores (headsurgeon/kernels/scores.py) replace the five classes."""
+"""One scored-program record (headsurgeon/synth/scored.py) and typed Scores (headsurgeon/core/scores.py) replace the five classes."""
 from __future__ import annotations
 
 import importlib
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from headsurgeon.kernels.core import InputError
-from headsurgeon.kernels.scores import Scores
+from headsurgeon.core import InputError
+from headsurgeon.core.scores import Scores
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import Entry, ProgramSet
 from headsurgeon.synth.scored import TEXT_LIMIT, ScoredProgram

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.store import AttentionStore
+from headsurgeon.surgery.patterns.store import AttentionStore
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet

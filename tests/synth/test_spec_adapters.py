@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support.dsl_trees import grow_trees, random_primitive, random_sequences
 
-from headsurgeon.kernels.core import InputError
+from headsurgeon.core import InputError
 from headsurgeon.synth import dsl
 from headsurgeon.synth.dsl import Pred
 from headsurgeon.synth.dsl.spec import (CellsAdapter, CombinatorSpec, PrimitiveSpec, combinator_for,

@@ -11,9 +11,9 @@ import torch
 
 from headsurgeon.kernels.sparse import SparseRows
 from headsurgeon.scaleout.headstore import HeadStore
-from headsurgeon.surgery.capture import capture
+from headsurgeon.surgery.patterns.capture import capture
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.store import AttentionStore, StoreError
+from headsurgeon.surgery.patterns.store import AttentionStore, StoreError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.select import select_programs
 from headsurgeon.synth.tensors import program_rows
@@ -28,7 +28,7 @@ def story_seqs(stories, documents):
 @pytest.fixture(scope="module")
 def plain_stories():
     from conftest import STORIES
-    from headsurgeon.surgery.llama2c import load_llama2c
+    from headsurgeon.surgery.models.llama2c import load_llama2c
 
     return load_llama2c(STORIES / "stories260K.bin")
 

@@ -12,12 +12,12 @@ from typing import Any, Mapping
 
 import torch
 
-from headsurgeon.kernels.fileio import UnsafeFileError, named_file, sha256_file
-from headsurgeon.surgery.gguf import read_gguf
-from headsurgeon.surgery.handle import GgufSource, HfSource, Llama2cSource, SourceRecord, ZooSource
-from headsurgeon.surgery.llama2c import load_llama2c
-from headsurgeon.surgery.loading import ModelLoadError, load_model, zoo_dir
-from headsurgeon.surgery.sources import install_hint, installed_copy, providing_packages
+from headsurgeon.core.fileio import UnsafeFileError, named_file, sha256_file
+from headsurgeon.surgery.models.gguf import read_gguf
+from headsurgeon.surgery.models.handle import GgufSource, HfSource, Llama2cSource, SourceRecord, ZooSource
+from headsurgeon.surgery.models.llama2c import load_llama2c
+from headsurgeon.surgery.models.loading import ModelLoadError, load_model, zoo_dir
+from headsurgeon.surgery.models.sources import install_hint, installed_copy, providing_packages
 from headsurgeon.synth.errors import excerpt
 
 from .base_search import BASE_PATH_ENV, file_digest, find_base, reference_fields, remember_base, stored_name
@@ -99,7 +99,7 @@ def check_base_file(path: Path, sha256: str | None, what: str) -> None:
 
 
 def _is_file_with(path: Path, sha256: Any) -> bool:
-    """``path`` is a named regular file (headsurgeon/kernels/fileio.py ``named_file``) whose sha256 is ``sha256``."""
+    """``path`` is a named regular file (headsurgeon/core/fileio.py ``named_file``) whose sha256 is ``sha256``."""
     try:
         return file_digest(named_file(path, "a GGUF file")) == sha256
     except (OSError, UnsafeFileError):

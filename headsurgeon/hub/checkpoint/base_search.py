@@ -15,9 +15,9 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
-from headsurgeon.kernels.fileio import (SYSTEM_FOLDERS, UnsafeFileError, atomic_write_json, named_file, read_bounded,
+from headsurgeon.core.fileio import (SYSTEM_FOLDERS, UnsafeFileError, atomic_write_json, named_file, read_bounded,
                                        sha256_file)
-from headsurgeon.surgery.gguf import cache_root
+from headsurgeon.surgery.models.gguf import cache_root
 
 __all__ = ["BASE_PATH_ENV", "search_folders", "remember_base", "find_base", "file_digest", "stored_name",
            "reference_fields"]

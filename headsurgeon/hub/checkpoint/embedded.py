@@ -14,9 +14,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from headsurgeon.kernels.fileio import fsync_file
-from headsurgeon.surgery.handle import EmbeddedSource
-from headsurgeon.surgery.loading import load_model
+from headsurgeon.core.fileio import fsync_file
+from headsurgeon.surgery.models.handle import EmbeddedSource
+from headsurgeon.surgery.models.loading import load_model
 from headsurgeon.synth.errors import excerpt
 
 from .errors import CheckpointError, IntegrityError

@@ -1,10 +1,10 @@
 """The errors of hybrid checkpoints: one base class, and one subclass per way a checkpoint can be unusable.
 
-Each message names the file and the fix; the CLI prints them as one line (headsurgeon/cli.py).
+Each message names the file and the fix; the CLI prints them as one line (headsurgeon/cli/__init__.py).
 """
 from __future__ import annotations
-from ...kernels.core import HeadsurgeonError
-from ...kernels.formats import FutureFormatError
+from ...core import HeadsurgeonError
+from ...core.formats import FutureFormatError
 from ...synth.trust import UntrustedProgramError  # the one trust gate's error (headsurgeon/synth/trust.py)
 
 __all__ = ["CheckpointError", "NotACheckpointError", "IntegrityError", "FormatVersionError", "BaseModelError",

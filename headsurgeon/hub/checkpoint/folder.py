@@ -13,7 +13,7 @@ import uuid
 import warnings
 from pathlib import Path
 
-from headsurgeon.kernels.fileio import fsync_dir, sha256_file
+from headsurgeon.core.fileio import fsync_dir, sha256_file
 from headsurgeon.synth.errors import excerpt
 
 from .errors import CheckpointError, NotACheckpointError

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from headsurgeon.kernels.fileio import fsync_file, json_bytes
-from headsurgeon.kernels.formats import FileFormat
+from headsurgeon.core.fileio import fsync_file, json_bytes
+from headsurgeon.core.formats import FileFormat
 
 from .errors import FormatVersionError, IntegrityError
 
-#: manifest.json's format (headsurgeon/kernels/formats.py); its version lives in ``format_version``
+#: manifest.json's format (headsurgeon/core/formats.py); its version lives in ``format_version``
 CHECKPOINT = FileFormat("headsurgeon.hybrid", 1, (1,), "a headsurgeon hybrid checkpoint manifest",
                         "the checkpoint is damaged: save it again", version_key="format_version",
                         error=IntegrityError, future=FormatVersionError, writer=("library", "headsurgeon"))

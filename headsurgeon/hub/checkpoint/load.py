@@ -13,7 +13,7 @@ from typing import Any, Collection
 
 import torch
 
-from headsurgeon.surgery.replace import HybridModel, replace_heads
+from headsurgeon.surgery.swap.replace import HybridModel, replace_heads
 from headsurgeon.synth.errors import excerpt
 
 from .base_models import load_base, located
@@ -84,7 +84,7 @@ def _load_root(root: Path, trust_programs: bool | Collection[str], device: str |
         except IndexError as e:
             raise CheckpointError(f"{root}: {e}") from e
     healing = healing_of(manifest, root)
-    if healing:  # with the weights, where hs.heal keeps them; the hybrid shows them as .healing (headsurgeon/surgery/heal.py)
+    if healing:  # with the weights, where hs.heal keeps them; the hybrid shows them as .healing (headsurgeon/surgery/swap/heal.py)
         handle.healing = healing
     return replace_heads(handle, programs, alpha=alphas)
 

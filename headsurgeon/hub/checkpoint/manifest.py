@@ -8,7 +8,7 @@ from typing import Any
 
 from headsurgeon.synth.errors import excerpt
 
-from headsurgeon.kernels.formats import check_versioned
+from headsurgeon.core.formats import check_versioned
 
 from .errors import IntegrityError, NotACheckpointError
 from .files import read_whole
@@ -55,7 +55,7 @@ def read_manifest_at(root: Path, links_into: Path | None = None) -> dict[str, An
         raise NotACheckpointError(
             f"{path} is not a headsurgeon hybrid manifest (format {excerpt(found)}, expected {FORMAT!r})"
         )
-    check_versioned(manifest, CHECKPOINT, str(path))  # FormatVersionError for a newer version (headsurgeon/kernels/formats.py)
+    check_versioned(manifest, CHECKPOINT, str(path))  # FormatVersionError for a newer version (headsurgeon/core/formats.py)
     for key in ("heads", "files", "weights", "base"):
         if not isinstance(manifest.get(key), dict):
             raise IntegrityError(f"{path} lacks the {key!r} section; the checkpoint is damaged: save it again")

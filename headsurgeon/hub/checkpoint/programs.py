@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from headsurgeon.kernels.fileio import sha256_bytes
+from headsurgeon.core.fileio import sha256_bytes
 from headsurgeon.synth.backends import backend_kinds, get_backend
 from headsurgeon.synth.errors import ProgramError, excerpt
 from headsurgeon.synth.program import Program

@@ -14,10 +14,10 @@ from typing import Any, Mapping
 import torch
 
 from headsurgeon import __version__
-from headsurgeon.kernels.fileio import fsync_dir, sha256_file
-from headsurgeon.surgery.handle import EmbeddedSource, SourceRecord
-from headsurgeon.surgery.heal import healing_records
-from headsurgeon.surgery.replace import HybridModel
+from headsurgeon.core.fileio import fsync_dir, sha256_file
+from headsurgeon.surgery.models.handle import EmbeddedSource, SourceRecord
+from headsurgeon.surgery.swap.heal import healing_records
+from headsurgeon.surgery.swap.replace import HybridModel
 
 from ..card import render_card
 from .base_models import base_reference, base_weights, portable
@@ -68,7 +68,7 @@ def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] |
         json_file(dict(metrics or {}))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"metrics must be a JSON-serializable dict: {e}") from e
-    healing = healing_records(hybrid)  # hs.heal's records of these weights (headsurgeon/surgery/heal.py)
+    healing = healing_records(hybrid)  # hs.heal's records of these weights (headsurgeon/surgery/swap/heal.py)
     try:
         json_file(healing)
     except (TypeError, ValueError) as e:

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
-from headsurgeon.surgery.headless import real_model
+from headsurgeon.surgery.models.headless import real_model
 
 from .errors import CheckpointError
 

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import numpy as np
 from numba import njit
-from ...kernels.core import InputError
+from ...core import InputError
 
 __all__ = ["out_buffer", "clip_offset", "per_token_kernel", "pad_rows"]
 

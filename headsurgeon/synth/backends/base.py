@@ -16,7 +16,7 @@ import numpy as np
 from .. import dsl
 from ..errors import ProgramValidationError, excerpt
 from ..sequence import Sequence
-from ...kernels.core import InputError
+from ...core import InputError
 
 __all__ = ["ProgramBackend", "register_backend", "unregister_backend", "get_backend", "backend_kinds", "backend_for_document",
            "json_document", "DEFAULT_TIMEOUT"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from headsurgeon.kernels.fileio import json_bytes
+from headsurgeon.core.fileio import json_bytes
 from headsurgeon.kernels.normalize import normalize_scores
 
 from .. import dsl, features as feature_views

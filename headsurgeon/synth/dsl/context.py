@@ -15,7 +15,7 @@ from ..features import POS_TAGS
 from .labels import dep_index
 from .nodes import Node, Pred, Prim
 from .spec import PRIMITIVE_SPECS, combinator_for
-from ...kernels.core import InputError
+from ...core import InputError
 
 __all__ = ["Context"]
 

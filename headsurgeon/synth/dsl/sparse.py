@@ -21,7 +21,7 @@ from .build import validate
 from .context import Context
 from .nodes import Node, Prim, children
 from .spec import COUNTED, PRIMITIVE_SPECS, combinator_for
-from ...kernels.core import InputError
+from ...core import InputError
 
 __all__ = ["row_support", "is_sparse", "evaluate_sparse_scores", "evaluate_sparse"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .bounds import KINDS
-from ...kernels.core import InputError
+from ...core import InputError
 
 # A kernel takes a node and the evaluation context (headsurgeon/synth/dsl/context.py, which reads this registry).
 Kernel = Callable[[Any, Any], np.ndarray]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .view import compute_features
-from ...kernels.core import InputError
+from ...core import InputError
 
 __all__ = ["FEATURE_NAMES", "KERNEL_FEATURE_VIEWS", "SPACY_FEATURES", "WORDNET_FEATURES", "batch_feature_arrays"]
 

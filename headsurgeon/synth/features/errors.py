@@ -1,6 +1,6 @@
 """The one error the feature views raise: an optional linguistic resource (spaCy model, WordNet) is missing."""
 from __future__ import annotations
-from ...kernels.core import HeadsurgeonError
+from ...core import HeadsurgeonError
 
 __all__ = ["FeatureDependencyError"]
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .protocol import HDR, MAX_HEADER, MSG, write_all
-from ...kernels.core import HeadsurgeonError
+from ...core import HeadsurgeonError
 
 
 class WorkerGone(HeadsurgeonError):

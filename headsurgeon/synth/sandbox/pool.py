@@ -25,7 +25,7 @@ from .parent import ProtocolError, Worker, WorkerGone, describe_status, spawner
 from .protocol import COSTLY, MAX_DETAIL, MAX_MESSAGE, REASONS, label_problem
 from .views import features_for, sequence_view, spacy_documents
 from .worker import BOOT
-from ...kernels.core import InputError
+from ...core import InputError
 
 SYNTH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..scored import ScoredProgram
 from ..sequence import Sequence as TokenSequence
-from ...kernels.core import Head, HeadsurgeonError, InputError
+from ...core import Head, HeadsurgeonError, InputError
 
 __all__ = [
     "CandidateMap", "PatternSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
@@ -32,7 +32,7 @@ CandidateMap = dict[Head, list[ScoredProgram]]
 
 
 class PatternSource(Protocol):
-    """What searchers read from a store (``headsurgeon.surgery.store.AttentionStore`` fits; synth does not import
+    """What searchers read from a store (``headsurgeon.surgery.patterns.store.AttentionStore`` fits; synth does not import
     surgery): the sequences, the mask kind, the heads, and real patterns by store index.
 
     ``batch`` returns patterns [H, B, N, N] and lengths [B]; stores may also accept ``dtype=`` (float16 halves

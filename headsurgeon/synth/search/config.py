@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...kernels.argtypes import int_at_least, non_negative_float
-from ...kernels.configs import nested, setting
-from ...kernels.core import SELECT_BY
+from ...core.argtypes import int_at_least, non_negative_float
+from ...core.configs import nested, setting
+from ...core import SELECT_BY
 from ..eaps import LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library
 from .learned.config import LearnedConfig
 from .llm.config import AgentConfig

@@ -23,7 +23,7 @@ from ..errors import ProgramError
 from ..program import Program
 from ..select import score_programs
 from .base import CandidateMap, PatternSource, StopCheck, check_splits
-from ...kernels.core import Head, InputError
+from ...core import Head, InputError
 
 SOURCE = "library"
 # Per process, across head tasks of a run that shares a pattern cache (headsurgeon/synth/runcache.py): why a program failed,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ....kernels.cell_kernels import cell_scores, rownorm_segments, segment_sums, softmax_segments
-from ....kernels.core import InputError
+from ....core import InputError
 from ... import dsl
 from ...dsl.cell_combinators import Cells
 from ...dsl.spec import CellsAdapter, combinator_for

@@ -30,7 +30,7 @@ from .library import frequent_tokens, primitive_library, query_predicates
 from .small import BANDS, keep_per_band, propose_small, rendered_chars, vocabulary_of
 from .split import SplitArrays, features_for
 from .util import default_splits, progress_bar, spacy_available
-from ....kernels.core import Head, InputError
+from ....core import Head, InputError
 
 SOURCE = "enumerative"
 

@@ -8,7 +8,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..base import PatternSource
-from ....kernels.core import InputError
+from ....core import InputError
 
 
 def default_splits(store: PatternSource, seed: int) -> tuple[list[int], list[int]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import dsl
-from ....kernels.core import InputError
+from ....core import InputError
 
 #: cheap features (no spaCy) every search considers by default.
 DEFAULT_FEATURES: tuple[str, ...] = ("token", "word_start", "punct", "cap", "newline", "sent_end")

@@ -7,7 +7,7 @@ import torch
 
 from ... import dsl
 from .config import EPS, LearnedConfig
-from ....kernels.core import InputError
+from ....core import InputError
 
 
 def positional_specs(cfg: LearnedConfig, causal: bool) -> list[str]:

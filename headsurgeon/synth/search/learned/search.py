@@ -29,7 +29,7 @@ from .model import make_data
 from .prune import pruned_heads
 from .rows import positional_specs
 from .space import FeatureSpace, feature_arrays
-from ....kernels.core import Head, InputError
+from ....core import Head, InputError
 
 SOURCE = "learned"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .agent import ConversationResult, LLMAgent, LLMSearcher
 from .config import SOURCE, AgentConfig, AgentConfigError, AgentStats, HeadStatus
 from .endpoint import EndpointError, check_endpoint
-from ....kernels.core import JournalMismatchError
+from ....core import JournalMismatchError
 from .journal import JOURNAL_VERSION, RunJournal
 from .transport import retry_after
 

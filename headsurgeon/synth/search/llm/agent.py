@@ -1,7 +1,7 @@
 """The LLM agent: ask a chat model for programs that reproduce each head, then refine.
 
 Per head: a prompt with example ``synth`` sequences and their strongest ``query -> key (weight)`` pairs,
-the DSL and the Sequence API (``headsurgeon.synth.prompts``) -> a JSON reply ``{hypothesis, kind,
+the DSL and the Sequence API (``headsurgeon.synth.search.llm.prompts``) -> a JSON reply ``{hypothesis, kind,
 program}`` -> parse -> validate (``Program.parse`` / ``Program.python``) -> evaluate (DSL kernels, or the
 sandbox pool for Python) -> rank by JSD on ``synth`` -> ``rounds`` refinement rounds whose prompt shows
 the best programs' worst sequences (real vs predicted keys per query, as token strings) and the failures
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ... import prompts
+from . import prompts
 from ...scored import ScoredProgram
 from ...errors import ProgramError
 from ...program import Program
@@ -60,7 +60,7 @@ from .config import AgentConfig, AgentConfigError, AgentStats, HeadStatus
 from .journal import JOURNAL_VERSION, RunJournal, candidate_from_json, candidate_to_json
 from .scoring import HeadContext, ProgramScoring, SynthFit
 from .transport import ChatRequests, CostCapReached, RequestFailed, Stopped, echo, excerpt
-from ....kernels.core import Head, InputError, JournalMismatchError
+from ....core import Head, InputError, JournalMismatchError
 
 
 @dataclass

@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ....kernels.argtypes import non_negative_float
-from ....kernels.configs import setting
+from ....core.argtypes import non_negative_float
+from ....core.configs import setting
 from ..base import SearcherUnavailable
 
 SOURCE = "llm"

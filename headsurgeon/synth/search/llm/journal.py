@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 
-from ....kernels.fileio import json_default
+from ....core.fileio import json_default
 from ...scored import ScoredProgram
 from ...program import Program
 from .config import SOURCE
-from ....kernels.core import InputError
+from ....core import InputError
 
 JOURNAL_VERSION = 1
 

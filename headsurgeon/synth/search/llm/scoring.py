@@ -11,7 +11,7 @@ import numpy as np
 
 from ....kernels.normalize import normalize_scores
 from ....kernels.sparse import SparseRows
-from ... import prompts
+from . import prompts
 from ...scored import ScoredProgram
 from ...errors import ProgramExecutionError
 from ...metrics import score_many
@@ -20,7 +20,7 @@ from ...sequence import Sequence
 from ...tensors import ProgramTensor, program_patterns
 from .config import SOURCE
 from .transport import excerpt
-from ....kernels.core import Head
+from ....core import Head
 
 #: numba kernels (DSL evaluation, normalization, metrics) run one call at a time across agent threads:
 #: numba's default threading layer does not support concurrent parallel launches from several threads.

@@ -11,8 +11,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ....kernels.core import HeadsurgeonError
-from ....kernels.core import Head
+from ....core import HeadsurgeonError
+from ....core import Head
 
 
 class CostCapReached(HeadsurgeonError):

@@ -1,0 +1,1 @@
+"""Capturing attention patterns (and value norms) over a corpus into a resumable, bounded store."""

@@ -1,0 +1,410 @@
+"""heal: train a chosen few neural parameters of a hybrid (or of the plain model, the control) to recover a swap's cost.
+
+A swap leaves the rest of the network tuned to the heads it replaced; retraining the gains of the normalization layers
+(``params="norms"``, a few thousand numbers) lets it re-scale around the programs while the program heads stay fixed:
+they have no parameters, the hybrid's forward keeps applying them, and their Q/K rows stay put even when selected
+(headsurgeon/surgery/swap/frozen_qk.py). The same call on a plain ModelHandle is the control a healed hybrid is compared with.
+
+The healing is recorded with the weights it changed: ``handle.healing``, a list of :class:`HealReport` JSON records
+(one per call), which a hybrid shows as ``hybrid.healing`` (HybridModel reaches its handle's attributes,
+headsurgeon/surgery/swap/replace.py) and ``save_hybrid`` writes into the manifest and card (headsurgeon/hub/checkpoint/save.py, headsurgeon/hub/card.py).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fnmatch
+import math
+import re
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from ...core import InputError
+from ...synth.sequence import Sequence
+from ..batches import batches
+from ..models.handle import ModelHandle
+from ..models.headless import real_model
+from .replace import HybridModel, independent_handle
+
+__all__ = ["heal", "HealReport", "Weight", "healing_records", "model_weights", "select_weights", "NORMS"]
+
+Objective = Literal["lm", "kl"]
+OBJECTIVES: tuple[str, ...] = ("lm", "kl")
+NORMS = "norms"  # the keyword for every normalization layer's gain (and bias) vectors
+#: Adam moves each parameter by about ``lr`` per step whatever its gradient's scale, so 40 steps at 5e-3 move a norm
+#: gain of about 1 by at most ~0.2: enough to re-scale a layer around the programs, too little to rewrite it
+DEFAULT_LR = 5e-3
+
+_NORM_CLASS = re.compile(r"norm$", re.IGNORECASE)  # LayerNorm, RMSNorm, LlamaRMSNorm, Gemma3RMSNorm, T5LayerNorm
+_NORM_NAME = re.compile(r"^(ln\w*|\w*norm)$", re.IGNORECASE)  # ln1, ln_f, ln_final, input_layernorm, norm, q_norm
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
+
+
+@dataclass
+class HealReport:
+    """What one ``heal`` call trained, how, on what, and how the loss moved; ``to_json`` is the checkpoint's record."""
+
+    params: list[str]  # the trained parameters' names (the checkpoint's weight names where there are such)
+    n_tensors: int
+    n_elements: int  # trainable numbers, each underlying element counted once (views of one tensor share them)
+    selection: list[str]  # what was asked for: ["norms"] or glob patterns
+    objective: str
+    teacher: str | None  # "kl": whose logits were distilled ("base (frozen copy)" or "given"); None for "lm"
+    model: str  # "hybrid" (program heads applied while training) or "base" (the plain model: the control)
+    heads: list[str]  # the program heads applied while training, "L3H5"; empty for the base
+    steps: int
+    lr: float
+    optimizer: str
+    batch_size: int
+    seed: int
+    windows: int
+    tokens: int  # predicted tokens in the windows (one pass over them)
+    tokens_seen: int  # predicted tokens over all steps (windows are cycled)
+    loss_first: float
+    loss_last: float
+    losses: list[float]  # per optimizer step, on that step's batch (nats per predicted token)
+    seconds: float  # the whole call, the teacher's copy included
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict (JSON types only): the record ``handle.healing`` keeps and manifests carry."""
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line: what was trained and how the loss moved."""
+        return (f"healed {self.n_tensors} tensors ({self.n_elements} numbers) of the {self.model} for {self.steps} "
+                f"steps ({self.objective}, lr {self.lr:g}) on {self.windows} windows / {self.tokens} tokens: "
+                f"loss {self.loss_first:.4f} → {self.loss_last:.4f} in {self.seconds:.1f}s")
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One parameter of a model, once: its display name (the checkpoint's weight name where it has one) and every
+    other name it goes by (bridge aliases, TransformerLens names), with ``_original_component`` removed."""
+
+    name: str
+    aliases: tuple[str, ...]
+    param: torch.nn.Parameter
+    trainable: bool  # part of the weights a checkpoint stores (False: a headless encoder's fixed readout)
+
+
+def healing_records(model: Any) -> list[dict[str, Any]]:
+    """The healing records of a ModelHandle or HybridModel (``.healing``), oldest first; [] when never healed."""
+    found = getattr(model, "healing", None)
+    return list(found) if isinstance(found, (list, tuple)) else []
+
+
+# ------------------------------------------------------------------ which parameters
+
+
+def _plain(name: str) -> str:
+    """A parameter name without the bridge's ``_original_component`` steps (headsurgeon/hub/checkpoint/weights.py does the same)."""
+    return name.replace("._original_component", "").replace("_original_component.", "")
+
+
+def _checkpoint_keys(hf_model: Any) -> set[str]:
+    """The state-dict keys of a fresh model of the same class (built on the meta device): the checkpoint's names."""
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return set(type(hf_model)(copy.deepcopy(hf_model.config)).state_dict())
+    except Exception:  # not a transformers class we can rebuild: fall back to the plain names
+        return set()
+
+
+def _names_by_param(module: torch.nn.Module) -> dict[int, list[str]]:
+    """Every plain name of each parameter under ``module`` (aliases included), by parameter identity, in order.
+
+    Walks the modules, not ``named_parameters``: TransformerBridge reports its parameters under the HF names only,
+    while its own tree (``blocks.0.ln1``, TransformerLens' names) holds the same parameters too."""
+    out: dict[int, list[str]] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for key, p in m.named_parameters(recurse=False):
+            names = out.setdefault(id(p), [])
+            name = _plain(f"{prefix}.{key}" if prefix else key)
+            if name not in names:
+                names.append(name)
+    return out
+
+
+def model_weights(handle: ModelHandle) -> list[Weight]:
+    """Each parameter of the handle's model once, in the model's order, under its checkpoint name where it has one."""
+    model = handle.model
+    root = real_model(handle.hf_model) if handle.hf_model is not None else model
+    canonical = _checkpoint_keys(root) if handle.hf_model is not None else set()
+    under_root, everywhere = _names_by_param(root), _names_by_param(model)
+    params = {id(p): p for m in (model, root) for sub in m.modules() for p in sub.parameters(recurse=False)}
+    order = list(under_root) + [i for i in everywhere if i not in under_root]
+    weights = []
+    for i in order:
+        names = under_root.get(i, []) + [n for n in everywhere.get(i, []) if n not in under_root.get(i, [])]
+        name = next((n for n in names if n in canonical), names[0])
+        weights.append(Weight(name, tuple(n for n in names if n != name), params[i], i in under_root))
+    return weights
+
+
+def _is_norm(name: str, module: torch.nn.Module) -> bool:
+    """A normalization layer holding gain (and bias) vectors: by class (…Norm) or by name (ln1, ln_f, *_layernorm)."""
+    own = list(module.parameters(recurse=False))
+    if not own or any(p.ndim != 1 for p in own):
+        return False
+    last = [part for part in name.split(".") if part != "_original_component"][-1:] or [""]
+    return bool(_NORM_CLASS.search(type(module).__name__) or _NORM_NAME.match(last[0]))
+
+
+def _norm_ids(handle: ModelHandle) -> set[int]:
+    """Identities of every normalization layer's parameters (a module met under several names counts once)."""
+    return {id(p) for name, m in handle.model.named_modules(remove_duplicate=False) if _is_norm(name, m)
+            for p in m.parameters(recurse=False)}
+
+
+def families(weights: list[Weight]) -> list[str]:
+    """The weight names with layer numbers as ``*`` (``model.layers.*.input_layernorm.weight``), each once."""
+    return list(dict.fromkeys(_LAYER_INDEX.sub("*", w.name) for w in weights if w.trainable))
+
+
+def _matches(pattern: str, weight: Weight) -> bool:
+    return any(fnmatch.fnmatchcase(n, pattern) for n in (weight.name, *weight.aliases))
+
+
+def select_weights(handle: ModelHandle, params: str | list[str] | tuple[str, ...]) -> list[Weight]:
+    """The weights ``params`` names: ``"norms"`` and/or glob patterns over parameter names, in model order."""
+    specs = [params] if isinstance(params, str) else list(params) if isinstance(params, (list, tuple)) else None
+    if not specs or not all(isinstance(s, str) and s for s in specs):
+        raise InputError(f"params must be 'norms' or a list of parameter-name patterns (globs such as "
+                         f"'model.layers.*.mlp.*'), got {params!r}")
+    weights = [w for w in model_weights(handle) if w.trainable]
+    chosen: set[int] = set()
+    for spec in specs:
+        ids = _norm_ids(handle) if spec == NORMS else set()
+        found = {id(w.param) for w in weights if id(w.param) in ids or (spec != NORMS and _matches(spec, w))}
+        if not found:
+            raise InputError(_unknown(spec, handle, weights))
+        chosen |= found
+    return [w for w in weights if id(w.param) in chosen]
+
+
+def _unknown(spec: str, handle: ModelHandle, weights: list[Weight]) -> str:
+    """The message for a selection that names no parameter: what exists, and how to write it."""
+    fams = families(weights)
+    shown = ", ".join(fams[:40]) + (f", ... ({len(fams) - 40} more)" if len(fams) > 40 else "")
+    what = "has no normalization layer with parameters" if spec == NORMS else f"has no parameter matching {spec!r}"
+    return (f"{handle.name} {what}; pass 'norms' or glob patterns over these parameter families: {shown}")
+
+
+def element_count(tensors: list[torch.Tensor]) -> int:
+    """Numbers held by ``tensors``, each element of a shared storage counted once (GPT-2's q/k/v views of c_attn)."""
+    by_storage: dict[int, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    total = 0
+    for group in by_storage.values():
+        if len(group) == 1:
+            total += group[0].numel()
+            continue
+        seen = torch.zeros(group[0].untyped_storage().nbytes() // group[0].element_size(), dtype=torch.bool)
+        for t in group:
+            seen.as_strided(t.shape, t.stride(), t.storage_offset()).fill_(True)
+        total += int(seen.sum())
+    return total
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _target(model_or_hybrid: Any) -> tuple[ModelHandle, HybridModel | None]:
+    """The handle whose weights train, and the hybrid whose programs apply (None for a plain model)."""
+    if isinstance(model_or_hybrid, HybridModel):
+        if not model_or_hybrid.active:
+            raise InputError("this hybrid was restored; heal a live hybrid (replace_heads again) or its base handle")
+        return model_or_hybrid.handle, model_or_hybrid
+    if isinstance(model_or_hybrid, ModelHandle):
+        return model_or_hybrid, None
+    raise InputError(f"heal needs a ModelHandle (hs.load_model) or a HybridModel (hs.replace_heads), got "
+                     f"{type(model_or_hybrid).__name__}; load it with hs.load_model first")
+
+
+def _check_numbers(steps: Any, lr: Any, batch_size: Any, seed: Any, objective: Any) -> None:
+    """Each setting in range, with the fix in the message."""
+    whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731 - a one-line predicate beside the checks that use it
+    if not (whole(steps) and steps >= 1):
+        raise InputError(f"steps must be a whole number >= 1 (optimizer steps), got {steps!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
+        raise InputError(f"lr must be a finite number > 0 (default {DEFAULT_LR:g} for norm gains), got {lr!r}")
+    if not (whole(batch_size) and batch_size >= 1):
+        raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    if not whole(seed):
+        raise InputError(f"seed must be a whole number, got {seed!r}")
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective must be 'lm' (next-token cross-entropy) or 'kl' (distil from base=), got "
+                         f"{objective!r}")
+
+
+def _check_windows(windows: Any, handle: ModelHandle) -> list[Sequence]:
+    """Training windows: a non-empty list of Sequences that predict at least one token and fit the context."""
+    if not isinstance(windows, (list, tuple)) or not windows:
+        got = "an empty list" if isinstance(windows, (list, tuple)) else f"a {type(windows).__name__}"
+        raise InputError(f"windows must be a non-empty list of Sequences (training windows only, e.g. "
+                         f"hs.load_corpus(...)['synth']), got {got}")
+    bad = next((w for w in windows if not isinstance(w, Sequence)), None)
+    if bad is not None:
+        raise InputError(f"windows must be Sequences (from hs.load_corpus or make_sequences), found a "
+                         f"{type(bad).__name__}")
+    if all(w.n < 2 for w in windows):
+        raise InputError("no window predicts a token (each has fewer than 2 tokens); use longer windows")
+    longest = max(w.n for w in windows)
+    if longest > handle.n_ctx:
+        raise InputError(f"a window has {longest} tokens but {handle.name} reads at most {handle.n_ctx}; "
+                         f"make windows of at most {handle.n_ctx} tokens")
+    if not handle.causal:
+        raise InputError(f"{handle.name} is bidirectional; heal trains next-token prediction, which needs a causal "
+                         "language model")
+    return list(windows)
+
+
+def _frozen_copy(handle: ModelHandle) -> ModelHandle:
+    """A deep copy of the handle's model as a teacher: its own weights, no gradients, eval mode."""
+    copied = independent_handle(handle)
+    for p in copied.model.parameters():
+        p.requires_grad_(False)
+    copied.model.eval()
+    return copied
+
+
+def _teacher(objective: str, base: Any, handle: ModelHandle, hybrid: HybridModel | None,
+             chosen: list[Weight]) -> tuple[Any, str | None]:
+    """The model whose logits "kl" distils, and how it is described; (None, None) for "lm"."""
+    if objective == "lm":
+        if base is not None:
+            raise InputError("base= is the teacher of objective='kl'; with objective='lm' leave it out")
+        return None, None
+    if base is None:
+        if hybrid is None:
+            raise InputError("objective='kl' on a plain model needs base= (a ModelHandle whose logits are the "
+                             "teacher); on a hybrid the default teacher is a frozen copy of its base")
+        return _frozen_copy(handle), "base (frozen copy)"
+    if not isinstance(base, (ModelHandle, HybridModel)):
+        raise InputError(f"base must be a ModelHandle or HybridModel (the teacher), got {type(base).__name__}")
+    if base.vocab_size != handle.vocab_size:
+        raise InputError(f"the teacher's vocabulary ({base.vocab_size}) is not {handle.name}'s ({handle.vocab_size}); "
+                         "distil from a model with the same tokenizer")
+    trained = {w.param.untyped_storage().data_ptr() for w in chosen}
+    if any(p.untyped_storage().data_ptr() in trained for p in base.model.parameters()):
+        raise InputError("base shares weights with the model being healed, so the teacher would move with it; "
+                         "leave base out on a hybrid (a frozen copy is taken) or pass a separately loaded model")
+    return base, "given"
+
+
+# ------------------------------------------------------------------ training
+
+
+def _batch_stream(windows: list[Sequence], batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Padded batches cycling over the windows: epoch ``e`` is a shuffle seeded ``seed + e`` (deterministic)."""
+    epoch = 0
+    while True:
+        yield from batches(windows, batch_size, shuffle=True, seed=seed + epoch)
+        epoch += 1
+
+
+def _loss(objective: str, logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+          teacher_logits: torch.Tensor | None) -> torch.Tensor:
+    """Mean per predicted token: next-token cross-entropy ("lm") or KL(teacher ‖ student) ("kl"); padding masked."""
+    valid = mask[:, 1:].to(logits.device).bool()
+    student = logits[:, :-1].float()
+    if objective == "lm":
+        targets = ids[:, 1:].to(logits.device).masked_fill(~valid, -100)
+        return F.cross_entropy(student.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    t = torch.log_softmax(teacher_logits[:, :-1].float().to(logits.device)[valid], dim=-1)
+    return F.kl_div(torch.log_softmax(student[valid], dim=-1), t, log_target=True, reduction="batchmean")
+
+
+class _Frozen:
+    """Only the chosen parameters require grad (and the model runs in eval mode, no dropout) while inside; every
+    parameter's requires_grad and every module's train/eval flag are put back on exit."""
+
+    def __init__(self, model: torch.nn.Module, chosen: list[Weight]) -> None:
+        self.model, self.chosen = model, {id(w.param) for w in chosen}
+
+    def __enter__(self) -> None:
+        params = {id(p): p for m in self.model.modules() for p in m.parameters(recurse=False)}
+        self.grads = [(p, p.requires_grad) for p in params.values()]
+        self.modes = [(m, m.training) for m in self.model.modules()]
+        for p, _ in self.grads:
+            p.requires_grad_(id(p) in self.chosen)
+        self.model.eval()
+
+    def __exit__(self, *exc: Any) -> None:
+        for p, flag in self.grads:
+            p.requires_grad_(flag)
+        for m, flag in self.modes:
+            m.training = flag
+
+
+def _train(call: Any, teacher: Any, objective: str, chosen: list[Weight], windows: list[Sequence], steps: int,
+           lr: float, batch_size: int, seed: int, progress: bool) -> tuple[list[float], int]:
+    """``steps`` Adam steps on the chosen parameters; the per-step losses and the predicted tokens seen."""
+    optimizer = torch.optim.Adam([w.param for w in chosen], lr=lr)
+    device = call.device  # a ModelHandle's, or the hybrid's handle's (headsurgeon/surgery/swap/replace.py)
+    stream = _batch_stream(windows, batch_size, seed)
+    losses, seen = [], 0
+    bar = tqdm(total=steps, desc=f"heal ({objective})", disable=not progress)
+    with torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(steps):
+            ids, mask = (t.to(device) for t in next(stream))
+            teacher_logits = None
+            if teacher is not None:
+                with torch.no_grad():
+                    teacher_logits = teacher(ids.to(teacher.device), mask.to(teacher.device))
+            loss = _loss(objective, call(ids, mask), ids, mask, teacher_logits)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            seen += int(mask[:, 1:].sum())
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+            bar.update(1)
+    bar.close()
+    return losses, seen
+
+
+def heal(model_or_hybrid: ModelHandle | HybridModel, windows: list[Sequence], params: str | list[str] = NORMS,
+         steps: int = 40, lr: float = DEFAULT_LR, objective: Objective = "lm", batch_size: int = 8, seed: int = 0,
+         base: ModelHandle | HybridModel | None = None, progress: bool = True) -> HealReport:
+    """Train, in place, only ``params`` of a hybrid (programs applied) or plain model on training windows.
+
+    ``params``: ``"norms"`` (every normalization layer's gain and bias vectors) or glob patterns over parameter names
+    (``["model.layers.*.mlp.*"]``; the checkpoint's names, the bridge's and TransformerLens' all match).
+    ``objective``: ``"lm"`` next-token cross-entropy, or ``"kl"`` KL(teacher ‖ model) per predicted token, the
+    teacher being ``base`` (default on a hybrid: a frozen copy of its base taken now). Adam, ``steps`` steps over
+    padded batches of ``batch_size`` windows, cycled in an order fixed by ``seed``. Every other parameter is frozen
+    meanwhile and its requires_grad put back after. The report is appended to the handle's ``healing`` records.
+    """
+    started = time.perf_counter()
+    handle, hybrid = _target(model_or_hybrid)
+    _check_numbers(steps, lr, batch_size, seed, objective)
+    windows = _check_windows(windows, handle)
+    chosen = select_weights(handle, params)
+    teacher, teacher_note = _teacher(objective, base, handle, hybrid, chosen)
+    for model in (hybrid, teacher):
+        if isinstance(model, HybridModel):
+            model.register_sequences(windows)  # programs read the exact windows (text, offsets), not decoded ids
+    with _Frozen(handle.model, chosen):
+        losses, seen = _train(hybrid if hybrid is not None else handle, teacher, objective, chosen, windows, steps,
+                              float(lr), batch_size, seed, progress)
+    report = HealReport(
+        params=[w.name for w in chosen], n_tensors=len(chosen), n_elements=element_count([w.param for w in chosen]),
+        selection=[params] if isinstance(params, str) else list(params), objective=objective, teacher=teacher_note,
+        model="hybrid" if hybrid is not None else "base",
+        heads=list(hybrid.program_heads.keys()) if hybrid is not None else [], steps=steps, lr=float(lr),
+        optimizer="Adam", batch_size=batch_size, seed=seed, windows=len(windows),
+        tokens=sum(max(w.n - 1, 0) for w in windows), tokens_seen=seen, loss_first=losses[0], loss_last=losses[-1],
+        losses=losses, seconds=time.perf_counter() - started)
+    handle.healing = healing_records(handle) + [report.to_json()]  # with the weights it changed (module docstring)
+    return report
