@@ -162,49 +162,14 @@ def sweep_arms(items: Mapping[Any, Any], heads: list, steps: Seq[float],
 def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                       order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                       seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
-                      title: str = "", trust_programs: Any = False) -> list[dict[str, float]]:
-    """Replace heads in ``order`` (default: as given), 0 → 100% in ``steps``, beside two baselines.
+                      title: str = "", trust_programs: Any = False) -> list[dict[str, Any]]:
+    """Deprecated: headsurgeon/surgery/sweep.py ``sweep_programs`` (the same arguments, the same rows)."""
+    warnings.warn("replacement_sweep is deprecated: use `from headsurgeon.surgery.sweep import sweep_programs` (the "
+                  "same arguments and rows)", DeprecationWarning, stacklevel=2)
+    from .sweep import sweep_programs
 
-    Baselines: the same programs replaced in a random order, and each head given another head's program
-    (random-program). Returns rows {fraction, n_heads, ppl, ppl_random_order, ppl_random_program,
-    delta, delta_random_order, delta_random_program} and, with ``out_png``, a plot. A model without an LM head
-    is measured by embedding distance: rows hold ``embedding_distance*`` and the same values as ``delta*``.
-    """
-    handle = load_model(model)
-    items, heads = sweep_heads(trusted_programs(programs, trust_programs), order)
-    headless = not handle.has_lm_head
-    base = sentence_embeddings(handle, sequences) if headless else perplexity(handle, sequences, progress=False)
-    rows = []
-    for frac, k, arms in tqdm(list(sweep_arms(items, heads, steps, seed)), desc="replacement sweep",
-                              disable=not progress):
-        row = {"fraction": float(frac), "n_heads": k}
-        for label, chosen in arms.items():
-            if headless:
-                row[EMBEDDING_METRIC + label] = row["delta" + label] = _distance_with(handle, chosen, sequences, base)
-                continue
-            if not chosen:
-                ppl = base
-            else:
-                with replace_heads(handle, chosen) as hybrid:
-                    ppl = perplexity(hybrid, sequences, progress=False)
-            row["ppl" + label] = ppl
-            row["delta" + label] = ppl / base - 1.0
-        rows.append(row)
-    if out_png is not None:
-        from .plots import plot_sweep
-
-        plot_sweep(rows, out_png, title or f"{handle.name}: replacement sweep",
-                   ylabel="embedding distance (1 − cos, %)" if headless else "perplexity change (%)")
-    return rows
-
-
-def _distance_with(handle: ModelHandle, chosen: Mapping[Any, Any], sequences: list[Sequence],
-                   base: torch.Tensor) -> float:
-    """Mean embedding distance of the hybrid with ``chosen`` heads replaced from the base embeddings ``base``."""
-    if not chosen:
-        return 0.0
-    with replace_heads(handle, chosen) as hybrid:
-        return embedding_distance(base, hybrid, sequences)
+    return sweep_programs(model, programs, sequences, order=order, steps=steps, seed=seed, out_png=out_png,
+                          progress=progress, title=title, trust_programs=trust_programs)
 
 
 def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,
