@@ -1,27 +1,30 @@
 """The one replacement sweep: heads swapped in order, 0 → 100% in steps, beside a random order and random programs,
 each arm's ΔPPL and KL(base ‖ hybrid) measured through :class:`SwapCosts` (or the embedding distance without an LM
 head), and per step the cheaper order. ``evaluate_programs`` (headsurgeon/surgery/eval_report.py) and
-``replacement_sweep`` (headsurgeon/surgery/evaluate.py) both build their rows here.
+``sweep_programs`` below (for any head → program mapping) both build their rows here.
 """
 from __future__ import annotations
 
 import math
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping, Sequence as Seq
+from typing import Any, Iterator, Mapping, Sequence as Seq
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
 from ..kernels.core import Head
+from ..synth.programset import ProgramSet
 from ..synth.sequence import Sequence
 from .divergence import BaseDistributions, WindowCosts, base_costs, means, window_costs
-from .embedding import embedding_distance, sentence_embeddings
-from .evaluate import sweep_arms
+from .embedding import EvaluationError, embedding_distance, sentence_embeddings
+from .loading import load_model
 from .replace import replace_heads
 from .sweep_order import ORDER_LABELS, cheapest
 
-__all__ = ["SwapCosts", "sweep_rows", "sweep_programs", "order_label", "ppl"]
+__all__ = ["SwapCosts", "sweep_rows", "sweep_programs", "sweep_arms", "sweep_heads", "trusted_programs", "order_label",
+           "ppl"]
 
 
 class SwapCosts:
@@ -79,6 +82,36 @@ def ppl(costs: WindowCosts) -> float:
     return math.exp(costs.nll_other.sum() / costs.tokens.sum())
 
 
+def trusted_programs(programs: Any, trust_programs: Any = False) -> Any:
+    """``programs`` past the one trust gate (headsurgeon/synth/trust.py) when it is a ProgramSet read from someone else."""
+    return programs.trusted(trust_programs) if isinstance(programs, ProgramSet) else programs
+
+
+def sweep_heads(programs: Mapping[Any, Any], order: Seq[Any] | None) -> tuple[dict, list]:
+    """(head → program, heads in sweep order); every head in ``order`` must have a program."""
+    items = {Head.parse(k): v for k, v in programs.items()}
+    heads = [Head.parse(h) for h in order] if order is not None else list(items)
+    missing = [h for h in heads if h not in items]
+    if missing:
+        raise EvaluationError(f"sweep order names heads without programs: {[Head.label(h) for h in missing][:20]}")
+    return items, heads
+
+
+def sweep_arms(items: Mapping[Any, Any], heads: list, steps: Seq[float],
+               seed: int) -> Iterator[tuple[float, int, dict[str, dict]]]:
+    """Per step: (fraction, heads replaced, {"": the first k heads in order, "_random_order": k heads in a seeded
+    random order, "_random_program": the first k heads, each given another head's program on a random cycle})."""
+    rng = np.random.default_rng(seed)
+    random_order = [heads[i] for i in rng.permutation(len(heads))]
+    cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
+    random_program = {heads[cycle[i]]: items[heads[cycle[(i + 1) % len(heads)]]] for i in range(len(heads))}
+    for frac in steps:
+        k = int(round(frac * len(heads)))
+        yield float(frac), k, {"": {h: items[h] for h in heads[:k]},
+                               "_random_order": {h: items[h] for h in random_order[:k]},
+                               "_random_program": {h: random_program[h] for h in heads[:k]}}
+
+
 def order_label(order: str) -> str:
     """How tables name a sweep order (headsurgeon/surgery/sweep_order.py ``ORDER_LABELS``; "given order" otherwise)."""
     return ORDER_LABELS.get(order, f"{order} order")
@@ -116,9 +149,6 @@ def sweep_programs(model: Any, programs: Mapping[Any, Any], sequences: list[Sequ
     :func:`sweep_rows` (each arm's ``ppl``, ``delta`` and ``kl``; ``embedding_distance`` and ``delta`` without an
     LM head) and, with ``out_png``, a plot. For a ProgramSet's two kinds and ΔPPL order, ``evaluate_programs``
     (headsurgeon/surgery/eval_report.py) sweeps the same way."""
-    from .evaluate import sweep_heads, trusted_programs
-    from .loading import load_model
-
     handle = load_model(model)
     items, heads = sweep_heads(trusted_programs(programs, trust_programs), order)
     rows = sweep_rows(SwapCosts(handle, sequences), items, {"given": heads}, steps, seed, progress=progress)
