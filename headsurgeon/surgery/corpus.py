@@ -74,10 +74,10 @@ def read_documents(source: str | Path | Iterable[str], separator: str | None = N
         chunks = [str(c) for c in source]
         origin = "the given list"
         if separator is None:
-            docs = [c.strip() for c in chunks if c and c.strip()]
-            if not docs:
+            given = [c.strip() for c in chunks if c and c.strip()]
+            if not given:
                 raise CorpusError(f"{origin} holds no text: every document is empty")
-            return docs
+            return given
     docs: list[str] = []
     for chunk in chunks:
         if separator:

@@ -10,7 +10,7 @@ most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -41,7 +41,7 @@ def weighs(store: Any) -> bool:
     return bool(getattr(store, "has_value_norms", False))
 
 
-def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Program], indices: list[int],
+def score_programs(store: Any, heads: Sequence[tuple[int, int]], programs: list[Program], indices: list[int],
                    cache: TensorCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
     """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P], and the
     value-weighted IoU / JSD (headsurgeon/synth/weighted.py) when the store holds value norms.

@@ -209,10 +209,11 @@ def run_searchers(store: PatternSource, names: Iterable[str], splits: Any, *,
     stop = StopCheck(budget, cancel)
     pool: CandidateMap = {}
     names = list(names)
-    chosen = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
-    for name in names:
-        if chosen[name] is None:
-            raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
+    found = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
+    missing = [name for name in names if found[name] is None]
+    if missing:
+        raise InputError(f"unknown searcher {missing[0]!r}; choose from {searchers()}")
+    chosen: dict[str, SearcherFactory] = {name: f for name, f in found.items() if f is not None}
     for name in names:
         t0 = time.perf_counter()
         try:

@@ -71,7 +71,7 @@ class LibrarySearcher:
                cancel: threading.Event | None = None) -> CandidateMap:
         """Every program for every head, with IoU / JSD / top-q IoU on synth and select."""
         synth, select = splits.checked("the library searcher")
-        heads = [(int(h[0]), int(h[1])) for h in (store.heads if heads is None else heads)]
+        heads = [Head(int(h[0]), int(h[1])) for h in (store.heads if heads is None else heads)]
         if not self.programs or not heads:
             return {}
         stop = StopCheck(budget, cancel)

@@ -340,7 +340,8 @@ class LLMSearcher:
         synth, select = splits.checked("the LLM searcher")
         if not progress and self.agent.config.progress:
             self.agent.config = replace(self.agent.config, progress=False)
-        return self.agent.search(store, heads, synth, select, journal=self.journal, budget=budget, cancel=cancel)
+        found = self.agent.search(store, heads, synth, select, journal=self.journal, budget=budget, cancel=cancel)
+        return {Head(*h): cands for h, cands in found.items()}
 
     def report(self) -> str:
         """The agent's counters in one line."""
