@@ -57,7 +57,7 @@ class StoreSplits:
             raise InputError(f"{who} needs non-empty synth and select splits; got {len(synth)} and {len(select)} "
                              "windows")
         if set(synth) & set(select):
-            raise InputError(f"{who}: the synth and select splits share windows; select must be held out from synth")
+            raise InputError(f"{who}: synth and select share sequences; select must be held out from synth")
         return synth, select
 
     def to_json(self) -> dict[str, list[int]]:
