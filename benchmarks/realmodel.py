@@ -138,22 +138,21 @@ def main() -> None:
         pool: dict = {}
         for name in names:
             searcher = make_searcher(name, SearchSettings(seed=0, progress=False))
-            merge_candidates(pool, clock.run(f"search: {name}", searcher.search, view, synth_idx=idx["synth"],
-                                             select_idx=idx["select"], heads=chunk, progress=False))
+            merge_candidates(pool, clock.run(f"search: {name}", searcher.search, view, idx, heads=chunk,
+                                             progress=False))
         cands = {h: pool.get(h, []) for h in chunk}
-        kw = dict(synth_idx=list(idx["synth"]), progress=False, model=handle.name, vocab=vocab)
-        got = clock.run("select", select_programs, view, cands, list(idx["select"]), list(idx["test"]), **kw)
+        kw = dict(progress=False, model=handle.name, vocab=vocab)
+        got = clock.run("select", select_programs, view, cands, idx, **kw)
         wins.update(e.source for e in got.entries.values())
         explained_by.update(e.explanation.source for e in got.entries.values() if e.explanation is not None)
         entries.update(got.entries)
         if "learned" in names:
             rest = {h: [c for c in cs if c.source != "learned"] for h, cs in cands.items()}
-            without.update(clock.run("select (no learned)", select_programs, view, rest, list(idx["select"]),
-                                     list(idx["test"]), **kw).entries)
+            without.update(clock.run("select (no learned)", select_programs, view, rest, idx, **kw).entries)
         meta = got.meta
         if before is not None:
-            ref = clock.run(f"select ({args.before})", before, view, cands, list(idx["select"]),
-                            list(idx["test"]), **kw)
+            ref = clock.run(f"select ({args.before})", before, view, cands, list(idx["select"]),  # its own form
+                            list(idx["test"]), synth_idx=list(idx["synth"]), **kw)
             for h in chunk:
                 a, b = got.entries[h], ref.entries[h]
                 if a.to_json(h) != b.to_json(h):
@@ -164,8 +163,8 @@ def main() -> None:
     from headsurgeon.synth.programset import ProgramSet
 
     programs = ProgramSet(entries, handle.name, dict(meta, splits=splits.sizes()), vocab.fingerprint)
-    page = clock.run("report", write_report, store_dir.with_suffix(".html"), programs, store, list(idx["test"]),
-                     title=f"headsurgeon: {handle.name}", vocab=vocab, select_idx=list(idx["select"]))
+    page = clock.run("report", write_report, store_dir.with_suffix(".html"), programs, store, idx,
+                     title=f"headsurgeon: {handle.name}", vocab=vocab)
     total = sum(v for k, v in clock.wall.items() if not k.startswith(("select (", "convert")))
 
     def means(chosen: dict) -> tuple[float, float]:

@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(tempfile.mkdtemp(prefix="report-size-"))
     ps, store, split = build(args.layers, args.heads, args.windows)
     n = len(ps)
-    one = write_report(out / "one.html", ps.subset([next(iter(ps.entries))]), store, split["test"], vocab=VOCAB,
-                       select_idx=split["select"]).stat().st_size
+    one = write_report(out / "one.html", ps.subset([next(iter(ps.entries))]), store, split,
+                       vocab=VOCAB).stat().st_size
     t0 = time.perf_counter()
-    page = write_report(out / "report.html", ps, store, split["test"], vocab=VOCAB, select_idx=split["select"])
+    page = write_report(out / "report.html", ps, store, split, vocab=VOCAB)
     write_s = time.perf_counter() - t0
     text = page.read_text(encoding="utf-8")
     size = page.stat().st_size

@@ -68,6 +68,7 @@ def setup(max_len: int, max_sequences: int, root: Path):
 def stage(handle, splits, store, out: Path, searchers, **kw):
     """One run of the per-head stage into a fresh journal at ``out``; (wall seconds, HeadsResult)."""
     from headsurgeon.scaleout import explain_store
+    from headsurgeon.scaleout.config import ScaleoutConfig
     from headsurgeon.synth.vocab import Vocabulary
 
     shutil.rmtree(out, ignore_errors=True)
@@ -75,7 +76,7 @@ def stage(handle, splits, store, out: Path, searchers, **kw):
     t0 = time.perf_counter()
     got = explain_store(store, handle, splits.indices, searchers, options={}, seed=0,
                         vocab=Vocabulary.from_tokenizer(handle.tokenizer), out=out, progress=False,
-                        model_spec=f"llama2c:{MODEL}", tokenizer=str(TOKENIZER), **kw)
+                        model_spec=f"llama2c:{MODEL}", tokenizer=str(TOKENIZER), scaleout=ScaleoutConfig(**kw))
     return time.perf_counter() - t0, got
 
 
@@ -85,9 +86,7 @@ def make_job(handle, splits, store, searchers, delta=None):
     from headsurgeon.synth.search.base import searcher_factory
     from headsurgeon.synth.vocab import Vocabulary
 
-    idx = splits.indices
-    return HeadJob(str(store.directory), tuple(idx["synth"]), tuple(idx["select"]), tuple(idx["test"]),
-                   tuple((s, searcher_factory(s)) for s in searchers), 0, {},
+    return HeadJob(str(store.directory), splits.indices, tuple((s, searcher_factory(s)) for s in searchers), 0, {},
                    Vocabulary.from_tokenizer(handle.tokenizer), handle.name, delta)
 
 

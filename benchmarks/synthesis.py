@@ -97,10 +97,10 @@ def summary(ious, n_heads):
 
 def sweep_rows(model, programs, order, ppl_seqs, seed, label):
     """ΔPPL at 25/50/100% replaced, in select-IoU order vs random order vs random programs; printed."""
-    from headsurgeon.surgery.measure.evaluate import replacement_sweep
+    from headsurgeon.surgery.measure.sweep import sweep_programs
 
-    rows = replacement_sweep(model, programs, ppl_seqs, order=order, steps=(0.0, 0.25, 0.5, 1.0), seed=seed,
-                             progress=False)
+    rows = sweep_programs(model, programs, ppl_seqs, order=order, steps=(0.0, 0.25, 0.5, 1.0), seed=seed,
+                          progress=False)
     for r in rows[1:]:
         print(f"  {label:12s} {r['fraction']:>4.0%} ({r['n_heads']:2d} heads)  by select IoU {r['delta']:+7.1%}   "
               f"random order {r['delta_random_order']:+7.1%}   random programs {r['delta_random_program']:+7.1%}",

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from headsurgeon.surgery.configs import SweepChoice
-from headsurgeon.surgery.measure.eval_report import SWEEP_STEPS, EvalReport, evaluate_programs
+from headsurgeon.surgery.configs import MeasureConfig
+from headsurgeon.surgery.measure.eval_report import EvalReport, evaluate_programs
 from .core import Head
 from .explain_costs import compact_costs, measure_head_costs
 
@@ -83,38 +84,38 @@ def sweep_rows(evaluation: EvalReport | None) -> list[dict[str, Any]]:
     return [{"which": kind, **row} for kind, kr in evaluation.kinds.items() for row in kr.sweep or []]
 
 
-def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out: Path, *, heads: Any, vocab: Any,
-                       timings: dict[str, Any], notes: list[str], seed: int = 0,
-                       sweep_steps: Iterable[float] = SWEEP_STEPS, order: SweepChoice = "iou",
-                       delta_ppl: bool = False, tasks: list[str] | None = None,
-                       task_limit: int | float | None = None, include_path: Any = None, cloze: bool = False,
-                       head_costs: bool = False,
+def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out: Path,
+                       measure: MeasureConfig | None = None, *, heads: Any, vocab: Any, timings: dict[str, Any],
+                       notes: list[str], seed: int = 0,
                        progress: bool = True) -> tuple[EvalReport, dict[str, Any], dict[str, Any]]:
     """Measure ``programs`` (both kinds), plot, write report.html and summary.json; return (the EvalReport, the
     nested timings, the summary written).
 
-    ``heads``: the search stage's HeadsResult: its timings nest under "search", and its per-head ΔPPL (measured on
-    the test windows when ``delta_ppl``) is the replacements' per-head ΔPPL here, not measured again (so their
-    per-head KL is missing: measuring it would repeat every head's swap). ``head_costs``: each head's causal cost
-    on the select windows (headsurgeon/explain_costs.py), into summary.json, programs.json's meta and the report.
+    ``measure``: explain's MeasureConfig (headsurgeon/surgery/configs.py), whole: its sweep, per-head ΔPPL and task
+    settings go to ``evaluate_programs``, ``cloze`` adds the held-out cloze to its tasks, ``head_costs`` measures
+    each head's causal cost on the select windows (headsurgeon/explain_costs.py) into summary.json, programs.json's
+    meta and the report. ``heads``: the search stage's HeadsResult: its timings nest under "search", and its per-head
+    ΔPPL (measured on the test windows when ``measure.delta_ppl``) is the replacements' per-head ΔPPL here, not
+    measured again (so their per-head KL is missing: measuring it would repeat every head's swap).
     """
     from headsurgeon.report import write_report
 
+    measure = measure or MeasureConfig()
     timings = nest_timings(timings, heads.timings)
-    tasks = list(tasks or [])
+    tasks, include_path = measure.task_names(), measure.include_path
     t0 = time.perf_counter()
-    if cloze:
+    if measure.cloze:
         tasks, include_path = _with_cloze(tasks, include_path, splits, out, seed)
-    evaluation = evaluate_programs(handle, splits, programs, which="both", per_head=delta_ppl, sweep=True,
-                                   order=order, steps=tuple(sweep_steps), tasks=tasks or None, limit=task_limit,
-                                   include_path=include_path, task_sweep=False, seed=seed, progress=progress,
-                                   known_per_head={"replacement": heads.delta_ppl} if delta_ppl else None)
+    asked = replace(measure, tasks=tasks or None, include_path=include_path, cloze=False, head_costs=False)
+    evaluation = evaluate_programs(handle, splits, programs, asked, which="both", sweep=True, task_sweep=False,
+                                   seed=seed, progress=progress,
+                                   known_per_head={"replacement": heads.delta_ppl} if measure.delta_ppl else None)
     png = out / "sweep.png"
     if any(kr.sweep for kr in evaluation.kinds.values()):
         evaluation.plot(png)
     timings["measure"] = {"wall": time.perf_counter() - t0, **evaluation.seconds}
     costs = None
-    if head_costs:
+    if measure.head_costs:
         t0 = time.perf_counter()
         measured = measure_head_costs(handle, programs, splits, out, seed=seed, progress=progress)
         costs = measured.to_json()
@@ -122,14 +123,13 @@ def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out:
         programs.save(out / "programs.json")
         timings["head costs"] = time.perf_counter() - t0
     timings["total"] = total_seconds(timings)
-    idx = splits.indices
-    write_report(out / "report.html", programs, store, idx["test"], png, title=f"headsurgeon: {handle.name}",
-                 timings=timings, notes=notes, vocab=vocab, select_idx=idx["select"], evaluation=evaluation)
+    write_report(out / "report.html", programs, store, splits.indices, png, title=f"headsurgeon: {handle.name}",
+                 timings=timings, notes=notes, vocab=vocab, evaluation=evaluation)
     summary: dict[str, Any] = {"summary": programs.summary("test"), "evaluation": evaluation.to_json(),
                                "timings_s": timings, "notes": notes}
     if costs is not None:
         summary["head_costs"] = costs
-    if delta_ppl:  # the search tasks' own figures (headsurgeon/scaleout/task.py), as the journal holds them
+    if measure.delta_ppl:  # the search tasks' own figures (headsurgeon/scaleout/task.py), as the journal holds them
         summary["delta_ppl"] = {Head.label(h): d for h, d in heads.delta_ppl.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return evaluation, timings, summary

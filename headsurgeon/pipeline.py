@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,29 +104,25 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     (e.g. with ``executor="ray"`` on the cluster) finds the store complete and goes on from there.
     """
     cfg = ExplainConfig.resolve(config, settings)
-    model_cfg, corpus_cfg, search, scaleout, measure = cfg.model, cfg.corpus, cfg.search, cfg.scaleout, cfg.measure
-    tokenizer, max_len, seed, progress = model_cfg.tokenizer, corpus_cfg.max_len, corpus_cfg.seed, cfg.progress
-    sweep_steps, order, delta_ppl, cloze = measure.sweep_steps, measure.order, measure.delta_ppl, measure.cloze
-    tasks, task_limit, include_path = measure.tasks, measure.task_limit, measure.include_path
-    preflight(scaleout.executor, scaleout.address, scaleout.heads_per_task, scaleout.workers, scaleout.store_url)
-    searchers = list(search.searchers)
-    unknown = [name for name in searchers if name not in registered_searchers()]
+    corpus_cfg, search, measure, progress = cfg.corpus, cfg.search, cfg.measure, cfg.progress
+    preflight(cfg.scaleout)
+    unknown = [name for name in search.searchers if name not in registered_searchers()]
     if unknown:  # before the model loads and the capture runs, not after
         raise InputError(f"unknown searcher {unknown[0]!r}; choose from {registered_searchers()}")
     check_corpus_source(corpus, corpus_cfg.separator)
     check_subset(cfg.subset)
-    if "llm" in searchers:  # a dead endpoint fails here in seconds, not after capture (headsurgeon/synth/search/llm/endpoint.py)
+    if "llm" in search.searchers:  # a dead endpoint fails here in seconds, not after capture (headsurgeon/synth/search/llm/endpoint.py)
         from headsurgeon.synth.search.llm import check_endpoint
 
         check_endpoint(search.agent_config)
-    if tasks or cloze:  # before minutes of capture and search: lm-eval must be installed and the model scorable
+    if measure.tasks or measure.cloze:  # before minutes of capture and search: lm-eval must be installed
         from headsurgeon.surgery.measure.downstream import check_tasks
         from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM  # noqa: F401 - a clear ImportError without lm-eval
         from headsurgeon.surgery.measure.scorable import require_lm_head
 
-        tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks or [])
-        if tasks:
-            check_tasks(tasks, include_path)  # the task names too, not only after the whole search
+        measure = replace(measure, tasks=measure.task_names())
+        if measure.tasks:
+            check_tasks(measure.tasks, measure.include_path)  # the task names too, not only after the whole search
     library_notes: list[str] = []
     library = search.programs(library_notes)  # read and validated before the model loads (headsurgeon/synth/eaps.py)
     if library_notes and progress:
@@ -138,18 +134,16 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     timings: dict[str, float] = {}
     notes: list[str] = list(library_notes)
     t0 = time.perf_counter()
-    handle = load_model(model, tokenizer=tokenizer, device=model_cfg.device, dtype=model_cfg.dtype)
-    if tasks or cloze:
+    handle = load_model(model, **asdict(cfg.model))
+    if measure.tasks or measure.cloze:
         require_lm_head(handle)
     if corpus is None:
         from headsurgeon.hub.zoo import demo_corpus_path
 
         corpus = demo_corpus_path()
-    splits = load_corpus(handle, corpus, max_len=max_len, separator=corpus_cfg.separator,
-                         max_sequences=corpus_cfg.max_sequences, fractions=corpus_cfg.fractions, seed=seed)
+    splits = load_corpus(handle, corpus, config=corpus_cfg)
     splits.require("synth", "select", minimum=1)
     splits.require("test", *(("select",) if measure.head_costs else ()))  # intervals over windows need two
-    sequences, idx = splits.all, splits.indices
     subset = choose_heads(handle, cfg.subset)  # None: every head
     if subset is not None:
         notes.append(f"explained {len(subset)} of {handle.n_layers * handle.n_heads} heads "
@@ -158,38 +152,32 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     threads = {"capture": fit_threads()}  # headsurgeon/surgery/threads.py: the cores free now, never more
-    store = capture(handle, sequences, out=out / "store", mode=cfg.capture.mode, q_frac=cfg.capture.q_frac,
-                    batch_size=cfg.capture.batch_size, shard_size=cfg.capture.shard_size, progress=progress,
-                    value_norms=cfg.capture.value_norms)
+    store = capture(handle, splits.all, out=out / "store", progress=progress, **asdict(cfg.capture))
     timings["capture"] = time.perf_counter() - t0
     if cfg.capture_only:
         return ExplainResult(ProgramSet(model=handle.name), [], out, store, splits, timings, notes)
-    names = searchers + (["library"] if library and "library" not in searchers else [])
+    names = list(search.searchers) + (["library"] if library and "library" not in search.searchers else [])
     vocab = None
     try:  # programs are rendered (and budgets counted) in the tokenizer's token strings
         vocab = Vocabulary.from_tokenizer(handle.tokenizer)
     except Exception as e:  # a tokenizer without an id → token table: programs show ids instead
         notes.append(f"no vocabulary from the tokenizer ({type(e).__name__}: {e}); programs are shown with token ids")
-    heads = explain_store(store, handle, idx, names, options=search.options(library), seed=seed, vocab=vocab,
-                          out=out, executor=scaleout.executor, workers=scaleout.workers, address=scaleout.address,
-                          heads_per_task=scaleout.heads_per_task, delta_ppl=delta_ppl, model_spec=model,
-                          tokenizer=tokenizer, store_url=scaleout.store_url, progress=progress, heads=subset,
-                          select_by=search.select_by)
+    heads = explain_store(store, handle, splits.indices, names, options=search.options(library), seed=corpus_cfg.seed,
+                          vocab=vocab, out=out, scaleout=cfg.scaleout, delta_ppl=measure.delta_ppl, model_spec=model,
+                          tokenizer=cfg.model.tokenizer, progress=progress, heads=subset, select_by=search.select_by)
     programs = heads.programs
     timings.update(heads.timings)
     notes.extend(heads.notes)
     t0 = time.perf_counter()
-    programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>", "max_len": max_len,
-                          "splits": splits.sizes(), "split_tokens": splits.tokens(),
-                          "seed": seed})
+    programs.meta.update({"corpus": str(corpus) if not isinstance(corpus, list) else "<list>",
+                          "max_len": corpus_cfg.max_len, "splits": splits.sizes(), "split_tokens": splits.tokens(),
+                          "seed": corpus_cfg.seed})
     programs.save(out / "programs.json")
     timings["save"] = time.perf_counter() - t0
     threads["measure"] = fit_threads()
     notes.append("torch threads: " + ", ".join(f"{stage} {n}" for stage, n in threads.items()))
     evaluation, timings, summary = measure_and_report(
-        handle, programs, splits, store, out, heads=heads, vocab=vocab, timings=timings, notes=notes, seed=seed,
-        sweep_steps=sweep_steps, order=order, delta_ppl=delta_ppl, tasks=tasks, task_limit=task_limit,
-        include_path=include_path, cloze=cloze, head_costs=measure.head_costs,
-        progress=progress)  # headsurgeon/explain_measure.py
+        handle, programs, splits, store, out, measure, heads=heads, vocab=vocab, timings=timings, notes=notes,
+        seed=corpus_cfg.seed, progress=progress)  # headsurgeon/explain_measure.py
     return ExplainResult(programs, sweep_rows(evaluation), out, store, splits, timings, notes, heads.delta_ppl,
                          evaluation, summary.get("head_costs"))

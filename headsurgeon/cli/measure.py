@@ -147,8 +147,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     programs = trusted(load_programs(args.programs), args.trust_programs) if args.programs else None
     handle, splits = _load(args)
-    report = evaluate_programs(handle, splits, programs, which=args.which, per_head=args.per_head,
-                               sweep=bool(args.sweep), order=args.order, tasks=args.tasks, limit=args.task_limit,
+    report = evaluate_programs(handle, splits, programs, which=args.which, delta_ppl=args.per_head,
+                               sweep=bool(args.sweep), order=args.order, tasks=args.tasks, task_limit=args.task_limit,
                                include_path=args.include_path, batch_size=args.batch_size, seed=args.seed,
                                progress=not args.json)
     if args.sweep and any(kr.sweep for kr in report.kinds.values()):

@@ -15,6 +15,7 @@ from headsurgeon.synth.program import READABLE_CHARS, Program
 from headsurgeon.synth.programset import Entry, ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import BASELINES, score_programs
+from headsurgeon.synth.splits import StoreSplits
 
 
 @dataclass
@@ -81,18 +82,19 @@ def views(programs: ProgramSet, vocab: Any = None) -> list[HeadView]:
     return [view(h, e, vocab) for h, e in programs.entries.items()]
 
 
-def add_templates(heads: list[HeadView], store: Any, test_idx: list[int], select_idx: list[int] | None = None) -> None:
+def add_templates(heads: list[HeadView], store: Any, splits: StoreSplits) -> None:
     """Score the single templates (headsurgeon/synth/select.py ``BASELINES``) and attach each head's best one.
 
-    Chosen on ``select_idx`` when given (reported on test, like every program), else the best on test
+    Chosen on ``splits.select`` when it has windows (reported on test, like every program), else the best on test
     (an upper bound for the templates).
     """
+    test_idx, select_idx = splits["test"], splits["select"]
     if not heads or not test_idx:
         return
     keys = [v.head for v in heads]
     templates = [Program.parse(t) for t in BASELINES]
-    test = score_programs(store, keys, templates, list(test_idx))["iou"]
-    choose = score_programs(store, keys, templates, list(select_idx))["iou"] if select_idx else test
+    test = score_programs(store, keys, templates, test_idx)["iou"]
+    choose = score_programs(store, keys, templates, select_idx)["iou"] if select_idx else test
     for r, v in enumerate(heads):
         best = int(np.argmax(choose[r]))
         v.template, v.template_iou = BASELINES[best], float(test[r, best])

@@ -12,6 +12,7 @@ import numpy as np
 from headsurgeon.synth.program import READABLE_CHARS
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
+from headsurgeon.synth.splits import StoreSplits
 
 from . import heads as hv
 from .candidates import CANDIDATES_STYLE, candidates_html
@@ -182,18 +183,20 @@ def heatmaps(maps: dict[str, np.ndarray], tokens: list[str], window: str, same: 
     return f"<div class='maps'>{''.join(figs)}</div>"
 
 
-def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: list[int],
+def write_report(out: str | Path, programs: ProgramSet, store: Any, splits: Any,
                  sweep_png: str | Path | None = None, sweep_rows: list[dict] | None = None,
                  title: str = "headsurgeon report", examples: int = 1, max_tokens: int = 24,
                  summary: dict | None = None, *, timings: dict[str, float] | None = None,
-                 notes: list[str] | None = None, vocab: Any = None, select_idx: list[int] | None = None,
-                 downstream: dict | None = None, evaluation: Any = None) -> Path:
+                 notes: list[str] | None = None, vocab: Any = None, downstream: dict | None = None, evaluation: Any = None) -> Path:
     """Write the self-contained HTML report (images inlined) and return its path.
 
+    ``splits``: the store's windows by split (a StoreSplits, headsurgeon/synth/splits.py, a corpus Splits or a mapping
+    of split name → store indices): windows are shown from test, templates are chosen on select (on test when
+    select is empty) and reported on test.
     ``summary``: extra facts shown in words (its "timings_s"/"timings" and "notes" keys are read as
     ``timings`` and ``notes``); ``vocab``: the tokenizer's ``Vocabulary`` (headsurgeon/synth/vocab.py), to render token ids
     as strings where a stored text is missing or cut (ignored, with a note, when its fingerprint is not the set's);
-    ``select_idx``: choose the best template on select rather than test; ``downstream``: ``hs.downstream``'s
+    ``downstream``: ``hs.downstream``'s
     result, shown as a table of task scores; ``evaluation``: an EvalReport (headsurgeon/surgery/measure/eval_report.py) of both kinds,
     shown as the cost section (report/cost.py) in place of ``sweep_rows`` and ``downstream``.
     ``examples`` is kept for callers; one example window is shown.
@@ -209,8 +212,10 @@ def write_report(out: str | Path, programs: ProgramSet, store: Any, test_idx: li
         notes.append("The vocabulary given to the report is not the programs' tokenizer; programs are shown as "
                      "they were stored.")
         vocab = None
+    splits = StoreSplits.of(splits)
+    test_idx = splits["test"]
     views = hv.views(programs, vocab)
-    hv.add_templates(views, store, test_idx, select_idx)
+    hv.add_templates(views, store, splits)
     views.sort(key=hv.HeadView.trust_key)
     add_windows(views, store, test_idx, max_tokens)
     index = hv.example_window(store, test_idx, max_tokens) if examples else None

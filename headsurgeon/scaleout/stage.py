@@ -11,6 +11,8 @@ from typing import Any, Sequence as Seq
 
 from ..synth.programset import ProgramSet
 from ..synth.search.base import SearcherUnavailable, SearchSettings, make_searcher, searcher_factory
+from ..synth.splits import StoreSplits
+from .config import ScaleoutConfig
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
 from .task import DeltaJob, HeadJob
@@ -46,10 +48,11 @@ def run_trust(searchers: Seq[str], options: dict[str, Any]) -> Any:
     return frozenset(getattr(getattr(p, "program", p), "hash", "") for p in options.get("library") or ())
 
 
-def preflight(executor: str, address: str | None = None, heads_per_task: int | None = None,
-              workers: int | None = None, store_url: str | None = None) -> None:
+def preflight(config: ScaleoutConfig) -> None:
     """Check the executor before the long capture: a known name, a whole number of workers, Ray installed, the
     cluster's port answering, a store URL only where Ray workers read it."""
+    executor, address, heads_per_task = config.executor, config.address, config.heads_per_task
+    workers, store_url = config.workers, config.store_url
     if heads_per_task is not None:
         chunked([], heads_per_task)  # refuses anything but a whole number >= 1
     if executor not in EXECUTORS:
@@ -71,19 +74,23 @@ def preflight(executor: str, address: str | None = None, heads_per_task: int | N
                          "run here on OUT/store: drop --store-url, or add --ray")
 
 
-def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], searchers: Seq[str], *,
-                  options: dict[str, Any], seed: int, vocab: Any, out: Path, executor: str = "local",
-                  workers: int | None = None, address: str | None = None, heads_per_task: int | None = None,
-                  delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, store_url: str | None = None,
-                  progress: bool = True, on_record: Any = None, heads: Seq[tuple[int, int]] | None = None,
+def explain_store(store: Any, handle: Any, splits: Any, searchers: Seq[str], *,
+                  options: dict[str, Any], seed: int, vocab: Any, out: Path, scaleout: ScaleoutConfig | None = None,
+                  delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, progress: bool = True,
+                  on_record: Any = None, heads: Seq[tuple[int, int]] | None = None,
                   select_by: str = "iou") -> HeadsResult:
     """Search, select and (``delta_ppl``) measure every head of ``store`` (or ``heads``); resumes from
     ``out / "heads"``.
 
-    Locally the heads run on ``workers`` processes (None: every core this process may use), except with the LLM
-    agent (its request caps and journal are per process) or per-head ΔPPL on a model given as an object (workers
-    load the model from its spec): those run in this process, and a note says why.
+    ``splits``: the store's windows by split (a StoreSplits, headsurgeon/synth/splits.py, or a corpus Splits);
+    ``scaleout``: where the heads run (headsurgeon/scaleout/config.py). Locally the heads run on ``scaleout.workers``
+    processes (None: every core this process may use), except with the LLM agent (its request caps and journal are
+    per process) or per-head ΔPPL on a model given as an object (workers load the model from its spec): those run
+    in this process, and a note says why.
     """
+    scaleout = scaleout or ScaleoutConfig()
+    executor, workers, address = scaleout.executor, scaleout.workers, scaleout.address
+    splits = StoreSplits.of(splits)
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {EXECUTORS}; got {executor!r}")
     names = list(searchers)
@@ -115,19 +122,18 @@ def explain_store(store: Any, handle: Any, indices: dict[str, list[int]], search
     if delta_ppl:
         from ..surgery.measure.evaluate import perplexity
 
-        base = perplexity(handle, [store.sequences[i] for i in indices["test"]], progress=False)
+        base = perplexity(handle, [store.sequences[i] for i in splits.test], progress=False)
         param = next(handle.model.parameters())
         delta = DeltaJob(_model_spec(model_spec) if pooled else None,
                          None if tokenizer is None else str(tokenizer), base,
                          dtype=str(param.dtype).removeprefix("torch."), device=param.device.type)
-    job = HeadJob(store_location(store.directory, store_url if executor == "ray" else None),
-                  tuple(indices["synth"]), tuple(indices["select"]), tuple(indices["test"]), factories, seed,
-                  dict(options), vocab, handle.name, delta, None if pooled else str(out), gate, select_by)
+    job = HeadJob(store_location(store.directory, scaleout.store_url if executor == "ray" else None), splits,
+                  factories, seed, dict(options), vocab, handle.name, delta, None if pooled else str(out), gate, select_by)
     heads = [Head.parse(h) for h in heads] if heads is not None else list(store.heads)
     t0 = time.perf_counter()
     records, resumed, run_notes = run_heads(job, heads, out / "heads", fingerprint=job.fingerprint(store),
                                             executor=executor, workers=workers, address=address,
-                                            heads_per_task=heads_per_task, handle=handle, progress=progress,
+                                            heads_per_task=scaleout.heads_per_task, handle=handle, progress=progress,
                                             on_record=on_record)
     notes.extend(run_notes)
     timings: dict[str, float] = {"heads_wall": time.perf_counter() - t0}

@@ -15,6 +15,7 @@ from typing import Any, Sequence as Seq
 from ..synth.search.base import SearchSettings, run_searchers
 from ..synth.runcache import routed_cache
 from ..synth.select import select_programs
+from ..synth.splits import StoreSplits
 from .headstore import HeadStore
 from ..core import Head
 from .warmup import compile_clock
@@ -37,9 +38,7 @@ class HeadJob:
     """Everything a task needs besides its heads: the store's location, the splits, searchers and settings."""
 
     store: str
-    synth_idx: tuple[int, ...]
-    select_idx: tuple[int, ...]
-    test_idx: tuple[int, ...]
+    splits: StoreSplits  # the store's windows by split (headsurgeon/synth/splits.py)
     searchers: tuple[tuple[str, Any], ...]  # (name, factory): the driver's registry entries (base.searcher_factory)
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
@@ -60,7 +59,7 @@ class HeadJob:
 
         return {"sequences": sequences_key(store.sequences), "model": getattr(store, "model_name", ""),
                 "heads": [store.n_layers, store.n_heads],
-                "splits": digest([self.synth_idx, self.select_idx, self.test_idx]), "seed": self.seed,
+                "splits": digest([self.splits.synth, self.splits.select, self.splits.test]), "seed": self.seed,
                 "searchers": [name for name, _ in self.searchers], "options": digest(_public(self.options)),
                 "delta_ppl": self.delta is not None, **({} if self.select_by == "iou" else {"select_by": self.select_by})}
 
@@ -87,9 +86,8 @@ def _search(job: HeadJob, store: HeadStore, heads: list[tuple[int, int]], notes:
     factories = dict(job.searchers)
     if job.llm_gate and "llm" in factories:
         factories["llm"] = lambda _settings: _gated_llm(job)
-    return run_searchers(store, [name for name, _ in job.searchers], synth_idx=job.synth_idx,
-                         select_idx=job.select_idx, settings=settings, heads=heads, notes=notes, timings=timings,
-                         factories=factories)
+    return run_searchers(store, [name for name, _ in job.searchers], job.splits, settings=settings, heads=heads,
+                         notes=notes, timings=timings, factories=factories)
 
 
 def _gated_llm(job: HeadJob) -> Any:
@@ -124,8 +122,8 @@ def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dic
     timings: dict[str, float] = {}
     pool = _search(job, store, heads, notes, timings)
     t0 = time.perf_counter()
-    chosen = select_programs(store, {h: pool.get(h, []) for h in heads}, list(job.select_idx), list(job.test_idx),
-                             synth_idx=list(job.synth_idx), progress=False, model=job.model, vocab=job.vocab,
+    chosen = select_programs(store, {h: pool.get(h, []) for h in heads}, job.splits, progress=False, model=job.model,
+                             vocab=job.vocab,
                              cache=routed_cache(job.out),  # sandboxed programs' patterns: once per run
                              select_by=job.select_by)
     t_select = time.perf_counter() - t0
@@ -138,7 +136,7 @@ def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dic
         t0 = time.perf_counter()
         model = handle if handle is not None else load_model(
             job.delta.model, tokenizer=job.delta.tokenizer, dtype=job.delta.dtype, device=job.delta.device)
-        seqs = [store.sequences[i] for i in job.test_idx]
+        seqs = [store.sequences[i] for i in job.splits.test]
         deltas = per_head_delta_ppl(model, chosen.programs(), seqs, base_ppl=job.delta.base_ppl, progress=False)
         t_delta = time.perf_counter() - t0
     share = 1.0 / len(heads)

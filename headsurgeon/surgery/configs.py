@@ -100,6 +100,12 @@ class MeasureConfig:
     include_path: Any = setting(None, action="append", metavar="DIR",
                                 help="folder of local lm-eval task YAML files, for --tasks (repeatable)")
 
+    def task_names(self) -> list[str]:
+        """``tasks`` as a list of names (a comma-separated string is split; none: [])."""
+        if isinstance(self.tasks, str):
+            return [t.strip() for t in self.tasks.split(",") if t.strip()]
+        return list(self.tasks or [])
+
 
 def torch_dtype(dtype: Any) -> Any:
     """A torch dtype from ``"float32"``/``"bfloat16"``/``"float16"`` or a floating torch dtype; else an InputError."""

@@ -15,6 +15,7 @@ import numpy as np
 from ..core.fileio import split_documents
 from ..synth.errors import excerpt
 from ..synth.sequence import Sequence
+from ..synth.splits import StoreSplits
 from ..core import HeadsurgeonError, NotFoundError, SPLITS, Split
 from .configs import CorpusConfig
 
@@ -73,10 +74,10 @@ def read_documents(source: str | Path | Iterable[str], separator: str | None = N
         chunks = [str(c) for c in source]
         origin = "the given list"
         if separator is None:
-            docs = [c.strip() for c in chunks if c and c.strip()]
-            if not docs:
+            given = [c.strip() for c in chunks if c and c.strip()]
+            if not given:
                 raise CorpusError(f"{origin} holds no text: every document is empty")
-            return docs
+            return given
     docs: list[str] = []
     for chunk in chunks:
         if separator:
@@ -220,10 +221,11 @@ class Splits:
         return self.synth + self.select + self.test
 
     @property
-    def indices(self) -> dict[str, list[int]]:
-        """Positions of each split in :attr:`all` (the ``synth_idx`` / ``select_idx`` / ``test_idx`` searchers take)."""
+    def indices(self) -> StoreSplits:
+        """Positions of each split in :attr:`all`, as the StoreSplits searchers, selection and the report take
+        (headsurgeon/synth/splits.py; ``indices["test"]`` is a list)."""
         a, b = len(self.synth), len(self.synth) + len(self.select)
-        return {"synth": list(range(a)), "select": list(range(a, b)), "test": list(range(b, b + len(self.test)))}
+        return StoreSplits(range(a), range(a, b), range(b, b + len(self.test)))
 
 
 def _cut(cumulative: np.ndarray, share: float) -> int:
@@ -267,8 +269,19 @@ def split_sequences(
 def load_corpus(
     model: Any, source: str | Path | Iterable[str], max_len: int = CorpusConfig.max_len,
     separator: str | None = CorpusConfig.separator, max_sequences: int | None = CorpusConfig.max_sequences,
-    fractions: tuple[float, float, float] = CorpusConfig.fractions, seed: int = CorpusConfig.seed,
+    fractions: tuple[float, float, float] = CorpusConfig.fractions, seed: int = CorpusConfig.seed, *,
+    config: CorpusConfig | None = None,
 ) -> Splits:
-    """Read, tokenize and split a corpus in one call (the defaults are headsurgeon/surgery/configs.py ``CorpusConfig``'s)."""
+    """Read, tokenize and split a corpus in one call (the defaults are headsurgeon/surgery/configs.py ``CorpusConfig``'s);
+    ``config``: those settings as one CorpusConfig instead of the keywords."""
+    if config is not None:
+        given = {name: value for name, value in (("max_len", max_len), ("separator", separator),
+                                                 ("max_sequences", max_sequences), ("fractions", fractions),
+                                                 ("seed", seed)) if value != getattr(CorpusConfig, name)}
+        if given:
+            raise CorpusError(f"load_corpus got config= and {', '.join(given)} beside it: pass one or the other "
+                              "(set them in the CorpusConfig with dataclasses.replace)")
+        max_len, separator, max_sequences = config.max_len, config.separator, config.max_sequences
+        fractions, seed = config.fractions, config.seed
     docs = read_documents(source, separator)
     return split_sequences(make_sequences(model, docs, max_len=max_len, max_sequences=max_sequences), fractions, seed)

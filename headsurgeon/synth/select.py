@@ -10,7 +10,7 @@ most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -26,6 +26,7 @@ from .programset import Entry, ProgramSet
 from .scored import ScoredProgram
 from .tensors import program_rows
 from .sink_terms import cores_of, side_term_programs
+from .splits import StoreSplits
 from .weighted import score_weighted
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
@@ -40,7 +41,7 @@ def weighs(store: Any) -> bool:
     return bool(getattr(store, "has_value_norms", False))
 
 
-def score_programs(store: Any, heads: list[tuple[int, int]], programs: list[Program], indices: list[int],
+def score_programs(store: Any, heads: Sequence[tuple[int, int]], programs: list[Program], indices: list[int],
                    cache: TensorCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
     """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P], and the
     value-weighted IoU / JSD (headsurgeon/synth/weighted.py) when the store holds value norms.
@@ -166,14 +167,39 @@ def _choose(options: list[ScoredProgram], budget: int | None, chars_of: Any,
     return max(fits, key=lambda o: _key(o.scores["select"], by)) if fits else None
 
 
-def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredProgram]], select_idx: list[int],
-                    test_idx: list[int], synth_idx: list[int] | None = None,
+def _store_splits(splits: Any, test_idx: Any, synth_idx: Any, select_idx: Any) -> StoreSplits:
+    """``splits`` whole; or, in select_programs' former form, the separate index lists (with a DeprecationWarning)."""
+    loose = {"test_idx": test_idx, "synth_idx": synth_idx, "select_idx": select_idx}
+    whole = isinstance(splits, (StoreSplits, Mapping)) or hasattr(splits, "indices")
+    if whole:
+        given = [name for name, v in loose.items() if v is not None]
+        if given:
+            raise InputError(f"select_programs got splits and {', '.join(given)} beside them: pass the splits whole "
+                             "(StoreSplits(synth, select, test), headsurgeon/synth/splits.py) and drop the index lists")
+        return StoreSplits.of(splits)
+    select = select_idx if splits is None else splits
+    if select is None or test_idx is None:
+        raise InputError("select_programs needs the splits: select_programs(store, candidates, "
+                         "StoreSplits(synth, select, test)) (headsurgeon/synth/splits.py), or a corpus Splits")
+    warnings.warn("select_programs(store, candidates, select_idx, test_idx, synth_idx=...) is deprecated: pass the "
+                  "splits whole, select_programs(store, candidates, StoreSplits(synth, select, test))",
+                  DeprecationWarning, stacklevel=3)
+    return StoreSplits(synth_idx or (), select, test_idx)
+
+
+def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredProgram]], splits: Any = None,
+                    test_idx: list[int] | None = None, synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
                     cache: TensorCache | None = None, progress: bool = True, model: str = "",
                     vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS,
-                    select_by: SelectBy = "iou", side_terms: bool | None = None) -> ProgramSet:
-    """Pick per head the best candidate on ``select`` (by ``select_by``, ties: lower JSD) at each budget; score them
-    on ``test``.
+                    select_by: SelectBy = "iou", side_terms: bool | None = None,
+                    select_idx: list[int] | None = None) -> ProgramSet:
+    """Pick per head the best candidate on ``splits.select`` (by ``select_by``, ties: lower JSD) at each budget; score
+    them on ``splits.test`` (and ``splits.synth`` when it has windows).
+
+    ``splits``: a :class:`StoreSplits` (headsurgeon/synth/splits.py), a corpus ``Splits`` or a mapping of split name →
+    store indices. The former form, separate ``select_idx``, ``test_idx`` and ``synth_idx`` lists, still works with a
+    DeprecationWarning.
 
     ``select_by``: ``"iou"`` (soft IoU), ``"vw_iou"`` / ``"vw_jsd"`` (value-weighted, headsurgeon/synth/weighted.py: needs a
     store with value norms, else IoU with a warning) or ``"jsd"``. Value-weighted scores are reported whenever the
@@ -185,6 +211,8 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
     its fingerprint. The replacement is the best candidate at any size; the explanation the best of at most
     ``READABLE_CHARS`` characters (after rounding, see the module docstring).
     """
+    parts = _store_splits(splits, test_idx, synth_idx, select_idx)
+    select_idx, test_idx, synth_idx = parts["select"], parts["test"], parts["synth"]
     if set(select_idx) & set(test_idx):
         raise InputError("select and test share sequences; selection and reporting must use disjoint splits")
     by = selection_metric(store, select_by)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import headsurgeon as hs
+from headsurgeon.configs import MeasureConfig
 from headsurgeon.explain_measure import measure_and_report, nest_timings, sweep_rows, total_seconds
 from headsurgeon.report import words
 from headsurgeon.surgery.measure.eval_report import SWEEP_STEPS
@@ -115,8 +116,8 @@ def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monk
     class Stop(Exception):
         pass
 
-    def fake_evaluate(*args, **kw):
-        seen.update(kw)
+    def fake_evaluate(handle, splits, programs, config, **kw):
+        seen.update(kw, tasks=config.tasks, include_path=config.include_path)
         raise Stop
 
     import headsurgeon.explain_measure as em
@@ -126,8 +127,9 @@ def test_cloze_is_written_from_the_test_windows_and_added_to_the_tasks(run, monk
     monkeypatch.setattr(em, "evaluate_programs", fake_evaluate)
     heads = SimpleNamespace(timings={}, delta_ppl={})
     with pytest.raises(Stop):
-        measure_and_report(None, None, result.splits, None, tmp_path, heads=heads, vocab=None, timings={}, notes=[],
-                           seed=3, tasks=["hs_cloze"], include_path="tasks_here", cloze=True)
+        measure_and_report(None, None, result.splits, None, tmp_path,
+                           MeasureConfig(tasks=["hs_cloze"], include_path="tasks_here", cloze=True), heads=heads,
+                           vocab=None, timings={}, notes=[], seed=3)
     assert seen["documents"] == [s.text for s in result.splits.test] and seen["seed"] == 3
     assert seen["tasks"] == ["hs_cloze", "my_cloze"]
     assert seen["include_path"] == ["tasks_here", str(tmp_path / "cloze")]

@@ -20,6 +20,7 @@ from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import score_programs, select_programs
 from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.core import Head
+from headsurgeon.synth.splits import StoreSplits
 from support.browser import chromium
 
 LONG_READABLE = ("0.25*prev(1) + 0.15*prev(2) + 0.15*first() + 0.1*self() + 0.1*prev(3) + 0.1*same_token_recent()"
@@ -37,7 +38,7 @@ def setup(stories, documents):
     seqs = make_sequences(stories, documents[:60], max_len=24)[:30]
     store = capture(stories, seqs, progress=False)
     vocab = Vocabulary.from_tokenizer(stories.tokenizer)
-    ps = select_programs(store, {}, SPLIT["select"], SPLIT["test"], synth_idx=SPLIT["synth"],
+    ps = select_programs(store, {}, SPLIT,
                          library=[LONG_READABLE, "0.5*prev(1) + 0.5*first()"], progress=False,
                          model=stories.name, vocab=vocab)
     return store, vocab, ps
@@ -61,9 +62,8 @@ def report(setup, tmp_path_factory):
     store, vocab, ps = setup
     ps = edited(ps, vocab, store)
     out = tmp_path_factory.mktemp("report") / "report.html"
-    write_report(out, ps, store, SPLIT["test"], sweep_rows=SWEEP, title="stories260K",
-                 summary={"timings_s": TIMINGS, "notes": ["learned: not installed here"]}, vocab=vocab,
-                 select_idx=SPLIT["select"])
+    write_report(out, ps, store, SPLIT, sweep_rows=SWEEP, title="stories260K",
+                 summary={"timings_s": TIMINGS, "notes": ["learned: not installed here"]}, vocab=vocab)
     return out, out.read_text(encoding="utf-8"), ps, store
 
 
@@ -114,7 +114,7 @@ def test_summary_is_in_words_with_the_metric_paragraph(report):
 
 def test_no_notes_means_no_notes_section(setup, tmp_path):
     store, vocab, ps = setup
-    out = write_report(tmp_path / "r.html", ps, store, SPLIT["test"], summary={"timings_s": {}, "notes": []},
+    out = write_report(tmp_path / "r.html", ps, store, StoreSplits((), (), SPLIT["test"]), summary={"timings_s": {}, "notes": []},
                        vocab=vocab)
     html = out.read_text(encoding="utf-8")
     assert "Notes" not in html and "[]" not in html and "Time:" not in html

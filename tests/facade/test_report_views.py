@@ -23,6 +23,7 @@ from headsurgeon.synth.select import score_programs
 from headsurgeon.synth.sequence import Sequence
 from headsurgeon.synth.vocab import Vocabulary
 from headsurgeon.core import Head
+from headsurgeon.synth.splits import StoreSplits
 from support.browser import chromium
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", ".", "Lily", "saw", "dog", "and", "ran"]
@@ -64,7 +65,7 @@ def built(tmp_path_factory):
         rep = scored(store, head, truth, "enumerative")
         ps.add(head, rep.program, "enumerative", rep.scores, explanation=ex, frontier=[ex, near, rep], vocab=VOCAB)
     out = tmp_path_factory.mktemp("views") / "report.html"
-    write_report(out, ps, store, SPLIT["test"], vocab=VOCAB, select_idx=SPLIT["select"])
+    write_report(out, ps, store, SPLIT, vocab=VOCAB)
     return out, out.read_text(encoding="utf-8"), ps, store
 
 
@@ -135,7 +136,7 @@ def test_windows_draw_in_headless_chromium(built, tmp_path):
 def test_candidates_table_ranks_what_else_nearly_won(built):
     _, html, ps, store = built
     views = hv.views(ps, VOCAB)
-    hv.add_templates(views, store, SPLIT["test"], SPLIT["select"])
+    hv.add_templates(views, store, StoreSplits.of(SPLIT))
     for v in views:
         got = rows(v)
         tests = [r.test_iou for r in got]

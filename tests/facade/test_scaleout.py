@@ -11,6 +11,8 @@ import pytest
 
 from conftest import CORPUS, need
 from headsurgeon.scaleout import HeadJournal, HeadStore, JournalMismatchError, StoreUnreachable, chunked, preflight
+from headsurgeon.scaleout.config import ScaleoutConfig
+from headsurgeon.synth.splits import StoreSplits
 
 
 def _free_port() -> int:
@@ -126,14 +128,14 @@ def test_chunks_and_bad_heads_per_task():
 
 def test_preflight_refuses_bad_executors_and_unreachable_clusters():
     with pytest.raises(ValueError, match="executor must be one of"):
-        preflight("dask")
+        preflight(ScaleoutConfig("dask"))
     with pytest.raises(ValueError, match="executor='ray'"):
-        preflight("local", "127.0.0.1:6379")
+        preflight(ScaleoutConfig("local", address="127.0.0.1:6379"))
     port = _free_port()
     with pytest.raises(ConnectionError, match=f"cannot reach a Ray cluster at 127.0.0.1:{port}.*ray start --head"):
-        preflight("ray", f"127.0.0.1:{port}")
+        preflight(ScaleoutConfig("ray", address=f"127.0.0.1:{port}"))
     with pytest.raises(ConnectionError, match="not HOST:PORT"):
-        preflight("ray", "nowhere")
+        preflight(ScaleoutConfig("ray", address="nowhere"))
 
 
 def test_cli_explain_reports_an_unreachable_cluster_in_one_line(tmp_path):
@@ -167,9 +169,9 @@ def test_a_task_runs_its_searchers_through_run_searchers(stores, monkeypatch):
     from headsurgeon.synth.search.base import run_searchers, searcher_factory
 
     store = stores["dense"]
-    idx = dict(synth_idx=(0, 1, 2), select_idx=(3, 4))
+    splits = StoreSplits((0, 1, 2), (3, 4), (5,))
     names = ("llm", "library")  # no endpoint configured here: the LLM agent is skipped with a note
-    job = task.HeadJob(str(store.directory), *idx.values(), test_idx=(5,),
+    job = task.HeadJob(str(store.directory), splits,
                        searchers=tuple((n, searcher_factory(n)) for n in names),
                        options={"library": ["prev(1)", "first()", "self()"]})
     for var in ("HEADSURGEON_LLM_BASE_URL", "OPENAI_BASE_URL", "HEADSURGEON_LLM_MODEL"):
@@ -185,7 +187,7 @@ def test_a_task_runs_its_searchers_through_run_searchers(stores, monkeypatch):
     assert [set(f) for f in calls] == [set(names)]
     notes: list[str] = []
     heads = [(1, 2), (0, 3)]
-    want = run_searchers(HeadStore(store.directory, heads), names, **idx, heads=heads, notes=notes,
+    want = run_searchers(HeadStore(store.directory, heads), names, splits, heads=heads, notes=notes,
                          settings=task.SearchSettings(progress=False, options=dict(job.options)))
     assert [r["candidates"] for r in records] == [len(want[h]) for h in heads] == [3, 3]
     assert records[0]["notes"] == notes and any("LLM agent skipped" in n for n in notes)
@@ -222,7 +224,7 @@ def test_the_run_estimate_leaves_out_the_first_task_warm_up(stores, monkeypatch,
 
     assert run._estimate(10.0, 2, 2, 1) == "10 s" and run._estimate(10.0, 2, 2, 1, warmup=8.0) == "2 s"
     store = stores["dense"]
-    job = task.HeadJob(str(store.directory), (0, 1, 2), (3, 4), test_idx=(5,),
+    job = task.HeadJob(str(store.directory), StoreSplits((0, 1, 2), (3, 4), (5,)),
                        searchers=(("library", searcher_factory("library")),), options={"library": ["prev(1)"]})
     calls = []
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import CORPUS, STORIES, need
+from headsurgeon.synth.splits import StoreSplits
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_a_worker_loads_the_model_as_the_job_says(store, monkeypatch):
 
     monkeypatch.setattr(loading, "load_model", load)
     monkeypatch.setattr(evaluate, "per_head_delta_ppl", delta)
-    job = task.HeadJob(str(store.directory), (0, 1), (2, 3), (4, 5), (("library", searcher_factory("library")),),
+    job = task.HeadJob(str(store.directory), StoreSplits((0, 1), (2, 3), (4, 5)), (("library", searcher_factory("library")),),
                        options={"library": ["prev(1)"]}, model=store.model_name,
                        delta=task.DeltaJob(f"llama2c:{STORIES / 'stories260K.bin'}", str(STORIES / "tok512.model"),
                                            1.0, dtype="bfloat16", device="cpu"))

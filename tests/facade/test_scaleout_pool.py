@@ -153,13 +153,14 @@ def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(one_process, tmp
 
 
 def test_bad_worker_counts_are_refused_before_the_capture():
+    from headsurgeon.scaleout.config import ScaleoutConfig
     from headsurgeon.scaleout.stage import preflight
 
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="workers must be a whole number"):
-            preflight("local", workers=bad)
+            preflight(ScaleoutConfig("local", workers=bad))
     with pytest.raises(ValueError, match="drop --workers"):
-        preflight("ray", workers=2)
+        preflight(ScaleoutConfig("ray", workers=2))
 
 
 @pytest.mark.e2e

@@ -270,15 +270,14 @@ def test_a_searcher_registered_at_run_time_runs_on_workers(local_ray, tmp_path):
         class Offsets:
             name = "hs-offsets"
 
-            def search(self, store, *, synth_idx, select_idx, heads=None, progress=True, budget=None, cancel=None):
+            def search(self, store, splits, *, heads=None, progress=True, budget=None, cancel=None):
                 from headsurgeon.synth.scored import ScoredProgram
                 from headsurgeon.synth.program import Program
                 from headsurgeon.synth.select import score_programs
 
                 heads = list(store.heads if heads is None else heads)
                 programs = [Program.parse(f"prev({k})") for k in (1, 2, 3)]
-                got = {s: score_programs(store, heads, programs, list(idx))
-                       for s, idx in (("synth", synth_idx), ("select", select_idx))}
+                got = {s: score_programs(store, heads, programs, splits[s]) for s in ("synth", "select")}
                 return {h: [ScoredProgram(p, self.name, scores={s: {m: float(got[s][m][r, j]) for m in ("iou", "jsd")}
                                                               for s in got}) for j, p in enumerate(programs)]
                         for r, h in enumerate(heads)}

@@ -12,7 +12,8 @@ import torch
 from headsurgeon.surgery.measure.ablate import ablate, reference_patterns
 from headsurgeon.surgery.patterns.capture import padded_batch
 from headsurgeon.surgery.corpus import make_sequences
-from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, perplexity, replacement_sweep, spearman_ci
+from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, perplexity, spearman_ci
+from headsurgeon.surgery.measure.sweep import sweep_programs
 from headsurgeon.surgery.swap.replace import SurgeryError, replace_heads
 
 
@@ -139,8 +140,8 @@ def test_per_head_delta_and_sweep(stories, seqs, tmp_path):
     base = perplexity(stories, sub, progress=False)
     with replace_heads(stories, {"L1H3": "prev(1)"}) as hy:
         assert math.isclose(deltas[(1, 3)], perplexity(hy, sub, progress=False) / base - 1, rel_tol=1e-6)
-    rows = replacement_sweep(stories, programs, sub, order=["L4H7", "L0H0", "L1H3"], steps=(0, 1 / 3, 1.0),
-                             out_png=tmp_path / "sweep.png", progress=False)
+    rows = sweep_programs(stories, programs, sub, order=["L4H7", "L0H0", "L1H3"], steps=(0, 1 / 3, 1.0),
+                           out_png=tmp_path / "sweep.png", progress=False)
     assert [r["n_heads"] for r in rows] == [0, 1, 3]
     assert rows[0]["delta"] == 0.0 and math.isclose(rows[1]["delta"], deltas[(4, 7)], rel_tol=1e-6)
     assert math.isclose(rows[2]["ppl"], rows[2]["ppl_random_order"], rel_tol=1e-6)  # same set of heads

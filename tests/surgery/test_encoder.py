@@ -21,7 +21,8 @@ from headsurgeon.surgery.batches import padded_batch  # noqa: E402
 from headsurgeon.surgery.patterns.capture import forward_patterns  # noqa: E402
 from headsurgeon.surgery.corpus import make_sequences  # noqa: E402
 from headsurgeon.surgery.measure.embedding import embedding_distance, sentence_embeddings  # noqa: E402
-from headsurgeon.surgery.measure.evaluate import EvaluationError, perplexity, replacement_sweep  # noqa: E402
+from headsurgeon.surgery.measure.evaluate import EvaluationError, perplexity  # noqa: E402
+from headsurgeon.surgery.measure.sweep import sweep_programs  # noqa: E402
 from headsurgeon.surgery.models.loading import load_model  # noqa: E402
 from headsurgeon.surgery.swap.providers import StoredPatterns  # noqa: E402
 from headsurgeon.surgery.swap.replace import replace_heads  # noqa: E402
@@ -103,8 +104,8 @@ def test_embedding_distance_is_zero_for_identity_and_positive_for_a_program(mini
 
 
 def test_sweep_reports_embedding_distance(minilm, seqs):
-    rows = replacement_sweep(minilm, {(0, 0): "first()", (3, 2): "self()"}, seqs[:3], steps=(0.0, 1.0),
-                             progress=False)
+    rows = sweep_programs(minilm, {(0, 0): "first()", (3, 2): "self()"}, seqs[:3], steps=(0.0, 1.0),
+                          progress=False)
     assert rows[0]["embedding_distance"] == 0.0 and "ppl" not in rows[0]
     assert rows[-1]["embedding_distance"] > 0 and rows[-1]["delta"] == rows[-1]["embedding_distance"]
 

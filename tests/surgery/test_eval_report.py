@@ -46,7 +46,7 @@ def splits(handle):
 
 @pytest.fixture(scope="module")
 def report(handle, splits) -> EvalReport:
-    return evaluate_programs(handle, splits, program_set(), per_head=True, sweep=True, order="both")
+    return evaluate_programs(handle, splits, program_set(), delta_ppl=True, sweep=True, order="both")
 
 
 def test_both_kinds_are_measured_and_labelled(report):
@@ -86,7 +86,7 @@ def test_each_sweep_step_names_the_cheaper_order(report):
 
 def test_measured_on_the_same_windows_the_first_delta_ppl_step_is_the_cheapest_single_head(handle, splits):
     ps = program_set()
-    report = evaluate_programs(handle, splits.test, ps, which="replacement", per_head=True, sweep=True,
+    report = evaluate_programs(handle, splits.test, ps, which="replacement", delta_ppl=True, sweep=True,
                                order="both")  # a list of windows: the order is measured on them (in-sample)
     kr = report.kinds["replacement"]
     assert report.order_on == "test" and list(report.kinds) == ["replacement"]
@@ -155,7 +155,7 @@ def test_downstream_tasks_run_for_each_kind(handle, splits):
     from conftest import TASKS
 
     tasks = TASKS
-    report = evaluate_programs(handle, splits, program_set(), tasks="hs_cloze", limit=4, include_path=str(tasks))
+    report = evaluate_programs(handle, splits, program_set(), tasks="hs_cloze", task_limit=4, include_path=str(tasks))
     rep, exp = (report.kinds[k].downstream for k in ("replacement", "explanation"))
     assert rep["hybrid_heads"] == 3 and exp["hybrid_heads"] == 2
     assert [r["base"] for r in rep["rows"]] == [r["base"] for r in exp["rows"]]  # the same examples, the same base
@@ -264,7 +264,7 @@ def test_a_one_window_measurement_says_more_test_windows_are_needed(handle, spli
 
 
 def test_known_per_head_delta_ppl_is_kept_unmeasured_and_its_kl_left_missing(handle, splits):
-    report = evaluate_programs(handle, splits, program_set(), which="replacement", per_head=True,
+    report = evaluate_programs(handle, splits, program_set(), which="replacement", delta_ppl=True,
                                known_per_head={"replacement": {"L0H1": 0.5}})
     rows = {r["head"]: r for r in report.kinds["replacement"].per_head}
     assert rows["L0H1"]["delta_pct"] == 50.0 and rows["L0H1"]["kl"] is None and rows["L0H1"]["kl_ci95"] is None

@@ -20,6 +20,7 @@ from headsurgeon.synth.errors import ProgramExecutionError, ProgramValidationErr
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.trust import UntrustedProgramError, require_trusted
+from headsurgeon.synth.splits import StoreSplits
 
 
 class WindowSum(ProgramBackend):
@@ -166,7 +167,7 @@ def test_a_failing_program_of_a_sandboxed_kind_drops_only_itself():
     try:
         programs = [Program.parse("prev(1)"), Program.of("window_sum", 13), Program.of("window_sum", 2)]
         searcher = LibrarySearcher(programs)
-        found = searcher.search(ProgramStore(tiny_sequences(), TRUTH), synth_idx=SYNTH, select_idx=SELECT, progress=False)
+        found = searcher.search(ProgramStore(tiny_sequences(), TRUTH), StoreSplits(SYNTH, SELECT), progress=False)
     finally:
         unregister_backend("window_sum")
     assert {c.program.text for c in found[(0, 0)]} == {"prev(1)", "window_sum(2)"}

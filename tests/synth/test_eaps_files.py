@@ -15,6 +15,7 @@ from conftest import SHARED, need
 from headsurgeon.synth.eaps import load_library_file, read_library, split_library_source
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.sandbox.facade import TokenizerFacade
+from headsurgeon.synth.splits import StoreSplits
 
 EAPS = SHARED / "data" / "eaps"
 FILES = ("golden_programs.py", "golden_programs_new.py", "gpt2_programs.py", "tinyllama_programs.py")
@@ -253,16 +254,16 @@ def test_library_programs_run_once_per_run_not_once_per_head_task(stories, tmp_p
     out = tmp_path / "OUT"
     cache = run_cache(out)
     heads = sorted(store.heads)
-    first = LibrarySearcher(lib, cache=cache).search(store, synth_idx=[0, 1, 2, 3], select_idx=[4, 5], progress=False,
+    first = LibrarySearcher(lib, cache=cache).search(store, StoreSplits([0, 1, 2, 3], [4, 5]), progress=False,
                                                      heads=heads[:2])
     computed = cache.stats.puts
     assert computed == 6  # one pattern per window of synth and select
-    second = LibrarySearcher(lib, cache=run_cache(out)).search(store, synth_idx=[0, 1, 2, 3], select_idx=[4, 5],
+    second = LibrarySearcher(lib, cache=run_cache(out)).search(store, StoreSplits([0, 1, 2, 3], [4, 5]),
                                                                progress=False, heads=heads[2:4])
     assert cache.stats.puts == computed and cache.stats.hits >= 6  # the second task read them back
     assert [c.hypothesis for c in second[heads[2]]] == [c.hypothesis for c in first[heads[0]]] == ["self"]
     hits = cache.stats.hits
-    select_programs(store, {h: second[h] for h in heads[2:4]}, [4, 5], [6, 7], progress=False,
+    select_programs(store, {h: second[h] for h in heads[2:4]}, StoreSplits((), [4, 5], [6, 7]), progress=False,
                     cache=routed_cache(out))
     assert cache.stats.hits >= hits + 2  # the select windows: read back, not computed again
     assert cache.stats.puts <= computed + 2  # at most the test windows were new

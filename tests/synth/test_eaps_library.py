@@ -13,6 +13,7 @@ from headsurgeon.synth.eaps import LibraryProgram, load_library_file, split_libr
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.sandbox.facade import TokenizerFacade
+from headsurgeon.synth.splits import StoreSplits
 
 # Written in EAPS's style (type hints, typing/transformers imports, len(input_ids) sizing, a label), by hand.
 LIBRARY = '''
@@ -177,14 +178,14 @@ def test_labels_become_hypotheses_and_compete(stories, library_file, windows):
 
     store = capture(stories, windows, progress=False)
     searcher = LibrarySearcher(load_library_file(library_file) + ["prev(2)"])
-    cands = searcher.search(store, synth_idx=list(range(6)), select_idx=list(range(6, 9)), progress=False)
+    cands = searcher.search(store, StoreSplits(list(range(6)), list(range(6, 9))), progress=False)
     assert len(cands) == 40 and searcher.report() == ""
     for cs in cands.values():
         hyp = {c.program.text.split("def ")[1].split("(")[0] if c.program.kind == "python" else c.program.text:
                c.hypothesis for c in cs}
         assert {hyp[k] for k in LABELS} == set(LABELS.values())
         assert all(0 <= c.scores["select"]["iou"] <= 1 for c in cs)
-    chosen = select_programs(store, cands, list(range(6, 9)), list(range(9, 12)), progress=False)
+    chosen = select_programs(store, cands, StoreSplits((), range(6, 9), range(9, 12)), progress=False)
     lib = [e for e in chosen.entries.values() if e.source == "library" and e.program.kind == "python"]
     assert lib and all(e.hypothesis in LABELS.values() for e in lib)
     # a readable program tied with the winning library program explains the head under the user's label
@@ -246,8 +247,7 @@ def test_bad_labels_are_refused_and_dropped(stories, windows, tmp_path):
         results, labels = get_pool().run_labeled(progs[name].program.text, windows[:1])
         assert needle in str(results[0]) and labels == [None]
     searcher = LibrarySearcher(list(progs.values()))
-    cands = searcher.search(capture(stories, windows[:6], progress=False), synth_idx=[0, 1, 2],
-                            select_idx=[3, 4, 5], progress=False)
+    cands = searcher.search(capture(stories, windows[:6], progress=False), StoreSplits([0, 1, 2], [3, 4, 5]), progress=False)
     assert {c.hypothesis for cs in cands.values() for c in cs} == {"Self"}
     assert all(f"{name} ({path})" in searcher.report() for name in why)
 

@@ -20,6 +20,7 @@ from headsurgeon.synth.program import BUDGETS, READABLE_CHARS, Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import ROUND_TOLERANCE, select_programs
 from headsurgeon.synth.vocab import Vocabulary
+from headsurgeon.synth.splits import StoreSplits
 
 # the truth of head (0, 0) is a long positional profile: only a program over 200 characters fits it exactly
 WEIGHTS = [round(0.9 ** d + 0.013 * ((7 * d) % 5), 6) for d in range(40)]
@@ -59,8 +60,8 @@ def _select(store, vocab=None):
              for h in TRUTH}
     for h, t in TRUTH.items():
         cands[h].append(ScoredProgram(Program.parse(t), "llm", hypothesis="the truth"))
-    return select_programs(store, cands, select_idx=list(range(8, 16)), test_idx=list(range(16, 24)),
-                           synth_idx=list(range(8)), progress=False, vocab=vocab), cands
+    return select_programs(store, cands, StoreSplits(range(8), range(8, 16), range(16, 24)),
+                           progress=False, vocab=vocab), cands
 
 
 def test_frontier_keeps_a_readable_explanation_and_a_larger_replacement(store, vocab):

@@ -15,6 +15,7 @@ from headsurgeon.core import InputError
 from headsurgeon.synth.errors import ProgramValidationError
 from headsurgeon.synth.search import library as library_search
 from headsurgeon.synth.search.library import LibrarySearcher
+from headsurgeon.synth.splits import StoreSplits
 
 from conftest import CORPUS, need
 
@@ -68,7 +69,7 @@ def test_a_spent_budget_stops_the_search_cleanly_with_a_note(store, tmp_path):
     path = tmp_path / "lib.py"
     path.write_text(library_source(3))
     searcher = LibrarySearcher(load_library([path], budget=0.0) + ["prev(1)"])
-    out = searcher.search(store, synth_idx=[0, 1, 2], select_idx=[3, 4], heads=[(0, 0), (1, 1)], progress=False)
+    out = searcher.search(store, StoreSplits([0, 1, 2], [3, 4]), heads=[(0, 0), (1, 1)], progress=False)
     assert out == {}
     assert "time budget of 0 s" in searcher.report() and "4 not tried" in searcher.report()
 
@@ -94,7 +95,7 @@ def test_a_budget_running_out_midway_keeps_what_was_scored(store, tmp_path, monk
     monkeypatch.setattr(library_search, "StopCheck", _Countdown)
     _Countdown.checks = 0
     searcher = LibrarySearcher(load_library([path], budget=10.0) + ["prev(1)", "first()"])
-    out = searcher.search(store, synth_idx=[0, 1, 2], select_idx=[3, 4], heads=[(0, 0), (1, 1)], progress=False)
+    out = searcher.search(store, StoreSplits([0, 1, 2], [3, 4]), heads=[(0, 0), (1, 1)], progress=False)
     assert set(out) == {(0, 0), (1, 1)}
     kept = {c.program.text if c.program.kind == "dsl" else c.program.text.split("def ")[1].split("(")[0]
             for c in out[(0, 0)]}

@@ -121,12 +121,13 @@ def test_lm_eval_model_and_downstream_gate_every_slot(handle, tmp_path, slot, mo
 def test_measurements_gate_a_programset(handle, tmp_path, slot, monkeypatch):
     from headsurgeon.surgery.measure import downstream_sweep as dsw
     from headsurgeon.surgery.corpus import make_sequences
-    from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, replacement_sweep
+    from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl
+    from headsurgeon.surgery.measure.sweep import sweep_programs
 
     path = hidden_python(tmp_path, slot)
     seqs = make_sequences(handle, ["Once upon a time there was a girl. She liked the park."], max_len=16)
     for measure in (lambda **k: per_head_delta_ppl(handle, ProgramSet.load(path), seqs, progress=False, **k),
-                    lambda **k: replacement_sweep(handle, ProgramSet.load(path), seqs, steps=(0.0, 1.0),
+                    lambda **k: sweep_programs(handle, ProgramSet.load(path), seqs, steps=(0.0, 1.0),
                                                   progress=False, **k)):
         with pytest.raises(UntrustedProgramError) as e:
             measure()

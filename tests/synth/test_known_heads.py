@@ -67,8 +67,7 @@ def known(smollm2, corpus_path, tmp_path_factory):
     assert ind[h_ind] > 0.3 and prev[h_prev] > 0.5, (ind.max(), prev.max())  # the probe finds such heads at all
     splits = load_corpus(smollm2, corpus_path, max_len=64, max_sequences=48, seed=0)
     store = capture(smollm2, splits.all, out=tmp_path_factory.mktemp("known") / "store", progress=False)
-    idx = splits.indices
-    job = HeadJob(str(store.directory), tuple(idx["synth"]), tuple(idx["select"]), tuple(idx["test"]),
+    job = HeadJob(str(store.directory), splits.indices,
                   (("enumerative", searcher_factory("enumerative")),), 0, {},
                   Vocabulary.from_tokenizer(smollm2.tokenizer), smollm2.name)
     records = {r["head"]: Entry.from_json(r["entry"]) for r in explain_heads(job, [h_ind, h_prev])}

@@ -10,6 +10,7 @@ from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.select import select_programs
+from headsurgeon.synth.splits import StoreSplits
 
 TRUTH = {(0, 0): "prev(1)", (0, 1): "0.7*prev(1) + 0.3*first()", (1, 0): "same_token_recent()", (1, 1): "first()"}
 
@@ -30,8 +31,8 @@ def test_select_picks_the_true_program_and_reports_on_test(synthetic_store):
              for h in TRUTH}
     cands[(0, 1)].append(ScoredProgram(Program.parse(TRUTH[(0, 1)]), "llm", hypothesis="mostly previous token"))
     cands[(1, 0)].append(ScoredProgram(Program.parse(TRUTH[(1, 0)]), "learned"))
-    ps = select_programs(synthetic_store, cands, select_idx=list(range(8, 16)), test_idx=list(range(16, 24)),
-                         synth_idx=list(range(8)), progress=False)
+    ps = select_programs(synthetic_store, cands, StoreSplits(range(8), range(8, 16), range(16, 24)),
+                         progress=False)
     assert {h: e.program for h, e in ps.entries.items()} == {h: Program.parse(t) for h, t in TRUTH.items()}
     assert ps.entries[(0, 1)].source == "llm" and ps.entries[(0, 1)].hypothesis == "mostly previous token"
     assert ps.entries[(1, 1)].source == "baseline"  # first() came from the baselines
@@ -42,11 +43,11 @@ def test_select_picks_the_true_program_and_reports_on_test(synthetic_store):
 
 def test_select_and_test_must_be_disjoint(synthetic_store):
     with pytest.raises(ValueError, match="disjoint"):
-        select_programs(synthetic_store, {}, select_idx=[1, 2], test_idx=[2, 3], progress=False)
+        select_programs(synthetic_store, {}, StoreSplits((), [1, 2], [2, 3]), progress=False)
 
 
 def test_programset_json_round_trip(tmp_path, synthetic_store):
-    ps = select_programs(synthetic_store, {}, select_idx=list(range(8, 16)), test_idx=list(range(16, 24)),
+    ps = select_programs(synthetic_store, {}, StoreSplits((), range(8, 16), range(16, 24)),
                          library=["0.7*prev(1) + 0.3*first()"], progress=False, model="synthetic")
     path = ps.save(tmp_path / "programs.json")
     again = ProgramSet.load(path)
@@ -78,7 +79,7 @@ def test_each_program_is_scored_only_against_the_heads_that_consider_it(syntheti
         return real(store, heads, programs, indices, cache, chunk)
 
     monkeypatch.setattr(select, "score_programs", recording)
-    ps = select_programs(synthetic_store, cands, select_idx=select_idx, test_idx=list(range(16, 24)), progress=False)
+    ps = select_programs(synthetic_store, cands, StoreSplits((), select_idx, range(16, 24)), progress=False)
     base = {Program.parse(t).hash for t in select.BASELINES}
     needed = {(h, p) for h, cs in cands.items() for p in {c.program.hash for c in cs} | base}
     got = [(h, p) for heads, progs in scored for h in heads for p in progs]

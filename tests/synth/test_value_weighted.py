@@ -18,6 +18,7 @@ from headsurgeon.synth.program import Program
 from headsurgeon.synth.select import select_programs
 from headsurgeon.synth.tensors import program_rows
 from headsurgeon.synth.weighted import score_weighted, weigh_dense, weigh_rows
+from headsurgeon.synth.splits import StoreSplits
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +112,8 @@ def test_selection_by_moved_mass_prefers_the_program_that_moves_it(story_seqs):
     store = planted_store(story_seqs)
     idx = list(range(len(story_seqs)))
     library = ["first()", "prev(1)"]
-    by_iou = select_programs(store, {}, idx[:3], idx[3:], library=library, baselines=False, progress=False)
-    by_vw = select_programs(store, {}, idx[:3], idx[3:], library=library, baselines=False, progress=False,
+    by_iou = select_programs(store, {}, StoreSplits((), idx[:3], idx[3:]), library=library, baselines=False, progress=False)
+    by_vw = select_programs(store, {}, StoreSplits((), idx[:3], idx[3:]), library=library, baselines=False, progress=False,
                             select_by="vw_iou", side_terms=False)
     assert by_iou.entries[(0, 0)].replacement.program == Program.parse("first()")
     chosen = by_vw.entries[(0, 0)].replacement
@@ -120,7 +121,7 @@ def test_selection_by_moved_mass_prefers_the_program_that_moves_it(story_seqs):
     assert chosen.scores["test"]["vw_iou"] == pytest.approx(1.0, abs=1e-3)  # reported beside IoU/JSD
     assert chosen.scores["test"]["iou"] < 0.3
     # with the sink as a side term (the default for value-weighted selection) the share is the head's as well
-    side = select_programs(store, {}, idx[:3], idx[3:], library=library, baselines=False, progress=False,
+    side = select_programs(store, {}, StoreSplits((), idx[:3], idx[3:]), library=library, baselines=False, progress=False,
                            select_by="vw_iou")
     assert side.entries[(0, 0)].replacement.program == Program.parse("0.2*prev(1) + 0.8*first()")
     assert side.entries[(0, 0)].replacement.source == "sink-side" and side.meta["sink_side_terms"]
@@ -140,7 +141,7 @@ def test_a_store_written_before_value_norms_still_loads(stories, story_seqs, tmp
         store.norms(0)
     idx = list(range(len(story_seqs)))
     with pytest.warns(UserWarning, match="lacks"):
-        chosen = select_programs(store, {}, idx[:3], idx[3:], progress=False, select_by="vw_iou")
+        chosen = select_programs(store, {}, StoreSplits((), idx[:3], idx[3:]), progress=False, select_by="vw_iou")
     assert chosen.meta["selected_by"] == "iou"
     assert not math.isnan(chosen.entries[(0, 0)].replacement.scores["test"]["iou"])
     assert "vw_iou" not in chosen.entries[(0, 0)].replacement.scores["test"]

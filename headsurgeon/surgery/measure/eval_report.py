@@ -18,28 +18,26 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from ...kernels.cache import TensorCache
+from ...core.configs import with_shortcuts
 from ...core import InputError, WHICHES
 from ...synth.programset import ProgramSet
 from ...synth.scored import ScoredProgram
 from ...synth.sequence import Sequence
 from ..configs import CorpusConfig, MeasureConfig
 from ..corpus import Splits, load_corpus
-from .divergence import (BaseDistributions, CostSummary, WindowCosts, base_costs, means, summarize,
-                         window_costs)
-from .evaluate import spearman_ci, sweep_arms, sweep_heads
-from .embedding import embedding_distance, sentence_embeddings
+from .divergence import CostSummary, WindowCosts, summarize
+from .evaluate import spearman_ci, sweep_heads
 from .eval_format import format_report
 from ..models.loading import load_model
 from ..swap.replace import replace_heads
 from .scorable import require_lm_head
-from .sweep_order import ORDER_LABELS, cheapest, order_heads
+from .sweep import SwapCosts, ppl, sweep_rows
+from .sweep_order import order_heads
 from ...core import Head
 
 __all__ = ["EvalReport", "KindReport", "evaluate_programs", "SwapCosts", "SWEEP_STEPS"]
@@ -196,74 +194,6 @@ def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
         seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
-class SwapCosts:
-    """What a set of swapped heads costs on ``sequences``: per-window KL and NLLs against one base pass
-    (headsurgeon/surgery/measure/divergence.py), or the embedding distance without an LM head. Each distinct set (head → program) is
-    measured once: the sweep's 100% step, its orders' shared steps, a one-head step and that head's per-head swap,
-    and the headline are one measurement each. Nothing runs before a set is asked for."""
-
-    def __init__(self, handle: Any, sequences: list[Sequence]) -> None:
-        self.handle, self.sequences = handle, sequences
-        self.base = BaseDistributions(handle, sequences) if handle.has_lm_head else None
-        self.known: dict[frozenset, WindowCosts | float] = {}
-        #: one pattern cache for every swap: a program (a sandboxed one above all) is evaluated once on these
-        #: windows, not once per sweep step
-        self.patterns = TensorCache(max_bytes=256 << 20)
-
-    @staticmethod
-    def key(chosen: Mapping[Any, Any]) -> frozenset:
-        return frozenset((Head.parse(h), getattr(p, "hash", p)) for h, p in chosen.items())
-
-    @cached_property
-    def base_embeddings(self) -> Any:
-        return sentence_embeddings(self.handle, self.sequences)
-
-    def windows(self, chosen: Mapping[Any, Any], hybrid: Any = None) -> WindowCosts | float:
-        """Per-window costs with ``chosen`` swapped (the embedding distance without an LM head); ``hybrid``: that
-        swap already installed (the headline's: replace_heads checks its ProgramSet against the tokenizer)."""
-        key = self.key(chosen)
-        if key not in self.known:
-            if not chosen:
-                self.known[key] = base_costs(self.base) if self.base is not None else 0.0
-            elif hybrid is not None:
-                self.known[key] = self._run(hybrid)
-            else:
-                with replace_heads(self.handle, dict(chosen), cache=self.patterns) as swapped:
-                    self.known[key] = self._run(swapped)
-        return self.known[key]
-
-    def _run(self, hybrid: Any) -> WindowCosts | float:
-        if self.base is None:
-            return embedding_distance(self.base_embeddings, hybrid, self.sequences)
-        return window_costs(self.base, hybrid, hybrid.register_sequences)
-
-    def measure(self, chosen: Mapping[Any, Any]) -> dict[str, float]:
-        """``chosen``'s figures by name: {ppl, delta (ΔPPL), kl}, or {embedding_distance, delta} without an LM head."""
-        costs = self.windows(chosen)
-        if not isinstance(costs, WindowCosts):
-            return {"embedding_distance": costs, "delta": costs}
-        kl, delta_nll = means(costs)
-        return {"ppl": _ppl(costs), "delta": math.expm1(delta_nll), "kl": kl}
-
-
-def _ppl(costs: WindowCosts) -> float:
-    """The perplexity of the measured model (the hybrid; the base for :func:`base_costs`), token-weighted."""
-    return math.exp(costs.nll_other.sum() / costs.tokens.sum())
-
-
-def _sweep_rows(costs: SwapCosts, items: dict, heads: list, steps: Seq[float], seed: int, desc: str,
-                progress: bool) -> list[dict[str, Any]]:
-    """headsurgeon/surgery/measure/evaluate.py ``replacement_sweep``'s rows (the order, a random order, random programs per step),
-    each arm's figures (``ppl``, ``delta``, ``kl`` + the arm's suffix) measured through ``costs``."""
-    rows = []
-    for frac, k, arms in tqdm(list(sweep_arms(items, heads, steps, seed)), desc=desc, disable=not progress):
-        row: dict[str, Any] = {"fraction": frac, "n_heads": k}
-        for label, chosen in arms.items():
-            row.update({name + label: value for name, value in costs.measure(chosen).items()})
-        rows.append(row)
-    return rows
-
-
 def _check_steps(steps: Seq[float]) -> tuple[float, ...]:
     try:
         out = tuple(float(x) for x in steps)
@@ -296,18 +226,9 @@ def _sweep(programs: ProgramSet, kind: str, report: KindReport, orders: tuple[st
             deltas = _order_deltas(chosen, report, costs, order_costs, progress, seconds)
             report.order_delta_pct = {Head.label(h): 100 * d for h, d in deltas.items()}
         heads[order] = order_heads(programs, order, which=kind, deltas=deltas, seed=seed)
-    first, *rest = orders
     items, _ = sweep_heads(chosen, None)
     with _timed(seconds, "sweep"):
-        rows = _sweep_rows(costs, items, heads[first], steps, seed, f"sweep ({kind}s)", progress)
-        for order in rest:
-            for row, (_frac, _k, arms) in zip(rows, sweep_arms(items, heads[order], [r["fraction"] for r in rows],
-                                                               seed)):
-                row.update({f"{name}_by_{order}": value for name, value in costs.measure(arms[""]).items()})
-    for row in rows:
-        costs_by = {ORDER_LABELS[first]: row["delta"], **{ORDER_LABELS[o]: row[f"delta_by_{o}"] for o in rest},
-                    ORDER_LABELS["random"]: row["delta_random_order"]}
-        row["cheapest"] = cheapest(costs_by)
+        rows = sweep_rows(costs, items, heads, steps, seed, desc=f"sweep ({kind}s)", progress=progress)
     report.sweep, report.sweep_orders = rows, list(orders)
     report.head_orders = {order: [Head.label(h) for h in hs] for order, hs in heads.items()}
 
@@ -335,7 +256,7 @@ def _spearman(per_head: list[dict[str, Any]], x: str, y: str, seed: int) -> dict
 def _headline(report: KindReport, costs: WindowCosts, seed: int) -> None:
     """Fill the kind's headline: perplexity, ΔPPL, ΔNLL and KL with their intervals, tokens, the wide flags."""
     s = summarize(costs, seed=seed)
-    report.hybrid_ppl = _ppl(costs)
+    report.hybrid_ppl = ppl(costs)
     report.hybrid_delta_pct = 100 * s.delta_ppl
     report.hybrid_delta_ci95_pct = [100 * s.delta_ppl_ci95[0], 100 * s.delta_ppl_ci95[1]]
     report.kl, report.kl_ci95 = s.kl, list(s.kl_ci95)
@@ -420,44 +341,68 @@ def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], 
             if sweep:
                 order = order_heads(programs, "iou", which=kind, seed=seed)
                 with _timed(report.seconds, "sweep"):
-                    kr.sweep = _sweep_rows(costs, chosen, order, steps, seed, f"sweep ({kind}s)", progress)
-                for row in kr.sweep:
-                    row["cheapest"] = cheapest({ORDER_LABELS["iou"]: row["delta"],
-                                                ORDER_LABELS["random"]: row["delta_random_order"]})
+                    kr.sweep = sweep_rows(costs, chosen, {"iou": order}, steps, seed, desc=f"sweep ({kind}s)",
+                                          progress=progress)
                 kr.sweep_orders, kr.head_orders = ["iou"], {"iou": [Head.label(h) for h in order]}
         report.kinds[kind] = kr
     return report
 
 
-def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: WhichArg = "both",
-                      per_head: bool = False, sweep: bool = False, order: OrderArg = "iou",
-                      steps: Seq[float] = SWEEP_STEPS, tasks: str | Seq[str] | None = None,
-                      limit: int | float | None = None, include_path: Any = None, task_sweep: bool = True,
-                      batch_size: int = 16, seed: int = CorpusConfig.seed, trust_programs: Any = False,
+#: evaluate_programs' keyword names before they were MeasureConfig's (headsurgeon/surgery/configs.py): old → new
+RENAMED = {"per_head": "delta_ppl", "steps": "sweep_steps", "limit": "task_limit"}
+
+
+def measure_config(config: MeasureConfig | None, settings: Mapping[str, Any]) -> MeasureConfig:
+    """``config``, or one from ``evaluate_programs``' keyword ``settings`` (MeasureConfig's field names; the old
+    names ``per_head``, ``steps``, ``limit`` still work, with a DeprecationWarning)."""
+    named = dict(settings)
+    for old, new in RENAMED.items():
+        if old in named:
+            warnings.warn(f"evaluate_programs({old}=...) is deprecated: pass {new}=... (MeasureConfig's name)",
+                          DeprecationWarning, stacklevel=3)
+            if new in named:
+                raise InputError(f"evaluate_programs got {old}= and {new}=, one setting twice: pass {new}= only")
+            named[new] = named.pop(old)
+    cfg = with_shortcuts(MeasureConfig, config, named, "evaluate_programs()")
+    if cfg.cloze or cfg.head_costs:
+        raise InputError("evaluate_programs does not write the cloze task or measure head costs (explain does, "
+                         "headsurgeon/explain_measure.py): give cloze=False and head_costs=False, or run explain")
+    return cfg
+
+
+def evaluate_programs(model: Any, corpus: Any, programs: Any = None, config: MeasureConfig | None = None, *,
+                      which: WhichArg = "both", sweep: bool = False, task_sweep: bool = True, batch_size: int = 16,
+                      seed: int = CorpusConfig.seed, trust_programs: Any = False,
                       max_len: int = CorpusConfig.max_len, max_sequences: int | None = CorpusConfig.max_sequences,
                       known_per_head: Mapping[str, Mapping[Any, float]] | None = None,
-                      progress: bool = False) -> EvalReport:
+                      progress: bool = False, **settings: Any) -> EvalReport:
     """Measure the base model and the hybrid with ``programs`` swapped in, for each kind ``which`` names.
 
+    ``config``: a :class:`MeasureConfig` (headsurgeon/surgery/configs.py), or its settings by name as keywords
+    (not both): ``delta_ppl``, ``order``, ``sweep_steps``, ``tasks``, ``task_limit``, ``include_path``.
     Every swap is reported as ΔPPL and the mean per-token KL(base ‖ hybrid), with paired bootstrap intervals over
     windows, the predicted tokens counted and a flag where an interval is wider than the effect (headsurgeon/surgery/measure/divergence.py).
     ``corpus``: a text file (read with ``max_len``/``max_sequences``), a ``Splits`` (its test windows are
     measured; the ΔPPL order is measured on its select windows, so the order is not fitted to the windows that
     judge it) or a list of Sequences (used for both). ``which``: "both" (default), "replacement" or
-    "explanation". ``per_head``: ΔPPL and KL with one head swapped at a time, Spearman(test IoU, ΔPPL) and
+    "explanation". ``delta_ppl``: ΔPPL and KL with one head swapped at a time, Spearman(test IoU, ΔPPL) and
     Spearman(test IoU / test JSD, KL) with 95% bootstrap intervals over heads; ``known_per_head``: kind → head →
     ΔPPL already measured on these test windows (explain's search tasks measure the replacements'), not measured
-    again (their KL is left missing). ``sweep``: ``steps`` (fractions of the
+    again (their KL is left missing). ``sweep``: ``sweep_steps`` (fractions of the
     kind's heads, default 0/10/25/50/100%) swapped in ``order`` ("iou": best test IoU first; "delta_ppl": cheapest
     per-head ΔPPL first; "both": side by side), beside a random order and random programs; each row names the
-    cheaper order. Models without an LM head are measured by embedding distance (IoU order only). ``tasks``: lm-eval
-    tasks on the base and each kind's hybrid (with ``sweep`` and ``task_sweep``: also at 0/25/50/100%). Returns an
-    :class:`EvalReport` (``.format()``, ``.to_json()``, ``.plot(png)``).
+    cheaper order (headsurgeon/surgery/measure/sweep.py). Models without an LM head are measured by embedding distance (IoU
+    order only). ``tasks``: lm-eval tasks (``task_limit`` examples each) on the base and each kind's hybrid (with
+    ``sweep`` and ``task_sweep``: also at 0/25/50/100%). Returns an :class:`EvalReport` (``.format()``,
+    ``.to_json()``, ``.plot(png)``).
     """
+    cfg = measure_config(config, settings)
+    order, per_head, tasks, limit = cfg.order, cfg.delta_ppl, cfg.tasks, cfg.task_limit
+    include_path = cfg.include_path
     kinds, orders = _kinds(which), _orders(order)
     if order != "iou" and not sweep:
         raise InputError(f"order={order!r} orders the sweep: pass sweep=True too (on the command line, --sweep PNG)")
-    steps = _check_steps(steps)
+    steps = _check_steps(cfg.sweep_steps)
     programs = _program_set(programs, trust_programs)
     handle = load_model(model)
     test, order_seqs, order_on = _windows(handle, corpus, max_len, max_sequences, seed)
@@ -469,7 +414,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, *, which: W
     costs = SwapCosts(handle, test)
     with _timed(seconds, "perplexity"):
         base = costs.windows({})  # the one base pass every swap on the test windows is compared with
-    report = EvalReport(handle.name, len(test), True, _ppl(base), len(programs) if programs is not None else 0,
+    report = EvalReport(handle.name, len(test), True, ppl(base), len(programs) if programs is not None else 0,
                         test_tokens=int(base.tokens.sum()), tasks_limit=limit, seed=seed, seconds=seconds)
     task_kw = dict(limit=limit, include_path=include_path, batch_size=batch_size, seed=seed)
     if programs is None:

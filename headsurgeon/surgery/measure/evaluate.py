@@ -9,18 +9,18 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence as Seq
+from typing import Any, Mapping, Sequence as Seq
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ...synth.programset import ProgramSet
 from ...synth.sequence import Sequence
 from ..batches import padded_batch
 from .embedding import EMBEDDING_METRIC, EvaluationError, check_batch_size, embedding_distance, sentence_embeddings
 from ..models.loading import ModelHandle, load_model
 from ..swap.replace import HybridModel, replace_heads
+from .sweep import sweep_arms, sweep_heads, sweep_programs, trusted_programs
 from ...core import Head
 
 
@@ -114,11 +114,6 @@ def _pseudo_losses(handle: ModelHandle, call: Any, sequences: list[Sequence], ba
     return total, count
 
 
-def trusted_programs(programs: Any, trust_programs: Any = False) -> Any:
-    """``programs`` past the one trust gate (headsurgeon/synth/trust.py) when it is a ProgramSet read from someone else."""
-    return programs.trusted(trust_programs) if isinstance(programs, ProgramSet) else programs
-
-
 def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                        base_ppl: float | None = None, progress: bool = True, trust_programs: Any = False,
                        **kw: Any) -> dict[tuple[int, int], float]:
@@ -134,77 +129,15 @@ def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[
     return out
 
 
-def sweep_heads(programs: Mapping[Any, Any], order: Seq[Any] | None) -> tuple[dict, list]:
-    """(head → program, heads in sweep order); every head in ``order`` must have a program."""
-    items = {Head.parse(k): v for k, v in programs.items()}
-    heads = [Head.parse(h) for h in order] if order is not None else list(items)
-    missing = [h for h in heads if h not in items]
-    if missing:
-        raise EvaluationError(f"sweep order names heads without programs: {[Head.label(h) for h in missing][:20]}")
-    return items, heads
-
-
-def sweep_arms(items: Mapping[Any, Any], heads: list, steps: Seq[float],
-               seed: int) -> Iterator[tuple[float, int, dict[str, dict]]]:
-    """Per step: (fraction, heads replaced, {"": the first k heads in order, "_random_order": k heads in a seeded
-    random order, "_random_program": the first k heads, each given another head's program on a random cycle})."""
-    rng = np.random.default_rng(seed)
-    random_order = [heads[i] for i in rng.permutation(len(heads))]
-    cycle = rng.permutation(len(heads))  # each head takes the program of the next head on a random cycle
-    random_program = {heads[cycle[i]]: items[heads[cycle[(i + 1) % len(heads)]]] for i in range(len(heads))}
-    for frac in steps:
-        k = int(round(frac * len(heads)))
-        yield float(frac), k, {"": {h: items[h] for h in heads[:k]},
-                               "_random_order": {h: items[h] for h in random_order[:k]},
-                               "_random_program": {h: random_program[h] for h in heads[:k]}}
-
-
 def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                       order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                       seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
-                      title: str = "", trust_programs: Any = False) -> list[dict[str, float]]:
-    """Replace heads in ``order`` (default: as given), 0 → 100% in ``steps``, beside two baselines.
-
-    Baselines: the same programs replaced in a random order, and each head given another head's program
-    (random-program). Returns rows {fraction, n_heads, ppl, ppl_random_order, ppl_random_program,
-    delta, delta_random_order, delta_random_program} and, with ``out_png``, a plot. A model without an LM head
-    is measured by embedding distance: rows hold ``embedding_distance*`` and the same values as ``delta*``.
-    """
-    handle = load_model(model)
-    items, heads = sweep_heads(trusted_programs(programs, trust_programs), order)
-    headless = not handle.has_lm_head
-    base = sentence_embeddings(handle, sequences) if headless else perplexity(handle, sequences, progress=False)
-    rows = []
-    for frac, k, arms in tqdm(list(sweep_arms(items, heads, steps, seed)), desc="replacement sweep",
-                              disable=not progress):
-        row = {"fraction": float(frac), "n_heads": k}
-        for label, chosen in arms.items():
-            if headless:
-                row[EMBEDDING_METRIC + label] = row["delta" + label] = _distance_with(handle, chosen, sequences, base)
-                continue
-            if not chosen:
-                ppl = base
-            else:
-                with replace_heads(handle, chosen) as hybrid:
-                    ppl = perplexity(hybrid, sequences, progress=False)
-            row["ppl" + label] = ppl
-            row["delta" + label] = ppl / base - 1.0
-        rows.append(row)
-    if out_png is not None:
-        from .plots import plot_sweep
-
-        plot_sweep(rows, out_png, title or f"{handle.name}: replacement sweep",
-                   ylabel="embedding distance (1 − cos, %)" if headless else "perplexity change (%)")
-    return rows
-
-
-def _distance_with(handle: ModelHandle, chosen: Mapping[Any, Any], sequences: list[Sequence],
-                   base: torch.Tensor) -> float:
-    """Mean embedding distance of the hybrid with ``chosen`` heads replaced from the base embeddings ``base``."""
-    if not chosen:
-        return 0.0
-    with replace_heads(handle, chosen) as hybrid:
-        return embedding_distance(base, hybrid, sequences)
+                      title: str = "", trust_programs: Any = False) -> list[dict[str, Any]]:
+    """Deprecated: headsurgeon/surgery/measure/sweep.py ``sweep_programs`` (the same arguments, the same rows)."""
+    warnings.warn("replacement_sweep is deprecated: use `from headsurgeon.surgery.measure.sweep import sweep_programs` (the "
+                  "same arguments and rows)", DeprecationWarning, stacklevel=2)
+    return sweep_programs(model, programs, sequences, order=order, steps=steps, seed=seed, out_png=out_png,
+                          progress=progress, title=title, trust_programs=trust_programs)
 
 
 def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,

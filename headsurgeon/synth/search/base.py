@@ -1,15 +1,17 @@
 """The searcher interface: what every program searcher reads (a ``PatternSource``), what it returns (candidates
 per head), how it is stopped (a time budget, a cancel event), and the registry ``explain`` runs searchers from.
 
-A searcher is an object with a ``name`` and ``search(store, *, synth_idx, select_idx, heads, progress,
-budget, cancel) -> {(layer, head): [ScoredProgram, ...]}``. Registering a factory under a name
+A searcher is an object with a ``name`` and ``search(store, splits, *, heads, progress, budget, cancel) ->
+{(layer, head): [ScoredProgram, ...]}``, ``splits`` the store's windows by split (headsurgeon/synth/splits.py). Registering a factory under a name
 (:func:`register_searcher`) makes it available to :func:`run_searchers` and ``hs.explain`` without
 editing the library; see docs/architecture.md for the recipe.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ import numpy as np
 
 from ..scored import ScoredProgram
 from ..sequence import Sequence as TokenSequence
+from ..splits import StoreSplits
 from ...core import Head, HeadsurgeonError, InputError
 
 __all__ = [
@@ -73,13 +76,14 @@ class StopCheck:
 
 @runtime_checkable
 class Searcher(Protocol):
-    """A program searcher: candidates per head, fitted on ``synth_idx`` and scored on ``select_idx``.
+    """A program searcher: candidates per head, fitted on ``splits.synth`` and scored on ``splits.select``.
 
     Conventions every searcher keeps:
 
-    * ``synth_idx`` / ``select_idx`` are disjoint store indices; the searcher fits and ranks on synth, scores
-      on select (``ScoredProgram.scores["synth"]`` / ``["select"]`` with ``"iou"`` and ``"jsd"``) and never reads
-      any other sequence (``test`` stays unseen);
+    * ``splits`` (a :class:`StoreSplits`) holds disjoint store indices; the searcher fits and ranks on synth,
+      scores on select (``ScoredProgram.scores["synth"]`` / ``["select"]`` with ``"iou"`` and ``"jsd"``) and never
+      reads any other sequence (``test`` stays unseen; ``splits.checked(who)`` gives synth and select, refusing
+      empty or overlapping ones);
     * ``heads`` defaults to ``store.heads``; the result has a key per head it finished;
     * ``progress`` shows tqdm bars; ``budget`` (seconds of wall clock) and ``cancel`` (a ``threading.Event``)
       stop it from starting new heads, and it returns the heads finished so far;
@@ -88,8 +92,8 @@ class Searcher(Protocol):
 
     name: str
 
-    def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
-               heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
+    def search(self, store: PatternSource, splits: StoreSplits, *, heads: Sequence[Head] | None = None,
+               progress: bool = True, budget: float | None = None,
                cancel: threading.Event | None = None) -> CandidateMap:
         """Candidates per head (see the class docstring for the conventions)."""
 
@@ -160,13 +164,24 @@ def make_searcher(name: str, settings: SearchSettings | None = None) -> Searcher
 
 
 def check_splits(synth_idx: Sequence[int], select_idx: Sequence[int], who: str) -> tuple[list[int], list[int]]:
-    """Both splits as int lists; an error when either is empty or they share sequences."""
-    synth, select = [int(i) for i in synth_idx], [int(i) for i in select_idx]
-    if not synth or not select:
-        raise InputError(f"{who} needs non-empty synth_idx and select_idx; got {len(synth)} and {len(select)}")
-    if set(synth) & set(select):
-        raise InputError(f"{who}: synth_idx and select_idx share sequences; select must be held out from synth")
-    return synth, select
+    """Both splits as int lists; an error when either is empty or they share sequences (``StoreSplits.checked``)."""
+    return StoreSplits(synth_idx, select_idx).checked(who)
+
+
+def _search(searcher: Any, store: PatternSource, splits: StoreSplits, **kw: Any) -> CandidateMap:
+    """``searcher.search`` with ``splits`` whole; a searcher still written for separate ``synth_idx`` /
+    ``select_idx`` keywords gets them, with a DeprecationWarning naming the change."""
+    try:
+        params = inspect.signature(searcher.search).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]  # no signature to read: call the current form
+    if "synth_idx" in params and "splits" not in params:
+        warnings.warn(f"searcher {getattr(searcher, 'name', searcher)!r} takes synth_idx/select_idx: its search() "
+                      "should take the splits whole, search(store, splits, *, heads, progress, budget, cancel), "
+                      "with splits.synth and splits.select (headsurgeon/synth/splits.py)", DeprecationWarning,
+                      stacklevel=3)
+        return searcher.search(store, synth_idx=list(splits.synth), select_idx=list(splits.select), **kw)
+    return searcher.search(store, splits, **kw)
 
 
 def merge_candidates(pool: CandidateMap, found: CandidateMap) -> None:
@@ -175,13 +190,14 @@ def merge_candidates(pool: CandidateMap, found: CandidateMap) -> None:
         pool.setdefault(head, []).extend(cands)
 
 
-def run_searchers(store: PatternSource, names: Iterable[str], *, synth_idx: Sequence[int],
-                  select_idx: Sequence[int], settings: SearchSettings | None = None,
+def run_searchers(store: PatternSource, names: Iterable[str], splits: Any, *,
+                  settings: SearchSettings | None = None,
                   heads: Sequence[Head] | None = None, budget: float | None = None,
                   cancel: threading.Event | None = None, notes: list[str] | None = None,
                   timings: dict[str, float] | None = None,
                   factories: Mapping[str, SearcherFactory] | None = None) -> CandidateMap:
-    """Run the named searchers one after another and pool their candidates per head (in the order run).
+    """Run the named searchers one after another on ``splits`` (a :class:`StoreSplits`, a corpus ``Splits`` or a
+    mapping of split name → store indices) and pool their candidates per head (in the order run).
 
     An unavailable searcher (:class:`SearcherUnavailable`) adds its message to ``notes`` and is skipped;
     each searcher's ``report()`` line goes to ``notes`` and its wall-clock seconds to ``timings``. ``budget``
@@ -189,13 +205,15 @@ def run_searchers(store: PatternSource, names: Iterable[str], *, synth_idx: Sequ
     of this process's registry (a Ray worker gets the driver's, headsurgeon/scaleout/task.py).
     """
     settings = settings or SearchSettings()
+    splits = StoreSplits.of(splits)
     stop = StopCheck(budget, cancel)
     pool: CandidateMap = {}
     names = list(names)
-    chosen = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
-    for name in names:
-        if chosen[name] is None:
-            raise InputError(f"unknown searcher {name!r}; choose from {searchers()}")
+    found = {name: _REGISTRY.get(name) for name in names} | dict(factories or {})
+    missing = [name for name in names if found[name] is None]
+    if missing:
+        raise InputError(f"unknown searcher {missing[0]!r}; choose from {searchers()}")
+    chosen: dict[str, SearcherFactory] = {name: f for name, f in found.items() if f is not None}
     for name in names:
         t0 = time.perf_counter()
         try:
@@ -205,8 +223,8 @@ def run_searchers(store: PatternSource, names: Iterable[str], *, synth_idx: Sequ
                 notes.append(str(e))
             continue
         left = None if stop.deadline is None else max(0.0, stop.deadline - time.monotonic())
-        merge_candidates(pool, searcher.search(store, synth_idx=synth_idx, select_idx=select_idx, heads=heads,
-                                               progress=settings.progress, budget=left, cancel=cancel))
+        merge_candidates(pool, _search(searcher, store, splits, heads=heads, progress=settings.progress, budget=left,
+                                       cancel=cancel))
         line = searcher.report() if hasattr(searcher, "report") else ""
         if line and notes is not None:
             notes.append(line)

@@ -22,7 +22,8 @@ from ..eaps import LIBRARY_BUDGET_S, LibraryProgram, probe_labels
 from ..errors import ProgramError
 from ..program import Program
 from ..select import score_programs
-from .base import CandidateMap, PatternSource, StopCheck, check_splits
+from .base import CandidateMap, PatternSource, StopCheck
+from ..splits import StoreSplits
 from ...core import Head, InputError
 
 SOURCE = "library"
@@ -65,12 +66,12 @@ class LibrarySearcher:
         self.budget = budget
         self.notes: list[str] = []
 
-    def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
-               heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
+    def search(self, store: PatternSource, splits: StoreSplits, *, heads: Sequence[Head] | None = None,
+               progress: bool = True, budget: float | None = None,
                cancel: threading.Event | None = None) -> CandidateMap:
         """Every program for every head, with IoU / JSD / top-q IoU on synth and select."""
-        synth, select = check_splits(synth_idx, select_idx, "the library searcher")
-        heads = [(int(h[0]), int(h[1])) for h in (store.heads if heads is None else heads)]
+        synth, select = splits.checked("the library searcher")
+        heads = [Head(int(h[0]), int(h[1])) for h in (store.heads if heads is None else heads)]
         if not self.programs or not heads:
             return {}
         stop = StopCheck(budget, cancel)

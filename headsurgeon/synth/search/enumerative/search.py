@@ -22,7 +22,8 @@ import numpy as np
 from ... import dsl
 from ...scored import ScoredProgram
 from ...program import Program
-from ..base import CandidateMap, PatternSource, StopCheck, check_splits
+from ..base import CandidateMap, PatternSource, StopCheck
+from ...splits import StoreSplits
 from .blas import single_thread_blas
 from .compose import hypothesis, propose, sparse_primitives, used_preds, used_primitives
 from .fitset import FitSet
@@ -230,11 +231,11 @@ class EnumerativeSearcher:
         self.seed = seed
         self.options = options
 
-    def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
-               heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
+    def search(self, store: PatternSource, splits: StoreSplits, *, heads: Sequence[Head] | None = None,
+               progress: bool = True, budget: float | None = None,
                cancel: threading.Event | None = None) -> CandidateMap:
         """Candidates per head, best synth JSD first (see :func:`enumerative_search`)."""
-        synth, select = check_splits(synth_idx, select_idx, "the enumerative searcher")
+        synth, select = splits.checked("the enumerative searcher")
         return enumerative_search(store, None if heads is None else list(heads), synth, select, seed=self.seed,
                                   progress=progress, budget=budget, cancel=cancel, **self.options)
 

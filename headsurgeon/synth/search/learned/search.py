@@ -22,7 +22,8 @@ from ...metrics import score_many
 from ...tensors import program_patterns
 from ...program import Program
 from ...sequence import Sequence as TokenSequence, pad_ids
-from ..base import CandidateMap, PatternSource, StopCheck, check_splits
+from ..base import CandidateMap, PatternSource, StopCheck
+from ...splits import StoreSplits
 from .config import ARRAY_FEATURES, LearnedConfig
 from .fit import fit_head
 from .model import make_data
@@ -196,11 +197,11 @@ class LearnedSearcher:
         self.seed = seed
         self.options = options
 
-    def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
-               heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
+    def search(self, store: PatternSource, splits: StoreSplits, *, heads: Sequence[Head] | None = None,
+               progress: bool = True, budget: float | None = None,
                cancel: threading.Event | None = None) -> CandidateMap:
         """Candidates per head scored on synth and select (see :func:`learned_search`)."""
-        synth, select = check_splits(synth_idx, select_idx, "the learned searcher")
+        synth, select = splits.checked("the learned searcher")
         return learned_search(store, heads, synth, select, seed=self.seed, progress=progress, budget=budget,
                               cancel=cancel, **self.options)
 

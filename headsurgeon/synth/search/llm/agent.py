@@ -55,7 +55,8 @@ from ...scored import ScoredProgram
 from ...errors import ProgramError
 from ...program import Program
 from ...sequence import sequences_key
-from ..base import CandidateMap, PatternSource, StopCheck, check_splits
+from ..base import CandidateMap, PatternSource, StopCheck
+from ...splits import StoreSplits
 from .config import AgentConfig, AgentConfigError, AgentStats, HeadStatus
 from .journal import JOURNAL_VERSION, RunJournal, candidate_from_json, candidate_to_json
 from .scoring import HeadContext, ProgramScoring, SynthFit
@@ -332,14 +333,15 @@ class LLMSearcher:
         self.agent = LLMAgent(config, client=client)
         self.journal = journal
 
-    def search(self, store: PatternSource, *, synth_idx: Sequence[int], select_idx: Sequence[int],
-               heads: Sequence[Head] | None = None, progress: bool = True, budget: float | None = None,
+    def search(self, store: PatternSource, splits: StoreSplits, *, heads: Sequence[Head] | None = None,
+               progress: bool = True, budget: float | None = None,
                cancel: threading.Event | None = None) -> CandidateMap:
         """Candidates per head, best select IoU first (see :meth:`LLMAgent.search`)."""
-        synth, select = check_splits(synth_idx, select_idx, "the LLM searcher")
+        synth, select = splits.checked("the LLM searcher")
         if not progress and self.agent.config.progress:
             self.agent.config = replace(self.agent.config, progress=False)
-        return self.agent.search(store, heads, synth, select, journal=self.journal, budget=budget, cancel=cancel)
+        found = self.agent.search(store, heads, synth, select, journal=self.journal, budget=budget, cancel=cancel)
+        return {Head(*h): cands for h, cands in found.items()}
 
     def report(self) -> str:
         """The agent's counters in one line."""
