@@ -12,8 +12,16 @@ cost", with a bootstrap interval over swaps.
 (``HeadCosts.ratio``), on the select windows, with a paired bootstrap interval over windows (the windows hold
 ``tokens`` predicted tokens). One thread; the load average is printed (other jobs share this machine).
 
-Run: ``python benchmarks/value_weighted.py spearman STORE PROGRAMS.json COSTS.json`` or
-``python benchmarks/value_weighted.py costs LABEL=PROGRAMS.json [...] --heads L17H3,L18H6``. Figures: RESULTS.md.
+``profile``: where the given heads' moved mass (α_ij·‖v_j W_O‖, from a store captured with value norms) goes on the
+store windows ``--windows A-B``, by key category: the first token, the keys after an earlier occurrence of the query's
+token (``induction()``; of them, those whose two tokens before match the query's last two: ``ngram_induction(2)``),
+the same after a case/space-insensitive match, the match's next key, earlier occurrences themselves, the query, the
+previous key, punctuation and the key after it; then, on rows with an ``induction()`` match, the heads' mean non-sink
+share by the query's part of speech.
+
+Run: ``python benchmarks/value_weighted.py spearman STORE PROGRAMS.json COSTS.json``,
+``python benchmarks/value_weighted.py costs LABEL=PROGRAMS.json [...] --heads L17H3,L18H6`` or
+``python benchmarks/value_weighted.py profile STORE --heads L17H3,L18H6 --windows 72-96``. Figures: RESULTS.md.
 """
 from __future__ import annotations
 
@@ -104,6 +112,72 @@ def costs(sets: list[str], heads: str, corpus: str) -> None:
             ratio = c.kl.sum() / mean.kl.sum()
             ci = _interval(mean.kl, lambda i: c.kl[i].sum() / mean.kl[i].sum())
             print(f"    {label:8s} {ratio:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]  {ps.entries[h].explanation.text}")
+        first, second = [label for label, _ in labelled[:2]] + [None] * (2 - min(2, len(labelled)))
+        if second is not None and first in got.costs[h] and second in got.costs[h]:
+            a, b = got.costs[h][first].kl, got.costs[h][second].kl
+            d = (a.sum() - b.sum()) / mean.kl.sum()
+            ci = _interval(mean.kl, lambda i: (a[i].sum() - b[i].sum()) / mean.kl[i].sum())
+            print(f"    {first} - {second}: {d:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] (paired over windows)")
+
+
+_CATEGORIES = ("sink", "2-gram match", "1-gram match", "fuzzy match", "match + 1", "same token", "self", "prev(1)",
+               "punctuation", "after punctuation", "other")
+
+
+def _norm(token: str) -> str:
+    return token.replace("Ġ", "").replace("▁", "").lower()
+
+
+def _punct(token: str) -> bool:
+    t = _norm(token)
+    return t != "" and all(ch in ".,!?;:\"'Ċ\n" for ch in t)
+
+
+def _category(ids: np.ndarray, norm: list[str], tokens: list[str], q: int, j: int) -> str:
+    """The first category of ``_CATEGORIES`` that key j of query q falls in."""
+    if j == 0:
+        return "sink"
+    if ids[j - 1] == ids[q] and j - 1 < q:
+        return "2-gram match" if j >= 2 and q >= 1 and ids[j - 2] == ids[q - 1] else "1-gram match"
+    checks = (("fuzzy match", norm[j - 1] == norm[q] != ""), ("match + 1", j >= 2 and ids[j - 2] == ids[q]),
+              ("same token", j < q and ids[j] == ids[q]), ("self", j == q), ("prev(1)", j == q - 1),
+              ("punctuation", _punct(tokens[j])), ("after punctuation", _punct(tokens[j - 1])))
+    return next((name for name, hit in checks if hit), "other")
+
+
+def profile(store_path: str, heads: str, windows: str) -> None:
+    from headsurgeon.surgery.patterns.store import AttentionStore
+    from headsurgeon.synth.dsl.bounds import KNOWN_POS_TAGS
+    from headsurgeon.synth.features import batch_feature_arrays
+
+    store = AttentionStore.load(store_path)
+    lo, hi = (int(x) for x in windows.split("-"))
+    idx = list(range(lo, min(hi, len(store.sequences))))
+    seqs = [store.sequences[i] for i in idx]
+    pos = batch_feature_arrays(seqs, ["pos"])["pos"]
+    print(f"{len(idx)} windows ({windows}), {sum(s.n - 1 for s in seqs)} query rows (row 0 left out); "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("moved share (raw share) of each key category, all rows:")
+    for h in [tuple(Head.parse(x)) for x in heads.split(",")]:
+        moved = dict.fromkeys(_CATEGORIES, 0.0)
+        raw = dict.fromkeys(_CATEGORIES, 0.0)
+        share: dict[str, list[float]] = {}
+        for b, (i, s) in enumerate(zip(idx, seqs)):
+            p, w = store.pattern(i, *h), store.norms(i)[h].astype(np.float64)
+            norm = [_norm(t) for t in s.tokens]
+            for q in range(1, s.n):
+                for j in range(q + 1):
+                    c = _category(s.ids, norm, s.tokens, q, j)
+                    moved[c] += p[q, j] * w[j]
+                    raw[c] += p[q, j]
+                if any(s.ids[j - 1] == s.ids[q] for j in range(1, q + 1)):
+                    tag = KNOWN_POS_TAGS[pos[b, q]] if pos[b, q] >= 0 else "-"
+                    share.setdefault(tag, []).append(1.0 - float(p[q, 0]))
+        total, rows = sum(moved.values()), sum(raw.values())
+        print(f"  L{h[0]}H{h[1]}: " + ", ".join(f"{c} {moved[c] / total:.3f} ({raw[c] / rows:.3f})" for c in _CATEGORIES))
+        tags = sorted(share, key=lambda t: -len(share[t]))[:7]
+        print("    match rows' non-sink share by query POS: " +
+              ", ".join(f"{t} {np.mean(share[t]):.2f} (n={len(share[t])})" for t in tags))
 
 
 def main() -> None:
@@ -117,9 +191,15 @@ def main() -> None:
     c.add_argument("sets", nargs="+", help="LABEL=programs.json; the first one's heads are measured")
     c.add_argument("--heads", required=True)
     c.add_argument("--corpus", default="/tmp/hs-runs/A.txt")
+    f = sub.add_parser("profile")
+    f.add_argument("store")
+    f.add_argument("--heads", required=True)
+    f.add_argument("--windows", default="72-96", help="store indices A-B (B excluded)")
     args = parser.parse_args()
     if args.what == "spearman":
         spearman(args.store, args.programs, args.costs, args.corpus)
+    elif args.what == "profile":
+        profile(args.store, args.heads, args.windows)
     else:
         costs(args.sets, args.heads, args.corpus)
 

@@ -43,11 +43,12 @@ ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)
 #: a candidate's scores per split (headsurgeon/synth/metrics.py): soft IoU, Jensen-Shannon distance, top-q set IoU
 Metric = Literal["iou", "jsd", "topq"]
 METRICS: tuple[Metric, ...] = get_args(Metric)
-#: the value-weighted ones (headsurgeon/synth/weighted.py): IoU and JSD of rows weighed by each key's value norm through the head
-WeightedMetric = Literal["vw_iou", "vw_jsd"]
+#: the value-weighted ones (headsurgeon/synth/weighted.py): IoU and JSD of rows weighed by each key's value norm through the head,
+#: and ``vw_r2``, the share of the head's norm-weighted squared departure from its mean pattern that a program reproduces
+WeightedMetric = Literal["vw_iou", "vw_jsd", "vw_r2"]
 WEIGHTED_METRICS: tuple[WeightedMetric, ...] = get_args(WeightedMetric)
 #: what selection may rank by: higher is better for the IoUs, lower for the distances (headsurgeon/synth/select.py)
-SelectBy = Literal["iou", "vw_iou", "vw_jsd", "jsd"]
+SelectBy = Literal["iou", "vw_iou", "vw_jsd", "jsd", "vw_r2"]
 SELECT_BY: tuple[SelectBy, ...] = get_args(SelectBy)
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*[.,:/]\s*(\d+)\s*", re.IGNORECASE)

@@ -18,8 +18,9 @@ from ..core import Head
 #: family → the cell's short label
 FAMILIES = {"induction": "ind", "previous token": "prev", "duplicate": "dup", "sink": "sink", "self": "self",
             "positional": "pos", "content": "cont", "syntax": "syn", "uniform": "unif", "python": "py", "other": "?"}
-_PRIMS = {"induction": "induction", "first": "sink", "self": "self", "same_token": "duplicate",
-          "same_token_recent": "duplicate", "window": "positional", "recent": "positional", "decay": "positional",
+_PRIMS = {"induction": "induction", "ngram_induction": "induction", "first": "sink", "self": "self",
+          "same_token": "duplicate", "same_token_recent": "duplicate", "window": "positional", "recent": "positional",
+          "decay": "positional",
           "profile": "positional", "next": "positional", "uniform": "uniform", "key_in_set": "content",
           "key_weight": "content", "class_weight": "content", "match": "content",
           "same_word": "content", "same_lemma": "content", "dep_head": "syntax", "dep_children": "syntax"}

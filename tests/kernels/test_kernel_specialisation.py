@@ -103,6 +103,9 @@ def _primitive_cases(ids, groups, values, heads, mask, table, qidx, kidx):
          lambda c: lambda b, i, L: [max([j for j in range(i) if ids[b, j] == ids[b, i]], default=-1)]),
         ("induction", lambda lg, c, nz: K.sparse_induction(ids, lg, c, nz),
          lambda c: lambda b, i, L: induction(b, i, L, c)),
+        ("ngram_induction(2)", lambda lg, c, nz: K.sparse_ngram_induction(ids, lg, 2, c, nz),
+         lambda c: lambda b, i, L: [p + 1 for p in range(1, i if c else L - 1) if p != i and i >= 1
+                                    and ids[b, p] == ids[b, i] and ids[b, p - 1] == ids[b, i - 1]]),
         ("keys", lambda lg, c, nz: K.sparse_keys(mask, lg, c, nz), lambda c: lambda b, i, L: list(np.flatnonzero(mask[b]))),
         ("recent", lambda lg, c, nz: K.sparse_recent(mask, lg, c, nz),
          lambda c: lambda b, i, L: [max([j for j in range(i + 1) if mask[b, j]], default=-1)]),

@@ -69,6 +69,11 @@ def ref_prim(node: Prim, seq: dict, causal: bool) -> list[list[float]]:
         elif name == "induction":
             occ = [q for q in range(n) if q != i and ids[q] == ids[i] and (q < i or not causal)]
             target = {q + 1 for q in occ}
+        elif name == "ngram_induction":
+            g = p["n"]
+            occ = [q for q in range(g - 1, n) if q != i and i >= g - 1 and (q < i or not causal)
+                   and all(ids[q - k] == ids[i - k] for k in range(g))]
+            target = {q + 1 for q in occ}
         elif name == "match":
             table = {(a if not isinstance(a, str) else TAGS.index(a),
                       b if not isinstance(b, str) else TAGS.index(b)) for a, b in p["pairs"]}
@@ -277,6 +282,8 @@ def prims(draw, name: str | None = None) -> Prim:
         return draw(match_prims())
     if name in ("prev", "next"):
         return dsl.make_prim(name, [draw(st.integers(1, 10))], {})
+    if name == "ngram_induction":
+        return dsl.make_prim(name, [draw(st.integers(2, 3))], {})
     if name == "window":
         a, b = sorted(draw(st.tuples(st.integers(-4, 5), st.integers(-4, 5))))
         return dsl.make_prim(name, [a, b], {})
@@ -397,6 +404,27 @@ def test_hand_computed_induction_and_fallback() -> None:
     want[3, 1] = 1
     want[4, 2] = 1
     np.testing.assert_array_equal(got, want)
+
+
+def test_hand_computed_ngram_induction() -> None:
+    """Tokens A B C A B A B: query 4 (last two A B) -> key 2, after the A B at 0-1; query 6 (A B) -> keys 2 and 5;
+    query 5 (B A) and query 3 (C A) have no earlier pair. Dense and sparse agree; summed with ``induction()`` a
+    two-token match scores twice a one-token match."""
+    ids, lengths = np.array([[1, 2, 3, 1, 2, 1, 2]]), np.array([7])
+    raw = dsl.evaluate_scores(dsl.parse("ngram_induction(2)"), ids, lengths, causal=True)[0]
+    want = np.zeros((7, 7), dtype=np.float32)
+    want[4, 2] = 1
+    want[6, [2, 5]] = 1
+    np.testing.assert_array_equal(raw, want)
+    np.testing.assert_array_equal(K.sparse_ngram_induction(ids, lengths, 2, True).to_dense()[0], want)
+    both = dsl.evaluate(dsl.parse("sum(2*first(), induction(), ngram_induction(2))"), ids, lengths, causal=True)[0]
+    np.testing.assert_allclose(both[4], [0.5, 0, 0.5, 0, 0, 0, 0])
+    np.testing.assert_allclose(both[5], [0.5, 0.25, 0, 0, 0.25, 0, 0])  # A: one-token matches at keys 1 and 4
+    np.testing.assert_allclose(both[6], [1 / 3, 0, 1 / 3, 0, 0, 1 / 3, 0], rtol=1e-6)
+    abc = np.array([[1, 2, 3, 1, 2, 3]])  # three tokens: only query 5 (A B C) has an earlier A B C, at 0-2
+    three = dsl.evaluate_scores(dsl.parse("ngram_induction(3)"), abc, np.array([6]), causal=True)[0]
+    assert np.argwhere(three).tolist() == [[5, 3]]
+    np.testing.assert_array_equal(K.sparse_ngram_induction(abc, np.array([6]), 3, True).to_dense()[0], three)
 
 
 def test_match_closest_non_causal_prefers_left_on_ties() -> None:

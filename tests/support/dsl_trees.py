@@ -47,7 +47,8 @@ def random_primitive(name: str, rng: np.random.Generator, features: tuple[str, .
     """A valid random instance of primitive ``name`` (match reads only ``features`` besides token/position)."""
     spans = {"prev": lambda: [int(rng.integers(1, 4))], "next": lambda: [int(rng.integers(1, 4))],
              "window": lambda: sorted(int(x) for x in rng.integers(-2, 4, 2)),
-             "decay": lambda: [float(rng.choice([0.3, 0.5, 0.9]))]}
+             "decay": lambda: [float(rng.choice([0.3, 0.5, 0.9]))],
+             "ngram_induction": lambda: [int(rng.integers(2, 4))]}
     if name in spans:
         return dsl.make_prim(name, spans[name](), {})
     if name == "key_in_set":

@@ -142,6 +142,8 @@ def test_design_example_json_and_text() -> None:
     ("(prev(1))", "prev(1)"),
     ("mul(uniform(), key_in_set(ids=[1]))", "mul(uniform(), key_in_set(ids=[1]))"),
     ("fallback(induction(), same_word(), sentence_start())", "fallback(induction(), same_word(), sentence_start())"),
+    ("ngram_induction()", "ngram_induction(2)"),
+    ("sum(4*first(), induction(), ngram_induction(n=3))", "sum(4*first(), induction(), ngram_induction(3))"),
     ("profile([1, 0.50], 0.1)", "profile(w=[1, 0.5], tail=0.1)"),
     ("profile(w=[2], bos=0.3)", "profile(w=[2], tail=0, bos=0.3)"),
     ("key_weight(w=[[9, 2], [3, 0.5]])", "key_weight(w=[[3, 0.5], [9, 2]], default=1)"),
@@ -152,6 +154,18 @@ def test_text_forms(text: str, canonical: str) -> None:
     node = dsl.parse(text)
     assert dsl.to_text(node) == canonical
     assert Program.parse(text) == Program.parse(canonical)
+
+
+def test_ngram_induction_json_form_and_bounds() -> None:
+    """The n-gram induction writes as ``{"ngram_induction": n}``, reads back, and refuses n outside 2..8 by name."""
+    p = Program.parse("0.9*first() + 0.1*ngram_induction(2)")
+    assert p.to_json() == {"mix": [[0.9, {"first": {}}], [0.1, {"ngram_induction": 2}]]}
+    assert Program.from_json(json.dumps(p.to_json())) == p and Program.from_json({"ngram_induction": {"n": 2}}) == \
+        Program.parse("ngram_induction(2)")
+    assert Program.parse("ngram_induction(2)") != Program.parse("ngram_induction(3)")
+    for bad in ("ngram_induction(1)", "ngram_induction(9)"):
+        with pytest.raises(ProgramValidationError, match=r"2 <= n <= 8 \(n=1 is induction\(\)\)"):
+            Program.parse(bad)
 
 
 def test_equivalent_spellings_share_hash_and_others_differ() -> None:

@@ -11,8 +11,8 @@ from ..sparse import RowsBuffer, SparseRows
 from ..specialise import specialised
 from .sparse_prims import _close, _end, _put, _run
 
-__all__ = ["sparse_same_token", "sparse_same_token_recent", "sparse_induction", "sparse_keys", "sparse_recent",
-           "sparse_match"]
+__all__ = ["sparse_same_token", "sparse_same_token_recent", "sparse_induction", "sparse_ngram_induction", "sparse_keys",
+           "sparse_recent", "sparse_match"]
 
 
 @specialised()
@@ -65,6 +65,28 @@ def _sp_induction(fill, norm, causal):
                 _end(fill, norm, rowptr, cols, vals, b * n + i, c)
             _close(fill, rowptr, b, lengths[b], n)
     return _sp_induction
+
+
+@specialised()
+def _sp_ngram_induction(fill, norm, causal):
+    def _sp_ngram_induction(ids, gram, lengths, n, rowptr, cols, vals):  # pragma: no cover - compiled
+        for b in range(lengths.shape[0]):
+            L = lengths[b]
+            for i in range(L):
+                c = 0
+                if i >= gram - 1:
+                    pmax = i if causal else L - 1
+                    for p in range(gram - 1, pmax):
+                        if p == i:
+                            continue
+                        k = 0
+                        while k < gram and ids[b, p - k] == ids[b, i - k]:
+                            k += 1
+                        if k == gram:
+                            c = _put(fill, norm, rowptr, cols, vals, b * n + i, c, p + 1)
+                _end(fill, norm, rowptr, cols, vals, b * n + i, c)
+            _close(fill, rowptr, b, lengths[b], n)
+    return _sp_ngram_induction
 
 
 @specialised()
@@ -209,6 +231,12 @@ def sparse_induction(ids, lengths, causal, normalized: bool = False,
         out: RowsBuffer | None = None) -> SparseRows:
     """Keys right after an earlier (causal) or any other occurrence of the query's token."""
     return _run(_sp_induction, (causal,), (ids,), lengths, ids.shape[1], normalized, out)
+
+
+def sparse_ngram_induction(ids, lengths, gram, causal, normalized: bool = False,
+        out: RowsBuffer | None = None) -> SparseRows:
+    """Keys right after an earlier (causal) or any other occurrence of the query's last ``gram`` tokens."""
+    return _run(_sp_ngram_induction, (causal,), (ids, int(gram)), lengths, ids.shape[1], normalized, out)
 
 
 def sparse_keys(mask, lengths, causal, normalized: bool = False,

@@ -6,7 +6,8 @@ from numba import njit
 
 from .buffers import out_buffer, per_token_kernel
 
-__all__ = ["score_same_token", "score_same_token_recent", "score_induction", "score_keys", "score_recent",
+__all__ = ["score_same_token", "score_same_token_recent", "score_induction", "score_ngram_induction", "score_keys",
+    "score_recent",
     "score_match", "score_class_table", "value_index"]
 
 
@@ -54,6 +55,26 @@ def _score_induction(ids, lengths, causal, out):  # pragma: no cover - compiled
                     j = p + 1
                     if j < length and (not causal or j <= i):
                         out[b, i, j] = 1.0
+
+
+@njit(cache=True)
+def _score_ngram_induction(ids, lengths, gram, causal, out):  # pragma: no cover - compiled
+    """Keys p+1 right after an earlier (causal) or any other (non-causal) occurrence p of the query's last ``gram``
+    tokens: ids[p-k] == ids[i-k] for k < gram (a query with fewer than ``gram`` tokens has none)."""
+    nb, n = ids.shape
+    for b in range(nb):
+        out[b] = 0.0
+        length = lengths[b]
+        for i in range(gram - 1, length):
+            pmax = i if causal else length - 1
+            for p in range(gram - 1, pmax):
+                if p == i:
+                    continue
+                k = 0
+                while k < gram and ids[b, p - k] == ids[b, i - k]:
+                    k += 1
+                if k == gram:
+                    out[b, i, p + 1] = 1.0
 
 
 @njit(cache=True)
@@ -154,6 +175,13 @@ score_same_token_recent = per_token_kernel(
 score_induction = per_token_kernel(
     _score_induction, "score_induction",
     "Keys right after an earlier (causal) or any other (non-causal) occurrence p of the query's token.")
+
+
+def score_ngram_induction(ids, lengths, gram, causal, out=None) -> np.ndarray:
+    """Keys right after an earlier (causal) or any other occurrence of the query's last ``gram`` tokens."""
+    out = out_buffer(out, (ids.shape[0], ids.shape[1], ids.shape[1]))
+    _score_ngram_induction(ids, lengths, int(gram), causal, out)
+    return out
 
 
 score_keys = per_token_kernel(

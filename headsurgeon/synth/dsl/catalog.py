@@ -129,6 +129,24 @@ _primitive("induction", (),
            "the key right after an earlier occurrence of the query's token",
            "attends to the token that followed an earlier occurrence of its own token (induction)", support=COUNTED,
            sparse=lambda node, ctx: kernels.sparse_induction(ctx.ids, ctx.lengths, ctx.causal, *ctx.leaf()))
+
+
+def _ngram_order(params: Mapping[str, Any]) -> None:
+    if params["n"] < 2 or params["n"] > MAX_NGRAM:
+        raise _err(f"ngram_induction(n) needs 2 <= n <= {MAX_NGRAM} (n=1 is induction()); got n={params['n']}")
+
+
+MAX_NGRAM = 8  # longer matches than this are rare in text and cost n comparisons per key
+_primitive("ngram_induction", (Param("n", "offset", 2),),
+           lambda node, ctx: kernels.score_ngram_induction(ctx.ids, ctx.lengths, node.param("n"), ctx.causal,
+                                                           out=ctx.buf()),
+           "the key right after an earlier occurrence of the query's last n tokens (n-gram induction; 2 <= n <= 8)",
+           "attends to the token that followed an earlier occurrence of its last {n} tokens (induction on {n} "
+           "tokens)", json_scalar=True, check=_ngram_order, support=COUNTED,
+           gloss_cases=(((("n", 2),), "attends to the token that followed an earlier occurrence of its last two "
+                                      "tokens (two-token induction)"),),
+           sparse=lambda node, ctx: kernels.sparse_ngram_induction(ctx.ids, ctx.lengths, node.param("n"), ctx.causal,
+                                                                   *ctx.leaf()))
 _primitive("key_in_set", (Param("ids", "ids"),),
            lambda node, ctx: kernels.score_keys(ctx.pred_mask(Pred("ids", node.param("ids"))), ctx.lengths,
                                                 ctx.causal, out=ctx.buf()),

@@ -66,8 +66,8 @@ def primitive_library(sequences: list[Sequence], causal: bool = True, *, key_tok
     texts += [f"window({a}, {b})" for a, b in ((0, 1), (0, 2), (1, 2), (1, 3), (2, 4), (1, 5), (3, 8),
                                                 (5, 12), (9, 16), (13, 32), (17, 48), (33, 128))]
     texts += [f"decay({r})" for r in (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)]
-    texts += ["same_token()", "same_token_recent()", "induction()", "sentence_start()", "word_start()",
-              "same_word()"]
+    texts += ["same_token()", "same_token_recent()", "induction()", "ngram_induction(2)", "sentence_start()",
+              "word_start()", "same_word()"]
     texts += [f"recent({f})" for f in BASIC_FLAGS]
     if spacy:
         texts += ["dep_head()", "dep_children()", "same_lemma()"]

@@ -28,6 +28,7 @@ from .blas import single_thread_blas
 from .compose import hypothesis, propose, sparse_primitives, used_preds, used_primitives
 from .fitset import FitSet
 from .library import frequent_tokens, primitive_library, query_predicates
+from .moved import cell_keys, cell_norms, moved_gate_chains
 from .small import BANDS, keep_per_band, propose_small, rendered_chars, vocabulary_of
 from .split import SplitArrays, features_for
 from .util import default_splits, progress_bar, spacy_available
@@ -68,6 +69,7 @@ def enumerative_search(
     budget: float | None = None,
     cancel: threading.Event | None = None,
     small: int = 4,
+    moved_depth: int = 3,
 ) -> dict[tuple[int, int], list[ScoredProgram]]:
     """Search DSL programs for every head at once; ``{(layer, head): [ScoredProgram, ...]}``, best JSD first.
 
@@ -84,18 +86,21 @@ def enumerative_search(
     unmasked-to-BOS) score matrices, read and filled; ``stats``: a :class:`SearchStats` to fill;
     ``budget`` (seconds) / ``cancel``: stop composing for further heads and return the heads finished;
     ``small``: per finite size budget (headsurgeon/synth/program.py ``BUDGETS``, characters rendered with token strings),
-    the ``small`` best small compositions by JSD and ``small // 2`` by IoU are kept too (:mod:`.small`; 0: none).
+    the ``small`` best small compositions by JSD and ``small // 2`` by IoU are kept too (:mod:`.small`; 0: none);
+    ``moved_depth``: with value norms in the store, each head also keeps its chains of up to that many query gates over
+    ``first()``/induction mixtures fitted to what it moves (:mod:`.moved`; 0: none).
     """
     with single_thread_blas():
         return _search(store, heads, synth_idx, select_idx, beam, max_terms, seed, progress, cache, top_k,
                        fit_sequences, library, gates, tables, key_weights, spacy, stats, StopCheck(budget, cancel),
-                       small)
+                       small, moved_depth)
 
 
 def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, beam: int, max_terms: int,
             seed: int, progress: bool, cache: Any, top_k: int, fit_sequences: int | None,
             library: list[Program] | None, gates: int, tables: bool, key_weights: int, spacy: bool | None,
-            stats: SearchStats | None, stop: StopCheck, small: int = 4) -> dict[tuple[int, int], list[ScoredProgram]]:
+            stats: SearchStats | None, stop: StopCheck, small: int = 4,
+            moved_depth: int = 3) -> dict[tuple[int, int], list[ScoredProgram]]:
     """The body of :func:`enumerative_search` (arguments as there)."""
     t_start = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
@@ -148,6 +153,10 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
     keys = np.asarray(sorted(frequent_tokens(list(fit_split.seqs), key_weights, min_sequences=3)), dtype=np.int64) \
         if tables and causal else None
     ranked: dict[tuple[int, int], list[tuple[Program, float, float]]] = {}
+    # with value norms in the store, induction mixtures fitted to what each head moves join its kept candidates
+    moved = bool(getattr(store, "has_value_norms", False)) and moved_depth > 0
+    fit_norms = store.norm_batch([synth_idx[p] for p in fit_pos], heads) if moved else None
+    keys_of_cells = cell_keys(fs) if moved else None
     bar = progress_bar(len(heads), "enumerative: compose", progress)
     for hi, head in enumerate(heads):
         if stop():
@@ -172,6 +181,12 @@ def _search(store: PatternSource, heads: Any, synth_idx: Any, select_idx: Any, b
                      for n, size in ((n, dsl.size(n)) for n in props)]
             keep = list(dict.fromkeys(keep + keep_per_band(chars, jsd, iou, small, max(1, small // 2))))
         ranked[head] = [(Program.from_node(props[k]), float(iou[k]), float(jsd[k])) for k in keep]
+        if fit_norms is not None and keys_of_cells is not None:
+            chains = [n for n in moved_gate_chains(fs, hi, cell_norms(keys_of_cells, fit_norms[hi]), moved_depth)
+                      if Program.from_node(n).hash not in {p.hash for p, _, _ in ranked[head]}]
+            if chains:
+                c_iou, c_jsd = score_proposals(fs, hi, chains)
+                ranked[head] += [(Program.from_node(n), float(a), float(b)) for n, a, b in zip(chains, c_iou, c_jsd)]
         bar.update(1)
     bar.close()
     heads = heads[: len(ranked)]  # the heads composed before a stop (all of them without one)
