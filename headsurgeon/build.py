@@ -5,10 +5,13 @@ Each head gets the cheapest of its candidates (its program, its frontier points 
 mixture weights to the head's output, headsurgeon/surgery/refit.py) by single-swap KL on the select windows
 (headsurgeon/surgery/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
 jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
-apart, and its heads that cost more together than alone go to the back of the queue. Healing tunes the norm gains on
-the synth windows (headsurgeon/surgery/heal.py), by default distilling from the base (which is then its own control); with
-next-token loss a copy of the base is tuned the same way and every healed figure is against it. Costs are
-KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (headsurgeon/surgery/divergence.py).
+apart, and its heads that cost more together than alone go to the back of the queue. ``select_more`` adds windows of
+documents after explain's windows (never in any split) to the ordering and the growth: each head's chosen program is
+measured on them too and heads are ordered by the pooled KL. Healing tunes the norm gains on the synth windows
+(headsurgeon/surgery/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
+the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
+and every healed figure is against it. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
+bootstrap intervals (headsurgeon/surgery/divergence.py).
 """
 from __future__ import annotations
 
