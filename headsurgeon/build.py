@@ -6,8 +6,8 @@ mixture weights to the head's output, headsurgeon/surgery/refit.py) by single-sw
 (headsurgeon/surgery/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
 jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
 apart, and its heads that cost more together than alone go to the back of the queue. ``select_more`` adds windows of
-documents after explain's windows (never in any split) to the ordering and the growth: each head's chosen program is
-measured on them too and heads are ordered by the pooled KL. Healing tunes the norm gains on the synth windows
+documents after explain's windows (never in any split) to the ordering and the growth: the chosen programs of the
+``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. Healing tunes the norm gains on the synth windows
 (headsurgeon/surgery/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
 the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
 and every healed figure is against it. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
@@ -33,6 +33,9 @@ __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 BUILD_FILE = "build.json"
 #: a chunk whose joint cost passes this multiple of its heads' summed single costs is taken apart
 COMPOUND_LIMIT = 2.0
+#: with --select-more, the heads measured on the extra windows: this many times the heads asked for, cheapest on the
+#: select windows first (a head further down rarely comes up, and each costs a swap per extra window)
+SHORTLIST = 2
 
 
 @dataclass
@@ -268,12 +271,15 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     single = {h: costs.kl(h, label) or 0.0 for h, label in choice.items()}
     chosen_set = _chosen_set(programs, cfg.which, choice, extra, vocab)
     swap_of = chosen_set.programs(cfg.which)
-    more_costs = None
-    if more:  # each head's chosen program measured again on the fresh windows; the order is by the pooled KL
-        more_costs = head_costs(handle, dict(swap_of), more, which=("replacement",), ablation=False,
-                                progress=cfg.progress, path=_more_path(cfg.costs))
-        single = {h: _pooled_kl(costs.costs[h][choice[h]], more_costs.costs[h]["replacement"]) for h in single}
     order = sorted(single, key=lambda h: (single[h], h))
+    more_costs = None
+    if more:  # the shortlist's chosen programs measured again on the fresh windows, reordered by the pooled KL
+        shortlist = order[: min(len(order), SHORTLIST * k_max)]
+        more_costs = head_costs(handle, {h: swap_of[h] for h in shortlist}, more, which=("replacement",),
+                                ablation=False, progress=cfg.progress, path=_more_path(cfg.costs))
+        single = {**single, **{h: _pooled_kl(costs.costs[h][choice[h]], more_costs.costs[h]["replacement"])
+                               for h in shortlist}}
+        order = sorted(shortlist, key=lambda h: (single[h], h)) + order[len(shortlist):]
     seconds["head costs"] = time.perf_counter() - t
 
     select_windows = splits.select + more
@@ -312,7 +318,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
         test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "select_more": len(more),
                             "test": len(splits.test), "heldout": len(heldout), "measured": len(measured)},
         costs={**costs.to_json(), "chosen": {Head.label(h): label for h, label in choice.items()},
-               **({"pooled_kl": {Head.label(h): v for h, v in single.items()}} if more_costs else {})}, healed=healed,
+               **({"pooled_kl": {Head.label(h): single[h] for h in more_costs.costs}} if more_costs else {})}, healed=healed,
         control=control, seconds=seconds, hybrid=final)
     if out is not None:
         if final is None:

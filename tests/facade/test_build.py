@@ -209,8 +209,9 @@ def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
     splits = hs.load_corpus(handle, hs.demo_corpus_path(), max_len=40, max_sequences=50)
     assert result.windows["select_more"] == 6 and (tmp_path / "costs.more.json").is_file()
     assert result.select["tokens"] == sum(s.n - 1 for s in splits.select + more)  # grown on both
-    pooled = result.costs["pooled_kl"]
-    assert result.order == sorted(pooled, key=lambda h: (pooled[h], Head.parse(h)))
+    pooled = result.costs["pooled_kl"]  # the shortlist: twice the heads asked for, reordered by the pooled KL
+    assert len(pooled) == 2 * len(result.heads)
+    assert result.order[: len(pooled)] == sorted(pooled, key=lambda h: (pooled[h], Head.parse(h)))
     with pytest.raises(InputError, match="no limit was set"):
         more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_sequences=None),
                                                                   select_more=4))
