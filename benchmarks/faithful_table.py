@@ -38,6 +38,12 @@ def main(paths: list[str]) -> None:
     print(f"{first['model']}, {first['which']}s; test windows: {first['windows']['measured']} "
           f"({first['windows']['test']} test split + {first['windows']['heldout']} held-out), "
           f"{(first.get('test') or {}).get('tokens', '?')} predicted tokens\n")
+    for path, record in zip(paths, records):  # where each was chosen, and the heal step kept on the select windows
+        heal = (record.get("healed") or {}).get("heal") or {}
+        kept = f"; heal kept step {heal['best_step']} of {heal['steps']}" if heal.get("validation") else ""
+        print(f"- {Path(path).name}: chosen on {record['windows']['select']} select + "
+              f"{record['windows'].get('select_more', 0)} fresh windows{kept}")
+    print()
     print("| asked | heads swapped | causal order | select-IoU order | causal order, healed | select-IoU order, "
           "healed |")
     print("|---|---|---|---|---|---|")

@@ -5,10 +5,13 @@ Each head gets the cheapest of its candidates (its program, its frontier points 
 mixture weights to the head's output, headsurgeon/surgery/swap/refit.py) by single-swap KL on the select windows
 (headsurgeon/surgery/measure/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
 jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
-apart, and its heads that cost more together than alone go to the back of the queue. Healing tunes the norm gains on
-the synth windows (headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control); with
-next-token loss a copy of the base is tuned the same way and every healed figure is against it. Costs are
-KL(base ‖ hybrid) and ΔPPL per predicted token with paired bootstrap intervals (headsurgeon/surgery/measure/divergence.py).
+apart, and its heads that cost more together than alone go to the back of the queue. ``select_more`` adds windows of
+documents after explain's windows (never in any split) to the ordering and the growth: the chosen programs of the
+``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. Healing tunes the norm gains on the synth windows
+(headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
+the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
+and every healed figure is against it. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
+bootstrap intervals (headsurgeon/surgery/measure/divergence.py).
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 BUILD_FILE = "build.json"
 #: a chunk whose joint cost passes this multiple of its heads' summed single costs is taken apart
 COMPOUND_LIMIT = 2.0
+#: with --select-more, the heads measured on the extra windows: this many times the heads asked for, cheapest on the
+#: select windows first (a head further down rarely comes up, and each costs a swap per extra window)
+SHORTLIST = 2
 
 
 @dataclass
@@ -179,6 +185,49 @@ def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[
     return splits, extra
 
 
+def more_windows(handle: Any, corpus: Any, cfg: BuildConfig) -> list[Any]:
+    """``cfg.select_more`` windows of ``corpus`` from documents none of explain's windows came from (those read after
+    its ``max_sequences`` windows, a document cut by that limit skipped), so choosing on them never touches a test
+    window; an InputError when explain read the whole corpus."""
+    from .surgery.corpus import make_sequences, read_documents
+
+    limit = cfg.corpus.max_sequences
+    if limit is None:
+        raise InputError("--select-more takes windows after explain's --max-sequences windows, but no limit was set "
+                         "(explain read the whole corpus); give build explain's --max-sequences")
+    want = cfg.select_more
+    docs = read_documents(corpus, cfg.corpus.separator)
+    cap = limit + 2 * want + 64
+    while True:
+        windows = make_sequences(handle, docs, max_len=cfg.corpus.max_len, max_sequences=cap)
+        read = {s.doc for s in windows[:limit]}
+        fresh = [s for s in windows[limit:] if s.doc not in read]
+        if len(fresh) >= want or len(windows) < cap:
+            break
+        cap *= 2
+    if not fresh:
+        raise InputError(f"the corpus has no document after explain's {limit} windows, so --select-more has nothing "
+                         "to add; give a longer corpus or leave --select-more out")
+    if len(fresh) < want:
+        warnings.warn(f"--select-more {want}: the corpus holds only {len(fresh)} windows after explain's", stacklevel=3)
+    return fresh[:want]
+
+
+def _more_path(costs: Any) -> Path | None:
+    """Where the costs on the --select-more windows are kept: beside --costs, ``NAME.more.json``."""
+    if costs is None:
+        return None
+    path = Path(costs)
+    return path.with_name(f"{path.stem}.more{path.suffix or '.json'}")
+
+
+def _pooled_kl(*parts: Any) -> float:
+    """Per-token KL over the windows of several WindowCosts together."""
+    kl = sum(float(p.kl.sum()) for p in parts)
+    tokens = sum(int(p.tokens.sum()) for p in parts)
+    return kl / max(tokens, 1)
+
+
 def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None = None, *,
                  config: BuildConfig | None = None, trust_programs: Any = False, **shortcuts: Any) -> BuildResult:
     """Swap the cheapest heads (single-swap KL on the select windows) of ``programs`` (a ProgramSet or programs.json)
@@ -200,6 +249,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     handle, programs, splits, heldout = _inputs(model, corpus, programs, trust_programs, cfg)
+    more = more_windows(handle, corpus, cfg) if cfg.select_more else []
     model_heads = handle.n_layers * handle.n_heads
     n_programs = len(programs.programs(cfg.which))
     k_max = n_programs if cfg.fraction is None else min(n_programs, int(round(cfg.fraction * model_heads)))
@@ -219,13 +269,22 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     choice = {h: min([cfg.which, *extra.get(h, {})], key=lambda label: (costs.kl(h, label), label))
               for h in costs.order(cfg.which)}
     single = {h: costs.kl(h, label) or 0.0 for h, label in choice.items()}
-    order = sorted(single, key=lambda h: (single[h], h))
     chosen_set = _chosen_set(programs, cfg.which, choice, extra, vocab)
     swap_of = chosen_set.programs(cfg.which)
+    order = sorted(single, key=lambda h: (single[h], h))
+    more_costs = None
+    if more:  # the shortlist's chosen programs measured again on the fresh windows, reordered by the pooled KL
+        shortlist = order[: min(len(order), SHORTLIST * k_max)]
+        more_costs = head_costs(handle, {h: swap_of[h] for h in shortlist}, more, which=("replacement",),
+                                ablation=False, progress=cfg.progress, path=_more_path(cfg.costs))
+        single = {**single, **{h: _pooled_kl(costs.costs[h][choice[h]], more_costs.costs[h]["replacement"])
+                               for h in shortlist}}
+        order = sorted(shortlist, key=lambda h: (single[h], h)) + order[len(shortlist):]
     seconds["head costs"] = time.perf_counter() - t
 
+    select_windows = splits.select + more
     t = time.perf_counter()
-    joint = _Joint(handle, splits.select, swap_of)
+    joint = _Joint(handle, select_windows, swap_of)
     steps: list[dict[str, Any]] = []
     chunk = cfg.chunk or max(1, round(0.02 * model_heads))
     budget = None if cfg.budget_ppl is None else cfg.budget_ppl / 100
@@ -248,16 +307,18 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     healed = None
     if cfg.heal and heads:
         t = time.perf_counter()
-        final, healed = _heal_and_judge(handle, hybrid_set, cfg, splits.synth, measured, base, control, programs)
+        final, healed = _heal_and_judge(handle, hybrid_set, cfg, splits.synth, select_windows, measured, base, control,
+                                        programs)
         seconds["heal"] = time.perf_counter() - t
     result = BuildResult(
         model=handle.name, which=cfg.which,
         target={"fraction": cfg.fraction, "budget_ppl": cfg.budget_ppl, "k_max": k_max, "model_heads": model_heads,
                 "program_heads": n_programs, "chunk": chunk},
         heads=[Head.label(h) for h in heads], order=[Head.label(h) for h in order], steps=steps, select=select,
-        test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "test": len(splits.test),
-                            "heldout": len(heldout), "measured": len(measured)},
-        costs={**costs.to_json(), "chosen": {Head.label(h): label for h, label in choice.items()}}, healed=healed,
+        test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "select_more": len(more),
+                            "test": len(splits.test), "heldout": len(heldout), "measured": len(measured)},
+        costs={**costs.to_json(), "chosen": {Head.label(h): label for h, label in choice.items()},
+               **({"pooled_kl": {Head.label(h): single[h] for h in more_costs.costs}} if more_costs else {})}, healed=healed,
         control=control, seconds=seconds, hybrid=final)
     if out is not None:
         if final is None:
@@ -364,11 +425,13 @@ def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[A
     return ProgramSet(entries, model=programs.model, meta=programs.meta, vocab_fingerprint=programs.vocab_fingerprint)
 
 
-def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[Any], measured: list[Any], base: Any,
-                    control: dict[str, Any] | None, programs: Any) -> tuple[Any, dict[str, Any]]:
-    """Heal the hybrid (and the control) on the synth windows and judge it against the base tuned the same way: with
-    "kl" (distilling from the base) that is the base itself, whose KL to itself is 0, so no step moves it; with "lm"
-    a copy of the base is tuned on the same windows and every healed figure is against that copy."""
+def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[Any], select: list[Any],
+                    measured: list[Any], base: Any, control: dict[str, Any] | None,
+                    programs: Any) -> tuple[Any, dict[str, Any]]:
+    """Heal the hybrid (and the control) on the synth windows, stopping early on the select windows (the step of
+    their lowest loss is kept), and judge it against the base tuned the same way: with "kl" (distilling from the
+    base) that is the base itself, whose KL to itself is 0, so no step moves it; with "lm" a copy of the base is
+    tuned on the same windows and every healed figure is against that copy."""
     from .surgery.measure.divergence import BaseDistributions, summarize, window_costs
     from .surgery.swap.heal import heal
     from .surgery.swap.replace import independent_handle, replace_heads
@@ -376,13 +439,14 @@ def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[
     def healed_hybrid(swap: Any) -> tuple[Any, Any]:
         hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)
         return hybrid, heal(hybrid, synth, steps=cfg.heal_steps, objective=cfg.heal_objective,
-                            progress=cfg.progress)
+                            validation=select, progress=cfg.progress)
 
     healed: dict[str, Any] = {"objective": cfg.heal_objective}
     reference = base
     if cfg.heal_objective == "lm":
         tuned = independent_handle(handle)
-        healed["base_heal"] = heal(tuned, synth, steps=cfg.heal_steps, progress=cfg.progress).to_json()
+        healed["base_heal"] = heal(tuned, synth, steps=cfg.heal_steps, validation=select,
+                                   progress=cfg.progress).to_json()
         reference = BaseDistributions(tuned, measured)
         healed["tuned_base_vs_base"] = summarize(window_costs(base, lambda ids, attention_mask=None:
                                                               tuned.forward(ids, attention_mask))).to_json()

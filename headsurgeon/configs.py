@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .core.argtypes import fraction, positive_float, positive_int
+from .core.argtypes import fraction, int_at_least, positive_float, positive_int
 from .core.configs import nested, setting, with_shortcuts
 from .core import WHICHES
 from .scaleout.config import ScaleoutConfig
@@ -72,6 +72,10 @@ class BuildConfig:
     costs: Any = setting(None, metavar="FILE",
                          help="keep the per-head causal costs here: progress is written after each batch, and a rerun "
                               "with the same model, windows and programs goes on from it")
+    select_more: int = setting(0, type=int_at_least(0), metavar="N",
+                               help="also choose and grow on N windows of the corpus from documents after explain's "
+                                    "windows (never searched, selected or tested on): less noisy than the select "
+                                    "windows alone")
     chunk: int | None = setting(None, type=positive_int,
                                 help="heads added between joint re-measurements (default: 2%% of the model's heads)")
     progress: bool = setting(True, flag=None, help="progress bars")

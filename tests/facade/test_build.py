@@ -134,6 +134,9 @@ def test_healed_build_distils_from_the_base_by_default(built):
     assert healed["heal"]["steps"] == 6
     assert healed["test"]["tokens"] == result.test["tokens"] and healed["test"]["kl"] < result.test["kl"]
     assert "healed" in result.control and "distilling from it leaves the base itself unchanged" in result.format()
+    checks = healed["heal"]["validation"]  # early stopping on the select windows: the best check's step is kept
+    assert healed["heal"]["validation_windows"] == result.windows["select"] and checks[0][0] == 0
+    assert healed["heal"]["best_step"] == min(checks, key=lambda row: row[1])[0]
     ratios = [row[result.costs["chosen"][h]]["kl"] / row["mean"]["kl"] for h, row in result.costs["heads"].items()]
     assert f"below 1 for {sum(r < 1 for r in ratios)} of 16 heads" in result.format()
 
@@ -186,6 +189,35 @@ def test_budget_build_stays_under_budget(handle, programs):
     assert result.select["delta_ppl_pct"] <= 3.0
     rejected = [s for s in result.steps if not s["kept"]]
     assert rejected and all(s["delta_ppl_pct"] > 3.0 or len(s["tried"]) > 1 for s in rejected)
+
+
+@pytest.mark.e2e
+def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
+    """--select-more adds windows of documents after explain's windows (none of them in any split) to the costs and
+    the growth; their per-head costs are kept beside --costs."""
+    from headsurgeon.build import more_windows
+    from headsurgeon.configs import BuildConfig, CorpusConfig
+
+    cfg = BuildConfig(corpus=CorpusConfig(max_len=40, max_sequences=50), select_more=6)
+    more = more_windows(handle, hs.demo_corpus_path(), cfg)
+    first = hs.surgery.corpus.make_sequences(handle, hs.surgery.corpus.read_documents(hs.demo_corpus_path()),
+                                             max_len=40, max_sequences=50)
+    assert len(more) == 6 and not {s.doc for s in more} & {s.doc for s in first}
+    costs = tmp_path / "costs.json"
+    result = build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.125, max_len=40, max_sequences=50,
+                          select_more=6, costs=costs, progress=False)
+    splits = hs.load_corpus(handle, hs.demo_corpus_path(), max_len=40, max_sequences=50)
+    assert result.windows["select_more"] == 6 and (tmp_path / "costs.more.json").is_file()
+    assert result.select["tokens"] == sum(s.n - 1 for s in splits.select + more)  # grown on both
+    pooled = result.costs["pooled_kl"]  # the shortlist: twice the heads asked for, reordered by the pooled KL
+    assert len(pooled) == 2 * len(result.heads)
+    assert result.order[: len(pooled)] == sorted(pooled, key=lambda h: (pooled[h], Head.parse(h)))
+    with pytest.raises(InputError, match="no limit was set"):
+        more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_sequences=None),
+                                                                  select_more=4))
+    with pytest.raises(InputError, match="nothing to add"):
+        more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_len=40, max_sequences=10**6),
+                                                                  select_more=4))
 
 
 def test_build_needs_exactly_one_target(handle, programs):

@@ -137,8 +137,40 @@ def test_kl_distils_from_a_frozen_copy_of_the_base(windows):
     assert plain.teacher == "given" and abs(plain.loss_first) < 1e-5  # the same weights: no divergence
 
 
+def test_validation_keeps_the_step_of_the_lowest_held_apart_loss(windows):
+    """Checks at step 0 and every check_every steps; the kept parameters are the best check's, recomputed here."""
+    held = hs.load_corpus(tiny_stories(), hs.demo_corpus_path(), max_len=32, max_sequences=40)["select"][:4]
+    handle = tiny_stories()
+    hybrid = replace_heads(handle, PROGRAMS)
+    report = heal(hybrid, windows, steps=7, lr=0.05, objective="kl", validation=held, check_every=3, progress=False)
+    steps = [step for step, _ in report.validation]
+    assert steps == [0, 3, 6, 7] and report.validation_windows == 4
+    best = min(report.validation, key=lambda row: row[1])
+    assert report.best_step == best[0]
+    again = heal(hybrid, windows, steps=1, lr=1e-12, objective="kl", base=tiny_stories(), validation=held,
+                 check_every=1, progress=False)  # the teacher: the base as it was before the first heal
+    assert again.validation[0][1] == pytest.approx(best[1], rel=1e-4)  # the kept weights give the best loss
+    assert "kept step" in report.describe()
+    plain = heal(tiny_stories(), windows, steps=2, progress=False)
+    assert (plain.validation, plain.best_step, plain.validation_windows) == ([], None, 0)
+
+
+def test_validation_step_zero_undoes_a_heal_that_only_hurts(windows):
+    """A learning rate that wrecks the model on held-apart windows at every check leaves the weights untouched."""
+    held = hs.load_corpus(tiny_stories(), hs.demo_corpus_path(), max_len=32, max_sequences=40)["select"][:4]
+    handle = tiny_stories()
+    before = state(handle)
+    hybrid = replace_heads(handle, PROGRAMS, copy=True)
+    report = heal(hybrid, windows, steps=2, lr=50.0, objective="kl", validation=held, check_every=1, progress=False)
+    assert report.best_step == 0, report.validation
+    assert all(torch.equal(before[k], v) for k, v in state(hybrid.handle).items())
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(windows=[]), "non-empty list of Sequences"),
+    (dict(validation=[]), "non-empty list of Sequences"),
+    (dict(validation=[None], check_every=2), "must be Sequences"),
+    (dict(check_every=0, validation="windows"), "check_every must be a whole number >= 1"),
     (dict(windows="text"), "non-empty list of Sequences"),
     (dict(steps=0), "steps must be a whole number >= 1"),
     (dict(lr=0.0), "lr must be a finite number > 0"),
@@ -157,6 +189,8 @@ def test_bad_inputs_are_input_errors(windows, kwargs, message):
     args = dict(windows=windows, progress=False) | kwargs
     if args.get("base") == "self":
         args["base"] = handle
+    if args.get("validation") == "windows":
+        args["validation"] = windows
     with pytest.raises(InputError, match=message):
         heal(handle, **args)
     assert all(torch.equal(before[k], v) for k, v in state(handle).items())

@@ -71,6 +71,9 @@ class HealReport:
     loss_last: float
     losses: list[float]  # per optimizer step, on that step's batch (nats per predicted token)
     seconds: float  # the whole call, the teacher's copy included
+    validation_windows: int = 0  # windows the objective was checked on (0: none given, the last step is kept)
+    validation: list[list[float]] = dataclasses.field(default_factory=list)  # [step, loss] per check, step 0 first
+    best_step: int | None = None  # the step whose parameters were kept (the lowest validation loss)
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict (JSON types only): the record ``handle.healing`` keeps and manifests carry."""
@@ -78,9 +81,14 @@ class HealReport:
 
     def describe(self) -> str:
         """One line: what was trained and how the loss moved."""
+        kept = ""
+        if self.validation:
+            losses = dict((int(step), loss) for step, loss in self.validation)
+            kept = (f"; kept step {self.best_step} (validation loss {losses[0]:.4f} → "
+                    f"{losses[self.best_step or 0]:.4f} on {self.validation_windows} windows)")
         return (f"healed {self.n_tensors} tensors ({self.n_elements} numbers) of the {self.model} for {self.steps} "
                 f"steps ({self.objective}, lr {self.lr:g}) on {self.windows} windows / {self.tokens} tokens: "
-                f"loss {self.loss_first:.4f} → {self.loss_last:.4f} in {self.seconds:.1f}s")
+                f"loss {self.loss_first:.4f} → {self.loss_last:.4f}{kept} in {self.seconds:.1f}s")
 
 
 @dataclass(frozen=True)
@@ -252,10 +260,10 @@ def _check_windows(windows: Any, handle: ModelHandle) -> list[Sequence]:
         got = "an empty list" if isinstance(windows, (list, tuple)) else f"a {type(windows).__name__}"
         raise InputError(f"windows must be a non-empty list of Sequences (training windows only, e.g. "
                          f"hs.load_corpus(...)['synth']), got {got}")
-    bad = next((w for w in windows if not isinstance(w, Sequence)), None)
-    if bad is not None:
+    bad = [w for w in windows if not isinstance(w, Sequence)]
+    if bad:
         raise InputError(f"windows must be Sequences (from hs.load_corpus or make_sequences), found a "
-                         f"{type(bad).__name__}")
+                         f"{type(bad[0]).__name__}")
     if all(w.n < 2 for w in windows):
         raise InputError("no window predicts a token (each has fewer than 2 tokens); use longer windows")
     longest = max(w.n for w in windows)
@@ -346,9 +354,56 @@ class _Frozen:
             m.training = flag
 
 
+class _Validation:
+    """Early stopping: the objective on held-apart windows every ``every`` steps (and before the first), the chosen
+    parameters of the lowest loss copied aside and put back at the end, so a heal that starts fitting its training
+    windows instead of the model's behaviour keeps its best point."""
+
+    def __init__(self, windows: list[Sequence], every: int, objective: str, teacher: Any, call: Any,
+                 chosen: list[Weight], batch_size: int) -> None:
+        self.windows, self.every, self.objective, self.teacher, self.call = windows, every, objective, teacher, call
+        self.chosen, self.batch_size = chosen, batch_size
+        self.losses: list[list[float]] = []
+        self.best: tuple[float, int, list[torch.Tensor]] | None = None
+
+    def loss(self) -> float:
+        """The objective per predicted token over every validation window (no gradient)."""
+        total, count = 0.0, 0
+        device = self.call.device
+        with torch.no_grad():
+            for ids, mask in batches(self.windows, self.batch_size):
+                ids, mask = ids.to(device), mask.to(device)
+                teacher_logits = None
+                if self.teacher is not None:
+                    teacher_logits = self.teacher(ids.to(self.teacher.device), mask.to(self.teacher.device))
+                n = int(mask[:, 1:].sum())
+                total += float(_loss(self.objective, self.call(ids, mask), ids, mask, teacher_logits)) * n
+                count += n
+        return total / max(count, 1)
+
+    def check(self, step: int, last: bool = False) -> None:
+        if step % self.every and not last:
+            return
+        loss = self.loss()
+        self.losses.append([step, loss])
+        if self.best is None or loss < self.best[0]:
+            self.best = (loss, step, [w.param.detach().clone() for w in self.chosen])
+
+    def restore(self) -> int | None:
+        """Put the best step's parameters back; that step."""
+        if self.best is None:
+            return None
+        with torch.no_grad():
+            for w, kept in zip(self.chosen, self.best[2]):
+                w.param.copy_(kept)
+        return self.best[1]
+
+
 def _train(call: Any, teacher: Any, objective: str, chosen: list[Weight], windows: list[Sequence], steps: int,
-           lr: float, batch_size: int, seed: int, progress: bool) -> tuple[list[float], int]:
-    """``steps`` Adam steps on the chosen parameters; the per-step losses and the predicted tokens seen."""
+           lr: float, batch_size: int, seed: int, progress: bool,
+           validation: _Validation | None = None) -> tuple[list[float], int]:
+    """``steps`` Adam steps on the chosen parameters (checked on ``validation`` as they go); the per-step losses and
+    the predicted tokens seen."""
     optimizer = torch.optim.Adam([w.param for w in chosen], lr=lr)
     device = call.device  # a ModelHandle's, or the hybrid's handle's (headsurgeon/surgery/swap/replace.py)
     stream = _batch_stream(windows, batch_size, seed)
@@ -356,7 +411,9 @@ def _train(call: Any, teacher: Any, objective: str, chosen: list[Weight], window
     bar = tqdm(total=steps, desc=f"heal ({objective})", disable=not progress)
     with torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(steps):
+        if validation is not None:
+            validation.check(0)
+        for step in range(1, steps + 1):
             ids, mask = (t.to(device) for t in next(stream))
             teacher_logits = None
             if teacher is not None:
@@ -370,13 +427,16 @@ def _train(call: Any, teacher: Any, objective: str, chosen: list[Weight], window
             seen += int(mask[:, 1:].sum())
             bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
             bar.update(1)
+            if validation is not None:
+                validation.check(step, last=step == steps)
     bar.close()
     return losses, seen
 
 
 def heal(model_or_hybrid: ModelHandle | HybridModel, windows: list[Sequence], params: str | list[str] = NORMS,
          steps: int = 40, lr: float = DEFAULT_LR, objective: Objective = "lm", batch_size: int = 8, seed: int = 0,
-         base: ModelHandle | HybridModel | None = None, progress: bool = True) -> HealReport:
+         base: ModelHandle | HybridModel | None = None, progress: bool = True,
+         validation: list[Sequence] | None = None, check_every: int = 5) -> HealReport:
     """Train, in place, only ``params`` of a hybrid (programs applied) or plain model on training windows.
 
     ``params``: ``"norms"`` (every normalization layer's gain and bias vectors) or glob patterns over parameter names
@@ -384,20 +444,32 @@ def heal(model_or_hybrid: ModelHandle | HybridModel, windows: list[Sequence], pa
     ``objective``: ``"lm"`` next-token cross-entropy, or ``"kl"`` KL(teacher ‖ model) per predicted token, the
     teacher being ``base`` (default on a hybrid: a frozen copy of its base taken now). Adam, ``steps`` steps over
     padded batches of ``batch_size`` windows, cycled in an order fixed by ``seed``. Every other parameter is frozen
-    meanwhile and its requires_grad put back after. The report is appended to the handle's ``healing`` records.
+    meanwhile and its requires_grad put back after. ``validation``: windows held apart from training (e.g. the select
+    split) on which the objective is checked before the first step and every ``check_every`` steps; the parameters
+    of the lowest check are kept (step 0: the untrained ones). The report is appended to the handle's ``healing``
+    records.
     """
     started = time.perf_counter()
     handle, hybrid = _target(model_or_hybrid)
     _check_numbers(steps, lr, batch_size, seed, objective)
     windows = _check_windows(windows, handle)
+    if validation is not None:
+        validation = _check_windows(validation, handle)
+        if not (isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 1):
+            raise InputError(f"check_every must be a whole number >= 1 (steps between validation checks), got "
+                             f"{check_every!r}")
     chosen = select_weights(handle, params)
     teacher, teacher_note = _teacher(objective, base, handle, hybrid, chosen)
     for model in (hybrid, teacher):
         if isinstance(model, HybridModel):
-            model.register_sequences(windows)  # programs read the exact windows (text, offsets), not decoded ids
+            model.register_sequences(windows + (validation or []))  # programs read the exact windows, not ids
+    call = hybrid if hybrid is not None else handle
+    checks = (_Validation(validation, check_every, objective, teacher, call, chosen, batch_size)
+              if validation is not None else None)
     with _Frozen(handle.model, chosen):
-        losses, seen = _train(hybrid if hybrid is not None else handle, teacher, objective, chosen, windows, steps,
-                              float(lr), batch_size, seed, progress)
+        losses, seen = _train(call, teacher, objective, chosen, windows, steps, float(lr), batch_size, seed,
+                              progress, checks)
+    best_step = checks.restore() if checks is not None else None
     report = HealReport(
         params=[w.name for w in chosen], n_tensors=len(chosen), n_elements=element_count([w.param for w in chosen]),
         selection=[params] if isinstance(params, str) else list(params), objective=objective, teacher=teacher_note,
@@ -405,6 +477,8 @@ def heal(model_or_hybrid: ModelHandle | HybridModel, windows: list[Sequence], pa
         heads=list(hybrid.program_heads.keys()) if hybrid is not None else [], steps=steps, lr=float(lr),
         optimizer="Adam", batch_size=batch_size, seed=seed, windows=len(windows),
         tokens=sum(max(w.n - 1, 0) for w in windows), tokens_seen=seen, loss_first=losses[0], loss_last=losses[-1],
-        losses=losses, seconds=time.perf_counter() - started)
+        losses=losses, seconds=time.perf_counter() - started,
+        validation_windows=len(validation or []), validation=checks.losses if checks is not None else [],
+        best_step=best_step)
     handle.healing = healing_records(handle) + [report.to_json()]  # with the weights it changed (module docstring)
     return report
