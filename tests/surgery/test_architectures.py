@@ -107,13 +107,10 @@ def batch(handle: Any, documents: list[str], n: int = 2, length: int = 16) -> tu
 def hf_reference(handle: Any, ids: torch.Tensor, zoo: dict[str, Any] | None = None) -> tuple[torch.Tensor, ...]:
     """Logits and attentions [L, B, H, n, n] of a fresh, unbridged HF eager copy of the handle's model; with ``zoo``,
     a GGUF model's copy is read once per module (a real one costs a file hash and a full conversion per read)."""
-    key = f"reference:{handle.source.path}"
-    if zoo is not None and handle.source.kind == "gguf" and key in zoo:
-        hf = zoo[key]
-    else:
-        hf = _fresh_reference(handle)
-        if zoo is not None and handle.source.kind == "gguf":
-            zoo[key] = hf
+    key = f"reference:{handle.source.path}" if zoo is not None and handle.source.kind == "gguf" else None
+    hf = zoo[key] if key in (zoo or {}) else _fresh_reference(handle)
+    if key is not None:
+        zoo[key] = hf
     if handle.source.kind == "gguf" and hasattr(hf.config, "sliding_window"):  # a test's override of the window
         hf.config.sliding_window = handle.hf_model.config.sliding_window  # applies to the reference too
     hf.config._attn_implementation = "eager"
