@@ -19,8 +19,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # README's `pytest -n 2`: a worker pe
 
 #: the files that run longest (a suite run's --durations), in that order: collected first, so that pytest-xdist
 #: starts them first and both workers finish near the same time
-LONGEST_FIRST = ("test_scaleout_ray.py", "test_readme_cli.py", "test_readme_cli_rest.py", "test_architectures.py",
-                 "test_downstream.py", "test_readme.py", "test_known_heads.py")
+LONGEST_FIRST = ("test_architectures.py", "test_scaleout_pool.py", "test_readme_cli_rest.py", "test_downstream.py",
+                 "test_scaleout_ray.py", "test_lint.py", "test_kernel_specialisation.py", "test_eaps_files.py",
+                 "test_readme.py", "test_learned.py", "test_readme_cli.py", "test_known_heads.py",
+                 "test_explain_measures.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:

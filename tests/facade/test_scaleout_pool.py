@@ -106,18 +106,6 @@ def test_two_workers_select_what_one_process_selects(one_process, tmp_path):
 
 
 @pytest.mark.e2e
-def test_an_llm_agent_without_an_endpoint_leaves_the_heads_on_the_pool(tmp_path, monkeypatch):
-    from support.searcher_store import LLM_ENV
-
-    for var in LLM_ENV:
-        monkeypatch.delenv(var, raising=False)
-    summary = _drive(tmp_path, tmp_path / "out", workers=2, searchers=["enumerative", "llm"])
-    assert any(n.startswith("LLM agent skipped") for n in summary["notes"]), summary
-    assert any("2 worker processes" in n for n in summary["notes"]), summary
-    assert not any(n.startswith("the heads ran in this process") for n in summary["notes"]), summary
-
-
-@pytest.mark.e2e
 def test_a_killed_worker_has_its_heads_re_run(one_process, tmp_path):
     out = tmp_path / "out"
     proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
@@ -164,9 +152,14 @@ def test_bad_worker_counts_are_refused_before_the_capture():
 
 
 @pytest.mark.e2e
-def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path):
+def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path, monkeypatch):
     """A script that registers its own searcher (a closure in __main__, no main guard) reaches the workers, and
-    never runs twice: the workers do not re-run the script."""
+    never runs twice: the workers do not re-run the script. The same run asks for the LLM agent without an
+    endpoint: the agent is skipped with a note and the heads stay on the pool."""
+    from support.searcher_store import LLM_ENV
+
+    for var in LLM_ENV:
+        monkeypatch.delenv(var, raising=False)
     script = tmp_path / "mine.py"
     script.write_text(textwrap.dedent(f"""
         import json, sys
@@ -186,13 +179,15 @@ def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path):
         print(json.dumps({{"notes": result.notes}}))
     """))
     args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(tmp_path / "out"), **SETTINGS,
-                       "searchers": ["mine"], "workers": 2})
+                       "searchers": ["mine", "llm"], "workers": 2})
     proc = subprocess.run([sys.executable, str(script), str(tmp_path), args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "runs.txt").read_text() == "x"
     notes = json.loads(proc.stdout.strip().splitlines()[-1])["notes"]
     assert any("2 worker processes" in n for n in notes), notes
+    assert any(n.startswith("LLM agent skipped") for n in notes), notes
+    assert not any(n.startswith("the heads ran in this process") for n in notes), notes
     assert len(json.loads((tmp_path / "out" / "programs.json").read_text())["programs"]) == 40
 
 

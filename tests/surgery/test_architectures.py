@@ -104,30 +104,38 @@ def batch(handle: Any, documents: list[str], n: int = 2, length: int = 16) -> tu
     return seqs, padded_batch(seqs)[0]
 
 
-def hf_reference(handle: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and attentions [L, B, H, n, n] of a fresh, unbridged HF eager copy of the handle's model."""
+def hf_reference(handle: Any, ids: torch.Tensor, zoo: dict[str, Any] | None = None) -> tuple[torch.Tensor, ...]:
+    """Logits and attentions [L, B, H, n, n] of a fresh, unbridged HF eager copy of the handle's model; with ``zoo``,
+    a GGUF model's copy is read once per module (a real one costs a file hash and a full conversion per read)."""
+    key = f"reference:{handle.source.path}" if zoo is not None and handle.source.kind == "gguf" else None
+    hf = zoo[key] if key in (zoo or {}) else _fresh_reference(handle)
+    if key is not None:
+        zoo[key] = hf
+    if handle.source.kind == "gguf" and hasattr(hf.config, "sliding_window"):  # a test's override of the window
+        hf.config.sliding_window = handle.hf_model.config.sliding_window  # applies to the reference too
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():
+        out = hf.eval()(ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+    return getattr(out, "logits", None), torch.stack(out.attentions)  # a headless encoder has no logits
+
+
+def _fresh_reference(handle: Any) -> Any:
+    """A fresh, unbridged HF copy of the handle's model (llama2c, GGUF or a save_pretrained folder)."""
     import transformers
 
     if handle.source.kind == "llama2c":
         from headsurgeon.surgery.models.llama2c import load_llama2c
 
-        hf = load_llama2c(handle.source.path)
-    elif handle.source.kind == "gguf":
+        return load_llama2c(handle.source.path)
+    if handle.source.kind == "gguf":
         from headsurgeon.surgery.models.gguf import read_gguf
 
-        hf = read_gguf(handle.source.path)[0]  # unbridged; the cache equals a fresh conversion (test_gguf.py)
-        if hasattr(hf.config, "sliding_window"):  # a test's override of the window applies to the reference too
-            hf.config.sliding_window = handle.hf_model.config.sliding_window
-    else:
-        path = handle.source.name_or_path
-        arch = json.loads((Path(path) / "config.json").read_text())["architectures"][0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            hf = getattr(transformers, arch).from_pretrained(path, attn_implementation="eager")
-    hf.config._attn_implementation = "eager"
-    with torch.no_grad():
-        out = hf.eval()(ids, attention_mask=torch.ones_like(ids), output_attentions=True)
-    return getattr(out, "logits", None), torch.stack(out.attentions)  # a headless encoder has no logits
+        return read_gguf(handle.source.path)[0]  # unbridged; the cache equals a fresh conversion (test_gguf.py)
+    path = handle.source.name_or_path
+    arch = json.loads((Path(path) / "config.json").read_text())["architectures"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, arch).from_pretrained(path, attn_implementation="eager")
 
 
 def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
@@ -151,7 +159,7 @@ def test_load(request, zoo, kind):
 def test_capture_matches_hf_eager(request, zoo, documents, kind):
     h = handle_of(request, zoo, kind)
     seqs, ids = batch(h, documents)
-    ref_logits, ref = hf_reference(h, ids)
+    ref_logits, ref = hf_reference(h, ids, zoo)
     if ref_logits is not None:
         assert (logits(h, ids) - ref_logits).abs().max().item() < 1e-4
     got = np.stack(forward_patterns(h, seqs), axis=1)  # [L, B, H, n, n] float32
@@ -353,7 +361,7 @@ def test_gemma3_sliding_layers_see_only_their_window(request, zoo, documents):
     config.sliding_window = window
     try:
         got = np.stack(forward_patterns(h, seqs), axis=1)  # [L, B, H, n, n]
-        _, ref = hf_reference(h, ids)
+        _, ref = hf_reference(h, ids, zoo)
     finally:
         config.sliding_window = saved
     assert np.abs(got - ref.numpy()).max() < 1e-5
