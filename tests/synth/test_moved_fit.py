@@ -11,6 +11,7 @@ from headsurgeon.synth.program import Program
 from headsurgeon.synth.search.enumerative import enumerative_search
 from headsurgeon.synth.search.enumerative.moved import nonneg_lstsq
 from headsurgeon.synth.select import select_programs
+from headsurgeon.synth.splits import StoreSplits
 from headsurgeon.synth.tensors import program_rows
 from headsurgeon.synth.weighted import moved_r2
 from support.story_sequences import story_sequences
@@ -80,8 +81,8 @@ def test_search_recovers_a_gated_induction_head_by_what_it_moves(planted) -> Non
 def test_selection_by_vw_r2_chooses_the_planted_program(planted) -> None:
     store, synth, select = planted
     found = enumerative_search(store, [(0, 0)], synth, select, seed=0, progress=False, spacy=False)
-    chosen = select_programs(store, found, select[: len(select) // 2], select[len(select) // 2:],
-                             progress=False, select_by="vw_r2", side_terms=False)
+    splits = StoreSplits(synth=list(synth), select=list(select[: len(select) // 2]), test=list(select[len(select) // 2:]))
+    chosen = select_programs(store, found, splits, progress=False, select_by="vw_r2", side_terms=False)
     entry = chosen.entries[(0, 0)]
     assert entry.explanation.program.text == PLANTED
     assert entry.explanation.scores["test"]["vw_r2"] == pytest.approx(1.0, abs=1e-6)
