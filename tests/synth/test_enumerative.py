@@ -253,6 +253,21 @@ def test_a_heads_candidates_do_not_depend_on_the_other_heads_searched_with_it() 
         assert found([(0, 0), head, (2, 0)])[head] == every[head]
 
 
+def test_a_rows_products_are_the_same_bits_wherever_the_row_sits() -> None:
+    """The Gram statistics' head-by-component products: OpenBLAS rounds a row's products by the matrices' shapes and
+    the row's place in its tile (at these sizes a zero-padded block of 16 rows gave rows 6-15 other bits than alone)."""
+    from headsurgeon.synth.search.enumerative.blas import row_products, single_thread_blas
+
+    rng = np.random.default_rng(0)
+    rows, cols = rng.random((40, 5000), dtype=np.float32), rng.random((90, 5000), dtype=np.float32)
+    with single_thread_blas():
+        every = row_products(rows, cols)
+        for k in range(1, 40):
+            assert np.array_equal(row_products(rows[k: k + 1], cols)[0], every[k])
+            assert np.array_equal(row_products(rows[k - 1: k + 1], cols)[1], every[k])
+    assert np.allclose(every, rows.astype(np.float64) @ cols.T.astype(np.float64), rtol=1e-5)
+
+
 def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
     from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents

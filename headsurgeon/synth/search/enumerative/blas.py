@@ -68,20 +68,16 @@ class single_thread_blas:
                 pass
 
 
-#: rows per product in :func:`row_products`: OpenBLAS picks its kernel (and so the rounding) by the matrices'
-#: sizes, so a head's statistics computed among 2 heads and among 40 differed in the last bits, and a Ray run with
-#: small tasks chose other programs than the serial run among near-tied candidates
-ROW_BLOCK = 16
-
-
 def row_products(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``rows @ cols.T`` ([H, C] x [P, C] -> [H, P]), each row computed in a zero-padded block of ``ROW_BLOCK`` rows:
-    a row's result is the same bits however many rows (a task's heads) come with it."""
+    """``rows @ cols.T`` ([H, C] x [P, C] -> [H, P]), one row at a time from one buffer: a row's result is the same
+    bits however many rows (a task's heads) come with it and wherever it sits among them.
+
+    OpenBLAS picks its kernel, and so the rounding, by the matrices' shapes and a row's place in its tile: a head's
+    statistics computed among 2 heads and among 40 differed in the last bits, and a run split into other tasks
+    (more worker processes, Ray) chose other programs among near-tied candidates."""
     out = np.empty((rows.shape[0], cols.shape[0]), dtype=np.result_type(rows, cols))
-    block = np.zeros((ROW_BLOCK, rows.shape[1]), dtype=rows.dtype)
-    for start in range(0, rows.shape[0], ROW_BLOCK):
-        part = rows[start: start + ROW_BLOCK]
-        block[: len(part)] = part
-        block[len(part):] = 0
-        out[start: start + len(part)] = (block @ cols.T)[: len(part)]
+    row = np.empty(rows.shape[1], dtype=rows.dtype)
+    for h in range(rows.shape[0]):
+        row[:] = rows[h]
+        out[h] = cols @ row
     return out
