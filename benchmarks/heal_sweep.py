@@ -1,10 +1,12 @@
 """Healing settings compared on one built hybrid: learning rate, steps and how much text the norm gains train on.
 
-    python benchmarks/heal_sweep.py MODEL CORPUS --checkpoint BUILD_OUT --heldout HELDOUT \
-        [--max-len 128 --max-sequences 120] [--fresh 240] [--runs lr=5e-3 lr=5e-4,train=fresh ...] [--control PROGRAMS]
+    python benchmarks/heal_sweep.py MODEL CORPUS --heldout HELDOUT --programs PROGRAMS \
+        (--checkpoint BUILD_OUT | --fraction F) [--max-len 128 --max-sequences 120] [--fresh 240]
+        [--runs lr=5e-3 lr=5e-4,train=fresh ...] [--control]
 
 The checkpoint is what ``headsurgeon build ... --out BUILD_OUT`` saved (its build.json names the heads, and the
-control's heads when built with ``--control``). Each run heals a fresh copy of the untuned hybrid with
+control's heads when built with ``--control``); without one, ``--fraction F`` of the model's heads in select-IoU order
+(build's control) are healed, which needs no per-head causal costs. Each run heals a fresh copy of the untuned hybrid with
 ``hs.heal(objective="kl")`` (distilled from the base, which is then its own control), early-stopped on the select
 windows, and is judged on the test and held-out windows build judged on: KL(base ‖ hybrid) and ΔPPL per predicted
 token with paired 95% bootstrap intervals over windows. ``train=synth`` trains on explain's synth windows (what
@@ -33,14 +35,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("corpus")
-    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--programs", required=True, help="explain's programs.json")
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--fraction", type=float, default=None)
     ap.add_argument("--heldout", required=True)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--max-sequences", type=int, default=120)
     ap.add_argument("--fresh", type=int, default=240)
     ap.add_argument("--runs", nargs="+", default=["lr=5e-3", "lr=1e-3", "lr=3e-4", "lr=3e-4,train=fresh,steps=60"])
-    ap.add_argument("--control", metavar="PROGRAMS", default=None,
-                    help="explain's programs.json: heal the control (build's select-IoU order) with each run too")
+    ap.add_argument("--control", action="store_true", help="heal the checkpoint's control (select-IoU order) too")
     ap.add_argument("--out", default=None, help="JSON lines of the results (default: CHECKPOINT.heal_sweep.jsonl beside it)")
     args = ap.parse_args()
 
@@ -58,8 +61,9 @@ def main() -> None:
     from headsurgeon.synth.programset import ProgramSet
 
     torch.set_num_threads(1)
-    ckpt = Path(args.checkpoint)
-    build = json.loads((ckpt / "build.json").read_text())
+    programs = ProgramSet.load(args.programs)
+    ckpt = Path(args.checkpoint) if args.checkpoint else None
+    build = json.loads((ckpt / "build.json").read_text()) if ckpt else None
     handle = load_model(args.model)
     cfg = BuildConfig.resolve(None, {"max_len": args.max_len, "max_sequences": args.max_sequences,
                                      "select_more": args.fresh})
@@ -69,19 +73,37 @@ def main() -> None:
     fresh = more_windows(handle, args.corpus, cfg)
     measured = splits.test + heldout
     base = BaseDistributions(handle, measured)
-    out = Path(args.out or ckpt.with_name(ckpt.name + ".heal_sweep.jsonl"))  # a checkpoint holds only listed files
-    print(f"{len(build['heads'])} heads; windows: synth {len(splits.synth)}, fresh {len(fresh)}, select "
+    which = build["which"] if build else "explanation"
+    if build is None:
+        if args.fraction is None:
+            raise SystemExit("give --checkpoint (a build's output) or --fraction")
+        entries = programs.programs(which)
+
+        def select_iou(h) -> float:
+            scored = programs.entries[h].explanation if which == "explanation" else programs.entries[h].replacement
+            value = scored.iou("select") if scored is not None else None
+            return -1.0 if value is None else value
+
+        k = int(round(args.fraction * handle.n_layers * handle.n_heads))
+        iou_heads = sorted(entries, key=lambda h: (-select_iou(h), h))[:k]
+    # a checkpoint folder holds only the files its manifest lists
+    out = Path(args.out or (ckpt.with_name(ckpt.name + ".heal_sweep.jsonl") if ckpt else
+                            Path(args.programs).with_name(f"heal_sweep_iou{args.fraction}.jsonl")))
+    n_heads = len(build["heads"]) if build else len(iou_heads)
+    print(f"{n_heads} heads; windows: synth {len(splits.synth)}, fresh {len(fresh)}, select "
           f"{len(splits.select)}, measured {len(measured)}; load average {os.getloadavg()}", flush=True)
 
     def judge(hybrid) -> dict:
         return summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
 
     def hybrids():
+        if build is None:
+            yield "iou order", replace_heads(handle, programs.subset(iou_heads), which=which, copy=True)
+            return
         yield "causal", load_hybrid(ckpt)
         if args.control and build.get("control"):
-            src = ProgramSet.load(args.control)
-            yield "control", replace_heads(handle, src.subset([Head.parse(h) for h in build["control"]["heads"]]),
-                                           which=build["which"], copy=True)
+            yield "control", replace_heads(handle, programs.subset([Head.parse(h) for h in build["control"]["heads"]]),
+                                           which=which, copy=True)
 
     rows = []
     for text in ["none"] + args.runs:
