@@ -242,5 +242,5 @@ def test_a_search_is_unchanged_with_the_numpy_passes(monkeypatch) -> None:
         assert best(got) == best(want), head
         for prog in list(got)[:3]:
             iou, jsd = kernel_scores(store, head, Program.from_json(prog.removeprefix("dsl:"), kind="dsl"),
-                                     kw["select_idx"])
+                                     splits["select"])
             assert got[prog]["select"]["jsd"] == pytest.approx(jsd, abs=1e-6), (head, prog)

@@ -66,7 +66,7 @@ class SearchConfig:
         """Per searcher name, what its factory is given (``SearchSettings.options``); ``library``: the loaded
         programs (default :meth:`programs`)."""
         out: dict[str, Any] = {"llm": self.agent_config, "library": self.programs() if library is None else library}
-        if self.enumerative:  # a mapping is copied: the factory reads it as EnumerativeConfig.of does
+        if self.enumerative:  # a mapping of fields is copied; headsurgeon/synth/search/builtin.py makes the config
             out["enumerative"] = (self.enumerative if isinstance(self.enumerative, EnumerativeConfig)
                                   else dict(self.enumerative))
         if self.learned is not None:
