@@ -15,19 +15,25 @@ __all__ = ["EnumerativeConfig"]
 
 @dataclass(frozen=True)
 class EnumerativeConfig:
-    """What the enumerative search fits and keeps per head (the defaults are the measured ones,
-    benchmarks/RESULTS.md)."""
+    """What the enumerative search fits and keeps per head (explain runs the defaults unless given others)."""
 
     beam: int = 6  # supports kept per mixture size
     max_terms: int = 5  # most terms in a mixture
     top_k: int = 5  # candidates kept per head: the best by JSD plus the two best by IoU on the fit set
     fit_sequences: int | None = 96  # size of the seeded synth sample the search fits and ranks on (None: all)
     gates: int = 3  # query-gated proposals per head
-    tables: bool = True  # also fit mul(profile(..), key_weight(..)) softmax tables (causal models only)
-    key_weights: int = 256  # the tables' key tokens: the most frequent ones on the fit set
+    # also fit mul(profile(..), key_weight(..)) programs, a softmax over offset and key-token logits with query-token
+    # temperature gates, over the key_weights most frequent tokens (causal models only: a profile scores no key ahead
+    # of the query; headsurgeon/synth/search/enumerative/tables.py)
+    tables: bool = True
+    key_weights: int = 256
     spacy: bool | None = None  # spaCy features (POS, dependencies); None: when the spaCy model loads
-    small: int = 4  # per finite size budget, the best small compositions kept by JSD (small // 2 by IoU); 0: none
-    moved_depth: int = 3  # with value norms, chains of up to this many query gates fitted to what a head moves
+    # per finite size budget (headsurgeon/synth/program.py BUDGETS, characters rendered with token strings), the best
+    # `small` compositions within it by JSD and `small // 2` by IoU are kept too (enumerative/small.py; 0: none)
+    small: int = 4
+    # with value norms in the store, each head also keeps its chains of up to this many query gates over first() /
+    # induction mixtures fitted to what it moves (headsurgeon/synth/search/enumerative/moved.py; 0: none)
+    moved_depth: int = 3
     seed: int = 0  # the fit sample's (and the default split's) seed
     library: tuple[Program, ...] | None = None  # single DSL primitives to start from (None: primitive_library)
 
