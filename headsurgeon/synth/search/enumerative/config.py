@@ -29,7 +29,8 @@ class EnumerativeConfig:
     key_weights: int = 256
     spacy: bool | None = None  # spaCy features (POS, dependencies); None: when the spaCy model loads
     # per finite size budget (headsurgeon/synth/program.py BUDGETS, characters rendered with token strings), the best
-    # `small` compositions within it by JSD and `small // 2` by IoU are kept too (enumerative/small.py; 0: none)
+    # `small` compositions within it by JSD and `small // 2` by IoU are kept too
+    # (headsurgeon/synth/search/enumerative/small.py; 0: none)
     small: int = 4
     # with value norms in the store, each head also keeps its chains of up to this many query gates over first() /
     # induction mixtures fitted to what it moves (headsurgeon/synth/search/enumerative/moved.py; 0: none)
