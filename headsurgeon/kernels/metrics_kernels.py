@@ -329,11 +329,11 @@ class RealRows(NamedTuple):
 
 
 class PackedRows(NamedTuple):
-    """``count`` candidates' visible non-zeros on sequences [b0, b1), row-compressed in (b - b0, p, i) order with
+    """``programs`` candidates' visible non-zeros on sequences [b0, b1), row-compressed in (b - b0, p, i) order with
     ``width`` rows per sequence: keys ``cidx``, values ``cval``, ``cwlog = v log(2v)``, and each (sequence,
-    candidate)'s visible mass ``ctot`` [b1 - b0, count]."""
+    candidate)'s visible mass ``ctot`` [b1 - b0, programs]."""
 
-    count: int
+    programs: int
     width: int
     rowptr: np.ndarray
     cidx: np.ndarray
@@ -352,7 +352,7 @@ class Wanted(NamedTuple):
 
 class TopqSets(NamedTuple):
     """Top-q cell sets (``topq_sets``) of the heads, [H, b1 - b0, q] with counts [H, b1 - b0], and of the candidates,
-    [count, b1 - b0, q] with counts [count, b1 - b0]."""
+    [programs, b1 - b0, q] with counts [programs, b1 - b0]."""
 
     real_idx: np.ndarray
     real_cnt: np.ndarray
@@ -361,7 +361,7 @@ class TopqSets(NamedTuple):
 
 
 class BlockScores(NamedTuple):
-    """Where a block's per-sequence metrics go, each float64 [H, count, b1 - b0] (a metric not wanted: any array)."""
+    """Where a block's per-sequence metrics go, each float64 [H, programs, b1 - b0] (a metric not wanted: any array)."""
 
     iou: np.ndarray
     jsd: np.ndarray
@@ -381,7 +381,7 @@ def score_block(real, b0, b1, packed, wanted, topq, out):
     (``s = a + v``); where ``v == 0`` the bracket is ``a ln2``, so only q's non-zeros need a log.
     """
     x, lut, lengths, causal = real.x, real.lut, real.lengths, real.causal
-    Pc, N = packed.count, packed.width
+    Pc, N = packed.programs, packed.width
     rowptr, cidx, cval, cwlog, ctot = packed.rowptr, packed.cidx, packed.cval, packed.cwlog, packed.ctot
     do_iou, do_jsd, do_topq = wanted.iou, wanted.jsd, wanted.topq
     r_tq_idx, r_tq_cnt, c_tq_idx, c_tq_cnt = topq.real_idx, topq.real_cnt, topq.cand_idx, topq.cand_cnt
