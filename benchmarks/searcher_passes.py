@@ -116,14 +116,17 @@ def bench_passes(fs: Any, repeats: int) -> None:
 
 def bench_search(store: Any, heads: list, synth_idx: list[int], select_idx: list[int], fit: int) -> None:
     """The whole search on ``heads``, numpy passes then compiled, each after a warm-up."""
-    from headsurgeon.synth.search.enumerative import SearchStats, enumerative_search
+    from headsurgeon.synth.search.enumerative import EnumerativeConfig, SearchStats, enumerative_search
+    from headsurgeon.synth.splits import StoreSplits
+
+    splits, config = StoreSplits(synth_idx, select_idx), EnumerativeConfig(fit_sequences=fit)
 
     def run(label: str) -> dict:
-        kw = dict(synth_idx=synth_idx, select_idx=select_idx, fit_sequences=fit, progress=False, seed=0)
-        enumerative_search(store, heads=heads[:1], **{**kw, "fit_sequences": 8})  # warm-up (numba cache load)
+        warm = EnumerativeConfig(fit_sequences=8)
+        enumerative_search(store, splits, warm, heads=heads[:1], progress=False)  # warm-up (numba cache load)
         stats = SearchStats()
         l0, cpu0, t0 = load(), time.process_time(), time.perf_counter()
-        result = enumerative_search(store, heads=heads, stats=stats, **kw)
+        result = enumerative_search(store, splits, config, heads=heads, progress=False, stats=stats)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         print(f"  {label:<9} wall {wall:6.1f} s, CPU {cpu:6.1f} s (compose {stats.seconds['compose']:.1f} s, "
               f"{stats.proposals} proposals); load {l0} -> {load()}", flush=True)

@@ -138,7 +138,8 @@ def main() -> int:
     from headsurgeon.surgery.patterns.capture import capture
     from headsurgeon.surgery.corpus import make_sequences, read_documents, split_sequences
     from headsurgeon.surgery.models.loading import load_model
-    from headsurgeon.synth.search.enumerative import SearchStats, enumerative_search
+    from headsurgeon.synth.search.enumerative import EnumerativeConfig, SearchStats, enumerative_search
+    from headsurgeon.synth.splits import StoreSplits
     from headsurgeon.synth.program import BUDGETS, Program
     from headsurgeon.synth.search.enumerative.small import rendered_chars, vocabulary_of
 
@@ -180,8 +181,9 @@ def main() -> int:
     sources: dict[str, dict] = {}
     cpu0, t0 = time.process_time(), time.perf_counter()
     stats = SearchStats()
-    sources["enumerative"] = enumerative_search(store, synth_idx=synth_idx, select_idx=select_idx, seed=args.seed,
-                                                fit_sequences=n_fit, progress=True, stats=stats)
+    search_splits = StoreSplits(synth_idx, select_idx)
+    sources["enumerative"] = enumerative_search(store, search_splits,
+                                                EnumerativeConfig(seed=args.seed, fit_sequences=n_fit), stats=stats)
     walls["search: enumerative"] = time.perf_counter() - t0
     print(f"enumerative: {stats.primitives} primitives, {stats.proposals} proposals, fit on {stats.fit_sequences} "
           f"windows; stages {', '.join(f'{k} {v:.0f}s' for k, v in stats.seconds.items())}; CPU "
@@ -195,9 +197,9 @@ def main() -> int:
         walls["search: learned"] = time.perf_counter() - t0
         print(f"learned: CPU {time.process_time() - cpu0:.0f}s", flush=True)
     t0 = time.perf_counter()
-    templates = enumerative_search(store, synth_idx=synth_idx, select_idx=select_idx, seed=args.seed,
-                                   fit_sequences=n_fit, progress=False, library=[Program.parse(t) for t in TEMPLATES],
-                                   max_terms=1, gates=0, tables=False, top_k=len(TEMPLATES), spacy=False, small=0)
+    templates = enumerative_search(store, search_splits, EnumerativeConfig(
+        seed=args.seed, fit_sequences=n_fit, library=tuple(Program.parse(t) for t in TEMPLATES), max_terms=1, gates=0,
+        tables=False, top_k=len(TEMPLATES), spacy=False, small=0), progress=False)
     walls["baseline: templates"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ TASKS = TESTS / "lm_eval_tasks"  # the local lm-eval tasks (README, "Downstream 
 DATA = SHARED / "data"
 STORIES = DATA / "models" / "stories260K"
 CORPUS = DATA / "corpora" / "tinystories-valid.txt"
-#: enumerative_search keywords for tests of what surrounds the search (executors, reports, encoders): a narrow
+#: EnumerativeConfig fields for tests of what surrounds the search (executors, reports, encoders): a narrow
 #: search, a few seconds per model; tests/synth/test_enumerative.py and README's commands run the full one
 NARROW_SEARCH = {"beam": 2, "max_terms": 2, "tables": False, "gates": 1, "small": 0}
 GPT2_TOK = DATA / "tokenizers" / "gpt2"

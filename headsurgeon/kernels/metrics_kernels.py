@@ -25,6 +25,7 @@ imported here (the layering rule of docs/architecture.md).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -317,23 +318,75 @@ def _scattered_terms(a_buf, alog, i, cidx, cval, cwlog, k0, k1, do_jsd):
     return mn, acc
 
 
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
-def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
-                rowptr, cidx, cval, cwlog, ctot,
-                do_iou, do_jsd, do_topq,
-                r_tq_idx, r_tq_cnt, c_tq_idx, c_tq_cnt,
-                out_iou, out_jsd, out_tq):
-    """Per-sequence metrics for every head of ``real`` x the ``Pc`` CSR-packed candidates, b in [b0, b1).
+class RealRows(NamedTuple):
+    """The heads' real patterns as the kernels read them: ``x`` [H, B, N, N] (float32, or float16 as uint16 bits that
+    ``lut`` decodes), each sequence's length, and whether keys after the query are masked."""
 
-    CSR rows are ordered (b - b0, p, i); ``cwlog[k] = v log(2v)`` of each stored value ``v``.
-    Writes ``out_*[h, p, b - b0]`` (float64). ``r_tq_*`` are indexed [h, b - b0], ``c_tq_*`` [p, b - b0].
+    x: np.ndarray
+    lut: np.ndarray
+    lengths: np.ndarray
+    causal: bool
+
+
+class PackedRows(NamedTuple):
+    """``programs`` candidates' visible non-zeros on sequences [b0, b1), row-compressed in (b - b0, p, i) order with
+    ``width`` rows per sequence: keys ``cidx``, values ``cval``, ``cwlog = v log(2v)``, and each (sequence,
+    candidate)'s visible mass ``ctot`` [b1 - b0, programs]."""
+
+    programs: int
+    width: int
+    rowptr: np.ndarray
+    cidx: np.ndarray
+    cval: np.ndarray
+    cwlog: np.ndarray
+    ctot: np.ndarray
+
+
+class Wanted(NamedTuple):
+    """Which metrics a block scores."""
+
+    iou: bool
+    jsd: bool
+    topq: bool
+
+
+class TopqSets(NamedTuple):
+    """Top-q cell sets (``topq_sets``) of the heads, [H, b1 - b0, q] with counts [H, b1 - b0], and of the candidates,
+    [programs, b1 - b0, q] with counts [programs, b1 - b0]."""
+
+    real_idx: np.ndarray
+    real_cnt: np.ndarray
+    cand_idx: np.ndarray
+    cand_cnt: np.ndarray
+
+
+class BlockScores(NamedTuple):
+    """Where a block's per-sequence metrics go, each float64 [H, programs, b1 - b0] (a metric not wanted: any array)."""
+
+    iou: np.ndarray
+    jsd: np.ndarray
+    topq: np.ndarray
+
+
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+def score_block(real, b0, b1, packed, wanted, topq, out):
+    """Per-sequence metrics of every head of ``real`` (:class:`RealRows`) x the ``packed`` candidates
+    (:class:`PackedRows`) on sequences [b0, b1), the ``wanted`` ones (:class:`Wanted`) written into ``out``
+    (:class:`BlockScores`) at ``[h, p, b - b0]``; ``topq``: the :class:`TopqSets` of both sides.
+
     Within a sequence the loop is tiled by query row: row i of every head (decoded once, with its
     ``a log a``) and row i of every program stay in L1/L2 while all (head, program) pairs use them.
 
     Per row, ``2 JSD^2 = sum_j [a log(2a/s) + v log(2v/s)] = sum_j [a ln2 + a log a + v log 2v - s log s]``
     (``s = a + v``); where ``v == 0`` the bracket is ``a ln2``, so only q's non-zeros need a log.
     """
-    H = real.shape[0]
+    x, lut, lengths, causal = real.x, real.lut, real.lengths, real.causal
+    Pc, N = packed.programs, packed.width
+    rowptr, cidx, cval, cwlog, ctot = packed.rowptr, packed.cidx, packed.cval, packed.cwlog, packed.ctot
+    do_iou, do_jsd, do_topq = wanted.iou, wanted.jsd, wanted.topq
+    r_tq_idx, r_tq_cnt, c_tq_idx, c_tq_cnt = topq.real_idx, topq.real_cnt, topq.cand_idx, topq.cand_cnt
+    out_iou, out_jsd, out_tq = out.iou, out.jsd, out.topq
+    H = x.shape[0]
     Bc = b1 - b0
     need_dense = do_iou or do_jsd
     Nd = N if need_dense else 0
@@ -353,7 +406,7 @@ def score_block(real, lut, lengths, causal, b0, b1, Pc, N,
             for i in range(L):
                 jmax = i + 1 if causal else L
                 for h in range(H):
-                    row = real[h, b, i]
+                    row = x[h, b, i]
                     rs = 0.0
                     for j in range(jmax):
                         a = _read(row, lut, j)

@@ -35,6 +35,7 @@ from collections.abc import Sequence as _Seq
 import numpy as np
 
 from ..kernels import metrics_kernels, sparse_metrics
+from ..kernels.metrics_kernels import BlockScores, PackedRows, RealRows, TopqSets, Wanted
 from ..core import InputError, METRICS, Metric
 from ..kernels.sparse import SparseRows, stack_rows
 
@@ -227,11 +228,11 @@ class RealPatterns:
                                                                int(qs[b0:b1].max()))
                 r_idx, r_cnt = self._real_topq(b0, b1)
                 buf = np.zeros((H, P, b1 - b0))
-                empty_i = np.zeros(0, dtype=np.int32)
-                metrics_kernels.score_block(self._rx, self._rlut, lens, causal, b0, b1, P, N, np.zeros(1, np.int64),
-                                            empty_i, np.zeros(0, np.float32), np.zeros(0), np.zeros((b1 - b0, P)),
-                                            False, False, True, r_idx, r_cnt, c_idx, c_cnt,
-                                            dummy, dummy, buf)
+                no_rows = PackedRows(P, N, np.zeros(1, np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, np.float32),
+                                     np.zeros(0), np.zeros((b1 - b0, P)))
+                metrics_kernels.score_block(RealRows(self._rx, self._rlut, lens, causal), b0, b1, no_rows,
+                                            Wanted(iou=False, jsd=False, topq=True), TopqSets(r_idx, r_cnt, c_idx, c_cnt),
+                                            BlockScores(iou=dummy, jsd=dummy, topq=buf))
                 out["topq"][:, :, b0:b1] = buf
         return out if per_sequence else {m: v.mean(axis=2) for m, v in out.items()}
 
@@ -304,11 +305,10 @@ class RealPatterns:
                     c_idx, c_cnt = empty_i, empty_c
                 bufs: dict[str, np.ndarray] = {m: np.zeros((H, Pc, Bc), dtype=np.float64) if m in wanted
                                                else np.zeros((1, 1, 1)) for m in METRICS}
-                metrics_kernels.score_block(self._rx, self._rlut, lens, causal, b0, b1, Pc, N,
-                               rowptr, cidx, cval, cwlog, ctot,
-                               do_iou, do_jsd, do_topq,
-                               r_idx, r_cnt, c_idx, c_cnt,
-                               bufs["iou"], bufs["jsd"], bufs["topq"])
+                metrics_kernels.score_block(RealRows(self._rx, self._rlut, lens, causal), b0, b1,
+                                            PackedRows(Pc, N, rowptr, cidx, cval, cwlog, ctot),
+                                            Wanted(do_iou, do_jsd, do_topq), TopqSets(r_idx, r_cnt, c_idx, c_cnt),
+                                            BlockScores(bufs["iou"], bufs["jsd"], bufs["topq"]))
                 for m in wanted:
                     if per_sequence:
                         results[m][:, p0:p1, b0:b1] = bufs[m]

@@ -135,7 +135,11 @@ def test_searcher_options_reach_their_factories():
     opts = search.options()
     assert opts["library"] == ["prev(1)"] and opts["llm"] is None
     settings = SearchSettings(options=opts)
-    assert make_searcher("enumerative", settings).options == {"beam": 2}
+    from headsurgeon.synth.search.enumerative import EnumerativeConfig
+
+    assert make_searcher("enumerative", settings).config == EnumerativeConfig(beam=2)
+    seeded = SearchSettings(seed=7, options=SearchConfig(enumerative=EnumerativeConfig(top_k=3)).options())
+    assert make_searcher("enumerative", seeded).config == EnumerativeConfig(top_k=3, seed=7)  # the run's seed
     assert make_searcher("learned", settings).options["config"].steps == 3
     assert set(SearchConfig().options()) == {"llm", "library"}  # today's journal fingerprint keys, unchanged
 

@@ -13,7 +13,8 @@ from headsurgeon.kernels import cell_kernels
 from headsurgeon.synth.dsl import cell_combinators
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.program_store import ProgramStore
-from headsurgeon.synth.search.enumerative import FitSet, enumerative_search, tables
+from headsurgeon.synth.splits import StoreSplits
+from headsurgeon.synth.search.enumerative import EnumerativeConfig, FitSet, enumerative_search, tables
 from support.story_sequences import kernel_scores, story_sequences
 
 # ---------------------------------------------------------------- the numpy passes (as they were in fitset.py)
@@ -209,12 +210,13 @@ def test_a_search_is_unchanged_with_the_numpy_passes(monkeypatch) -> None:
         (0, 1): Program.parse(f"mul(profile(w=[0.2, 1, 0.5], tail=0.05, bos=0.6), "
                               f"key_weight(w=[[{ids['the']}, 4], [{ids['.']}, 0.2]], default=1))"),
         (0, 2): Program.parse("0.5*same_token_recent() + 0.3*prev(1) + 0.2*self()")})
-    kw = dict(synth_idx=[i for i, s in enumerate(seqs) if s.doc % 3 != 0],
-              select_idx=[i for i, s in enumerate(seqs) if s.doc % 3 == 0],
-              seed=1, progress=False, fit_sequences=None, spacy=False, top_k=4, key_weights=64)
+    splits = StoreSplits([i for i, s in enumerate(seqs) if s.doc % 3 != 0],
+                         [i for i, s in enumerate(seqs) if s.doc % 3 == 0])
+    config = EnumerativeConfig(seed=1, fit_sequences=None, spacy=False, top_k=4, key_weights=64)
 
     def found() -> dict:
-        return {h: {c.program.canonical: c.scores for c in v} for h, v in enumerative_search(store, **kw).items()}
+        return {h: {c.program.canonical: c.scores for c in v}
+                for h, v in enumerative_search(store, splits, config, progress=False).items()}
 
     compiled = found()
     with monkeypatch.context() as m:
@@ -240,5 +242,5 @@ def test_a_search_is_unchanged_with_the_numpy_passes(monkeypatch) -> None:
         assert best(got) == best(want), head
         for prog in list(got)[:3]:
             iou, jsd = kernel_scores(store, head, Program.from_json(prog.removeprefix("dsl:"), kind="dsl"),
-                                     kw["select_idx"])
+                                     splits["select"])
             assert got[prog]["select"]["jsd"] == pytest.approx(jsd, abs=1e-6), (head, prog)

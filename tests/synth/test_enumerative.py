@@ -9,10 +9,12 @@ from scipy.optimize import nnls
 
 from headsurgeon.synth import dsl
 from headsurgeon.synth.search.enumerative import (
-    FitSet, SearchStats, SplitArrays, enumerative_search, nnls_gram, primitive_library, round_weights,
+    EnumerativeConfig, FitSet, SearchStats, SplitArrays, enumerative_search, nnls_gram, primitive_library,
+    round_weights,
 )
 from headsurgeon.synth.program import BUDGETS, Program
 from headsurgeon.synth.program_store import ProgramStore
+from headsurgeon.synth.splits import StoreSplits
 from support.story_sequences import kernel_scores, story_sequences
 
 TRUTH = {
@@ -45,8 +47,8 @@ def synthetic():
     synth_idx = [i for i, s in enumerate(seqs) if s.doc not in select_docs]
     select_idx = [i for i, s in enumerate(seqs) if s.doc in select_docs]
     stats = SearchStats()
-    result = enumerative_search(store, synth_idx=synth_idx, select_idx=select_idx, seed=0, progress=False,
-                                fit_sequences=None, spacy=False, stats=stats)
+    result = enumerative_search(store, StoreSplits(synth_idx, select_idx),
+                                EnumerativeConfig(fit_sequences=None, spacy=False), progress=False, stats=stats)
     return store, synth_idx, select_idx, result, stats
 
 
@@ -151,11 +153,11 @@ def test_deterministic_for_a_seed() -> None:
     seqs = story_sequences()
     store = ProgramStore(seqs, {(0, 0): Program.parse("0.6*prev(2) + 0.4*first()"),
                                 (0, 1): Program.parse("gate(cap, self(), prev(1))")})
-    kw = dict(synth_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 0],
-              select_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 1],
-              seed=3, progress=False, fit_sequences=8, spacy=False, top_k=4)
-    a = enumerative_search(store, **kw)
-    b = enumerative_search(store, **kw)
+    splits = StoreSplits([i for i, s in enumerate(seqs) if s.doc % 2 == 0],
+                         [i for i, s in enumerate(seqs) if s.doc % 2 == 1])
+    config = EnumerativeConfig(seed=3, fit_sequences=8, spacy=False, top_k=4)
+    a = enumerative_search(store, splits, config, progress=False)
+    b = enumerative_search(store, splits, config, progress=False)
     assert {h: [(c.program.text, c.scores) for c in v] for h, v in a.items()} == \
         {h: [(c.program.text, c.scores) for c in v] for h, v in b.items()}
 
@@ -165,14 +167,14 @@ def test_tensor_cache_gives_the_same_result_and_is_reused() -> None:
 
     seqs = story_sequences()
     store = ProgramStore(seqs, {(0, 0): Program.parse("0.5*prev(1) + 0.5*same_token_recent()")})
-    kw = dict(synth_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 0],
-              select_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 1],
-              progress=False, fit_sequences=6, spacy=False, top_k=3, tables=False)
-    plain = enumerative_search(store, **kw)
+    splits = StoreSplits([i for i, s in enumerate(seqs) if s.doc % 2 == 0],
+                         [i for i, s in enumerate(seqs) if s.doc % 2 == 1])
+    kw = dict(config=EnumerativeConfig(fit_sequences=6, spacy=False, top_k=3, tables=False), progress=False)
+    plain = enumerative_search(store, splits, **kw)
     cache = TensorCache()
-    first = enumerative_search(store, cache=cache, **kw)
+    first = enumerative_search(store, splits, cache=cache, **kw)
     misses = cache.stats.misses
-    second = enumerative_search(store, cache=cache, **kw)
+    second = enumerative_search(store, splits, cache=cache, **kw)
     assert cache.stats.misses == misses and cache.stats.hits > 0  # the second run only reads
     as_list = lambda r: [(c.program.text, c.scores) for c in r[(0, 0)]]  # noqa: E731
     assert as_list(plain) == as_list(first) == as_list(second)
@@ -181,15 +183,43 @@ def test_tensor_cache_gives_the_same_result_and_is_reused() -> None:
 def test_default_split_is_by_document_and_bad_arguments_fail() -> None:
     seqs = story_sequences()
     store = ProgramStore(seqs, {(0, 0): Program.parse("prev(1)")})
-    res = enumerative_search(store, progress=False, spacy=False, tables=False, gates=0, top_k=2)
+    plain = EnumerativeConfig(spacy=False)
+    res = enumerative_search(store, None, EnumerativeConfig(spacy=False, tables=False, gates=0, top_k=2),
+                             progress=False)
     assert res[(0, 0)][0].scores["select"]["iou"] > 0.97
     with pytest.raises(ValueError, match="share"):
-        enumerative_search(store, synth_idx=[0, 1, 2], select_idx=[2, 3], progress=False, spacy=False)
+        enumerative_search(store, StoreSplits([0, 1, 2], [2, 3]), plain, progress=False)
     with pytest.raises(ValueError, match="no heads"):
-        enumerative_search(store, heads=[], progress=False, spacy=False)
+        enumerative_search(store, None, plain, heads=[], progress=False)
     with pytest.raises(ValueError, match="single DSL primitives"):
-        enumerative_search(store, library=[Program.parse("0.5*prev(1) + 0.5*first()")], progress=False,
-                           spacy=False)
+        enumerative_search(store, None, EnumerativeConfig(library=(Program.parse("0.5*prev(1) + 0.5*first()"),),
+                                                          spacy=False), progress=False)
+    with pytest.raises(ValueError, match="beam"):
+        EnumerativeConfig(beam=0)
+    with pytest.raises(ValueError, match="unknown enumerative setting.*bem"):
+        EnumerativeConfig.of({"bem": 2})
+
+
+def test_the_former_keyword_form_warns_and_finds_the_same() -> None:
+    """enumerative_search(store, heads, synth_idx, select_idx, ..., top_k=...) still runs for one release, with a
+    DeprecationWarning naming the new call, and finds what the new form finds."""
+    seqs = story_sequences()
+    store = ProgramStore(seqs, {(0, 0): Program.parse("0.6*prev(2) + 0.4*first()"),
+                                (0, 1): Program.parse("prev(1)")})
+    synth = [i for i, s in enumerate(seqs) if s.doc % 2 == 0]
+    select = [i for i, s in enumerate(seqs) if s.doc % 2 == 1]
+    config = EnumerativeConfig(seed=2, fit_sequences=6, spacy=False, top_k=3, tables=False, small=0)
+    new = enumerative_search(store, StoreSplits(synth, select), config, heads=[(0, 1)], progress=False)
+    as_list = lambda r: [(c.program.text, c.scores) for c in r[(0, 1)]]  # noqa: E731
+    with pytest.warns(DeprecationWarning, match=r"enumerative_search\(store, StoreSplits"):
+        positional = enumerative_search(store, [(0, 1)], synth, select, 6, 5, 2, False, fit_sequences=6, spacy=False,
+                                        top_k=3, tables=False, small=0)
+    with pytest.warns(DeprecationWarning):
+        keywords = enumerative_search(store, heads=[(0, 1)], synth_idx=synth, select_idx=select, seed=2,
+                                      progress=False, fit_sequences=6, spacy=False, top_k=3, tables=False, small=0)
+    assert as_list(positional) == as_list(keywords) == as_list(new)
+    with pytest.raises(TypeError, match="multiple values for beam"):
+        enumerative_search(store, None, None, None, 4, beam=4)
 
 
 def test_nnls_gram_matches_scipy() -> None:
@@ -239,12 +269,12 @@ def test_a_heads_candidates_do_not_depend_on_the_other_heads_searched_with_it() 
         text = f"{w[0]}*prev({1 + k % 3}) + {w[1]}*first() + {w[2]}*decay(0.{5 + k % 4})"
         programs[(k // 8, k % 8)] = Program.parse(text)
     store = ProgramStore(seqs, programs)
-    kw = dict(synth_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 0],
-              select_idx=[i for i, s in enumerate(seqs) if s.doc % 2 == 1],
-              seed=0, progress=False, spacy=False, top_k=4, small=0)
+    splits = StoreSplits([i for i, s in enumerate(seqs) if s.doc % 2 == 0],
+                         [i for i, s in enumerate(seqs) if s.doc % 2 == 1])
+    config = EnumerativeConfig(spacy=False, top_k=4, small=0)
 
     def found(heads):
-        result = enumerative_search(store, heads=heads, **kw)
+        result = enumerative_search(store, splits, config, heads=heads, progress=False)
         return {h: [(c.program.text, c.scores) for c in v] for h, v in result.items()}
 
     every = found(list(programs))
@@ -278,8 +308,8 @@ def test_real_heads_of_stories260k_beat_uniform(stories, corpus_path) -> None:
     synth_idx = [i for i, s in enumerate(seqs) if s.doc % 3 != 0]
     select_idx = [i for i, s in enumerate(seqs) if s.doc % 3 == 0]
     heads = [(0, 4), (3, 0)]
-    res = enumerative_search(store, heads=heads, synth_idx=synth_idx, select_idx=select_idx, progress=False,
-                             fit_sequences=24, spacy=False, top_k=3)
+    res = enumerative_search(store, StoreSplits(synth_idx, select_idx),
+                             EnumerativeConfig(fit_sequences=24, spacy=False, top_k=3), heads=heads, progress=False)
     uniform = Program.parse("uniform()")
     for head in heads:
         cands = res[head]

@@ -8,7 +8,7 @@ from scipy.optimize import nnls
 
 from headsurgeon.surgery.patterns.store import AttentionStore
 from headsurgeon.synth.program import Program
-from headsurgeon.synth.search.enumerative import enumerative_search
+from headsurgeon.synth.search.enumerative import EnumerativeConfig, enumerative_search
 from headsurgeon.synth.search.enumerative.moved import nonneg_lstsq
 from headsurgeon.synth.select import select_programs
 from headsurgeon.synth.splits import StoreSplits
@@ -70,17 +70,20 @@ def planted():
 
 def test_search_recovers_a_gated_induction_head_by_what_it_moves(planted) -> None:
     store, synth, select = planted
-    found = enumerative_search(store, [(0, 0)], synth, select, seed=0, progress=False, spacy=False)[(0, 0)]
+    found = enumerative_search(store, StoreSplits(synth, select), EnumerativeConfig(spacy=False), heads=[(0, 0)],
+                               progress=False)[(0, 0)]
     texts = [c.program.text for c in found]
     assert PLANTED in texts, texts
     # fitted to the raw rows instead, the capitalized side's share of the match comes out wrong
-    raw = enumerative_search(store, [(0, 0)], synth, select, seed=0, progress=False, spacy=False, moved_depth=0)
+    raw = enumerative_search(store, StoreSplits(synth, select), EnumerativeConfig(spacy=False, moved_depth=0),
+                             heads=[(0, 0)], progress=False)
     assert PLANTED not in [c.program.text for c in raw[(0, 0)]]
 
 
 def test_selection_by_vw_r2_chooses_the_planted_program(planted) -> None:
     store, synth, select = planted
-    found = enumerative_search(store, [(0, 0)], synth, select, seed=0, progress=False, spacy=False)
+    found = enumerative_search(store, StoreSplits(synth, select), EnumerativeConfig(spacy=False), heads=[(0, 0)],
+                               progress=False)
     splits = StoreSplits(synth=list(synth), select=list(select[: len(select) // 2]), test=list(select[len(select) // 2:]))
     chosen = select_programs(store, found, splits, progress=False, select_by="vw_r2", side_terms=False)
     entry = chosen.entries[(0, 0)]

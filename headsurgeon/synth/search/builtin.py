@@ -6,10 +6,12 @@ from .base import Searcher, SearcherUnavailable, SearchSettings, register_search
 
 
 def enumerative(settings: SearchSettings) -> Searcher:
-    """The enumerative searcher; ``settings.options["enumerative"]``: keyword arguments of ``enumerative_search``."""
+    """The enumerative searcher; ``settings.options["enumerative"]``: an ``EnumerativeConfig`` or a mapping of its
+    fields, with the run's seed."""
+    from .enumerative.config import EnumerativeConfig
     from .enumerative.search import EnumerativeSearcher
 
-    return EnumerativeSearcher(seed=settings.seed, **settings.option("enumerative", {}))
+    return EnumerativeSearcher(EnumerativeConfig.of(settings.option("enumerative"), seed=settings.seed))
 
 
 def learned(settings: SearchSettings) -> Searcher:

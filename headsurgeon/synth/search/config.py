@@ -1,16 +1,17 @@
 """The search stage's settings: which registered searchers run, each built-in searcher's own options (the learned
-searcher's ``LearnedConfig``, the LLM agent's ``AgentConfig``, the enumerative search's keywords) and the user's
-program library. ``options()`` is what the searcher factories receive (headsurgeon/synth/search/builtin.py)."""
+searcher's ``LearnedConfig``, the LLM agent's ``AgentConfig``, the enumerative search's ``EnumerativeConfig``) and the
+user's program library. ``options()`` is what the searcher factories receive (headsurgeon/synth/search/builtin.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ...core.argtypes import int_at_least, non_negative_float
 from ...core.configs import nested, setting
 from ...core import SELECT_BY
 from ..eaps import LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library
+from .enumerative.config import EnumerativeConfig
 from .learned.config import LearnedConfig
 from .llm.config import AgentConfig
 
@@ -45,7 +46,9 @@ class SearchConfig:
                              help="what chooses among candidates on the select split: soft IoU, or value-weighted "
                                   "IoU / JSD (attention weighed by each key's value norm through the head, so the "
                                   "first-token sink counts by what it moves; needs a store with value norms)")
-    enumerative: Any = setting(None, flag=None, help="keyword arguments of enumerative_search (beam, top_k, ...)")
+    enumerative: EnumerativeConfig | Mapping[str, Any] | None = setting(
+        None, flag=None, help="the enumerative search's EnumerativeConfig, or a mapping of its fields (beam, top_k, "
+                              "...); its seed is the run's")
     learned: LearnedConfig | None = setting(None, flag=None, help="the learned searcher's LearnedConfig")
     agent_config: AgentConfig | None = nested(AgentConfig, optional=True, prefix="llm_",
                                               help="the LLM agent's AgentConfig (default: from the environment)")
@@ -63,8 +66,9 @@ class SearchConfig:
         """Per searcher name, what its factory is given (``SearchSettings.options``); ``library``: the loaded
         programs (default :meth:`programs`)."""
         out: dict[str, Any] = {"llm": self.agent_config, "library": self.programs() if library is None else library}
-        if self.enumerative:
-            out["enumerative"] = dict(self.enumerative)
+        if self.enumerative:  # a mapping of fields is copied; headsurgeon/synth/search/builtin.py makes the config
+            out["enumerative"] = (self.enumerative if isinstance(self.enumerative, EnumerativeConfig)
+                                  else dict(self.enumerative))
         if self.learned is not None:
             out["learned"] = {"config": self.learned}
         return out

@@ -3,12 +3,13 @@ the DSL semantics on those cells (from the spec's ``cells`` adapters, headsurgeo
 metrics on them (tests check both against the kernels and ``score_many``)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ....kernels.cell_kernels import cell_scores, rownorm_segments, segment_sums, softmax_segments
-from ....core import InputError
+from ....core import Head, InputError
 from ... import dsl
 from ...dsl.cell_combinators import Cells
 from ...dsl.spec import CellsAdapter, combinator_for
@@ -41,7 +42,7 @@ class FitSet(Cells):
     row's raw total (``sum`` adds raw scores: X * scale).
     """
 
-    def __init__(self, split: SplitArrays, library: list[Program], heads: list[tuple[int, int]],
+    def __init__(self, split: SplitArrays, library: list[Program], heads: list[Head],
                  preds: list[dsl.Pred], causal: bool, progress: bool, score_singles: bool = True,
                  desc: str = "enumerative: primitives", cache: Any = None) -> None:
         P, H = len(library), len(heads)
@@ -195,7 +196,7 @@ class FitSet(Cells):
         """The normalized pattern [C] of a tree (empty rows attend to position 0)."""
         return self.patterns([node], memo)[0]
 
-    def patterns(self, nodes: list[dsl.Node], memo: dict, out: np.ndarray | None = None) -> np.ndarray:
+    def patterns(self, nodes: Sequence[dsl.Node], memo: dict, out: np.ndarray | None = None) -> np.ndarray:
         """The normalized patterns [K, C] of trees, written into ``out`` (a float32 [>= K, C] buffer reused from
         block to block, or None for a new one)."""
         out = np.empty((len(nodes), self.C), dtype=np.float32) if out is None else out[: len(nodes)]

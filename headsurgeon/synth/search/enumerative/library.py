@@ -83,8 +83,8 @@ def primitive_library(sequences: list[Sequence], causal: bool = True, *, key_tok
             texts.append(f"key_in_set(ids=[{t}])")
     out: list[Program] = []
     seen: set[str] = set()
-    for t in texts:
-        p = Program.parse(t)
+    for text in texts:
+        p = Program.parse(text)
         if p.hash not in seen:
             seen.add(p.hash)
             out.append(p)

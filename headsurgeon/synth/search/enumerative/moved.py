@@ -13,17 +13,32 @@ split that lowers the error most first (headsurgeon/synth/search/enumerative/lib
 from __future__ import annotations
 
 import itertools
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 
 from ... import dsl
 from ...program import Program
 from .fitset import FitSet
+from ....core import Head
 
-__all__ = ["MOVED_CORES", "moved_gate_chains", "cell_keys", "cell_norms", "nonneg_lstsq"]
+__all__ = ["MOVED_CORES", "NormSource", "moved_gate_chains", "cell_keys", "cell_norms", "nonneg_lstsq"]
 
 #: the rules mixed with ``first()`` in the chains' leaves (those present in the searcher's library)
 MOVED_CORES: tuple[str, ...] = ("induction()", "ngram_induction(2)")
 _FIRST = "first()"
+
+
+@runtime_checkable
+class NormSource(Protocol):
+    """A store that may hold each key's value norm per head (headsurgeon/surgery/patterns/value_norms.py)."""
+
+    @property
+    def has_value_norms(self) -> bool:
+        """Whether the norms were captured."""
+
+    def norm_batch(self, indices: list[int], heads: list[Head]) -> np.ndarray:
+        """Value norms [H, B, N] of ``heads`` on sequences ``indices``."""
 
 
 def cell_keys(fs: FitSet) -> tuple[np.ndarray, np.ndarray]:

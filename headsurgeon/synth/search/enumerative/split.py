@@ -16,6 +16,7 @@ from ...program import Program
 from ...sequence import pad_ids
 from ...tensors import mask_policy
 from ..base import PatternSource
+from ....core import Head
 
 #: bytes of candidate patterns held at once per chunk (sets the chunk size)
 CHUNK_BYTES = 192 << 20
@@ -51,7 +52,7 @@ class SplitArrays:
         feats = {k: np.ascontiguousarray(v[pos, :width]) for k, v in self.features.items()}
         return ids, lens, feats
 
-    def real(self, pos: np.ndarray, heads: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def real(self, pos: np.ndarray, heads: list[Head]) -> tuple[np.ndarray, np.ndarray]:
         """Real patterns [H, Bc, Nc, Nc] (float32) and lengths of a chunk."""
         pats, lens = self.store.batch([self.indices[p] for p in pos], heads)
         return np.ascontiguousarray(pats, dtype=np.float32), np.asarray(lens, dtype=np.int64)

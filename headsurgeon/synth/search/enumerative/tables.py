@@ -166,7 +166,7 @@ def fit_loglinear(fs: FitSet, h: int, keys: np.ndarray, offsets: int = 48, sweep
     kw = dsl.make_prim("key_weight", [], {"w": table, "default": 1.0}) if table else None
 
     factors: list[dsl.Node] = [kw] if kw is not None else []
-    if q_cls is not None:
+    if q_cls is not None and k_cls is not None:
         groups = [[int(t) for t in keys[lab == g]] for lab in (q_cls[:-1], k_cls[:-1]) for g in range(classes)]
         qg, kg = groups[:classes], groups[classes:]
         qkeep = [g for g in range(classes) if qg[g]]
@@ -192,8 +192,8 @@ def fit_loglinear(fs: FitSet, h: int, keys: np.ndarray, offsets: int = 48, sweep
 
     base = M if temps[t0] == 1.0 else dsl.Sharpen(M, float(temps[t0]))
     out = [M, base] if base is not M else [M]
-    classes = [[float(temps[t]), [int(x) for x in toks[tok_t == t]]] for t in sorted({int(x) for x in tok_t})
+    by_temp = [[float(temps[t]), [int(x) for x in toks[tok_t == t]]] for t in sorted({int(x) for x in tok_t})
                if t != t0]
-    if classes:
-        out.append(dsl.make_sharpen(M, float(temps[t0]), classes))
+    if by_temp:
+        out.append(dsl.make_sharpen(M, float(temps[t0]), by_temp))
     return out
