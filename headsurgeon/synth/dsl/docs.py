@@ -14,7 +14,7 @@ from typing import Any
 from .bounds import FLAGS, KINDS, KNOWN_POS_TAGS, MATCH_FEATURES, STRUCTURE_BOUNDS
 from .labels import POS_WORDS, dep_labels
 from .nodes import Pred, Prim
-from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, combinator_for
+from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, require_combinator
 from .tokens import token_string
 
 __all__ = ["primitives_table", "combinators_table", "bounds_table", "render_tables", "reference_text",
@@ -31,7 +31,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -246,10 +246,8 @@ def _gloss(node: Any, vocab: Any, share: float | None) -> str:
                 return sentence
         kinds = {p.name: p.kind for p in spec.params}
         return spec.gloss.format(**{k: _words(v, kinds.get(k, ""), vocab, node) for k, v in node.params})
-    spec = combinator_for(node)
-    if spec is None:
-        raise TypeError(f"not a DSL node: {node!r}")
-    return spec.gloss.format(**spec.gloss_fields(node, ChildGloss(vocab, share)))
+    combinator = require_combinator(node)
+    return combinator.gloss.format(**combinator.gloss_fields(node, ChildGloss(vocab, share)))
 
 
 def gloss(node: Any, vocab: Any = None) -> str:

@@ -34,13 +34,14 @@ def row_support(node: Node) -> float | None:
         if support is None or spec.sparse is None:
             return None
         return math.inf if support == COUNTED else float(support)
-    spec = combinator_for(node)
-    if spec is None or spec.sparse is None:
+    combinator = combinator_for(node)
+    if combinator is None or combinator.sparse is None:
         return None
     bounds = [row_support(c) for c in children(node)]
-    if any(b is None for b in bounds):
+    known = [b for b in bounds if b is not None]
+    if len(known) < len(bounds):
         return None
-    return float(spec.support(bounds))
+    return float(combinator.support(known))
 
 
 def is_sparse(node: Node) -> bool:

@@ -46,7 +46,9 @@ class _Lexer:
     def _scan(self) -> tuple[str, Any, int]:
         """The next token after ``pos`` (literals of at most MAX_LITERAL_CHARS characters)."""
         text = self.text
-        pos = _SPACE_RE.match(text, self.pos).end()
+        space = _SPACE_RE.match(text, self.pos)
+        assert space is not None  # \s* matches at every position, if only the empty string
+        pos = space.end()
         if pos >= len(text):
             self.pos = pos
             return ("eof", None, len(text))
@@ -54,6 +56,7 @@ class _Lexer:
         if not m:
             raise _err(f"unexpected character {text[pos]!r} at column {pos + 1} in {excerpt(text)}")
         kind = m.lastgroup
+        assert kind is not None  # every alternative of _TOKEN_RE is a named group
         raw = m.group(kind)
         if kind != "op" and len(raw) > MAX_LITERAL_CHARS:
             raise _err(f"the {_LITERAL_NOUNS[kind]} at column {pos + 1} has {len(raw)} characters; at most "
