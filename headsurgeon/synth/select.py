@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
-from ..core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, check_choice
+from ..core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, Split, check_choice
 from . import dsl
 from .errors import ProgramExecutionError
 from ..core.scores import Scores
@@ -65,7 +65,7 @@ def score_programs(store: Any, heads: Sequence[tuple[int, int]], programs: list[
     return {m: v / len(indices) for m, v in totals.items()}
 
 
-def _pair_blocks(heads: list[Head], pool: dict[Head, list[ScoredProgram]], column: dict[str, int],
+def _pair_blocks(heads: list[tuple[int, int]], pool: dict[tuple[int, int], list[ScoredProgram]], column: dict[str, int],
                  step: int = 32) -> list[tuple[list[int], list[int]]]:
     """(head rows, program columns) blocks covering every pair a head considers, and few others.
 
@@ -149,8 +149,7 @@ def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], sele
         todo.update({id(o): o for o in fits[:CONTENDERS]})
     pending = [o for o in todo.values() if o.program.has_tree]
     for digits in ROUND_DIGITS:
-        tries = [(o, rounded_memo(o.program, digits)) for o in pending]
-        tries = [(o, p) for o, p in tries if p is not None]
+        tries = [(o, p) for o in pending if (p := rounded_memo(o.program, digits)) is not None]
         pending = []
         for (o, p), sel in zip(tries, _score1(store, head, [p for _, p in tries], select_idx, cache)):
             if abs(sel[by] - o.scores["select"][by]) <= ROUND_TOLERANCE:
@@ -271,11 +270,12 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
         for o in [o for o in picks.values() if o]:
             found[o.program.hash]["select"] = dict(o.scores["select"])
         found[winner.program.hash]["select"] = dict(winner.scores["select"])
-        for split, idx in (("test", test_idx), ("synth", synth_idx)):
+        reported: dict[Split, Sequence[int]] = {"test": test_idx, "synth": synth_idx}
+        for split, idx in reported.items():
             if idx:
                 for p, got in zip(kept, _score1(store, h, kept, list(idx), cache)):
                     found[p.hash][split] = got
-        for split in ("test", "synth"):
+        for split in reported:
             if split in found[winner.program.hash]:
                 winner.scores.merge(split, found[winner.program.hash][split])
 
