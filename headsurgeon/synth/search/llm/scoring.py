@@ -3,6 +3,7 @@ IoU on synth, IoU on select, and the feedback that shows the model where its bes
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from ...metrics import score_many
 from ...program import Program
 from ...sequence import Sequence
 from ...tensors import ProgramTensor, program_patterns
-from .config import SOURCE
+from .config import SOURCE, AgentConfig, AgentStats
 from .transport import excerpt
 from ....core import Head
 
@@ -74,6 +75,12 @@ class HeadContext:
 class ProgramScoring:
     """The scoring side of :class:`~headsurgeon.synth.search.llm.agent.LLMAgent` (a mixin: it uses the agent's
     ``config``, ``stats``, ``_lock``, ``_store_lock`` and ``_event``)."""
+
+    config: AgentConfig
+    stats: AgentStats
+    _lock: threading.Lock
+    _store_lock: threading.Lock
+    _event: Callable[[dict[str, Any]], None]
 
     def _patterns(self, program: Program, seqs: list[Sequence], causal: bool) -> ProgramTensor:
         """Normalized patterns [B, N, N] (sparse DSL programs as ``SparseRows``); Python programs run in the
