@@ -63,6 +63,21 @@ class SwapCosts:
                     self.known[key] = self._run(swapped)
         return self.known[key]
 
+    def lm_costs(self, chosen: Mapping[Any, Any], hybrid: Any = None) -> WindowCosts:
+        """``windows`` of a model with an LM head: the per-window KL and NLLs."""
+        costs = self.windows(chosen, hybrid)
+        if not isinstance(costs, WindowCosts):
+            raise EvaluationError(f"{self.handle.name} has no language-model head: its swaps have an embedding "
+                                  "distance, not per-token costs")
+        return costs
+
+    def distance(self, chosen: Mapping[Any, Any], hybrid: Any = None) -> float:
+        """``windows`` of a model without an LM head: the embedding distance between base and hybrid."""
+        costs = self.windows(chosen, hybrid)
+        if isinstance(costs, WindowCosts):
+            raise EvaluationError(f"{self.handle.name} has a language-model head: measure its swaps with lm_costs")
+        return costs
+
     def _run(self, hybrid: Any) -> WindowCosts | float:
         if self.base is None:
             return embedding_distance(self.base_embeddings, hybrid, self.sequences)
