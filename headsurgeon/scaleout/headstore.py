@@ -102,7 +102,7 @@ class HeadStore:
                 out[k, b, : lengths[b]] = self.norm(i, layer, head)
         return out
 
-    def batch(self, indices: list[int] | None = None, heads: list[tuple[int, int]] | None = None,
+    def batch(self, indices: list[int] | None = None, heads: Seq[tuple[int, int]] | None = None,
               dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """Padded patterns [H, B, N, N] and lengths [B], exactly as ``AttentionStore.batch`` returns them."""
         indices = list(range(len(self.sequences))) if indices is None else list(indices)

@@ -16,7 +16,7 @@ from .config import ScaleoutConfig
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
 from .task import DeltaJob, HeadJob
-from ..core import Head, InputError
+from ..core import Head, InputError, SelectBy
 
 @dataclass
 class HeadsResult:
@@ -78,7 +78,7 @@ def explain_store(store: Any, handle: Any, splits: Any, searchers: Seq[str], *,
                   options: dict[str, Any], seed: int, vocab: Any, out: Path, scaleout: ScaleoutConfig | None = None,
                   delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, progress: bool = True,
                   on_record: Any = None, heads: Seq[tuple[int, int]] | None = None,
-                  select_by: str = "iou") -> HeadsResult:
+                  select_by: SelectBy = "iou") -> HeadsResult:
     """Search, select and (``delta_ppl``) measure every head of ``store`` (or ``heads``); resumes from
     ``out / "heads"``.
 

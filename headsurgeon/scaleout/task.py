@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence as Seq
 
-from ..synth.search.base import SearchSettings, run_searchers
+from ..synth.search.base import CandidateMap, SearchSettings, run_searchers
 from ..synth.runcache import routed_cache
 from ..synth.select import select_programs
 from ..synth.splits import StoreSplits
 from .headstore import HeadStore
-from ..core import Head
+from ..core import Head, SelectBy
 from .warmup import compile_clock
 
 
@@ -47,7 +47,7 @@ class HeadJob:
     delta: DeltaJob | None = None
     out: str | None = None  # a folder searchers may write to (SearchSettings.out; runs in the driver's process only: the LLM journal)
     llm_gate: str | None = None  # name of the cluster's LLM gate actor (llmgate.py); None: the agent's own caps
-    select_by: str = "iou"  # headsurgeon/synth/select.py select_programs: what chooses on the select split
+    select_by: SelectBy = "iou"  # headsurgeon/synth/select.py select_programs: what chooses on the select split
 
     def fingerprint(self, store: Any) -> dict[str, Any]:
         """What a journal is bound to: the store's sequences, splits, seed, searchers, options, ΔPPL on/off."""
@@ -77,27 +77,28 @@ def _public(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _search(job: HeadJob, store: HeadStore, heads: list[tuple[int, int]], notes: list[str],
-            timings: dict[str, float]) -> dict[tuple[int, int], list[Any]]:
+def _search(job: HeadJob, store: HeadStore, heads: list[Head], notes: list[str],
+            timings: dict[str, float]) -> CandidateMap:
     """Every searcher of ``job`` on ``heads`` through headsurgeon/synth/search/base.py ``run_searchers``, with the driver's
     factories (a worker's registry may differ); the LLM agent asks the cluster's gate when there is one."""
     settings = SearchSettings(seed=job.seed, progress=False, out=None if job.out is None else Path(job.out),
                               options=dict(job.options))
     factories = dict(job.searchers)
-    if job.llm_gate and "llm" in factories:
-        factories["llm"] = lambda _settings: _gated_llm(job)
+    gate = job.llm_gate
+    if gate and "llm" in factories:
+        factories["llm"] = lambda _settings: _gated_llm(job, gate)
     return run_searchers(store, [name for name, _ in job.searchers], job.splits, settings=settings, heads=heads,
                          notes=notes, timings=timings, factories=factories)
 
 
-def _gated_llm(job: HeadJob) -> Any:
+def _gated_llm(job: HeadJob, gate: str) -> Any:
     """The LLM searcher whose requests take slots from the cluster's gate (llmgate.py)."""
     from ..synth.search.llm.agent import LLMSearcher
     from ..synth.search.llm.config import AgentConfig
     from .llmgate import GatedClient
 
     config = job.options.get("llm") or AgentConfig(progress=False)
-    return LLMSearcher(config, client=GatedClient(job.llm_gate, config))
+    return LLMSearcher(config, client=GatedClient(gate, config))
 
 
 def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None) -> list[dict[str, Any]]:
@@ -114,9 +115,9 @@ def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None)
     return records
 
 
-def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dict[str, Any]]:
+def _explain(job: HeadJob, given: Seq[tuple[int, int]], handle: Any) -> list[dict[str, Any]]:
     """``explain_heads`` without the warm-up clock."""
-    heads = [(int(a), int(b)) for a, b in heads]
+    heads = [Head(int(a), int(b)) for a, b in given]
     store = HeadStore(job.store, heads)
     notes: list[str] = []
     timings: dict[str, float] = {}

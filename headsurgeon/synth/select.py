@@ -23,6 +23,7 @@ from ..core.scores import Scores
 from .metrics import score_many
 from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import Entry, ProgramSet
+from .runcache import PatternCache
 from .scored import ScoredProgram
 from .tensors import program_rows
 from .sink_terms import cores_of, side_term_programs
@@ -42,7 +43,7 @@ def weighs(store: Any) -> bool:
 
 
 def score_programs(store: Any, heads: Sequence[tuple[int, int]], programs: list[Program], indices: list[int],
-                   cache: TensorCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
+                   cache: PatternCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
     """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P], and the
     value-weighted IoU / JSD (headsurgeon/synth/weighted.py) when the store holds value norms.
 
@@ -116,7 +117,7 @@ def rounded(program: Program, digits: int) -> Program | None:
     return None if out == program else out
 
 
-def _score1(store: Any, head: Head, programs: list[Program], idx: list[int], cache: TensorCache) -> list[dict]:
+def _score1(store: Any, head: Head, programs: list[Program], idx: list[int], cache: PatternCache) -> list[dict]:
     """Scores of ``programs`` for one head on ``idx``: one {"iou", "jsd", "topq"} (and the value-weighted ones when
     the store has norms) per program."""
     if not programs:
@@ -130,7 +131,7 @@ def _score1(store: Any, head: Head, programs: list[Program], idx: list[int], cac
     return [{m: float(got[m][0, j]) for m in got} for j in range(len(programs))]
 
 
-def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], select_idx: list[int], cache: TensorCache,
+def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], select_idx: list[int], cache: PatternCache,
                       chars_of: Any, budgets: list[int], memo: dict, by: SelectBy = "iou") -> None:
     """Round the leading options (select scores only) of each bounded budget in place, keeping the ``by`` metric
     within ROUND_TOLERANCE."""
@@ -189,7 +190,7 @@ def _store_splits(splits: Any, test_idx: Any, synth_idx: Any, select_idx: Any) -
 def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredProgram]], splits: Any = None,
                     test_idx: list[int] | None = None, synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
-                    cache: TensorCache | None = None, progress: bool = True, model: str = "",
+                    cache: PatternCache | None = None, progress: bool = True, model: str = "",
                     vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS,
                     select_by: SelectBy = "iou", side_terms: bool | None = None,
                     select_idx: list[int] | None = None) -> ProgramSet:

@@ -46,11 +46,11 @@ class PatternSource(Protocol):
     causal: bool
 
     @property
-    def heads(self) -> list[Head]:
+    def heads(self) -> Sequence[tuple[int, int]]:
         """The (layer, head) pairs the store holds."""
 
     def batch(self, indices: list[int] | None = None,
-              heads: list[Head] | None = None) -> tuple[np.ndarray, np.ndarray]:
+              heads: Sequence[tuple[int, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Real patterns [H, B, N, N] of ``heads`` on sequences ``indices``, and the lengths [B]."""
 
 
