@@ -14,6 +14,7 @@ from ..surgery.configs import MODEL_HELP, CorpusConfig, MeasureConfig, ModelConf
 from ..core import Head
 
 if TYPE_CHECKING:  # the CLI starts light: the measuring stack is imported inside the commands
+    from ..surgery.models.handle import ModelHandle
     from ..surgery.measure.divergence import CostSummary
 
 
@@ -122,7 +123,7 @@ def _interval(ci: list[float] | None, spec: str) -> str | None:
     return f"{format(ci[0], spec)} .. {format(ci[1], spec)}" if ci else None
 
 
-def _ablate_headless(args: argparse.Namespace, handle: Any, splits: Any, groups: list, programs: Any) -> int:
+def _ablate_headless(args: argparse.Namespace, handle: ModelHandle, splits: Any, groups: list, programs: Any) -> int:
     """Ablations of an encoder without an LM head: the embedding distance to the base, not a perplexity."""
     from ..surgery.measure.ablate import ablate
     from ..surgery.measure.embedding import embedding_distance

@@ -93,7 +93,7 @@ class HeadStore:
             self._cache[key] = np.asarray(part, dtype=np.float32).reshape(n)
         return self._cache[key]
 
-    def norm_batch(self, indices: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+    def norm_batch(self, indices: list[int], heads: Seq[tuple[int, int]]) -> np.ndarray:
         """Padded value norms [H, B, N], as ``AttentionStore.norm_batch``."""
         lengths = [self.sequences[i].n for i in indices]
         out = np.zeros((len(heads), len(indices), max(lengths, default=0)), dtype=np.float32)

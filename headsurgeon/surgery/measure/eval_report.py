@@ -39,6 +39,7 @@ from .scorable import require_lm_head
 from .sweep import SwapCosts, ppl, sweep_rows
 from .sweep_order import Order, order_heads
 from ...core import Head
+from ..models.handle import ModelHandle
 
 __all__ = ["EvalReport", "KindReport", "evaluate_programs", "SwapCosts", "SWEEP_STEPS"]
 
@@ -170,7 +171,7 @@ def _program_set(programs: Any, trust_programs: Any) -> ProgramSet | None:
     return programs.trusted(trust_programs)
 
 
-def _windows(handle: Any, corpus: Any, max_len: int, max_sequences: int | None,
+def _windows(handle: ModelHandle, corpus: Any, max_len: int, max_sequences: int | None,
              seed: int) -> tuple[list[Sequence], list[Sequence], str]:
     """(test windows, windows the ΔPPL order is measured on, their split's name)."""
     if isinstance(corpus, (str, Path)):
@@ -289,7 +290,7 @@ def _per_head_rows(programs: ProgramSet, kind: Which, costs: SwapCosts, known: M
     return rows
 
 
-def _measure_kind(handle: Any, programs: ProgramSet, kind: Which, costs: SwapCosts, seed: int, per_head: bool,
+def _measure_kind(handle: ModelHandle, programs: ProgramSet, kind: Which, costs: SwapCosts, seed: int, per_head: bool,
                   known: Mapping[Any, float] | None, progress: bool, seconds: dict[str, float]) -> KindReport:
     """The headline (all heads of this kind swapped, with bootstrap intervals) and the per-head table."""
     chosen = programs.programs(kind)
@@ -321,7 +322,7 @@ def _text(scored: ScoredProgram) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
-def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[Which, ...], test: list[Sequence],
+def _headless(handle: ModelHandle, programs: ProgramSet | None, kinds: tuple[Which, ...], test: list[Sequence],
               sweep: bool, orders: tuple[Order, ...], steps: Seq[float], seed: int, progress: bool) -> EvalReport:
     """A model without an LM head: the embedding distance between base and hybrid per kind, and with ``sweep``
     the IoU-order sweep by embedding distance (a ΔPPL order needs perplexity)."""
@@ -448,7 +449,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, config: Mea
     return report
 
 
-def _downstream(handle: Any, programs: ProgramSet, kind: Which, report: KindReport, tasks: Any, sweep: bool,
+def _downstream(handle: ModelHandle, programs: ProgramSet, kind: Which, report: KindReport, tasks: Any, sweep: bool,
                 task_kw: dict, progress: bool, base: Any = None) -> None:
     """lm-eval tasks on the base and this kind's hybrid (headsurgeon/surgery/measure/downstream.py); with ``sweep`` also per step."""
     from .downstream import downstream

@@ -22,6 +22,7 @@ from .embedding import EvaluationError, embedding_distance, sentence_embeddings
 from ..models.loading import load_model
 from ..swap.replace import replace_heads
 from .sweep_order import ORDER_LABELS, cheapest
+from ..models.handle import ModelHandle
 
 __all__ = ["SwapCosts", "sweep_rows", "sweep_programs", "sweep_arms", "sweep_heads", "trusted_programs", "order_label",
            "ppl"]
@@ -33,7 +34,7 @@ class SwapCosts:
     measured once: the sweep's 100% step, its orders' shared steps, a one-head step and that head's per-head swap,
     and the headline are one measurement each. Nothing runs before a set is asked for."""
 
-    def __init__(self, handle: Any, sequences: list[Sequence]) -> None:
+    def __init__(self, handle: ModelHandle, sequences: list[Sequence]) -> None:
         self.handle, self.sequences = handle, sequences
         self.base = BaseDistributions(handle, sequences) if handle.has_lm_head else None
         self.known: dict[frozenset, WindowCosts | float] = {}

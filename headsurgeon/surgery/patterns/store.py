@@ -357,7 +357,7 @@ class AttentionStore:
                              "value_norms=False); capture again to score by value-weighted attention")
         return self._entries(index)[norm_name(index)].astype(np.float32)
 
-    def norm_batch(self, indices: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+    def norm_batch(self, indices: list[int], heads: Seq[tuple[int, int]]) -> np.ndarray:
         """Padded value norms [H, B, N] of ``heads`` over ``indices`` (zeros beyond each length), as ``batch``."""
         lengths = [self.sequences[i].n for i in indices]
         out = np.zeros((len(heads), len(indices), max(lengths, default=0)), dtype=np.float32)

@@ -17,6 +17,7 @@ from .. import dsl
 from ..errors import ProgramValidationError, excerpt
 from ..sequence import Sequence
 from ...core import InputError
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["ProgramBackend", "register_backend", "unregister_backend", "get_backend", "backend_kinds", "backend_for_document",
            "json_document", "DEFAULT_TIMEOUT"]
@@ -84,11 +85,11 @@ class ProgramBackend(ABC):
     def size(self, payload: Any) -> int:
         """Description length: syntax nodes plus scalar literals (every number, list item and table cell)."""
 
-    def render(self, payload: Any, vocab: Any = None) -> str:
+    def render(self, payload: Any, vocab: TokenVocabulary | None = None) -> str:
         """The text a person reads; with a ``Vocabulary``, token ids appear as token strings."""
         return self.text(payload)
 
-    def gloss(self, payload: Any, vocab: Any = None) -> str:
+    def gloss(self, payload: Any, vocab: TokenVocabulary | None = None) -> str:
         """A deterministic English sentence saying what the program attends to ("" when none can be built)."""
         return ""
 

@@ -18,6 +18,7 @@ from .. import dsl, features as feature_views
 from ..errors import ProgramValidationError
 from ..sequence import Sequence, pad_ids
 from .base import ProgramBackend, json_document
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["DSLBackend"]
 
@@ -76,11 +77,11 @@ class DSLBackend(ProgramBackend):
         """Nodes plus scalar literals of the tree (headsurgeon/synth/dsl/size.py)."""
         return dsl.size(payload)
 
-    def render(self, payload: dsl.Node, vocab: Any = None) -> str:
+    def render(self, payload: dsl.Node, vocab: TokenVocabulary | None = None) -> str:
         """The text form; with a ``Vocabulary`` every token id is shown as its token string."""
         return dsl.to_text(payload, vocab)
 
-    def gloss(self, payload: dsl.Node, vocab: Any = None) -> str:
+    def gloss(self, payload: dsl.Node, vocab: TokenVocabulary | None = None) -> str:
         """The spec's English templates filled in for this tree (tokens named by string with a ``Vocabulary``)."""
         return dsl.gloss(payload, vocab)
 

@@ -19,6 +19,7 @@ from .nodes import Fallback, Gate, Mul, Node, Pred, Prim, is_node
 from .printer import to_text
 from .spec import PRIMITIVE_SPECS
 from .tokens import Quoted, Tok, plain, resolve, token_ids
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["parse", "to_text"]
 
@@ -99,7 +100,7 @@ class _Lexer:
 
 
 class _Parser:
-    def __init__(self, text: str, vocab: Any = None) -> None:
+    def __init__(self, text: str, vocab: TokenVocabulary | None = None) -> None:
         self.lx = _Lexer(text)
         self.vocab = vocab
         self.depth = 0
@@ -375,7 +376,7 @@ def _list_limit(name: str, param: str | int) -> tuple[int, str]:
 
 
 
-def parse(text: str, vocab: Any = None) -> Node:
+def parse(text: str, vocab: TokenVocabulary | None = None) -> Node:
     """Parse DSL text (e.g. ``0.7*prev(1) + 0.3*first()``) into a validated tree.
 
     ``vocab`` (a ``Vocabulary``) resolves token strings (``tokens=["▁the"]``, ``tok("Lily")``) to ids; text
