@@ -15,7 +15,7 @@ it), which is what caches and checkpoints key on.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -195,7 +195,7 @@ class Program:
 
     def evaluate_scores(self, sequences: list[Sequence], causal: bool = True,
                         features: Mapping[str, np.ndarray] | None = None,
-                        timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None,
+                        timeout: float = DEFAULT_TIMEOUT, pos_tags: Iterable[str] | None = None,
                         out: np.ndarray | None = None) -> np.ndarray:
         """Raw scores [B,N,N] before normalization, padded with zeros (float32 for DSL, float64 for Python).
 
@@ -206,7 +206,7 @@ class Program:
 
     def evaluate(self, sequences: list[Sequence], causal: bool = True,
                  features: Mapping[str, np.ndarray] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None,
+                 timeout: float = DEFAULT_TIMEOUT, pos_tags: Iterable[str] | None = None,
                  out: np.ndarray | None = None) -> np.ndarray:
         """Normalized attention float32 [B,N,N] for a batch of sequences (zeros beyond each length).
 
@@ -224,7 +224,7 @@ class Program:
 
     def evaluate_arrays(self, ids: np.ndarray, lengths: np.ndarray,
                         features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                        pos_tags: Any = None, normalize: bool = True,
+                        pos_tags: Iterable[str] | None = None, normalize: bool = True,
                         out: np.ndarray | None = None) -> np.ndarray:
         """DSL only: evaluate on padded arrays directly (ids [B,N], lengths [B], feature arrays [B,N])."""
         return self._backend.evaluate_arrays(self._payload, ids, lengths, features, causal, pos_tags, normalize, out)

@@ -6,7 +6,7 @@ through the specs' ``sparse`` kernels (headsurgeon/synth/dsl/sparse.py).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ class Context:
     """Padded arrays and feature lookups shared by one evaluation."""
 
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, features: Mapping[str, np.ndarray] | None,
-                 causal: bool, pos_tags: Any) -> None:
+                 causal: bool, pos_tags: Iterable[str] | None) -> None:
         ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
         if ids.ndim != 2:
             raise InputError(f"ids must be a padded [B, N] array; got shape {ids.shape}")
