@@ -117,7 +117,7 @@ def evaluate_tasks(lm: Any, tasks: list[str], limit: int | float | None, include
 def reported_metrics(result: dict, task: str) -> list[tuple[str, str]]:
     """(metric, filter) pairs lm-eval reported for a task, e.g. ("acc", "none")."""
     keys = [k for k in result["results"][task] if "," in k and "_stderr," not in k]
-    return [tuple(k.split(",", 1)) for k in keys]  # type: ignore[misc]  # each key holds one comma: pairs of two
+    return [tuple(k.split(",", 1)) for k in keys]  # each key holds one comma: pairs of two
 
 
 def _stderr(value: Any) -> float | None:

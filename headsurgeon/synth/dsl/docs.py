@@ -14,7 +14,7 @@ from typing import Any
 from .bounds import FLAGS, KINDS, KNOWN_POS_TAGS, MATCH_FEATURES, STRUCTURE_BOUNDS
 from .labels import POS_WORDS, dep_labels
 from .nodes import Pred, Prim
-from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, require_combinator
+from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, PrimitiveSpec, require_combinator
 from .tokens import token_string
 from ...core.vocabulary import TokenVocabulary
 
@@ -38,7 +38,7 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def _support(spec: Any) -> str:
+def _support(spec: PrimitiveSpec) -> str:
     """A primitive's declared keys per query row, as the table shows it (headsurgeon/synth/dsl/sparse.py uses it)."""
     if spec.support is None:
         return "all (dense)"

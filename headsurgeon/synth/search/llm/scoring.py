@@ -19,6 +19,7 @@ from ...metrics import score_many
 from ...program import Program
 from ...sequence import Sequence
 from ...tensors import ProgramTensor, program_patterns
+from ..base import PatternSource
 from .config import SOURCE, AgentConfig, AgentStats
 from .transport import excerpt
 from ....core import Head
@@ -62,7 +63,7 @@ class SynthFit:
 class HeadContext:
     """What every head of one run shares: the store, the splits, the system prompt and the request pool."""
 
-    store: Any
+    store: PatternSource
     causal: bool
     synth_idx: list[int]
     select_idx: list[int]

@@ -310,7 +310,7 @@ def guard_response(response: Any) -> None:
 def capped_stream_class(base: type) -> type:
     """A subclass of ``base`` (the HTTP library's SyncByteStream) that stops at a byte cap or a deadline."""
 
-    class CappedStream(base):  # type: ignore[misc, valid-type]  # the base class is chosen at run time
+    class CappedStream(base):
         """A response body read chunk by chunk, never past ``limit`` bytes or ``deadline``."""
 
         def __init__(self, inner: Any, limit: int, deadline: float | None) -> None:
