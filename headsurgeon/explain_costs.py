@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from headsurgeon.surgery.measure.head_costs import HeadCosts, head_costs
+from .surgery.models.handle import ModelHandle
+from .surgery.corpus import Splits
+from .synth.programset import ProgramSet
 
 __all__ = ["COSTS_NAME", "measure_head_costs", "compact_costs", "format_costs"]
 
@@ -19,7 +22,7 @@ __all__ = ["COSTS_NAME", "measure_head_costs", "compact_costs", "format_costs"]
 COSTS_NAME = "head_costs.json"
 
 
-def measure_head_costs(handle: Any, programs: Any, splits: Any, out: Path, *, seed: int = 0,
+def measure_head_costs(handle: ModelHandle, programs: ProgramSet, splits: Splits, out: Path, *, seed: int = 0,
                        progress: bool = True) -> HeadCosts:
     """Every head of ``programs`` swapped alone for each kind it has and for its mean pattern over the synth windows,
     measured on the select windows (never the test windows that report the result)."""

@@ -14,12 +14,20 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from headsurgeon.surgery.configs import MeasureConfig
 from headsurgeon.surgery.measure.eval_report import EvalReport, evaluate_programs
 from .core import Head
 from .explain_costs import compact_costs, measure_head_costs
+from .core.vocabulary import TokenVocabulary
+from .surgery.models.handle import ModelHandle
+from .surgery.corpus import Splits
+from .synth.programset import ProgramSet
+
+if TYPE_CHECKING:  # the search stage's result and the searchers' protocol: pipeline.py imports both packages first
+    from .scaleout.stage import HeadsResult
+    from .synth.search.base import PatternReader
 
 __all__ = ["measure_and_report", "nest_timings", "format_timings", "cloze_documents", "sweep_rows"]
 
@@ -62,13 +70,13 @@ def format_timings(timings: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cloze_documents(splits: Any) -> list[str]:
+def cloze_documents(splits: Splits) -> list[str]:
     """The held-out texts for the cloze: each test window's text (the document span it covers), as the model saw it
     and never searched or selected on (headsurgeon/surgery/corpus.py; Splits keep windows, not whole documents)."""
     return [s.text for s in splits.test if s.text and s.text.strip()]
 
 
-def _with_cloze(tasks: list[str], include_path: Any, splits: Any, out: Path, seed: int) -> tuple[list[str], Any]:
+def _with_cloze(tasks: list[str], include_path: Any, splits: Splits, out: Path, seed: int) -> tuple[list[str], Any]:
     """``tasks`` plus the held-out cloze written under OUT/cloze, and the include path that finds it."""
     from headsurgeon.surgery.measure.cloze import write_cloze_task
 
@@ -84,8 +92,8 @@ def sweep_rows(evaluation: EvalReport | None) -> list[dict[str, Any]]:
     return [{"which": kind, **row} for kind, kr in evaluation.kinds.items() for row in kr.sweep or []]
 
 
-def measure_and_report(handle: Any, programs: Any, splits: Any, store: Any, out: Path,
-                       measure: MeasureConfig | None = None, *, heads: Any, vocab: Any, timings: dict[str, Any],
+def measure_and_report(handle: ModelHandle, programs: ProgramSet, splits: Splits, store: PatternReader, out: Path,
+                       measure: MeasureConfig | None = None, *, heads: HeadsResult, vocab: TokenVocabulary | None, timings: dict[str, Any],
                        notes: list[str], seed: int = 0,
                        progress: bool = True) -> tuple[EvalReport, dict[str, Any], dict[str, Any]]:
     """Measure ``programs`` (both kinds), plot, write report.html and summary.json; return (the EvalReport, the

@@ -14,6 +14,9 @@ from ..surgery.configs import MODEL_HELP, CorpusConfig, MeasureConfig, ModelConf
 from ..core import Head
 
 if TYPE_CHECKING:  # the CLI starts light: the measuring stack is imported inside the commands
+    from ..surgery.corpus import Splits
+    from ..surgery.models.handle import ModelHandle
+    from ..synth.programset import ProgramSet
     from ..surgery.measure.divergence import CostSummary
 
 
@@ -39,7 +42,7 @@ def load_programs(path: str) -> Any:
     return ProgramSet.load(path)
 
 
-def trusted(programs: Any, trust: bool) -> Any:
+def trusted(programs: ProgramSet, trust: bool) -> ProgramSet:
     """``programs`` after the trust gate (headsurgeon/synth/trust.py): Python programs in any slot need --trust-programs."""
     from ..synth.trust import CLI_FLAG
 
@@ -122,7 +125,8 @@ def _interval(ci: list[float] | None, spec: str) -> str | None:
     return f"{format(ci[0], spec)} .. {format(ci[1], spec)}" if ci else None
 
 
-def _ablate_headless(args: argparse.Namespace, handle: Any, splits: Any, groups: list, programs: Any) -> int:
+def _ablate_headless(args: argparse.Namespace, handle: ModelHandle, splits: Splits, groups: list,
+                     programs: ProgramSet | None) -> int:
     """Ablations of an encoder without an LM head: the embedding distance to the base, not a perplexity."""
     from ..surgery.measure.ablate import ablate
     from ..surgery.measure.embedding import embedding_distance

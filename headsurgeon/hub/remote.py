@@ -12,13 +12,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from headsurgeon.surgery.swap.replace import HybridModel
+
 from .checkpoint import save_hybrid
 from .checkpoint.location import HF_SCHEME, download_hybrid, parse_hf_url, snapshot_blobs
 
 __all__ = ["push_hybrid", "download_hybrid", "parse_hf_url", "snapshot_blobs", "HF_SCHEME"]
 
 
-def push_hybrid(hybrid: Any, repo_id: str, token: str | None = None, private: bool = False,
+def push_hybrid(hybrid: HybridModel, repo_id: str, token: str | None = None, private: bool = False,
                 revision: str | None = None, metrics: Mapping[str, Any] | None = None, endpoint: str | None = None,
                 programs: Any = None, commit_message: str | None = None) -> Any:
     """Save ``hybrid`` as a checkpoint and upload it to the Hub repo ``repo_id`` (created if needed).

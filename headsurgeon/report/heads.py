@@ -7,15 +7,19 @@ headsurgeon/synth/scored.py); on a record from before explanations (no frontier)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headsurgeon.core.vocabulary import TokenVocabulary
 from headsurgeon.synth.program import READABLE_CHARS, Program
 from headsurgeon.synth.programset import Entry, ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.select import BASELINES, score_programs
 from headsurgeon.synth.splits import StoreSplits
+
+if TYPE_CHECKING:  # importing the searchers' package registers them all: the report needs only the protocol
+    from headsurgeon.synth.search.base import PatternReader
 
 
 @dataclass
@@ -51,7 +55,7 @@ def safe(call: Any, default: Any) -> Any:
         return default
 
 
-def shown(p: ScoredProgram, vocab: Any) -> ScoredProgram:
+def shown(p: ScoredProgram, vocab: TokenVocabulary | None) -> ScoredProgram:
     """``p`` as a person sees it: a text never rendered, or stored cut (programs.json), is rendered with ``vocab``."""
     if not p.rendered:
         text = safe(lambda: p.program.render(vocab), p.program.text)
@@ -65,7 +69,7 @@ def shown(p: ScoredProgram, vocab: Any) -> ScoredProgram:
                          chars=chars, size=safe(lambda: p.size, None))
 
 
-def view(head: tuple[int, int], entry: Entry, vocab: Any) -> HeadView:
+def view(head: tuple[int, int], entry: Entry, vocab: TokenVocabulary | None) -> HeadView:
     """The HeadView of one ProgramSet entry (headsurgeon/synth/programset.py ``Entry``)."""
     replacement = shown(entry.replacement, vocab)
     explanation = shown(entry.explanation, vocab) if entry.explanation is not None else None
@@ -77,12 +81,12 @@ def view(head: tuple[int, int], entry: Entry, vocab: Any) -> HeadView:
     return HeadView(head, replacement, explanation, frontier, entry.hypothesis or "")
 
 
-def views(programs: ProgramSet, vocab: Any = None) -> list[HeadView]:
+def views(programs: ProgramSet, vocab: TokenVocabulary | None = None) -> list[HeadView]:
     """One HeadView per head, in head order."""
     return [view(h, e, vocab) for h, e in programs.entries.items()]
 
 
-def add_templates(heads: list[HeadView], store: Any, splits: StoreSplits) -> None:
+def add_templates(heads: list[HeadView], store: PatternReader, splits: StoreSplits) -> None:
     """Score the single templates (headsurgeon/synth/select.py ``BASELINES``) and attach each head's best one.
 
     Chosen on ``splits.select`` when it has windows (reported on test, like every program), else the best on test
@@ -116,7 +120,7 @@ def frontier_points(v: HeadView) -> list[tuple[int, float, str, bool]]:
     return [(size, iou, ", ".join(dict.fromkeys(labs)), ex) for (size, iou), (labs, ex) in merged.items()]
 
 
-def example_window(store: Any, test_idx: list[int], max_tokens: int, look: int = 20) -> int | None:
+def example_window(store: PatternReader, test_idx: list[int], max_tokens: int, look: int = 20) -> int | None:
     """The test window shown in every head's heatmaps: the longest among the first ``look`` (ties: first)."""
     if not test_idx:
         return None
@@ -124,7 +128,7 @@ def example_window(store: Any, test_idx: list[int], max_tokens: int, look: int =
     return max(cands, key=lambda i: (min(store.sequences[i].n, max_tokens), -cands.index(i)))
 
 
-def patterns(v: HeadView, store: Any, index: int, n: int, cache: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def patterns(v: HeadView, store: PatternReader, index: int, n: int, cache: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The real pattern and the explanation's and replacement's on window ``index``, cropped to n × n."""
     seq = store.sequences[index]
     out = {"real": np.asarray(store.pattern(index, *v.head), dtype=np.float32)[:n, :n]}

@@ -5,7 +5,7 @@ import base64
 import html
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,10 @@ from .grid import GRID_SCRIPT, GRID_STYLE, grid_html
 from . import words
 from .plots import CELL, DIVERGING, colour_css, frontier_svg, heatmap
 from ..core import Head
+from ..core.vocabulary import TokenVocabulary
+
+if TYPE_CHECKING:  # importing the searchers' package registers them all: the report needs only the protocol
+    from headsurgeon.synth.search.base import PatternReader
 
 #: a replacement's text is shown in full up to this many characters (fitted tables stay in programs.json)
 SHOW_REPLACEMENT_CHARS = 1000
@@ -183,11 +187,11 @@ def heatmaps(maps: dict[str, np.ndarray], tokens: list[str], window: str, same: 
     return f"<div class='maps'>{''.join(figs)}</div>"
 
 
-def write_report(out: str | Path, programs: ProgramSet, store: Any, splits: Any,
+def write_report(out: str | Path, programs: ProgramSet, store: PatternReader, splits: Any,
                  sweep_png: str | Path | None = None, sweep_rows: list[dict] | None = None,
                  title: str = "headsurgeon report", examples: int = 1, max_tokens: int = 24,
                  summary: dict | None = None, *, timings: dict[str, float] | None = None,
-                 notes: list[str] | None = None, vocab: Any = None, downstream: dict | None = None, evaluation: Any = None) -> Path:
+                 notes: list[str] | None = None, vocab: TokenVocabulary | None = None, downstream: dict | None = None, evaluation: Any = None) -> Path:
     """Write the self-contained HTML report (images inlined) and return its path.
 
     ``splits``: the store's windows by split (a StoreSplits, headsurgeon/synth/splits.py, a corpus Splits or a mapping

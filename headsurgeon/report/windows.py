@@ -11,13 +11,16 @@ import base64
 import html
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from headsurgeon.synth.metrics import score_many
 
 from .plots import CELL, DIVERGING, SEQUENTIAL
+
+if TYPE_CHECKING:  # importing the searchers' package registers them all: the report needs only the protocol
+    from headsurgeon.synth.search.base import PatternReader
 
 #: how the chosen windows are labelled, from the best IoU to the worst
 LABELS = ("best", "median", "worst")
@@ -52,7 +55,7 @@ class RealCrops:
     """The real patterns of the looked-at windows, cropped, read once per window for every head (a store's
     ``patterns(index)`` decodes all heads of a window at once; reading it per head would repeat that work)."""
 
-    def __init__(self, store: Any, max_tokens: int) -> None:
+    def __init__(self, store: PatternReader, max_tokens: int) -> None:
         self.store, self.max_tokens = store, max_tokens
         self._windows: dict[int, np.ndarray] = {}
 
@@ -77,7 +80,7 @@ def _ious(real: list[np.ndarray], prog: list[np.ndarray], causal: bool) -> list[
     return [float(x) for x in got["iou"][0, 0]]
 
 
-def choose(v: Any, store: Any, test_idx: list[int], max_tokens: int = 24, look: int = 30,
+def choose(v: Any, store: PatternReader, test_idx: list[int], max_tokens: int = 24, look: int = 30,
            cache: dict[str, list[np.ndarray] | None] | None = None, reals: RealCrops | None = None) -> list[Window]:
     """The best, median and worst of the first ``look`` test windows for head ``v`` (a ``heads.HeadView``), by the
     IoU of its explanation (else its replacement) on the first ``max_tokens`` tokens; fewer when fewer exist.
@@ -114,7 +117,7 @@ def choose(v: Any, store: Any, test_idx: list[int], max_tokens: int = 24, look: 
     return out
 
 
-def add_windows(views: list[Any], store: Any, test_idx: list[int], max_tokens: int = 24, look: int = 30) -> None:
+def add_windows(views: list[Any], store: PatternReader, test_idx: list[int], max_tokens: int = 24, look: int = 30) -> None:
     """Attach each head's chosen windows (``choose``) to its ``HeadView.windows``, programs run once per hash."""
     cache: dict[str, list[np.ndarray] | None] = {}
     reals = RealCrops(store, max_tokens)
@@ -166,7 +169,7 @@ def _lut(cmap: str, stops: int = 64) -> str:
     return "".join("%02x%02x%02x" % tuple(round(255 * c) for c in cm(i / (stops - 1))[:3]) for i in range(stops))
 
 
-def tokens_json(windows: list[list[Window]], store: Any) -> str:
+def tokens_json(windows: list[list[Window]], store: PatternReader) -> str:
     """The tokens of every window shown, once for the page, as JSON safe inside a script element."""
     seen = sorted({w.index for ws in windows for w in ws})
     table = {str(i): [str(t) for t in store.sequences[i].tokens[: max(w.n for ws in windows for w in ws
@@ -182,7 +185,7 @@ WINDOWS_STYLE = """
 """
 
 
-def windows_script(windows: list[list[Window]], store: Any) -> str:
+def windows_script(windows: list[list[Window]], store: PatternReader) -> str:
     """The page's token table and the script that draws a head's window when shown (the first on load)."""
     if not any(windows):
         return ""

@@ -93,7 +93,7 @@ class HeadStore:
             self._cache[key] = np.asarray(part, dtype=np.float32).reshape(n)
         return self._cache[key]
 
-    def norm_batch(self, indices: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+    def norm_batch(self, indices: list[int], heads: Seq[tuple[int, int]]) -> np.ndarray:
         """Padded value norms [H, B, N], as ``AttentionStore.norm_batch``."""
         lengths = [self.sequences[i].n for i in indices]
         out = np.zeros((len(heads), len(indices), max(lengths, default=0)), dtype=np.float32)
@@ -102,7 +102,7 @@ class HeadStore:
                 out[k, b, : lengths[b]] = self.norm(i, layer, head)
         return out
 
-    def batch(self, indices: list[int] | None = None, heads: list[tuple[int, int]] | None = None,
+    def batch(self, indices: list[int] | None = None, heads: Seq[tuple[int, int]] | None = None,
               dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """Padded patterns [H, B, N, N] and lengths [B], exactly as ``AttentionStore.batch`` returns them."""
         indices = list(range(len(self.sequences))) if indices is None else list(indices)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tqdm.auto import tqdm
 
@@ -19,6 +19,9 @@ from .journal import HeadJournal
 from .pool import default_workers, describe, peak_rss, pool_map
 from .task import HeadJob, explain_heads
 from ..core import InputError
+
+if TYPE_CHECKING:  # surgery/models/handle.py imports torch, which this module does without
+    from ..surgery.models.handle import ModelHandle
 
 EXECUTORS = ("local", "ray")
 
@@ -50,7 +53,7 @@ def _picklable(job: HeadJob) -> bool:
 
 def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *, fingerprint: dict[str, Any],
               executor: str = "local", workers: int | None = None, address: str | None = None,
-              heads_per_task: int | None = None, handle: Any = None, progress: bool = True,
+              heads_per_task: int | None = None, handle: ModelHandle | None = None, progress: bool = True,
               ray_options: dict[str, Any] | None = None,
               on_record: Callable[[dict], None] | None = None) -> tuple[dict[tuple[int, int], dict], int, list[str]]:
     """Explain every head not yet in ``journal``; return all heads' records (head → record), how many heads

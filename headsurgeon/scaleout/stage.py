@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 from ..synth.programset import ProgramSet
 from ..synth.search.base import SearcherUnavailable, SearchSettings, make_searcher, searcher_factory
@@ -16,7 +16,12 @@ from .config import ScaleoutConfig
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
 from .task import DeltaJob, HeadJob
-from ..core import Head, InputError
+from ..core import Head, InputError, SelectBy
+from ..core.vocabulary import TokenVocabulary
+
+if TYPE_CHECKING:  # surgery/models/handle.py imports torch, which this module does without
+    from ..surgery.models.handle import ModelHandle
+    from ..surgery.patterns.store import AttentionStore
 
 @dataclass
 class HeadsResult:
@@ -74,11 +79,11 @@ def preflight(config: ScaleoutConfig) -> None:
                          "run here on OUT/store: drop --store-url, or add --ray")
 
 
-def explain_store(store: Any, handle: Any, splits: Any, searchers: Seq[str], *,
-                  options: dict[str, Any], seed: int, vocab: Any, out: Path, scaleout: ScaleoutConfig | None = None,
+def explain_store(store: AttentionStore, handle: ModelHandle, splits: Any, searchers: Seq[str], *,
+                  options: dict[str, Any], seed: int, vocab: TokenVocabulary | None, out: Path, scaleout: ScaleoutConfig | None = None,
                   delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, progress: bool = True,
                   on_record: Any = None, heads: Seq[tuple[int, int]] | None = None,
-                  select_by: str = "iou") -> HeadsResult:
+                  select_by: SelectBy = "iou") -> HeadsResult:
     """Search, select and (``delta_ppl``) measure every head of ``store`` (or ``heads``); resumes from
     ``out / "heads"``.
 

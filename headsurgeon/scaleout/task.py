@@ -10,15 +10,20 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Sequence as Seq
 
-from ..synth.search.base import SearchSettings, run_searchers
+from ..synth.search.base import CandidateMap, SearchSettings, run_searchers
 from ..synth.runcache import routed_cache
 from ..synth.select import select_programs
 from ..synth.splits import StoreSplits
 from .headstore import HeadStore
-from ..core import Head
+from ..core import Head, SelectBy
+from ..core.vocabulary import TokenVocabulary
 from .warmup import compile_clock
+
+if TYPE_CHECKING:  # both import torch, which a task runs without until it measures ΔPPL
+    from ..surgery.models.handle import ModelHandle
+    from ..surgery.patterns.store import AttentionStore
 
 
 @dataclass(frozen=True)
@@ -42,14 +47,14 @@ class HeadJob:
     searchers: tuple[tuple[str, Any], ...]  # (name, factory): the driver's registry entries (base.searcher_factory)
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
-    vocab: Any = None
+    vocab: TokenVocabulary | None = None
     model: str = ""
     delta: DeltaJob | None = None
     out: str | None = None  # a folder searchers may write to (SearchSettings.out; runs in the driver's process only: the LLM journal)
     llm_gate: str | None = None  # name of the cluster's LLM gate actor (llmgate.py); None: the agent's own caps
-    select_by: str = "iou"  # headsurgeon/synth/select.py select_programs: what chooses on the select split
+    select_by: SelectBy = "iou"  # headsurgeon/synth/select.py select_programs: what chooses on the select split
 
-    def fingerprint(self, store: Any) -> dict[str, Any]:
+    def fingerprint(self, store: AttentionStore) -> dict[str, Any]:
         """What a journal is bound to: the store's sequences, splits, seed, searchers, options, ΔPPL on/off."""
         def digest(obj: Any) -> str:
             text = json.dumps(obj, sort_keys=True, default=lambda o: getattr(o, "hash", None) or repr(o))
@@ -77,30 +82,31 @@ def _public(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _search(job: HeadJob, store: HeadStore, heads: list[tuple[int, int]], notes: list[str],
-            timings: dict[str, float]) -> dict[tuple[int, int], list[Any]]:
+def _search(job: HeadJob, store: HeadStore, heads: list[Head], notes: list[str],
+            timings: dict[str, float]) -> CandidateMap:
     """Every searcher of ``job`` on ``heads`` through headsurgeon/synth/search/base.py ``run_searchers``, with the driver's
     factories (a worker's registry may differ); the LLM agent asks the cluster's gate when there is one."""
     settings = SearchSettings(seed=job.seed, progress=False, out=None if job.out is None else Path(job.out),
                               options=dict(job.options))
     factories = dict(job.searchers)
-    if job.llm_gate and "llm" in factories:
-        factories["llm"] = lambda _settings: _gated_llm(job)
+    gate = job.llm_gate
+    if gate and "llm" in factories:
+        factories["llm"] = lambda _settings: _gated_llm(job, gate)
     return run_searchers(store, [name for name, _ in job.searchers], job.splits, settings=settings, heads=heads,
                          notes=notes, timings=timings, factories=factories)
 
 
-def _gated_llm(job: HeadJob) -> Any:
+def _gated_llm(job: HeadJob, gate: str) -> Any:
     """The LLM searcher whose requests take slots from the cluster's gate (llmgate.py)."""
     from ..synth.search.llm.agent import LLMSearcher
     from ..synth.search.llm.config import AgentConfig
     from .llmgate import GatedClient
 
     config = job.options.get("llm") or AgentConfig(progress=False)
-    return LLMSearcher(config, client=GatedClient(job.llm_gate, config))
+    return LLMSearcher(config, client=GatedClient(gate, config))
 
 
-def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None) -> list[dict[str, Any]]:
+def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: ModelHandle | None = None) -> list[dict[str, Any]]:
     """Search, select and (with ``job.delta``) measure ΔPPL for ``heads``; one journal record per head.
 
     ``handle``: a loaded model for ΔPPL (the driver passes its own; a worker loads ``job.delta.model``).
@@ -114,9 +120,9 @@ def explain_heads(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any = None)
     return records
 
 
-def _explain(job: HeadJob, heads: Seq[tuple[int, int]], handle: Any) -> list[dict[str, Any]]:
+def _explain(job: HeadJob, given: Seq[tuple[int, int]], handle: ModelHandle | None) -> list[dict[str, Any]]:
     """``explain_heads`` without the warm-up clock."""
-    heads = [(int(a), int(b)) for a, b in heads]
+    heads = [Head(int(a), int(b)) for a, b in given]
     store = HeadStore(job.store, heads)
     notes: list[str] = []
     timings: dict[str, float] = {}

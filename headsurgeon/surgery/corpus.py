@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from ..synth.sequence import Sequence
 from ..synth.splits import StoreSplits
 from ..core import HeadsurgeonError, NotFoundError, SPLITS, Split
 from .configs import CorpusConfig
+
+if TYPE_CHECKING:  # surgery/models/handle.py imports torch, which this module does without
+    from .models.handle import ModelHandle
 
 
 class CorpusError(HeadsurgeonError, ValueError):
@@ -90,7 +93,7 @@ def read_documents(source: str | Path | Iterable[str], separator: str | None = N
     return docs
 
 
-def _check_tokenizer(tokenizer: Any, handle: Any) -> None:
+def _check_tokenizer(tokenizer: Any, handle: ModelHandle | None) -> None:
     """Refuse a tokenizer that cannot make windows worth capturing (no tokenizer, or fewer than 2 tokens)."""
     if tokenizer is None or not callable(tokenizer):
         raise CorpusError("the model has no tokenizer to make token windows with: pass tokenizer= (a transformers "

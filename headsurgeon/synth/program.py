@@ -15,7 +15,7 @@ it), which is what caches and checkpoints key on.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from . import dsl
 from .backends import (DEFAULT_TIMEOUT, ProgramBackend, backend_for_document, get_backend, json_document)
 from .backends.python import PythonBackend
 from .sequence import Sequence
+from ..core.vocabulary import TokenVocabulary
 
 #: a program is readable when its rendered text (tokens as strings) fits in this many characters
 READABLE_CHARS = 200
@@ -62,7 +63,7 @@ class Program:
         return cls(get_backend("dsl"), node)
 
     @classmethod
-    def parse(cls, text: str, vocab: Any = None) -> "Program":
+    def parse(cls, text: str, vocab: TokenVocabulary | None = None) -> "Program":
         """A DSL program from its text form, e.g. ``Program.parse("0.7*prev(1) + 0.3*first()")``; with a
         ``Vocabulary``, token strings (``recent(tok("Lily"))``) are read as their ids."""
         return cls.from_node(dsl.parse(text, vocab=vocab))
@@ -166,19 +167,19 @@ class Program:
         """Description length of the canonical form: syntax nodes plus scalar literals (docs/architecture.md)."""
         return self._backend.size(self._payload)
 
-    def render(self, vocab: Any = None) -> str:
+    def render(self, vocab: TokenVocabulary | None = None) -> str:
         """The text a person reads; with a ``Vocabulary`` token ids are shown as token strings."""
         return self._backend.render(self._payload, vocab)
 
-    def chars(self, vocab: Any = None) -> int:
+    def chars(self, vocab: TokenVocabulary | None = None) -> int:
         """Characters of :meth:`render`: what "fits in 200 characters" measures."""
         return len(self.render(vocab))
 
-    def readable(self, vocab: Any = None) -> bool:
+    def readable(self, vocab: TokenVocabulary | None = None) -> bool:
         """Whether the rendered program fits in ``READABLE_CHARS`` characters."""
         return self.chars(vocab) <= READABLE_CHARS
 
-    def gloss(self, vocab: Any = None) -> str:
+    def gloss(self, vocab: TokenVocabulary | None = None) -> str:
         """A deterministic English sentence saying what the program attends to."""
         return self._backend.gloss(self._payload, vocab)
 
@@ -194,7 +195,7 @@ class Program:
 
     def evaluate_scores(self, sequences: list[Sequence], causal: bool = True,
                         features: Mapping[str, np.ndarray] | None = None,
-                        timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None,
+                        timeout: float = DEFAULT_TIMEOUT, pos_tags: Iterable[str] | None = None,
                         out: np.ndarray | None = None) -> np.ndarray:
         """Raw scores [B,N,N] before normalization, padded with zeros (float32 for DSL, float64 for Python).
 
@@ -205,7 +206,7 @@ class Program:
 
     def evaluate(self, sequences: list[Sequence], causal: bool = True,
                  features: Mapping[str, np.ndarray] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, pos_tags: Any = None,
+                 timeout: float = DEFAULT_TIMEOUT, pos_tags: Iterable[str] | None = None,
                  out: np.ndarray | None = None) -> np.ndarray:
         """Normalized attention float32 [B,N,N] for a batch of sequences (zeros beyond each length).
 
@@ -223,7 +224,7 @@ class Program:
 
     def evaluate_arrays(self, ids: np.ndarray, lengths: np.ndarray,
                         features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                        pos_tags: Any = None, normalize: bool = True,
+                        pos_tags: Iterable[str] | None = None, normalize: bool = True,
                         out: np.ndarray | None = None) -> np.ndarray:
         """DSL only: evaluate on padded arrays directly (ids [B,N], lengths [B], feature arrays [B,N])."""
         return self._backend.evaluate_arrays(self._payload, ids, lengths, features, causal, pos_tags, normalize, out)

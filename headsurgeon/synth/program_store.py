@@ -47,7 +47,7 @@ class ProgramStore:
         n = self.sequences[index].n
         return self._all(Head(layer, head))[index, :n, :n]
 
-    def batch(self, indices: Seq[int] | None = None, heads: Seq[Head] | None = None,
+    def batch(self, indices: Seq[int] | None = None, heads: Seq[tuple[int, int]] | None = None,
               dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """Patterns [H, B, N, N] of ``heads`` (default: all) on windows ``indices`` (default: all), and the lengths."""
         idx = list(range(len(self.sequences))) if indices is None else list(indices)

@@ -27,6 +27,7 @@ from .program import Program
 from .programs_file import PROGRAMS, clip, read_programs_file
 from .scored import ScoredProgram
 from .trust import API_FLAG, require_trusted
+from ..core.vocabulary import TokenVocabulary
 
 FORMAT, VERSION = PROGRAMS.name, PROGRAMS.version  # declared once in headsurgeon/synth/programs_file.py
 WHICH = WHICHES
@@ -164,7 +165,7 @@ class ProgramSet:
 
     def add(self, head: Any, program: Program | str, source: str = "unknown", scores: dict | None = None,
             hypothesis: str = "", explanation: ScoredProgram | None = None,
-            frontier: list[ScoredProgram] | None = None, vocab: Any = None) -> None:
+            frontier: list[ScoredProgram] | None = None, vocab: TokenVocabulary | None = None) -> None:
         """Set a head's replacement (with its explanation and frontier); ``vocab`` renders its text and gloss.
 
         ``program``: a Program or DSL text (parsed with ``vocab``; Python source goes through ``Program.python``).

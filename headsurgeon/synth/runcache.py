@@ -11,13 +11,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
 from ..kernels.cache import TensorCache
 
-__all__ = ["RoutedCache", "run_cache", "routed_cache"]
+__all__ = ["RoutedCache", "PatternCache", "run_cache", "routed_cache"]
 
 RUN_CACHE_DIR = "pattern-cache"
 _CACHES: dict[str, TensorCache] = {}
@@ -54,6 +54,10 @@ class RoutedCache:
     def put_many(self, items: Mapping[str, np.ndarray]) -> None:
         """Store in memory."""
         self.memory.put_many(items)
+
+
+#: what the scoring paths take as a pattern cache (headsurgeon/synth/tensors.py ``program_rows``)
+PatternCache = Union[TensorCache, RoutedCache]
 
 
 def routed_cache(out: str | Path | None, max_bytes: int = 512 << 20) -> RoutedCache:

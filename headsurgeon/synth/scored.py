@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from ..core import Metric, Split
 from ..core.scores import Scores
 from .program import Program
+from ..core.vocabulary import TokenVocabulary
 
 __all__ = ["ScoredProgram", "TEXT_LIMIT", "GLOSS_LIMIT"]
 
@@ -43,7 +44,7 @@ class ScoredProgram:
         self._text, self._gloss, self._chars, self._size = text, gloss, chars, size
 
     @classmethod
-    def of(cls, program: Program, source: str = "unknown", scores: Mapping | None = None, vocab: Any = None,
+    def of(cls, program: Program, source: str = "unknown", scores: Mapping | None = None, vocab: TokenVocabulary | None = None,
            hypothesis: str = "", budget: int | None = None, digits: int | None = None) -> "ScoredProgram":
         """A record with text, chars, gloss and size rendered now (token strings from ``vocab``, a Vocabulary)."""
         text = program.render(vocab)

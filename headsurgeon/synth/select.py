@@ -10,24 +10,29 @@ most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeGuard
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..kernels.cache import TensorCache
-from ..core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, check_choice
+from ..core import METRICS, SELECT_BY, WEIGHTED_METRICS, Head, InputError, SelectBy, Split, check_choice
 from . import dsl
 from .errors import ProgramExecutionError
 from ..core.scores import Scores
 from .metrics import score_many
 from .program import BUDGETS, READABLE_CHARS, Program
 from .programset import Entry, ProgramSet
+from .runcache import PatternCache
 from .scored import ScoredProgram
 from .tensors import program_rows
 from .sink_terms import cores_of, side_term_programs
 from .splits import StoreSplits
 from .weighted import score_weighted
+from ..core.vocabulary import TokenVocabulary
+
+if TYPE_CHECKING:  # the searchers import this module (headsurgeon/synth/search/library.py)
+    from .search.base import PatternSource, ValueNormSource
 
 BASELINES = ("first()", "self()", "prev(1)", "uniform()")
 ROUND_DIGITS = (2, 3, 4)
@@ -36,13 +41,13 @@ SIDE_CORES = 8  # per head, the candidates (in the searchers' order) whose cores
 CONTENDERS = 3  # per bounded budget, the best candidates (by select IoU as proposed) whose rounding is tried
 
 
-def weighs(store: Any) -> bool:
+def weighs(store: object) -> TypeGuard[ValueNormSource]:
     """Whether ``store`` holds value norms, so value-weighted scores can be measured (headsurgeon/surgery/patterns/value_norms.py)."""
     return bool(getattr(store, "has_value_norms", False))
 
 
-def score_programs(store: Any, heads: Sequence[tuple[int, int]], programs: list[Program], indices: list[int],
-                   cache: TensorCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
+def score_programs(store: PatternSource, heads: Sequence[tuple[int, int]], programs: list[Program], indices: list[int],
+                   cache: PatternCache | None = None, chunk: int = 64) -> dict[str, np.ndarray]:
     """IoU / JSD / top-q IoU of every head × program over store sequences ``indices`` → arrays [H, P], and the
     value-weighted IoU / JSD (headsurgeon/synth/weighted.py) when the store holds value norms.
 
@@ -65,7 +70,7 @@ def score_programs(store: Any, heads: Sequence[tuple[int, int]], programs: list[
     return {m: v / len(indices) for m, v in totals.items()}
 
 
-def _pair_blocks(heads: list[Head], pool: dict[Head, list[ScoredProgram]], column: dict[str, int],
+def _pair_blocks(heads: list[tuple[int, int]], pool: dict[tuple[int, int], list[ScoredProgram]], column: dict[str, int],
                  step: int = 32) -> list[tuple[list[int], list[int]]]:
     """(head rows, program columns) blocks covering every pair a head considers, and few others.
 
@@ -90,7 +95,7 @@ def _key(scores: dict[str, float], by: SelectBy = "iou") -> tuple[float, float]:
     return (first if first == first else float("-inf"), -jsd if jsd == jsd else float("-inf"))
 
 
-def selection_metric(store: Any, select_by: str) -> SelectBy:
+def selection_metric(store: PatternSource, select_by: str) -> SelectBy:
     """``select_by`` checked; a value-weighted one on a store without value norms falls back to IoU with a warning."""
     by = check_choice(select_by, SELECT_BY, "select_by")
     if by in WEIGHTED_METRICS and not weighs(store):
@@ -116,7 +121,7 @@ def rounded(program: Program, digits: int) -> Program | None:
     return None if out == program else out
 
 
-def _score1(store: Any, head: Head, programs: list[Program], idx: list[int], cache: TensorCache) -> list[dict]:
+def _score1(store: PatternSource, head: Head, programs: list[Program], idx: list[int], cache: PatternCache) -> list[dict]:
     """Scores of ``programs`` for one head on ``idx``: one {"iou", "jsd", "topq"} (and the value-weighted ones when
     the store has norms) per program."""
     if not programs:
@@ -130,7 +135,7 @@ def _score1(store: Any, head: Head, programs: list[Program], idx: list[int], cac
     return [{m: float(got[m][0, j]) for m in got} for j in range(len(programs))]
 
 
-def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], select_idx: list[int], cache: TensorCache,
+def _round_contenders(store: PatternSource, head: Head, options: list[ScoredProgram], select_idx: list[int], cache: PatternCache,
                       chars_of: Any, budgets: list[int], memo: dict, by: SelectBy = "iou") -> None:
     """Round the leading options (select scores only) of each bounded budget in place, keeping the ``by`` metric
     within ROUND_TOLERANCE."""
@@ -149,8 +154,7 @@ def _round_contenders(store: Any, head: Head, options: list[ScoredProgram], sele
         todo.update({id(o): o for o in fits[:CONTENDERS]})
     pending = [o for o in todo.values() if o.program.has_tree]
     for digits in ROUND_DIGITS:
-        tries = [(o, rounded_memo(o.program, digits)) for o in pending]
-        tries = [(o, p) for o, p in tries if p is not None]
+        tries = [(o, p) for o in pending if (p := rounded_memo(o.program, digits)) is not None]
         pending = []
         for (o, p), sel in zip(tries, _score1(store, head, [p for _, p in tries], select_idx, cache)):
             if abs(sel[by] - o.scores["select"][by]) <= ROUND_TOLERANCE:
@@ -187,11 +191,11 @@ def _store_splits(splits: Any, test_idx: Any, synth_idx: Any, select_idx: Any) -
     return StoreSplits(synth_idx or (), select, test_idx)
 
 
-def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredProgram]], splits: Any = None,
+def select_programs(store: PatternSource, candidates: dict[tuple[int, int], list[ScoredProgram]], splits: Any = None,
                     test_idx: list[int] | None = None, synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
-                    cache: TensorCache | None = None, progress: bool = True, model: str = "",
-                    vocab: Any = None, budgets: tuple[int | None, ...] = BUDGETS,
+                    cache: PatternCache | None = None, progress: bool = True, model: str = "",
+                    vocab: TokenVocabulary | None = None, budgets: tuple[int | None, ...] = BUDGETS,
                     select_by: SelectBy = "iou", side_terms: bool | None = None,
                     select_idx: list[int] | None = None) -> ProgramSet:
     """Pick per head the best candidate on ``splits.select`` (by ``select_by``, ties: lower JSD) at each budget; score
@@ -271,11 +275,12 @@ def select_programs(store: Any, candidates: dict[tuple[int, int], list[ScoredPro
         for o in [o for o in picks.values() if o]:
             found[o.program.hash]["select"] = dict(o.scores["select"])
         found[winner.program.hash]["select"] = dict(winner.scores["select"])
-        for split, idx in (("test", test_idx), ("synth", synth_idx)):
+        reported: dict[Split, Sequence[int]] = {"test": test_idx, "synth": synth_idx}
+        for split, idx in reported.items():
             if idx:
                 for p, got in zip(kept, _score1(store, h, kept, list(idx), cache)):
                     found[p.hash][split] = got
-        for split in ("test", "synth"):
+        for split in reported:
             if split in found[winner.program.hash]:
                 winner.scores.merge(split, found[winner.program.hash][split])
 

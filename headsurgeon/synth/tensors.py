@@ -26,6 +26,7 @@ from ..kernels.primitives.buffers import pad_rows
 from ..kernels.sparse import RowsBuffer, SparseRows, from_packed, pack_sequences, packed_valid
 from . import dsl
 from .features import batch_feature_arrays
+from .runcache import PatternCache
 from . import sequence as _sequence
 from .sequence import Sequence
 from ..core import InputError
@@ -263,7 +264,7 @@ def _check_sequences(seqs: list[Sequence]) -> np.ndarray:
 
 
 def program_rows(programs: _Seq[PatternProgram], sequences: _Seq[Sequence], causal: bool = True,
-                 cache: TensorCache | None = None) -> list[ProgramTensor]:
+                 cache: PatternCache | None = None) -> list[ProgramTensor]:
     """Per program, its patterns on ``sequences`` (width N = the longest): ``SparseRows`` or float32 [B, N, N].
 
     Sparse DSL programs (``is_sparse_program``) come as compressed rows, the others dense. With a

@@ -18,14 +18,14 @@ from typing import Any, Sequence as Seq
 
 import numpy as np
 
-from ..core import InputError
+from ..core import InputError, Metric, WeightedMetric
 from ..kernels.sparse import SparseRows
 from .metrics import score_many
 
 __all__ = ["weigh_dense", "weigh_rows", "score_weighted", "moved_r2", "WEIGHTED"]
 
 #: the value-weighted metrics, named after the raw ones they reuse
-WEIGHTED: dict[str, str] = {"vw_iou": "iou", "vw_jsd": "jsd"}
+WEIGHTED: dict[WeightedMetric, Metric] = {"vw_iou": "iou", "vw_jsd": "jsd"}
 
 
 def _check_norms(norms: np.ndarray, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -112,7 +112,7 @@ def score_weighted(real: np.ndarray, cand: Seq[Any] | np.ndarray, lengths: Any, 
     real = np.asarray(real)
     H, P = real.shape[0], len(cand)
     w = _check_norms(norms, real.shape[:-1], "the real patterns")
-    out = {m: np.zeros((H, P)) for m in WEIGHTED}
+    out: dict[str, np.ndarray] = {m: np.zeros((H, P)) for m in WEIGHTED}
     for h in range(H):
         mine = [weigh_rows(c, _width(w[h], c.n)) if isinstance(c, SparseRows)
                 else weigh_dense(c, _width(w[h], np.shape(c)[-1])) for c in cand]

@@ -13,6 +13,7 @@ from headsurgeon.synth.backends import backend_kinds, get_backend
 from headsurgeon.synth.errors import ProgramError, excerpt
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.trust import trusts
+from headsurgeon.surgery.swap.replace import HybridModel
 
 from .errors import CheckpointError, IntegrityError, UntrustedProgramError
 from .files import member_parts
@@ -21,7 +22,7 @@ from .layout import PROGRAM_DIR
 __all__ = ["programs_of", "load_programs"]
 
 
-def programs_of(hybrid: Any) -> list[tuple[tuple[int, int], Program, float]]:
+def programs_of(hybrid: HybridModel) -> list[tuple[tuple[int, int], Program, float]]:
     """(head, Program, alpha) of every program head of a hybrid, by head; other replacements are refused."""
     out = []
     for ph in hybrid.program_heads.values():

@@ -43,7 +43,7 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def save_hybrid(hybrid: Any, directory: str | Path, metrics: Mapping[str, Any] | None = None,
+def save_hybrid(hybrid: HybridModel, directory: str | Path, metrics: Mapping[str, Any] | None = None,
                 programs: Any = None, *, card_location: str | None = None, overwrite: bool = False,
                 extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Save a HybridModel as a checkpoint directory (atomically); weights are embedded only if they changed.
@@ -189,7 +189,7 @@ def original_of(source: SourceRecord) -> dict[str, Any] | None:
     return {k: (Path(v).name if isinstance(v, str) and os.path.isabs(v) else v) for k, v in source.to_json().items()}
 
 
-def config_facts(hybrid: Any) -> dict[str, Any]:
+def config_facts(hybrid: HybridModel) -> dict[str, Any]:
     """The model facts the manifest and card show (layers, heads, architecture, replacement mode)."""
     handle = hybrid.handle
     facts = {k: v for k, v in handle.describe().items() if k not in ("source", "pattern_hooks")}

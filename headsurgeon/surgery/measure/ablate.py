@@ -71,7 +71,7 @@ def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: lis
 
 
 def ablate(model: Any, heads: Iterable[Any], kind: AblationKind = "zero", reference: list[Sequence] | None = None,
-           programs: Mapping[Any, Any] | None = None, seed: int = 0, trust_programs: Any = False) -> HybridModel:
+           programs: ProgramSet | Mapping[Any, Any] | None = None, seed: int = 0, trust_programs: Any = False) -> HybridModel:
     """Ablate ``heads`` (``"L3H5"`` or (3, 5)) by ``kind``; mean/mean_output/resample need ``reference`` sequences.
 
     zero: the head attends nowhere (output = bias only); mean: the mean pattern per position over

@@ -19,6 +19,7 @@ import torch
 from ...core import InputError
 from ...synth.sequence import Sequence
 from ..batches import padded_batch
+from ..models.handle import ModelHandle
 
 __all__ = ["WindowCosts", "CostSummary", "summarize", "means", "token_costs", "BaseDistributions", "window_costs",
            "base_costs"]
@@ -167,7 +168,7 @@ class BaseDistributions:
     ``batches[k]`` names the window of each row.
     """
 
-    def __init__(self, handle: Any, sequences: list[Sequence], batch_size: int = 16,
+    def __init__(self, handle: ModelHandle, sequences: list[Sequence], batch_size: int = 16,
                  max_bytes: int = 1 << 30) -> None:
         if not sequences:
             raise InputError("measuring a swap needs at least one window")
@@ -226,7 +227,7 @@ class BaseDistributions:
         return out
 
 
-def _mask_id(handle: Any) -> int:
+def _mask_id(handle: ModelHandle) -> int:
     """The mask token of a bidirectional model with a masked-LM head (otherwise nothing predicts a token)."""
     mask_id = getattr(handle.tokenizer, "mask_token_id", None)
     if mask_id is None or not handle.is_masked_lm:

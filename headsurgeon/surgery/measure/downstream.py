@@ -14,6 +14,7 @@ from .scorable import require_lm_head
 from .task_data import hub_data
 from ..swap.replace import HybridModel
 from ...core import InputError
+from ..models.handle import ModelHandle
 
 __all__ = ["downstream", "base_run", "BaseRun", "paired_bootstrap", "TASKS_DIR", "task_folders", "task_list",
            "evaluate_tasks", "reported_metrics", "lm_for", "task_manager", "check_tasks"]
@@ -116,7 +117,7 @@ def evaluate_tasks(lm: Any, tasks: list[str], limit: int | float | None, include
 def reported_metrics(result: dict, task: str) -> list[tuple[str, str]]:
     """(metric, filter) pairs lm-eval reported for a task, e.g. ("acc", "none")."""
     keys = [k for k in result["results"][task] if "," in k and "_stderr," not in k]
-    return [tuple(k.split(",", 1)) for k in keys]  # type: ignore[misc]  # each key holds one comma: pairs of two
+    return [tuple(k.split(",", 1)) for k in keys]  # each key holds one comma: pairs of two
 
 
 def _stderr(value: Any) -> float | None:
@@ -146,7 +147,7 @@ class BaseRun:
     result: dict[str, Any]
 
 
-def base_run(handle: Any, tasks: list[str] | str, *, limit: int | float | None = None,
+def base_run(handle: ModelHandle, tasks: list[str] | str, *, limit: int | float | None = None,
              include_path: str | Path | list[str | Path] | None = None, batch_size: int = 16,
              num_fewshot: int | None = None, seed: int = 0) -> BaseRun:
     """lm-eval's run of the base model ``handle`` (a ModelHandle with an LM head) on ``tasks``, for ``downstream``."""

@@ -2,17 +2,18 @@
 with both kinds of program side by side, each labelled."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .sweep_order import ORDER_LABELS
+
+if TYPE_CHECKING:  # eval_report.py imports this module to print its reports
+    from .eval_report import EvalReport, KindReport
 
 __all__ = ["format_report", "table", "KIND_LABELS", "wide_note", "FIDELITY_LABELS"]
 
 KIND_LABELS = {"replacement": "replacements", "explanation": "explanations"}
 #: the fidelity measures Spearman(·, KL) ranks (KindReport.spearman_kl's keys), as people read them
 FIDELITY_LABELS = {"iou": "IoU", "jsd": "JSD"}
-# the report's types are duck-typed here (headsurgeon/surgery/measure/eval_report.py imports this module, not the reverse)
-EvalReport = KindReport = Any
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -48,7 +49,7 @@ def _cost(kr: KindReport, test_sequences: int) -> str:
     text = (f"perplexity {kr.hybrid_ppl:.4f} (ΔPPL {kr.hybrid_delta_pct:+.2f}%, 95% bootstrap interval over windows "
             f"{low:+.2f}% .. {high:+.2f}%)")
     if kr.kl is not None:
-        klo, khi = kr.kl_ci95
+        klo, khi = kr.kl_ci95 or (float("nan"), float("nan"))
         text += (f", KL(base ‖ hybrid) {kr.kl:.4g} nats/token ({klo:.4g} .. {khi:.4g}) over {kr.tokens} predicted "
                  "test tokens")
     note = wide_note(kr.delta_wide, kr.kl_wide)

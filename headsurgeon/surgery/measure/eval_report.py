@@ -24,7 +24,7 @@ from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
 from tqdm.auto import tqdm
 
 from ...core.configs import with_shortcuts
-from ...core import InputError, WHICHES
+from ...core import InputError, WHICHES, Which
 from ...synth.programset import ProgramSet
 from ...synth.scored import ScoredProgram
 from ...synth.sequence import Sequence
@@ -37,8 +37,9 @@ from ..models.loading import load_model
 from ..swap.replace import replace_heads
 from .scorable import require_lm_head
 from .sweep import SwapCosts, ppl, sweep_rows
-from .sweep_order import order_heads
+from .sweep_order import Order, order_heads
 from ...core import Head
+from ..models.handle import ModelHandle
 
 __all__ = ["EvalReport", "KindReport", "evaluate_programs", "SwapCosts", "SWEEP_STEPS"]
 
@@ -47,6 +48,8 @@ SWEEP_STEPS: tuple[float, ...] = MeasureConfig.sweep_steps  # headsurgeon/surger
 
 WhichArg = Literal["both", "replacement", "explanation"]
 OrderArg = Literal["iou", "delta_ppl", "both"]
+#: the orders ``order="both"`` sweeps, the headline's first
+SWEPT_ORDERS: tuple[Order, ...] = ("iou", "delta_ppl")
 _NEURAL_WARNING = r".* head\(s\) have no (replacement|explanation) and keep their neural attention"
 
 
@@ -143,20 +146,18 @@ class EvalReport:
         return path
 
 
-def _kinds(which: str) -> tuple[str, ...]:
-    if which == "both":
-        return WHICHES
-    if which not in WHICHES:
+def _kinds(which: str) -> tuple[Which, ...]:
+    kinds = tuple(k for k in WHICHES if which in ("both", k))
+    if not kinds:
         raise InputError(f"which must be 'both', 'replacement' or 'explanation', not {which!r}")
-    return (which,)
+    return kinds
 
 
-def _orders(order: str) -> tuple[str, ...]:
-    if order == "both":
-        return ("iou", "delta_ppl")
-    if order not in ("iou", "delta_ppl"):
+def _orders(order: str) -> tuple[Order, ...]:
+    orders = tuple(o for o in SWEPT_ORDERS if order in ("both", o))
+    if not orders:
         raise InputError(f"order must be 'iou', 'delta_ppl' or 'both', not {order!r}")
-    return (order,)
+    return orders
 
 
 def _program_set(programs: Any, trust_programs: Any) -> ProgramSet | None:
@@ -170,7 +171,7 @@ def _program_set(programs: Any, trust_programs: Any) -> ProgramSet | None:
     return programs.trusted(trust_programs)
 
 
-def _windows(handle: Any, corpus: Any, max_len: int, max_sequences: int | None,
+def _windows(handle: ModelHandle, corpus: Any, max_len: int, max_sequences: int | None,
              seed: int) -> tuple[list[Sequence], list[Sequence], str]:
     """(test windows, windows the ΔPPL order is measured on, their split's name)."""
     if isinstance(corpus, (str, Path)):
@@ -215,11 +216,11 @@ def _order_deltas(chosen: dict, report: KindReport, costs: SwapCosts, order_cost
                 for h, p in tqdm(list(chosen.items()), desc=f"ΔPPL order ({report.kind}s)", disable=not progress)}
 
 
-def _sweep(programs: ProgramSet, kind: str, report: KindReport, orders: tuple[str, ...], costs: SwapCosts,
+def _sweep(programs: ProgramSet, kind: Which, report: KindReport, orders: tuple[Order, ...], costs: SwapCosts,
            order_costs: SwapCosts, steps: Seq[float], seed: int, progress: bool, seconds: dict[str, float]) -> None:
     """The kind's sweep in ``orders[0]`` with its baselines, plus the second order's arm and the cheaper order."""
     chosen = programs.programs(kind)
-    heads = {}
+    heads: dict[str, list[Head]] = {}
     for order in orders:
         deltas = None
         if order == "delta_ppl":
@@ -270,7 +271,7 @@ def _cost_fields(s: CostSummary) -> dict[str, Any]:
             "kl": s.kl, "kl_ci95": list(s.kl_ci95)}
 
 
-def _per_head_rows(programs: ProgramSet, kind: str, costs: SwapCosts, known: Mapping[Any, float] | None, seed: int,
+def _per_head_rows(programs: ProgramSet, kind: Which, costs: SwapCosts, known: Mapping[Any, float] | None, seed: int,
                    progress: bool) -> list[dict[str, Any]]:
     """Per head of the kind: its test IoU and JSD, and the cost of swapping it alone. A head in ``known`` (ΔPPL
     already measured on these windows by explain's search tasks) keeps that ΔPPL unmeasured: no KL, no intervals."""
@@ -284,12 +285,12 @@ def _per_head_rows(programs: ProgramSet, kind: str, costs: SwapCosts, known: Map
         if head in given:
             row.update(delta_pct=100 * given[head], delta_ci95_pct=None, kl=None, kl_ci95=None)
         else:
-            row.update(_cost_fields(summarize(costs.windows({head: program}), seed=seed)))
+            row.update(_cost_fields(summarize(costs.lm_costs({head: program}), seed=seed)))
         rows.append(row)
     return rows
 
 
-def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: SwapCosts, seed: int, per_head: bool,
+def _measure_kind(handle: ModelHandle, programs: ProgramSet, kind: Which, costs: SwapCosts, seed: int, per_head: bool,
                   known: Mapping[Any, float] | None, progress: bool, seconds: dict[str, float]) -> KindReport:
     """The headline (all heads of this kind swapped, with bootstrap intervals) and the per-head table."""
     chosen = programs.programs(kind)
@@ -299,7 +300,7 @@ def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: SwapCosts
     with _timed(seconds, "perplexity"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NEURAL_WARNING)  # the report names them
         with replace_heads(handle, programs, which=kind) as hybrid:  # checks the tokenizer's fingerprint
-            _headline(report, costs.windows(chosen, hybrid), seed)  # type: ignore[arg-type]  # a model with an LM head: windows() gives WindowCosts
+            _headline(report, costs.lm_costs(chosen, hybrid), seed)
     if per_head:
         with _timed(seconds, "per-head ΔPPL"):
             report.per_head = _per_head_rows(programs, kind, costs, known, seed, progress)
@@ -309,7 +310,7 @@ def _measure_kind(handle: Any, programs: ProgramSet, kind: str, costs: SwapCosts
     return report
 
 
-def _scored(programs: ProgramSet, head: Any, kind: str) -> ScoredProgram:
+def _scored(programs: ProgramSet, head: Any, kind: Which) -> ScoredProgram:
     """The head's program of this kind with its scores (headsurgeon/synth/scored.py)."""
     entry = programs.entries[head]
     return entry.replacement if kind == "replacement" else entry.explanation  # type: ignore[return-value]  # only heads with that kind of program reach here
@@ -321,23 +322,25 @@ def _text(scored: ScoredProgram) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
-def _headless(handle: Any, programs: ProgramSet | None, kinds: tuple[str, ...], test: list[Sequence],
-              sweep: bool, orders: tuple[str, ...], steps: Seq[float], seed: int, progress: bool) -> EvalReport:
+def _headless(handle: ModelHandle, programs: ProgramSet | None, kinds: tuple[Which, ...], test: list[Sequence],
+              sweep: bool, orders: tuple[Order, ...], steps: Seq[float], seed: int, progress: bool) -> EvalReport:
     """A model without an LM head: the embedding distance between base and hybrid per kind, and with ``sweep``
     the IoU-order sweep by embedding distance (a ΔPPL order needs perplexity)."""
     if sweep and "delta_ppl" in orders:
         raise InputError(f"{handle.name} has no language-model head, so there is no per-head ΔPPL to order a sweep "
                          "by: use order='iou' (on the command line, leave out --order)")
     report = EvalReport(handle.name, len(test), False, None, len(programs) if programs is not None else 0, seed=seed)
+    if programs is None:
+        return report
     costs = SwapCosts(handle, test)
-    for kind in kinds if programs is not None else ():
+    for kind in kinds:
         chosen = programs.programs(kind)
         kr = KindReport(kind, len(chosen), [Head.label(h) for h in programs.keys() if h not in chosen])
         if chosen:
             with _timed(report.seconds, "embedding distance"), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_NEURAL_WARNING)
                 with replace_heads(handle, programs, which=kind) as hybrid:
-                    kr.embedding_distance = costs.windows(chosen, hybrid)  # type: ignore[assignment]  # a headless model: windows() gives the distance
+                    kr.embedding_distance = costs.distance(chosen, hybrid)
             if sweep:
                 order = order_heads(programs, "iou", which=kind, seed=seed)
                 with _timed(report.seconds, "sweep"):
@@ -413,7 +416,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, config: Mea
     seconds: dict[str, float] = {}
     costs = SwapCosts(handle, test)
     with _timed(seconds, "perplexity"):
-        base = costs.windows({})  # the one base pass every swap on the test windows is compared with
+        base = costs.lm_costs({})  # the one base pass every swap on the test windows is compared with
     report = EvalReport(handle.name, len(test), True, ppl(base), len(programs) if programs is not None else 0,
                         test_tokens=int(base.tokens.sum()), tasks_limit=limit, seed=seed, seconds=seconds)
     task_kw = dict(limit=limit, include_path=include_path, batch_size=batch_size, seed=seed)
@@ -446,7 +449,7 @@ def evaluate_programs(model: Any, corpus: Any, programs: Any = None, config: Mea
     return report
 
 
-def _downstream(handle: Any, programs: ProgramSet, kind: str, report: KindReport, tasks: Any, sweep: bool,
+def _downstream(handle: ModelHandle, programs: ProgramSet, kind: Which, report: KindReport, tasks: Any, sweep: bool,
                 task_kw: dict, progress: bool, base: Any = None) -> None:
     """lm-eval tasks on the base and this kind's hybrid (headsurgeon/surgery/measure/downstream.py); with ``sweep`` also per step."""
     from .downstream import downstream

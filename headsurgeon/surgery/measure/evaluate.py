@@ -121,7 +121,7 @@ def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[
     programs = trusted_programs(programs, trust_programs)
     handle = load_model(model)
     base = base_ppl if base_ppl is not None else perplexity(handle, sequences, progress=False, **kw)
-    out = {}
+    out: dict[tuple[int, int], float] = {}
     for key, program in tqdm(list(programs.items()), desc="per-head ΔPPL", disable=not progress):
         head = Head.parse(key)
         with replace_heads(handle, {head: program}) as hybrid:
@@ -145,16 +145,16 @@ def spearman_ci(x: Seq[float], y: Seq[float], n_boot: int = 2000, seed: int = 0,
     """Spearman's rho of x and y with a percentile bootstrap confidence interval (rho, low, high)."""
     from scipy.stats import spearmanr
 
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if x.shape != y.shape or x.size < 3:
+    xs, ys = np.asarray(x, float), np.asarray(y, float)
+    if xs.shape != ys.shape or xs.size < 3:
         raise EvaluationError("spearman_ci needs two equally long series of at least 3 values")
-    rho = float(spearmanr(x, y).statistic)
+    rho = float(spearmanr(xs, ys).statistic)
     rng = np.random.default_rng(seed)
     boots = []
     for _ in range(n_boot):
-        idx = rng.integers(0, x.size, x.size)
-        if np.unique(x[idx]).size < 2 or np.unique(y[idx]).size < 2:
+        idx = rng.integers(0, xs.size, xs.size)
+        if np.unique(xs[idx]).size < 2 or np.unique(ys[idx]).size < 2:
             continue
-        boots.append(spearmanr(x[idx], y[idx]).statistic)
+        boots.append(spearmanr(xs[idx], ys[idx]).statistic)
     lo, hi = np.nanpercentile(boots, [100 * (1 - level) / 2, 100 * (1 + level) / 2]) if boots else (np.nan, np.nan)
     return rho, float(lo), float(hi)

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ...core import Head, InputError
 from ..configs import HeadsConfig
+
+if TYPE_CHECKING:  # surgery/models/handle.py imports torch, which this module does without
+    from ..models.handle import ModelHandle
 
 __all__ = ["parse_heads", "parse_layers", "choose_heads", "check_subset"]
 
@@ -43,7 +46,7 @@ def check_subset(config: HeadsConfig) -> None:
         parse_layers(config.layers)
 
 
-def choose_heads(handle: Any, config: HeadsConfig) -> list[Head] | None:
+def choose_heads(handle: ModelHandle, config: HeadsConfig) -> list[Head] | None:
     """The heads ``config`` names on ``handle``, sorted; None (every head) when it names none."""
     if not (config.heads or config.layers is not None or config.top):
         return None

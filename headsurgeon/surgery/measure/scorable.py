@@ -1,13 +1,17 @@
 """Which models lm-eval's tasks can score: they need token likelihoods from a causal language-model head."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
 from ...core import InputError
+
+if TYPE_CHECKING:  # surgery/models/handle.py imports torch, which this module does without
+    from ..models.handle import ModelHandle
 
 __all__ = ["require_lm_head"]
 
 
-def require_lm_head(handle: Any) -> None:
+def require_lm_head(handle: ModelHandle) -> None:
     """lm-eval's tasks score token likelihoods: refuse, with the alternative, models that cannot give them."""
     if not handle.has_lm_head:
         raise InputError(f"{handle.name} is an encoder without a language-model head, so lm-eval tasks cannot score "

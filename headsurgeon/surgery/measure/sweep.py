@@ -20,8 +20,9 @@ from ...synth.sequence import Sequence
 from .divergence import BaseDistributions, WindowCosts, base_costs, means, window_costs
 from .embedding import EvaluationError, embedding_distance, sentence_embeddings
 from ..models.loading import load_model
-from ..swap.replace import replace_heads
+from ..swap.replace import HybridModel, replace_heads
 from .sweep_order import ORDER_LABELS, cheapest
+from ..models.handle import ModelHandle
 
 __all__ = ["SwapCosts", "sweep_rows", "sweep_programs", "sweep_arms", "sweep_heads", "trusted_programs", "order_label",
            "ppl"]
@@ -33,7 +34,7 @@ class SwapCosts:
     measured once: the sweep's 100% step, its orders' shared steps, a one-head step and that head's per-head swap,
     and the headline are one measurement each. Nothing runs before a set is asked for."""
 
-    def __init__(self, handle: Any, sequences: list[Sequence]) -> None:
+    def __init__(self, handle: ModelHandle, sequences: list[Sequence]) -> None:
         self.handle, self.sequences = handle, sequences
         self.base = BaseDistributions(handle, sequences) if handle.has_lm_head else None
         self.known: dict[frozenset, WindowCosts | float] = {}
@@ -49,7 +50,7 @@ class SwapCosts:
     def base_embeddings(self) -> Any:
         return sentence_embeddings(self.handle, self.sequences)
 
-    def windows(self, chosen: Mapping[Any, Any], hybrid: Any = None) -> WindowCosts | float:
+    def windows(self, chosen: Mapping[Any, Any], hybrid: HybridModel | None = None) -> WindowCosts | float:
         """Per-window costs with ``chosen`` swapped (the embedding distance without an LM head); ``hybrid``: that
         swap already installed (the headline's: replace_heads checks its ProgramSet against the tokenizer)."""
         key = self.key(chosen)
@@ -63,7 +64,22 @@ class SwapCosts:
                     self.known[key] = self._run(swapped)
         return self.known[key]
 
-    def _run(self, hybrid: Any) -> WindowCosts | float:
+    def lm_costs(self, chosen: Mapping[Any, Any], hybrid: HybridModel | None = None) -> WindowCosts:
+        """``windows`` of a model with an LM head: the per-window KL and NLLs."""
+        costs = self.windows(chosen, hybrid)
+        if not isinstance(costs, WindowCosts):
+            raise EvaluationError(f"{self.handle.name} has no language-model head: its swaps have an embedding "
+                                  "distance, not per-token costs")
+        return costs
+
+    def distance(self, chosen: Mapping[Any, Any], hybrid: HybridModel | None = None) -> float:
+        """``windows`` of a model without an LM head: the embedding distance between base and hybrid."""
+        costs = self.windows(chosen, hybrid)
+        if isinstance(costs, WindowCosts):
+            raise EvaluationError(f"{self.handle.name} has a language-model head: measure its swaps with lm_costs")
+        return costs
+
+    def _run(self, hybrid: HybridModel) -> WindowCosts | float:
         if self.base is None:
             return embedding_distance(self.base_embeddings, hybrid, self.sequences)
         return window_costs(self.base, hybrid, hybrid.register_sequences)

@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence as Seq
 
 import numpy as np
 from safetensors.numpy import load, save_file
@@ -357,7 +357,7 @@ class AttentionStore:
                              "value_norms=False); capture again to score by value-weighted attention")
         return self._entries(index)[norm_name(index)].astype(np.float32)
 
-    def norm_batch(self, indices: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+    def norm_batch(self, indices: list[int], heads: Seq[tuple[int, int]]) -> np.ndarray:
         """Padded value norms [H, B, N] of ``heads`` over ``indices`` (zeros beyond each length), as ``batch``."""
         lengths = [self.sequences[i].n for i in indices]
         out = np.zeros((len(heads), len(indices), max(lengths, default=0)), dtype=np.float32)
@@ -370,7 +370,7 @@ class AttentionStore:
         """Top-q flat indices (int64 [L,H,q]) and values (float32) for sequence ``index`` (any mode)."""
         return self.layout.topq(self._entries(index), index, self.sequences[index].n)
 
-    def batch(self, indices: list[int] | None = None, heads: list[tuple[int, int]] | None = None,
+    def batch(self, indices: list[int] | None = None, heads: Seq[tuple[int, int]] | None = None,
               dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
         """Padded patterns [H, B, N, N] for ``heads`` (default all) over ``indices``, and lengths [B]."""
         indices = list(range(len(self.sequences))) if indices is None else list(indices)

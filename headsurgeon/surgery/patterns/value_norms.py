@@ -7,11 +7,11 @@ reads KV head h // (n_heads // n_kv_heads), as headsurgeon/surgery/swap/replace.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
 from ...core import InputError
+from ..models.handle import ModelHandle
 
 __all__ = ["output_matrices", "value_norms", "v_hook"]
 
@@ -21,7 +21,7 @@ def v_hook(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_v"
 
 
-def output_matrices(handle: Any) -> list[torch.Tensor]:
+def output_matrices(handle: ModelHandle) -> list[torch.Tensor]:
     """Every layer's W_O [n_heads, d_head, d_model] (float32, on the model's device), checked against the handle."""
     want = (handle.n_heads, handle.d_head, handle.d_model)
     out = []

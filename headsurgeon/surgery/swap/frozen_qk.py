@@ -18,6 +18,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ..models.fused_qkv import FusedSlice
+from ..models.handle import ModelHandle
 
 __all__ = ["frozen_slices", "FrozenQK"]
 
@@ -47,7 +48,7 @@ def _linear_slices(linear: Any, heads: Iterable[int], d_head: int) -> list[Slice
     return out
 
 
-def frozen_slices(handle: Any, heads: Iterable[tuple[int, int]]) -> list[Slice]:
+def frozen_slices(handle: ModelHandle, heads: Iterable[tuple[int, int]]) -> list[Slice]:
     """The Q rows of ``heads`` and the K rows of every key/value group all of whose query heads are in ``heads``."""
     by_layer: dict[int, set[int]] = {}
     for layer, head in heads:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .fast_attention import FastPathUnsupported, ForwardState, programs_for, register
+from ..models.handle import ModelHandle
 
 __all__ = ["plain_model", "unwrap"]
 
@@ -61,7 +62,7 @@ def _attention_layers(plain: nn.Module) -> int:
     return count
 
 
-def _build(handle: Any) -> nn.Module | None:
+def _build(handle: ModelHandle) -> nn.Module | None:
     hf = getattr(handle.model, "original_model", None) or handle.hf_model
     if hf is None or not handle.causal or not getattr(handle, "has_lm_head", True):
         return None
@@ -90,7 +91,7 @@ def _build(handle: Any) -> nn.Module | None:
     return plain
 
 
-def plain_model(handle: Any) -> nn.Module | None:
+def plain_model(handle: ModelHandle) -> nn.Module | None:
     """The bridge's transformers model with headsurgeon's attention (built and checked once per bridge), or None
     where the fused path does not apply: not causal, no LM head, attention that does not dispatch through
     transformers' attention functions, or logits that differ from the bridge's."""

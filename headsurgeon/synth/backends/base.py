@@ -8,7 +8,7 @@ trust, and how to evaluate it. A registry maps kinds to backends so that a new k
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,6 +17,7 @@ from .. import dsl
 from ..errors import ProgramValidationError, excerpt
 from ..sequence import Sequence
 from ...core import InputError
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["ProgramBackend", "register_backend", "unregister_backend", "get_backend", "backend_kinds", "backend_for_document",
            "json_document", "DEFAULT_TIMEOUT"]
@@ -84,11 +85,11 @@ class ProgramBackend(ABC):
     def size(self, payload: Any) -> int:
         """Description length: syntax nodes plus scalar literals (every number, list item and table cell)."""
 
-    def render(self, payload: Any, vocab: Any = None) -> str:
+    def render(self, payload: Any, vocab: TokenVocabulary | None = None) -> str:
         """The text a person reads; with a ``Vocabulary``, token ids appear as token strings."""
         return self.text(payload)
 
-    def gloss(self, payload: Any, vocab: Any = None) -> str:
+    def gloss(self, payload: Any, vocab: TokenVocabulary | None = None) -> str:
         """A deterministic English sentence saying what the program attends to ("" when none can be built)."""
         return ""
 
@@ -111,18 +112,18 @@ class ProgramBackend(ABC):
 
     @abstractmethod
     def evaluate_scores(self, payload: Any, sequences: list[Sequence], causal: bool,
-                        features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Any,
+                        features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Iterable[str] | None,
                         out: np.ndarray | None) -> np.ndarray:
         """Raw scores [B,N,N] before normalization, zero-padded."""
 
     @abstractmethod
     def evaluate(self, payload: Any, sequences: list[Sequence], causal: bool,
-                 features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Any,
+                 features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Iterable[str] | None,
                  out: np.ndarray | None) -> np.ndarray:
         """Normalized attention float32 [B,N,N] (``headsurgeon.kernels.normalize.normalize_scores``)."""
 
     def evaluate_arrays(self, payload: Any, ids: np.ndarray, lengths: np.ndarray,
-                        features: Mapping[str, np.ndarray] | None, causal: bool, pos_tags: Any, normalize: bool,
+                        features: Mapping[str, np.ndarray] | None, causal: bool, pos_tags: Iterable[str] | None, normalize: bool,
                         out: np.ndarray | None) -> np.ndarray:
         """Evaluate on padded arrays directly; only kinds that read ids alone provide it."""
         raise TypeError(f"evaluate_arrays needs a DSL program; {self.label} programs read Sequences")

@@ -6,7 +6,7 @@ DSL JSON, written like the rest of a checkpoint's JSON (indent 1, insertion orde
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from .. import dsl, features as feature_views
 from ..errors import ProgramValidationError
 from ..sequence import Sequence, pad_ids
 from .base import ProgramBackend, json_document
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["DSLBackend"]
 
@@ -76,11 +77,11 @@ class DSLBackend(ProgramBackend):
         """Nodes plus scalar literals of the tree (headsurgeon/synth/dsl/size.py)."""
         return dsl.size(payload)
 
-    def render(self, payload: dsl.Node, vocab: Any = None) -> str:
+    def render(self, payload: dsl.Node, vocab: TokenVocabulary | None = None) -> str:
         """The text form; with a ``Vocabulary`` every token id is shown as its token string."""
         return dsl.to_text(payload, vocab)
 
-    def gloss(self, payload: dsl.Node, vocab: Any = None) -> str:
+    def gloss(self, payload: dsl.Node, vocab: TokenVocabulary | None = None) -> str:
         """The spec's English templates filled in for this tree (tokens named by string with a ``Vocabulary``)."""
         return dsl.gloss(payload, vocab)
 
@@ -105,7 +106,7 @@ class DSLBackend(ProgramBackend):
         return bool(self.features_needed(payload))
 
     def evaluate_scores(self, payload: dsl.Node, sequences: list[Sequence], causal: bool,
-                        features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Any,
+                        features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Iterable[str] | None,
                         out: np.ndarray | None) -> np.ndarray:
         """float32 raw scores from the numba kernels (``out``: a float32 [B,N,N] buffer to fill)."""
         ids, lengths = pad_ids(sequences)
@@ -113,7 +114,7 @@ class DSLBackend(ProgramBackend):
         return dsl.evaluate_scores(payload, ids, lengths, feats, causal, pos_tags, out)
 
     def evaluate(self, payload: dsl.Node, sequences: list[Sequence], causal: bool,
-                 features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Any,
+                 features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Iterable[str] | None,
                  out: np.ndarray | None) -> np.ndarray:
         """Scores normalized in place (the buffer is ours and zero outside the visible grid)."""
         lengths = np.array([s.n for s in sequences], dtype=np.int64)
@@ -121,7 +122,7 @@ class DSLBackend(ProgramBackend):
         return normalize_scores(scores, lengths, causal, out=scores, masked=True)
 
     def evaluate_arrays(self, payload: dsl.Node, ids: np.ndarray, lengths: np.ndarray,
-                        features: Mapping[str, np.ndarray] | None, causal: bool, pos_tags: Any, normalize: bool,
+                        features: Mapping[str, np.ndarray] | None, causal: bool, pos_tags: Iterable[str] | None, normalize: bool,
                         out: np.ndarray | None) -> np.ndarray:
         """Evaluate on padded ids [B,N], lengths [B] and feature arrays [B,N]."""
         if normalize:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -106,7 +106,7 @@ class PythonBackend(ProgramBackend):
         return self.from_source(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
 
     def evaluate_scores(self, payload: str, sequences: list[Sequence], causal: bool,
-                        features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Any,
+                        features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Iterable[str] | None,
                         out: np.ndarray | None) -> np.ndarray:
         """float64 raw scores from the sandbox pool (copied into ``out`` when given)."""
         scores = self._scores(payload, sequences, timeout)
@@ -116,7 +116,7 @@ class PythonBackend(ProgramBackend):
         return scores
 
     def evaluate(self, payload: str, sequences: list[Sequence], causal: bool,
-                 features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Any,
+                 features: Mapping[str, np.ndarray] | None, timeout: float, pos_tags: Iterable[str] | None,
                  out: np.ndarray | None) -> np.ndarray:
         """The sandbox's scores, normalized into ``out`` (or a new float32 array)."""
         lengths = np.array([s.n for s in sequences], dtype=np.int64)
@@ -131,7 +131,7 @@ class PythonBackend(ProgramBackend):
         raise TypeError("a Python program has no DSL tree")
 
     def evaluate_arrays(self, payload: str, ids: np.ndarray, lengths: np.ndarray,
-                        features: Mapping[str, np.ndarray] | None, causal: bool, pos_tags: Any, normalize: bool,
+                        features: Mapping[str, np.ndarray] | None, causal: bool, pos_tags: Iterable[str] | None, normalize: bool,
                         out: np.ndarray | None) -> np.ndarray:
         """Python programs read Sequences, never bare arrays."""
         raise TypeError("evaluate_arrays needs a DSL program; Python programs read Sequences")

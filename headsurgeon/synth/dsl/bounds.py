@@ -172,7 +172,7 @@ def _as_dep_label(value: Any, what: str) -> str:
     raise _err(f"{what} must be a dependency label, one of {', '.join(labels)}; got {_show(value)}")
 
 
-def _pair_value(value: Any, feature: str, what: str) -> Any:
+def _pair_value(value: Any, feature: str | None, what: str) -> Any:
     if feature == "pos" and isinstance(value, str):
         return _as_pos_tag(value, what)
     if feature == "dep" and isinstance(value, str):
@@ -210,7 +210,8 @@ def _check_idweights(value: Any, what: str) -> tuple[tuple[int, float], ...]:
 def _check_idclasses(value: Any, what: str) -> tuple[tuple[int, ...], ...]:
     """class_weight(q=/k=...): 1..MAX_CLASSES disjoint id classes, MAX_IDS ids in all."""
     _as_list(value, what, MAX_CLASSES, "MAX_CLASSES", "[[3, 17], [5]]", "token classes (lists of ids)")
-    classes, seen = [], set()
+    classes: list[tuple[int, ...]] = []
+    seen: set[int] = set()
     for c, item in enumerate(value):
         ids = _check_class_ids(item, f"{what} class {c}", seen)
         classes.append(ids)

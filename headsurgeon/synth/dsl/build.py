@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .bounds import (KINDS, MAX_COST, MAX_DEPTH, MAX_NODES, MAX_WEIGHT, _as_float, _check_pred, _DEPTH_MESSAGE,
                      _err, _mix_weight, _NODES_MESSAGE, _sharpen_classes, _sharpen_exponent, _show)
 from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum, children
-from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, REQUIRED, combinator_for
+from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, REQUIRED, require_combinator
 
 __all__ = ["make_prim", "make_mix", "make_sum", "make_sharpen", "validate", "cost", "features_needed"]
 
@@ -86,10 +86,12 @@ def make_sharpen(arg: Any, t: Any, by: Any = None) -> Sharpen:
     return Sharpen(arg, tf, _sharpen_classes(by))
 
 # Nodes known to satisfy every bound (checked primitives, validated roots), by identity.
+N = TypeVar("N", bound=Node)  # _checked hands back the node type it was given
+
 _CHECKED: "weakref.WeakValueDictionary[int, Node]" = weakref.WeakValueDictionary()
 
 
-def _checked(node: Node) -> Node:
+def _checked(node: N) -> N:
     """Record that ``node`` passed its checks, so ``validate`` need not repeat them."""
     try:
         _CHECKED[id(node)] = node
@@ -106,7 +108,7 @@ def _node_cost(node: Node) -> int:
     """Estimated passes over the score cells that ``node`` itself makes (children not included)."""
     if isinstance(node, Prim):
         return PRIMITIVE_SPECS[node.name].cost
-    spec = combinator_for(node)
+    spec = require_combinator(node)
     return spec.cost * len(children(node)) if spec.cost_per_child else spec.cost
 
 

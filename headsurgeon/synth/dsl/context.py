@@ -6,15 +6,17 @@ through the specs' ``sparse`` kernels (headsurgeon/synth/dsl/sparse.py).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from headsurgeon.kernels.sparse import SparseRows
+
 from ..features import POS_TAGS
 from .labels import dep_index
 from .nodes import Node, Pred, Prim
-from .spec import PRIMITIVE_SPECS, combinator_for
+from .spec import PRIMITIVE_SPECS, require_combinator
 from ...core import InputError
 
 __all__ = ["Context"]
@@ -24,7 +26,7 @@ class Context:
     """Padded arrays and feature lookups shared by one evaluation."""
 
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, features: Mapping[str, np.ndarray] | None,
-                 causal: bool, pos_tags: Any) -> None:
+                 causal: bool, pos_tags: Iterable[str] | None) -> None:
         ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
         if ids.ndim != 2:
             raise InputError(f"ids must be a padded [B, N] array; got shape {ids.shape}")
@@ -100,17 +102,14 @@ class Context:
         """``(normalized, out)`` for a sparse primitive kernel: whether it writes the final rows, and where."""
         return self.normalize_leaf, self.leaf_out
 
-    def eval_sparse(self, node: Node) -> Any:
-        """Raw scores of a subtree as compressed rows (``SparseRows``; headsurgeon/synth/dsl/sparse.py checks it can be)."""
-        if isinstance(node, Prim):
-            return PRIMITIVE_SPECS[node.name].sparse(node, self)
-        return combinator_for(node).sparse(node, self)
+    def eval_sparse(self, node: Node) -> SparseRows:
+        """Raw scores of a subtree as compressed rows (headsurgeon/synth/dsl/sparse.py checks that it can be)."""
+        kernel = PRIMITIVE_SPECS[node.name].sparse if isinstance(node, Prim) else require_combinator(node).sparse
+        assert kernel is not None, "_evaluate (headsurgeon/synth/dsl/sparse.py) evaluates only trees is_sparse admits"
+        return kernel(node, self)
 
     def eval(self, node: Node) -> np.ndarray:
         """Raw scores of a subtree: a fresh or recycled buffer the caller owns."""
         if isinstance(node, Prim):
             return PRIMITIVE_SPECS[node.name].kernel(node, self)
-        spec = combinator_for(node)
-        if spec is None:
-            raise TypeError(f"not a DSL node: {node!r}")
-        return spec.kernel(node, self)
+        return require_combinator(node).kernel(node, self)

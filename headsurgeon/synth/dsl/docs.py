@@ -14,8 +14,9 @@ from typing import Any
 from .bounds import FLAGS, KINDS, KNOWN_POS_TAGS, MATCH_FEATURES, STRUCTURE_BOUNDS
 from .labels import POS_WORDS, dep_labels
 from .nodes import Pred, Prim
-from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, combinator_for
+from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, PrimitiveSpec, require_combinator
 from .tokens import token_string
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["primitives_table", "combinators_table", "bounds_table", "render_tables", "reference_text",
            "gloss", "template_fields"]
@@ -31,13 +32,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def _support(spec: Any) -> str:
+def _support(spec: PrimitiveSpec) -> str:
     """A primitive's declared keys per query row, as the table shows it (headsurgeon/synth/dsl/sparse.py uses it)."""
     if spec.support is None:
         return "all (dense)"
@@ -102,7 +103,7 @@ def _num(x: float) -> str:
     return f"{float(f'{x:.2g}'):g}"
 
 
-def _token(token_id: int, vocab: Any) -> str:
+def _token(token_id: int, vocab: TokenVocabulary | None) -> str:
     """A token in a gloss: its string in quotes, word-start markers dropped ('Lily'), else "token id 3"."""
     s = token_string(vocab, token_id) if vocab is not None else None
     if s is None:
@@ -120,7 +121,7 @@ def _clip(values: Sequence[Any], joiner: str, words: Callable[[Any], str] = str)
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {joiner} " + items[-1]
 
 
-def _token_set(ids: Any, vocab: Any) -> str:
+def _token_set(ids: Any, vocab: TokenVocabulary | None) -> str:
     """A token set as a noun phrase: 'Lily', 'the' or 'a'; without a vocabulary "token with id 3 or 17"."""
     ids = [int(i) for i in ids]
     if vocab is None:
@@ -128,7 +129,7 @@ def _token_set(ids: Any, vocab: Any) -> str:
     return _clip(ids, "or", lambda i: _token(i, vocab))
 
 
-def _pred_words(pred: Pred, vocab: Any) -> str:
+def _pred_words(pred: Pred, vocab: TokenVocabulary | None) -> str:
     """A predicate as a noun phrase ("punctuation mark", "noun", "nsubj dependent", "'Lily'")."""
     if pred.kind == "flag":
         return _FLAG_WORDS.get(pred.value, str(pred.value))
@@ -147,7 +148,7 @@ _FEATURE_WORDS = {"token": "token", "position": "position", "word": "word index"
 _SELECT_WORDS = {"closest": "the closest token", "all": "every token"}
 
 
-def _value(feature: str, value: Any, vocab: Any) -> str:
+def _value(feature: str, value: Any, vocab: TokenVocabulary | None) -> str:
     """One value of a match feature: a token string, a POS tag or dependency label in words, else the number."""
     if feature == "token" and not isinstance(value, str):
         return _token(int(value), vocab)
@@ -161,14 +162,14 @@ def _value(feature: str, value: Any, vocab: Any) -> str:
     return str(value)
 
 
-def _pairs(node: Prim, vocab: Any) -> str:
+def _pairs(node: Prim, vocab: TokenVocabulary | None) -> str:
     """``match``'s pairs as "query value → key value", clipped."""
     q, k = node.param("q"), node.param("k")
     return _clip(node.param("pairs"), "and",
                  lambda pair: f"{_value(q, pair[0], vocab)} → {_value(k, pair[1], vocab)}")
 
 
-def _class_pairs(node: Prim, vocab: Any) -> str:
+def _class_pairs(node: Prim, vocab: TokenVocabulary | None) -> str:
     """``class_weight``'s table as the query-class × key-class pairs that differ most from the default."""
     q, k, default = node.param("q"), node.param("k"), float(node.param("default"))
     w = [float(x) for row in node.param("w") for x in (row if isinstance(row, (list, tuple)) else [row])]
@@ -184,7 +185,7 @@ def _distances(weights: Any) -> str:
                  lambda dx: f"{'itself' if dx[0] == 0 else f'{dx[0]} back'} {_num(float(dx[1]))}")
 
 
-def _words(value: Any, kind: str = "", vocab: Any = None, node: Prim | None = None) -> str:
+def _words(value: Any, kind: str = "", vocab: TokenVocabulary | None = None, node: Prim | None = None) -> str:
     """A parameter value of ``kind`` in a gloss: numbers plainly, tokens as strings, long lists clipped, never a
     Python list (``node`` gives the parameters that a table's words need, e.g. ``match``'s features)."""
     if isinstance(value, Pred):
@@ -228,7 +229,7 @@ class ChildGloss:
     node stands for (1.0 at the root, the product of the mixture shares above it, None under a product or sharpen
     inside a mixture, where shares of the row are not defined), so nested mixtures state shares of the row once."""
 
-    def __init__(self, vocab: Any, share: float | None) -> None:
+    def __init__(self, vocab: TokenVocabulary | None, share: float | None) -> None:
         self.vocab, self.share = vocab, share
 
     def __call__(self, child: Any, share: float | None = _SAME) -> str:
@@ -236,7 +237,7 @@ class ChildGloss:
         return _gloss(child, self.vocab, self.share if share is _SAME else share)
 
 
-def _gloss(node: Any, vocab: Any, share: float | None) -> str:
+def _gloss(node: Any, vocab: TokenVocabulary | None, share: float | None) -> str:
     if isinstance(node, Pred):
         return _pred_words(node, vocab)
     if isinstance(node, Prim):
@@ -246,12 +247,10 @@ def _gloss(node: Any, vocab: Any, share: float | None) -> str:
                 return sentence
         kinds = {p.name: p.kind for p in spec.params}
         return spec.gloss.format(**{k: _words(v, kinds.get(k, ""), vocab, node) for k, v in node.params})
-    spec = combinator_for(node)
-    if spec is None:
-        raise TypeError(f"not a DSL node: {node!r}")
-    return spec.gloss.format(**spec.gloss_fields(node, ChildGloss(vocab, share)))
+    combinator = require_combinator(node)
+    return combinator.gloss.format(**combinator.gloss_fields(node, ChildGloss(vocab, share)))
 
 
-def gloss(node: Any, vocab: Any = None) -> str:
+def gloss(node: Any, vocab: TokenVocabulary | None = None) -> str:
     """An English clause for a tree (or a predicate), from the spec's gloss templates; ``vocab`` names tokens."""
     return _gloss(node, vocab, 1.0)

@@ -8,8 +8,7 @@ faults of fresh memory dominate simple programs).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def _give_scratch(arrays: list[np.ndarray]) -> None:
 
 def evaluate_scores(node: Node, ids: np.ndarray, lengths: np.ndarray,
                     features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                    pos_tags: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+                    pos_tags: Iterable[str] | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Raw scores float32 [B,N,N] of a tree over padded ids/feature arrays (zero outside visible cells).
 
     ``out``: an optional C-contiguous float32 [B,N,N] buffer that receives the result (every cell is
@@ -72,7 +71,7 @@ def evaluate_scores(node: Node, ids: np.ndarray, lengths: np.ndarray,
 
 def evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray,
              features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-             pos_tags: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+             pos_tags: Iterable[str] | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Attention float32 [B,N,N]: ``normalize_scores`` applied to ``evaluate_scores`` (in place)."""
     scores = evaluate_scores(node, ids, lengths, features, causal, pos_tags, out)
     return normalize_scores(scores, lengths, causal, out=scores, masked=True)

@@ -136,7 +136,7 @@ def _from_json(obj: Any, depth: int, budget: _Budget) -> Node:
     return make_prim(name, [body], {})
 
 
-def json_loads(text: str | bytes) -> Any:
+def json_loads(text: str | bytes | bytearray) -> Any:
     """Parse a JSON document of at most MAX_TEXT_CHARS characters; any failure is a ProgramValidationError."""
     _check_text_size(text, "DSL JSON")
     try:

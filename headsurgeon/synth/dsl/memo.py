@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 __all__ = ["memo"]
@@ -30,7 +31,7 @@ def memo(node: Any, name: str, compute: Callable[[], T]) -> T:
     entry = _MEMO.get(key)
     if entry is None or entry[0]() is not node:
         try:
-            ref = weakref.ref(node, lambda r, k=key: _forget(r, k))
+            ref = weakref.ref(node, partial(_forget, key=key))
         except TypeError:  # not weakly referenceable: computed every time
             return compute()
         entry = _MEMO[key] = (ref, {})

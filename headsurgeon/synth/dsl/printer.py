@@ -17,6 +17,7 @@ from .memo import memo
 from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 from .spec import PRIMITIVE_SPECS
 from .tokens import fmt_token
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["to_text"]
 
@@ -35,11 +36,11 @@ def _fmt_value(v: Any) -> str:
     return _fmt_num(v)
 
 
-def _fmt_tokens(ids: Any, vocab: Any) -> str:
+def _fmt_tokens(ids: Any, vocab: TokenVocabulary | None) -> str:
     return "[" + ", ".join(fmt_token(i, vocab) for i in ids) + "]"
 
 
-def _fmt_pred(p: Pred, vocab: Any) -> str:
+def _fmt_pred(p: Pred, vocab: TokenVocabulary | None) -> str:
     if p.kind == "flag":
         return p.value
     if p.kind in ("pos", "dep"):
@@ -51,7 +52,7 @@ def _fmt_pred(p: Pred, vocab: Any) -> str:
     return f"tokens={_fmt_tokens(p.value, vocab)}"
 
 
-def _fmt_param(kind: str, value: Any, vocab: Any, node: Prim) -> str:
+def _fmt_param(kind: str, value: Any, vocab: TokenVocabulary | None, node: Prim) -> str:
     """One parameter value; token ids as strings when ``vocab`` is given."""
     if vocab is None:
         return _fmt_value(value)
@@ -68,7 +69,7 @@ def _fmt_param(kind: str, value: Any, vocab: Any, node: Prim) -> str:
     return _fmt_value(value)
 
 
-def to_text(node: Node, vocab: Any = None) -> str:
+def to_text(node: Node, vocab: TokenVocabulary | None = None) -> str:
     """Print a tree in the readable text form (the tree is validated first).
 
     ``parse(to_text(t)) == t``; with a ``Vocabulary`` token ids print as token strings and
@@ -79,7 +80,7 @@ def to_text(node: Node, vocab: Any = None) -> str:
     return _to_text(validate(node), vocab)
 
 
-def _terms(terms: tuple, vocab: Any, omit_one: bool) -> list[str]:
+def _terms(terms: tuple, vocab: TokenVocabulary | None, omit_one: bool) -> list[str]:
     parts = []
     for w, t in terms:
         body = _to_text(t, vocab)
@@ -89,7 +90,7 @@ def _terms(terms: tuple, vocab: Any, omit_one: bool) -> list[str]:
     return parts
 
 
-def _to_text(node: Node, vocab: Any) -> str:
+def _to_text(node: Node, vocab: TokenVocabulary | None) -> str:
     """``to_text`` of a validated tree (recursion depth at most MAX_DEPTH)."""
     if isinstance(node, Prim) and vocab is None:
         return memo(node, "text", lambda: _prim_text(node, None))
@@ -98,7 +99,7 @@ def _to_text(node: Node, vocab: Any) -> str:
     return _combinator_text(node, vocab)
 
 
-def _prim_text(node: Prim, vocab: Any) -> str:
+def _prim_text(node: Prim, vocab: TokenVocabulary | None) -> str:
     """One primitive's text."""
     spec = PRIMITIVE_SPECS[node.name]
     if spec.takes_pred:
@@ -112,7 +113,7 @@ def _prim_text(node: Prim, vocab: Any) -> str:
     return f"{node.name}({inner})"
 
 
-def _combinator_text(node: Node, vocab: Any) -> str:
+def _combinator_text(node: Node, vocab: TokenVocabulary | None) -> str:
     """One combinator's text, its children through ``_to_text``."""
     if isinstance(node, Mix):
         return " + ".join(_terms(node.terms, vocab, omit_one=False))

@@ -9,8 +9,7 @@ bound follows from the declarations (``row_support``). The result is a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -34,13 +33,14 @@ def row_support(node: Node) -> float | None:
         if support is None or spec.sparse is None:
             return None
         return math.inf if support == COUNTED else float(support)
-    spec = combinator_for(node)
-    if spec is None or spec.sparse is None:
+    combinator = combinator_for(node)
+    if combinator is None or combinator.sparse is None:
         return None
     bounds = [row_support(c) for c in children(node)]
-    if any(b is None for b in bounds):
+    known = [b for b in bounds if b is not None]
+    if len(known) < len(bounds):
         return None
-    return float(spec.support(bounds))
+    return float(combinator.support(known))
 
 
 def is_sparse(node: Node) -> bool:
@@ -49,7 +49,7 @@ def is_sparse(node: Node) -> bool:
 
 
 def _evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray, features: Mapping[str, np.ndarray] | None,
-              causal: bool, pos_tags: Any, normalized: bool, out: RowsBuffer | None = None) -> SparseRows:
+              causal: bool, pos_tags: Iterable[str] | None, normalized: bool, out: RowsBuffer | None = None) -> SparseRows:
     validate(node)
     if not is_sparse(node):
         raise InputError("this program has a primitive of dense support (decay, uniform, profile, key_weight, "
@@ -66,14 +66,14 @@ def _evaluate(node: Node, ids: np.ndarray, lengths: np.ndarray, features: Mappin
 
 def evaluate_sparse_scores(node: Node, ids: np.ndarray, lengths: np.ndarray,
                            features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                           pos_tags: Any = None) -> SparseRows:
+                           pos_tags: Iterable[str] | None = None) -> SparseRows:
     """Raw scores of a sparse tree as compressed rows (``evaluate_scores``'s array, cell for cell)."""
     return _evaluate(node, ids, lengths, features, causal, pos_tags, False)
 
 
 def evaluate_sparse(node: Node, ids: np.ndarray, lengths: np.ndarray,
                     features: Mapping[str, np.ndarray] | None = None, causal: bool = True,
-                    pos_tags: Any = None, out: RowsBuffer | None = None) -> SparseRows:
+                    pos_tags: Iterable[str] | None = None, out: RowsBuffer | None = None) -> SparseRows:
     """Normalized attention of a sparse tree as compressed rows (``evaluate``'s array, cell for cell).
 
     ``out``: a ``RowsBuffer`` reused across calls; the result is a view of it, valid until its next use.

@@ -11,24 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .bounds import KINDS
 from ...core import InputError
 
+if TYPE_CHECKING:  # the spec names the sparse kernels' result type only; the kernels import it themselves
+    from headsurgeon.kernels.sparse import SparseRows
+
 # A kernel takes a node and the evaluation context (headsurgeon/synth/dsl/context.py, which reads this registry).
 Kernel = Callable[[Any, Any], np.ndarray]
 # A primitive's cells kernel takes the node and a fit set's cells (headsurgeon/synth/dsl/cell_combinators.py ``Cells``).
 CellsKernel = Callable[[Any, Any], np.ndarray]
+# A sparse kernel takes the same node and context and returns compressed rows (headsurgeon/synth/dsl/sparse.py).
+SparseKernel = Callable[[Any, Any], "SparseRows"]
 # A positional primitive's scores from query and key positions (int64 tensors that broadcast): float64 scores.
 PositionKernel = Callable[[Any, Any, Any], Any]
 
 __all__ = [
-    "REQUIRED", "Kernel", "CellsKernel", "PositionKernel", "Param", "PrimitiveSpec", "CellsAdapter", "CombinatorSpec",
+    "REQUIRED", "Kernel", "CellsKernel", "SparseKernel", "PositionKernel", "ChildGlossFn", "Param", "PrimitiveSpec", "CellsAdapter", "CombinatorSpec",
     "PRIMITIVE_SPECS", "COMBINATOR_SPECS", "register_primitive", "unregister_primitive", "register_combinator",
-    "unregister_combinator", "combinator_for",
+    "unregister_combinator", "combinator_for", "require_combinator",
     "PRIMITIVES", "PRIMITIVE_COST", "KIND_BOUNDS", "COMBINATOR_BOUNDS", "COMBINATOR_COST", "COUNTED",
 ]
 
@@ -90,7 +95,7 @@ class PrimitiveSpec:
     check: Callable[[Mapping[str, Any]], None] | None = None
     gloss_cases: tuple[tuple[tuple[tuple[str, Any], ...], str], ...] = ()
     support: int | str | Callable[[Any], int] | None = None
-    sparse: Kernel | None = None
+    sparse: SparseKernel | None = None
     cells: CellsKernel | None = None
     position: PositionKernel | None = None
 
@@ -109,6 +114,14 @@ class PrimitiveSpec:
         else:
             inner = ", ".join(p.name for p in self.params)
         return f"{self.name}({inner})"
+
+
+class ChildGlossFn(Protocol):
+    """What a combinator's ``gloss_fields`` gets to render its children (headsurgeon/synth/dsl/docs.py ``ChildGloss``)."""
+
+    share: float | None
+
+    def __call__(self, child: Any, share: float | None = ...) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -140,10 +153,10 @@ class CombinatorSpec:
     kernel: Kernel
     doc: str
     gloss: str
-    gloss_fields: Callable[[Any, Callable[[Any], str]], dict[str, str]]
+    gloss_fields: Callable[[Any, ChildGlossFn], dict[str, str]]
     cost: int
     cost_per_child: bool = False
-    sparse: Kernel | None = None
+    sparse: SparseKernel | None = None
     support: Callable[[list[float]], float] = sum
     cells: CellsAdapter | None = None
 
@@ -186,6 +199,14 @@ def unregister_combinator(name: str) -> None:
 def combinator_for(node: Any) -> CombinatorSpec | None:
     """The spec of a combinator node (None for anything else)."""
     return _BY_TYPE.get(type(node))
+
+
+def require_combinator(node: Any) -> CombinatorSpec:
+    """The spec of a node that is not a primitive; TypeError for anything that is no DSL node."""
+    spec = _BY_TYPE.get(type(node))
+    if spec is None:
+        raise TypeError(f"not a DSL node: {node!r}")
+    return spec
 
 
 class _View(Mapping):

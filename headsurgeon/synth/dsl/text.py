@@ -19,6 +19,7 @@ from .nodes import Fallback, Gate, Mul, Node, Pred, Prim, is_node
 from .printer import to_text
 from .spec import PRIMITIVE_SPECS
 from .tokens import Quoted, Tok, plain, resolve, token_ids
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["parse", "to_text"]
 
@@ -46,7 +47,9 @@ class _Lexer:
     def _scan(self) -> tuple[str, Any, int]:
         """The next token after ``pos`` (literals of at most MAX_LITERAL_CHARS characters)."""
         text = self.text
-        pos = _SPACE_RE.match(text, self.pos).end()
+        space = _SPACE_RE.match(text, self.pos)
+        assert space is not None  # \s* matches at every position, if only the empty string
+        pos = space.end()
         if pos >= len(text):
             self.pos = pos
             return ("eof", None, len(text))
@@ -54,6 +57,7 @@ class _Lexer:
         if not m:
             raise _err(f"unexpected character {text[pos]!r} at column {pos + 1} in {excerpt(text)}")
         kind = m.lastgroup
+        assert kind is not None  # every alternative of _TOKEN_RE is a named group
         raw = m.group(kind)
         if kind != "op" and len(raw) > MAX_LITERAL_CHARS:
             raise _err(f"the {_LITERAL_NOUNS[kind]} at column {pos + 1} has {len(raw)} characters; at most "
@@ -96,7 +100,7 @@ class _Lexer:
 
 
 class _Parser:
-    def __init__(self, text: str, vocab: Any = None) -> None:
+    def __init__(self, text: str, vocab: TokenVocabulary | None = None) -> None:
         self.lx = _Lexer(text)
         self.vocab = vocab
         self.depth = 0
@@ -372,7 +376,7 @@ def _list_limit(name: str, param: str | int) -> tuple[int, str]:
 
 
 
-def parse(text: str, vocab: Any = None) -> Node:
+def parse(text: str, vocab: TokenVocabulary | None = None) -> Node:
     """Parse DSL text (e.g. ``0.7*prev(1) + 0.3*first()``) into a validated tree.
 
     ``vocab`` (a ``Vocabulary``) resolves token strings (``tokens=["▁the"]``, ``tok("Lily")``) to ids; text

@@ -15,6 +15,7 @@ from typing import Any
 
 from .bounds import MAX_LITERAL_CHARS, _err
 from .quote import _show
+from ...core.vocabulary import TokenVocabulary
 
 __all__ = ["Tok", "Quoted", "plain", "NEEDS_VOCAB", "token_id", "token_ids", "resolve", "fmt_token", "token_string"]
 
@@ -42,7 +43,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def token_id(value: Any, vocab: Any, what: str) -> Any:
+def token_id(value: Any, vocab: TokenVocabulary | None, what: str) -> Any:
     """The id of a quoted token string (other values pass through for their own checks)."""
     if not isinstance(value, Quoted):
         return value
@@ -54,7 +55,7 @@ def token_id(value: Any, vocab: Any, what: str) -> Any:
         raise _err(f"{what}: {e}") from None
 
 
-def token_ids(value: Any, vocab: Any, what: str) -> Any:
+def token_ids(value: Any, vocab: TokenVocabulary | None, what: str) -> Any:
     """A list of ids from a list of token strings / ids, a ``Tok`` or one string."""
     if isinstance(value, Tok):
         value = list(value.items)
@@ -65,7 +66,7 @@ def token_ids(value: Any, vocab: Any, what: str) -> Any:
     return value
 
 
-def _pairs(value: Any, firsts: bool, seconds: bool, vocab: Any, what: str) -> Any:
+def _pairs(value: Any, firsts: bool, seconds: bool, vocab: TokenVocabulary | None, what: str) -> Any:
     """Pairs [a, b] with the token side(s) resolved."""
     if not isinstance(value, (list, tuple)) or not (firsts or seconds):
         return value
@@ -78,7 +79,7 @@ def _pairs(value: Any, firsts: bool, seconds: bool, vocab: Any, what: str) -> An
     return out
 
 
-def resolve(kind: str, value: Any, vocab: Any, what: str, others: Mapping[str, Any]) -> Any:
+def resolve(kind: str, value: Any, vocab: TokenVocabulary | None, what: str, others: Mapping[str, Any]) -> Any:
     """A parameter value of ``kind`` with token strings replaced by ids (``others``: the call's other arguments)."""
     if isinstance(value, Tok) and kind != "ids":
         raise _err(f"{what}: tok(..) names a token predicate; write it where a predicate or a token set goes, "
@@ -94,7 +95,7 @@ def resolve(kind: str, value: Any, vocab: Any, what: str, others: Mapping[str, A
     return value
 
 
-def token_string(vocab: Any, token_id: int) -> str | None:
+def token_string(vocab: TokenVocabulary, token_id: int) -> str | None:
     """The string of ``token_id`` when it reads back to the same id (None: print the id)."""
     try:
         s = vocab.token(int(token_id))
@@ -105,7 +106,7 @@ def token_string(vocab: Any, token_id: int) -> str | None:
     return s
 
 
-def fmt_token(token_id: int, vocab: Any) -> str:
+def fmt_token(token_id: int, vocab: TokenVocabulary | None) -> str:
     """An id as a quoted token string (``"▁the"``), or the id itself without a vocab or when no string reads back."""
     if vocab is None:
         return str(token_id)

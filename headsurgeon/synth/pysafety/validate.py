@@ -135,7 +135,7 @@ def _finally_escape(body: list[ast.stmt]) -> ast.stmt | None:
     while todo:
         node, in_loop = todo.pop()
         if isinstance(node, ast.Return) or (isinstance(node, (ast.Break, ast.Continue)) and not in_loop):
-            return node  # type: ignore[return-value]  # the visitor returns the node it was given
+            return node
         if isinstance(node, (ast.FunctionDef, ast.Lambda)):
             continue
         loop = in_loop or isinstance(node, (ast.For, ast.While))

@@ -25,7 +25,7 @@ from ..splits import StoreSplits
 from ...core import Head, HeadsurgeonError, InputError
 
 __all__ = [
-    "CandidateMap", "PatternSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
+    "CandidateMap", "PatternSource", "PatternReader", "ValueNormSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
     "SearcherFactory", "register_searcher", "unregister_searcher", "searchers", "searcher_factory", "make_searcher",
     "run_searchers",
     "check_splits", "merge_candidates",
@@ -46,12 +46,32 @@ class PatternSource(Protocol):
     causal: bool
 
     @property
-    def heads(self) -> list[Head]:
+    def heads(self) -> Sequence[tuple[int, int]]:
         """The (layer, head) pairs the store holds."""
 
     def batch(self, indices: list[int] | None = None,
-              heads: list[Head] | None = None) -> tuple[np.ndarray, np.ndarray]:
+              heads: Sequence[tuple[int, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Real patterns [H, B, N, N] of ``heads`` on sequences ``indices``, and the lengths [B]."""
+
+
+class PatternReader(PatternSource, Protocol):
+    """A ``PatternSource`` that also reads one head's pattern on one window, as report.html shows it
+    (headsurgeon/report/); the attention store, its task view and a ``ProgramStore`` all do."""
+
+    def pattern(self, index: int, layer: int, head: int) -> np.ndarray:
+        """The pattern [n, n] of query head (``layer``, ``head``) on window ``index``."""
+
+
+class ValueNormSource(PatternSource, Protocol):
+    """A ``PatternSource`` that also holds each key's value norm per head (headsurgeon/surgery/patterns/value_norms.py),
+    which the value-weighted scores read (headsurgeon/synth/select.py ``weighs``)."""
+
+    @property
+    def has_value_norms(self) -> bool:
+        """Whether the norms were captured."""
+
+    def norm_batch(self, indices: list[int], heads: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Value norms [H, B, N] of ``heads`` on sequences ``indices``, zero beyond each length."""
 
 
 class StopCheck:

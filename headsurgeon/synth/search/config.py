@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from ...core.argtypes import int_at_least, non_negative_float
 from ...core.configs import nested, setting
-from ...core import SELECT_BY
+from ...core import SELECT_BY, SelectBy
 from ..eaps import LIBRARY_BUDGET_S, MAX_LIBRARY_PROGRAMS, load_library
 from .enumerative.config import EnumerativeConfig
 from .learned.config import LearnedConfig
@@ -42,7 +42,7 @@ class SearchConfig:
     library_budget: float = setting(LIBRARY_BUDGET_S, type=non_negative_float, metavar="SECONDS",
                                     help="time for the --library programs, in total across heads; past it the "
                                          "programs scored so far compete and the report notes the rest")
-    select_by: str = setting("iou", choices=SELECT_BY,
+    select_by: SelectBy = setting("iou", choices=SELECT_BY,
                              help="what chooses among candidates on the select split: soft IoU, or value-weighted "
                                   "IoU / JSD (attention weighed by each key's value norm through the head, so the "
                                   "first-token sink counts by what it moves; needs a store with value norms)")

@@ -152,6 +152,7 @@ def fit_head(real: np.ndarray, data: TrainData, space: FeatureSpace, cfg: Learne
     # refit the mixture weights on the discretized components: one mixture, then (optionally) two gated ones
     refits: list[tuple[str | None, list[torch.Tensor]]] = [(None, [model.mix.detach().clone()])]
     if model.qgate is not None:
+        assert model.mix_other is not None, "LearnedModel makes qgate and mix_other together"
         flag_idx = int(model.qgate.argmax())
         refits.append((data.gate_flags[flag_idx], [model.mix.detach().clone(), model.mix_other.detach().clone()]))
         flag_rows = query_flags(data, rows)[flag_idx]

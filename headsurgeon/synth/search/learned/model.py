@@ -142,6 +142,7 @@ class SoftHead(torch.nn.Module):
 
 def query_flags(data: TrainData, rows: QueryRows) -> torch.Tensor:
     """The gate flags of the sampled queries: float32 [G, B, R]."""
+    assert data.flags is not None, "a model gates its queries only on data with gate flags (train_data's gate_flags)"
     sub = data.flags[:, rows.idx]
     return torch.gather(sub, 2, rows.qi[None].expand(sub.shape[0], -1, -1))
 

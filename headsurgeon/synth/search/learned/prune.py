@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .head import LearnedHead
+from .head import LearnedHead, MatchTerm
 
 #: match terms with more pairs than this are left out of the pruned programs (they cannot be read at a glance)
 MAX_PAIRS = 8
@@ -23,8 +23,8 @@ def pruned_heads(head: LearnedHead, sizes: tuple[int, ...] = (1, 2, 3), max_pair
         sides.append((head.other_matches, head.other_positional))
     out: list[LearnedHead] = []
     for matches, positional in sides:
-        terms = [(w, True, t) for w, t in matches if 0 < t.n_pairs <= max_pairs]
-        terms += [(w, False, t) for w, t in positional]
+        terms: list[tuple[float, MatchTerm | str]] = [(w, t) for w, t in matches if 0 < t.n_pairs <= max_pairs]
+        terms += positional  # a positional term is its component's name
         terms.sort(key=lambda x: -x[0])
         for n in sizes:
             kept = terms[:n]
@@ -32,8 +32,8 @@ def pruned_heads(head: LearnedHead, sizes: tuple[int, ...] = (1, 2, 3), max_pair
                 break
             if not kept:
                 continue
-            ws = _rounded([w for w, _, _ in kept])
+            ws = _rounded([w for w, _ in kept])
             out.append(replace(head, gate=None, other_matches=[], other_positional=[],
-                               matches=[(w, t) for w, (_, is_match, t) in zip(ws, kept) if is_match],
-                               positional=[(w, t) for w, (_, is_match, t) in zip(ws, kept) if not is_match]))
+                               matches=[(w, t) for w, (_, t) in zip(ws, kept) if not isinstance(t, str)],
+                               positional=[(w, t) for w, (_, t) in zip(ws, kept) if isinstance(t, str)]))
     return out

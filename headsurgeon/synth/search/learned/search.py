@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -46,10 +46,11 @@ def _token_names(sequences: list[TokenSequence]) -> dict[int, str]:
 
 def _read_patterns(store: PatternSource, indices: list[int], heads: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """``store.batch`` as float16 when the store supports a dtype (halves the memory), else as given."""
+    batch: Callable[..., tuple[np.ndarray, np.ndarray]] = store.batch  # dtype= is optional (base.py PatternSource)
     try:
-        return store.batch(indices, heads, dtype=np.float16)
+        return batch(indices, heads, dtype=np.float16)
     except TypeError:
-        return store.batch(indices, heads)
+        return batch(indices, heads)
 
 
 def _score_chunk(store: PatternSource, heads: list[tuple[int, int]], programs: list[list[Program]], indices: list[int],
@@ -202,8 +203,9 @@ class LearnedSearcher:
                cancel: threading.Event | None = None) -> CandidateMap:
         """Candidates per head scored on synth and select (see :func:`learned_search`)."""
         synth, select = splits.checked("the learned searcher")
-        return learned_search(store, heads, synth, select, seed=self.seed, progress=progress, budget=budget,
-                              cancel=cancel, **self.options)
+        found = learned_search(store, heads, synth, select, seed=self.seed, progress=progress, budget=budget,
+                               cancel=cancel, **self.options)
+        return {Head(*h): cands for h, cands in found.items()}
 
     def report(self) -> str:
         """Nothing to add to the run's notes."""

@@ -3,6 +3,7 @@ IoU on synth, IoU on select, and the feedback that shows the model where its bes
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,8 @@ from ...metrics import score_many
 from ...program import Program
 from ...sequence import Sequence
 from ...tensors import ProgramTensor, program_patterns
-from .config import SOURCE
+from ..base import PatternSource
+from .config import SOURCE, AgentConfig, AgentStats
 from .transport import excerpt
 from ....core import Head
 
@@ -61,7 +63,7 @@ class SynthFit:
 class HeadContext:
     """What every head of one run shares: the store, the splits, the system prompt and the request pool."""
 
-    store: Any
+    store: PatternSource
     causal: bool
     synth_idx: list[int]
     select_idx: list[int]
@@ -74,6 +76,12 @@ class HeadContext:
 class ProgramScoring:
     """The scoring side of :class:`~headsurgeon.synth.search.llm.agent.LLMAgent` (a mixin: it uses the agent's
     ``config``, ``stats``, ``_lock``, ``_store_lock`` and ``_event``)."""
+
+    config: AgentConfig
+    stats: AgentStats
+    _lock: threading.Lock
+    _store_lock: threading.Lock
+    _event: Callable[[dict[str, Any]], None]
 
     def _patterns(self, program: Program, seqs: list[Sequence], causal: bool) -> ProgramTensor:
         """Normalized patterns [B, N, N] (sparse DSL programs as ``SparseRows``); Python programs run in the

@@ -5,12 +5,16 @@ from __future__ import annotations
 import email.utils
 import functools
 import math
+import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..base import StopCheck
+from .config import AgentConfig, AgentStats
+from .journal import RunJournal
 from ....core import HeadsurgeonError
 from ....core import Head
 
@@ -47,6 +51,19 @@ class ChatRequests:
     """The request side of :class:`~headsurgeon.synth.search.llm.agent.LLMAgent` (a mixin: it uses the agent's
     ``config``, ``stats``, ``_lock``, ``_local``, ``_given_client``, ``_owned_clients``, ``_rng``, ``_sleep``,
     ``_in_flight``, ``_stop``, ``_should_stop`` and ``_journal``)."""
+
+    config: AgentConfig
+    stats: AgentStats
+    _lock: threading.Lock
+    _local: threading.local
+    _given_client: Any
+    _owned_clients: list[Any]
+    _rng: random.Random
+    _sleep: Callable[[float], None]
+    _in_flight: int
+    _stop: bool
+    _should_stop: StopCheck
+    _journal: RunJournal | None
 
     @property
     def client(self) -> Any:
@@ -293,7 +310,7 @@ def guard_response(response: Any) -> None:
 def capped_stream_class(base: type) -> type:
     """A subclass of ``base`` (the HTTP library's SyncByteStream) that stops at a byte cap or a deadline."""
 
-    class CappedStream(base):  # type: ignore[misc, valid-type]  # the base class is chosen at run time
+    class CappedStream(base):
         """A response body read chunk by chunk, never past ``limit`` bytes or ``deadline``."""
 
         def __init__(self, inner: Any, limit: int, deadline: float | None) -> None:
