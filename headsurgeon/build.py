@@ -26,7 +26,7 @@ from .configs import BuildConfig
 from .core import InputError
 from .core.fileio import json_bytes
 from .surgery.threads import fit_threads
-from .core import Head
+from .core import Head, Which
 
 __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 
@@ -116,14 +116,14 @@ class _Joint:
     (headsurgeon/surgery/measure/eval_report.py ``SwapCosts``)."""
 
     def __init__(self, handle: Any, windows: list[Any], programs: dict[Any, Any]) -> None:
-        from .surgery.measure.eval_report import SwapCosts
+        from .surgery.measure.sweep import SwapCosts
 
         self.costs, self.programs = SwapCosts(handle, windows), programs
 
     def measure(self, heads: list[Any]) -> Any:
         from .surgery.measure.divergence import summarize
 
-        return summarize(self.costs.windows({h: self.programs[h] for h in heads}))
+        return summarize(self.costs.lm_costs({h: self.programs[h] for h in heads}))
 
 
 def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int, budget: float | None, chunk: int,
@@ -471,7 +471,7 @@ def _card_metrics(result: BuildResult) -> dict[str, Any]:
     return out
 
 
-def _control(programs: Any, which: str, k: int, base: Any, handle: Any) -> dict[str, Any]:
+def _control(programs: Any, which: Which, k: int, base: Any, handle: Any) -> dict[str, Any]:
     """The same number of heads in select-IoU order (the order a pattern metric gives), measured on the same windows."""
     from .surgery.measure.divergence import summarize, window_costs
     from .surgery.swap.replace import replace_heads

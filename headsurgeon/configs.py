@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .core.argtypes import fraction, int_at_least, positive_float, positive_int
 from .core.configs import nested, setting, with_shortcuts
-from .core import WHICHES
+from .core import HEAL_OBJECTIVES, WHICHES, HealObjective, Which
 from .scaleout.config import ScaleoutConfig
 from .surgery.configs import CaptureConfig, CorpusConfig, HeadsConfig, MeasureConfig, ModelConfig
 from .synth.search.config import SearchConfig
@@ -48,7 +48,7 @@ class BuildConfig:
 
     model: ModelConfig = nested(ModelConfig)
     corpus: CorpusConfig = nested(CorpusConfig)
-    which: str = setting("explanation", choices=WHICHES, help="swap each head's readable explanation or its "
+    which: Which = setting("explanation", choices=WHICHES, help="swap each head's readable explanation or its "
                                                              "replacement (its most faithful program)")
     fraction: float | None = setting(None, type=fraction, metavar="F",
                                      help="swap this share of all the model's heads, cheapest first")
@@ -59,7 +59,7 @@ class BuildConfig:
                          help="tune the norm gains on the synth windows after the swap; every healed cost is against "
                               "the base tuned the same way")
     heal_steps: int = setting(40, type=positive_int, help="optimizer steps of --heal")
-    heal_objective: str = setting("kl", choices=("kl", "lm"),
+    heal_objective: HealObjective = setting("kl", choices=HEAL_OBJECTIVES,
                                   help="what --heal trains for: kl distils the hybrid from the base (the base is "
                                        "its own control); lm is next-token loss on the synth windows (a copy of the "
                                        "base is tuned the same way as the control)")

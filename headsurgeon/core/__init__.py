@@ -8,7 +8,7 @@ import re
 from typing import Any, Literal, NamedTuple, get_args
 
 __all__ = ["Head", "HeadError", "HeadsurgeonError", "InputError", "JournalMismatchError", "NotFoundError", "Split", "SPLITS",
-           "Which", "WHICHES", "AblationKind", "ABLATION_KINDS", "Metric", "METRICS", "WeightedMetric", "WEIGHTED_METRICS",
+           "Which", "WHICHES", "HealObjective", "HEAL_OBJECTIVES", "AblationKind", "ABLATION_KINDS", "Metric", "METRICS", "WeightedMetric", "WEIGHTED_METRICS",
            "SelectBy", "SELECT_BY", "check_choice"]
 
 
@@ -36,6 +36,10 @@ SPLITS: tuple[Split, ...] = get_args(Split)
 
 Which = Literal["replacement", "explanation"]
 WHICHES: tuple[Which, ...] = get_args(Which)
+
+#: what ``heal`` trains for: next-token loss, or KL from the base (headsurgeon/surgery/swap/heal.py)
+HealObjective = Literal["lm", "kl"]
+HEAL_OBJECTIVES: tuple[HealObjective, ...] = get_args(HealObjective)
 
 AblationKind = Literal["zero", "mean", "mean_output", "uniform", "resample", "program"]
 ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)

@@ -118,8 +118,8 @@ def mean_patterns(handle: ModelHandle, reference: list[Sequence], heads: Seq[Hea
         batch = reference[start: start + batch_size]
         for s, pats in zip(batch, forward_patterns(handle, batch)):
             count[: s.n] += 1
-            for layer, head in heads:
-                total[(layer, head)][: s.n, : s.n] += pats[layer, head]
+            for h in heads:
+                total[h][: s.n, : s.n] += pats[h[0], h[1]]
     return {h: MeanPatterns.from_mean((t / np.maximum(count, 1)).astype(np.float32)) for h, t in total.items()}
 
 
@@ -426,7 +426,7 @@ def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
             raise InputError(f"{Head.label(h)}: {e}") from e
     aliases = _same_programs(chosen)
     cache = TensorCache(max_bytes=256 << 20)
-    jobs = {h: {k: ProgramHead(h[0], h[1], p, cache=cache) for k, p in vs.items() if (h, k) not in aliases}
+    jobs: dict[Head, dict[str, ProgramHead | MeanPatterns]] = {h: {k: ProgramHead(h[0], h[1], p, cache=cache) for k, p in vs.items() if (h, k) not in aliases}
             for h, vs in chosen.items()}
     if ablation:
         for h, mean in mean_patterns(handle, reference or windows, sorted(jobs)).items():

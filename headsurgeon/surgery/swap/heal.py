@@ -20,13 +20,13 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from ...core import InputError
+from ...core import HEAL_OBJECTIVES, HealObjective, InputError
 from ...synth.sequence import Sequence
 from ..batches import batches
 from ..models.handle import ModelHandle
@@ -35,8 +35,8 @@ from .replace import HybridModel, independent_handle
 
 __all__ = ["heal", "HealReport", "Weight", "healing_records", "model_weights", "select_weights", "NORMS"]
 
-Objective = Literal["lm", "kl"]
-OBJECTIVES: tuple[str, ...] = ("lm", "kl")
+Objective = HealObjective
+OBJECTIVES: tuple[Objective, ...] = HEAL_OBJECTIVES
 NORMS = "norms"  # the keyword for every normalization layer's gain (and bias) vectors
 #: Adam moves each parameter by about ``lr`` per step whatever its gradient's scale, so 40 steps at 5e-3 move a norm
 #: gain of about 1 by at most ~0.2: enough to re-scale a layer around the programs, too little to rewrite it
@@ -328,6 +328,7 @@ def _loss(objective: str, logits: torch.Tensor, ids: torch.Tensor, mask: torch.T
     if objective == "lm":
         targets = ids[:, 1:].to(logits.device).masked_fill(~valid, -100)
         return F.cross_entropy(student.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    assert teacher_logits is not None, "the kl objective distils from a teacher (_teacher makes one)"
     t = torch.log_softmax(teacher_logits[:, :-1].float().to(logits.device)[valid], dim=-1)
     return F.kl_div(torch.log_softmax(student[valid], dim=-1), t, log_target=True, reduction="batchmean")
 
