@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headsurgeon.surgery.swap import replace as replace_module
+from headsurgeon.surgery.swap import program_head as program_head_module
 from headsurgeon.surgery.swap.replace import replace_heads
 
 from support.surgery_models import batch_of, get_model
@@ -41,7 +41,7 @@ def test_sparse_scatter_equals_the_dense_path(request, documents, monkeypatch, k
     sparse_out, sparse_grads, layers, mode = _run(h, ids, alpha, grad)
     assert mode == ("z" if kind == "bert" else "pattern")  # both hook paths are covered
     assert sum(len(lp.sparse) for lp in layers) == 3 and sum(len(lp.dense_heads) for lp in layers) == 1
-    monkeypatch.setattr(replace_module, "is_sparse_program", lambda program: False)
+    monkeypatch.setattr(program_head_module, "is_sparse_program", lambda program: False)
     dense_out, dense_grads, layers, _ = _run(h, ids, alpha, grad)
     assert all(not lp.sparse for lp in layers)
     torch.testing.assert_close(sparse_out, dense_out, atol=1e-5, rtol=1e-5)
