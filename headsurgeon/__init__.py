@@ -36,8 +36,9 @@ if TYPE_CHECKING:  # the one list of top-level names: type checkers read it, and
     from .surgery.measure.head_finders import head_scores
     from .surgery.swap.heal import heal
     from .surgery.models.loading import load_model
+    from .surgery.swap.hybrid import HybridModel
     from .surgery.swap.refit import refit_mixtures
-    from .surgery.swap.replace import HybridModel, replace_heads
+    from .surgery.swap.replace import replace_heads
     from .surgery.measure.score import score
     from .surgery.patterns.store import AttentionStore
     from .synth.eaps import load_library_file, read_library
@@ -81,7 +82,7 @@ _MOVED = {
     "per_head_delta_ppl": "headsurgeon.surgery.measure.evaluate",
     "probe_sequences": "headsurgeon.surgery.measure.head_finders",
     "program_tensors": "headsurgeon.synth.tensors",
-    "ProgramHead": "headsurgeon.surgery.swap.replace",
+    "ProgramHead": "headsurgeon.surgery.swap.program_head",
     "read_documents": "headsurgeon.surgery.corpus",
     "RealPatterns": "headsurgeon.synth.metrics",
     "RefitResult": "headsurgeon.surgery.swap.refit",

@@ -433,8 +433,9 @@ def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[
     base) that is the base itself, whose KL to itself is 0, so no step moves it; with "lm" a copy of the base is
     tuned on the same windows and every healed figure is against that copy."""
     from .surgery.measure.divergence import BaseDistributions, summarize, window_costs
+    from .surgery.swap.handle_copy import independent_handle
     from .surgery.swap.heal import heal
-    from .surgery.swap.replace import independent_handle, replace_heads
+    from .surgery.swap.replace import replace_heads
 
     def healed_hybrid(swap: Any) -> tuple[Any, Any]:
         hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)

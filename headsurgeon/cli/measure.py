@@ -61,7 +61,7 @@ def _load(args: argparse.Namespace):
 def cmd_ablate(args: argparse.Namespace) -> int:
     from ..surgery.measure.ablate import ablate
     from ..surgery.measure.divergence import BaseDistributions, base_costs, summarize, window_costs
-    from ..surgery.swap.replace import SurgeryError
+    from ..surgery.swap.errors import SurgeryError
 
     heads = [Head.parse(h) for chunk in args.heads for h in chunk.split(",") if h.strip()]
     groups = [[h] for h in heads] if args.each else [heads]

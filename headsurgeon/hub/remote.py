@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from headsurgeon.surgery.swap.replace import HybridModel
+from headsurgeon.surgery.swap.hybrid import HybridModel
 
 from .checkpoint import save_hybrid
 from .checkpoint.location import HF_SCHEME, download_hybrid, parse_hf_url, snapshot_blobs

@@ -13,7 +13,9 @@ from typing import Any, Collection
 
 import torch
 
-from headsurgeon.surgery.swap.replace import HybridModel, replace_heads
+from headsurgeon.surgery.swap.hybrid import HybridModel
+
+from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.errors import excerpt
 
 from .base_models import load_base, located

@@ -13,7 +13,7 @@ from headsurgeon.synth.backends import backend_kinds, get_backend
 from headsurgeon.synth.errors import ProgramError, excerpt
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.trust import trusts
-from headsurgeon.surgery.swap.replace import HybridModel
+from headsurgeon.surgery.swap.hybrid import HybridModel
 
 from .errors import CheckpointError, IntegrityError, UntrustedProgramError
 from .files import member_parts

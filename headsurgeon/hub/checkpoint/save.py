@@ -17,7 +17,7 @@ from headsurgeon import __version__
 from headsurgeon.core.fileio import fsync_dir, sha256_file
 from headsurgeon.surgery.models.handle import EmbeddedSource, SourceRecord
 from headsurgeon.surgery.swap.heal import healing_records
-from headsurgeon.surgery.swap.replace import HybridModel
+from headsurgeon.surgery.swap.hybrid import HybridModel
 
 from ..card import render_card
 from .base_models import base_reference, base_weights, portable

@@ -19,7 +19,9 @@ from .evaluate import check_batch_size
 from ..models.loading import ModelHandle, load_model
 from ..swap.providers import (MeanOutputs, MeanPatterns, PatternProvider, ResamplePatterns, UniformPatterns,
                         ZeroPatterns)
-from ..swap.replace import HybridModel, SurgeryError, replace_heads
+from ..swap.errors import SurgeryError
+from ..swap.hybrid import HybridModel
+from ..swap.replace import replace_heads
 from ...core import Head
 
 KINDS = ABLATION_KINDS  # the closed set lives in headsurgeon/core/__init__.py

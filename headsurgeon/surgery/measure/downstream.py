@@ -12,7 +12,7 @@ import numpy as np
 from ..models.loading import load_model
 from .scorable import require_lm_head
 from .task_data import hub_data
-from ..swap.replace import HybridModel
+from ..swap.hybrid import HybridModel
 from ...core import InputError
 from ..models.handle import ModelHandle
 

@@ -18,7 +18,7 @@ from ...synth.sequence import Sequence
 from ..batches import padded_batch
 from ..models.headless import final_hidden_module
 from ..models.loading import ModelHandle, load_model
-from ..swap.replace import HybridModel
+from ..swap.hybrid import HybridModel
 from ...core import HeadsurgeonError
 
 __all__ = ["EMBEDDING_METRIC", "EvaluationError", "check_batch_size", "sentence_embeddings", "embedding_distances",

@@ -19,7 +19,8 @@ from ...synth.sequence import Sequence
 from ..batches import padded_batch
 from .embedding import EMBEDDING_METRIC, EvaluationError, check_batch_size, embedding_distance, sentence_embeddings
 from ..models.loading import ModelHandle, load_model
-from ..swap.replace import HybridModel, replace_heads
+from ..swap.hybrid import HybridModel
+from ..swap.replace import replace_heads
 from .sweep import sweep_arms, sweep_heads, sweep_programs, trusted_programs
 from ...core import Head
 

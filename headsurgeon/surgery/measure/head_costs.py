@@ -3,7 +3,7 @@ and for mean-ablating the head, as KL(base ‖ swapped) and ΔNLL per predicted 
 
 Cheap enough for every head: one base forward per batch keeps the residual stream entering each layer, and each swap
 resumes the forward at its head's layer from that residual (the blocks below are not run again); swaps of one layer
-share forwards, one row per (swap, window). A backend that ignores pattern edits (headsurgeon/surgery/swap/replace.py z mode) or
+share forwards, one row per (swap, window). A backend that ignores pattern edits (headsurgeon/surgery/swap/hooked_path.py z mode) or
 cannot resume measures each swap as a whole hybrid forward instead: the same numbers, slower.
 """
 from __future__ import annotations
@@ -28,8 +28,10 @@ from ..batches import padded_batch
 from ..patterns.capture import forward_patterns
 from .divergence import BaseDistributions, CostSummary, WindowCosts, summarize, token_costs, window_costs
 from ..models.loading import ModelHandle, load_model
+from ..swap.pattern_edits import pattern_edits_take_effect
+from ..swap.program_head import ProgramHead
 from ..swap.providers import MeanPatterns
-from ..swap.replace import ProgramHead, pattern_edits_take_effect, replace_heads
+from ..swap.replace import replace_heads
 from .scorable import require_lm_head
 
 __all__ = ["HeadCosts", "head_costs", "mean_patterns", "VARIANTS", "COSTS_FILE"]

@@ -20,7 +20,7 @@ from ...synth.sequence import Sequence
 from ..patterns.capture import forward_patterns
 from ..configs import HEAD_KINDS, HeadKind
 from ..models.loading import ModelHandle, load_model
-from ..swap.replace import HybridModel
+from ..swap.hybrid import HybridModel
 
 __all__ = ["HEAD_KINDS", "HeadKind", "HeadScores", "head_scores", "probe_sequences", "detection_pattern"]
 

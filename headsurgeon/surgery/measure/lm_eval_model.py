@@ -26,7 +26,8 @@ from ...synth.programset import ProgramSet
 from ...synth.trust import LM_EVAL_FLAG, trust_value
 from .scorable import require_lm_head
 from ..models.loading import load_model
-from ..swap.replace import HybridModel, replace_heads
+from ..swap.hybrid import HybridModel
+from ..swap.replace import replace_heads
 
 __all__ = ["HeadsurgeonLM", "model_flag"]
 

@@ -20,7 +20,8 @@ from ...synth.sequence import Sequence
 from .divergence import BaseDistributions, WindowCosts, base_costs, means, window_costs
 from .embedding import EvaluationError, embedding_distance, sentence_embeddings
 from ..models.loading import load_model
-from ..swap.replace import HybridModel, replace_heads
+from ..swap.hybrid import HybridModel
+from ..swap.replace import replace_heads
 from .sweep_order import ORDER_LABELS, cheapest
 from ..models.handle import ModelHandle
 

@@ -41,7 +41,7 @@ class ModelHandle:
     source: SourceRecord = field(default_factory=ObjectSource)  # where it came from (headsurgeon/surgery/models/source_record.py)
     hf_model: Any = None
     has_lm_head: bool = True  # False: a headless encoder; its logits come from a fixed readout (headsurgeon/surgery/models/headless.py)
-    #: whether this backend uses an edited hook_pattern, once measured (headsurgeon/surgery/swap/replace.py pattern_edits_take_effect)
+    #: whether this backend uses an edited hook_pattern, once measured (headsurgeon/surgery/swap/pattern_edits.py pattern_edits_take_effect)
     pattern_edits: bool | None = field(default=None, compare=False)
     #: hs.heal's records of the weights it changed, oldest first (headsurgeon/surgery/swap/heal.py)
     healing: list[dict[str, Any]] = field(default_factory=list, compare=False)

@@ -25,7 +25,7 @@ from ..batches import padded_batch
 from ..configs import CaptureConfig
 from ..models.loading import ModelHandle, load_model
 from .pattern_entries import EntryBuilder
-from ..swap.replace import HybridModel
+from ..swap.hybrid import HybridModel
 from .shard_writer import ShardWriter
 from .store import SEQUENCES_FILE, AttentionStore, StoreError, read_manifest, read_sequences, sequences_key
 from .store_reader import norm_name

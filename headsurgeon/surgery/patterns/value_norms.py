@@ -3,7 +3,7 @@
 A head adds Σ_j A_ij v_j W_O^h to the residual stream (headsurgeon/surgery/swap/refit.py), so attention on a key whose value vector
 through the output matrix is small (the first-token sink) moves little. The store keeps one float per key per head per
 window (headsurgeon/surgery/patterns/store_reader.py ``Layout.value_norms``); headsurgeon/synth/weighted.py weighs patterns by it. GQA: query head h
-reads KV head h // (n_heads // n_kv_heads), as headsurgeon/surgery/swap/replace.py's z hook does.
+reads KV head h // (n_heads // n_kv_heads), as headsurgeon/surgery/swap/hooked_path.py's z hook does.
 """
 from __future__ import annotations
 

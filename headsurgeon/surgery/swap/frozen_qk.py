@@ -1,7 +1,7 @@
 """Program heads stay fixed under training: the Q (and K) slices a replaced head no longer uses never move.
 
 A query head whose pattern comes entirely from a program (alpha 1) gets no gradient into its W_Q rows, and a
-key/value group whose query heads are all such heads none into its W_K rows (headsurgeon/surgery/swap/replace.py swaps the
+key/value group whose query heads are all such heads none into its W_K rows (headsurgeon/surgery/swap/hooked_path.py swaps the
 pattern out of place). Weight decay still moves them (AdamW shrinks every parameter it holds), and a slice of
 a tensor cannot be left out of an optimizer. So the hybrid takes the slices' values before each optimizer step
 that follows one of its own forwards, and writes them back after it (torch's global optimizer step hooks);

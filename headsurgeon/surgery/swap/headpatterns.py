@@ -1,4 +1,4 @@
-"""One layer's program patterns for one batch, as the hybrid's hooks apply them (headsurgeon/surgery/swap/replace.py).
+"""One layer's program patterns for one batch, as the hybrid's hooks apply them (headsurgeon/surgery/swap/hooked_path.py).
 
 Sparse programs (``synth.tensors.program_rows``: compressed rows) are kept as their stored keys (sequence,
 head, query, key, weight; all sparse heads of the layer concatenated) and scattered into the heads' slices

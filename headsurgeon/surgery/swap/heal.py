@@ -7,7 +7,7 @@ they have no parameters, the hybrid's forward keeps applying them, and their Q/K
 
 The healing is recorded with the weights it changed: ``handle.healing``, a list of :class:`HealReport` JSON records
 (one per call), which a hybrid shows as ``hybrid.healing`` (HybridModel reaches its handle's attributes,
-headsurgeon/surgery/swap/replace.py) and ``save_hybrid`` writes into the manifest and card (headsurgeon/hub/checkpoint/save.py, headsurgeon/hub/card.py).
+headsurgeon/surgery/swap/hybrid.py) and ``save_hybrid`` writes into the manifest and card (headsurgeon/hub/checkpoint/save.py, headsurgeon/hub/card.py).
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from ...synth.sequence import Sequence
 from ..batches import batches
 from ..models.handle import ModelHandle
 from ..models.headless import real_model
-from .replace import HybridModel, independent_handle
+from .handle_copy import independent_handle
+from .hybrid import HybridModel
 
 __all__ = ["heal", "HealReport", "Weight", "healing_records", "model_weights", "select_weights", "NORMS"]
 
@@ -406,7 +407,7 @@ def _train(call: Any, teacher: Any, objective: str, chosen: list[Weight], window
     """``steps`` Adam steps on the chosen parameters (checked on ``validation`` as they go); the per-step losses and
     the predicted tokens seen."""
     optimizer = torch.optim.Adam([w.param for w in chosen], lr=lr)
-    device = call.device  # a ModelHandle's, or the hybrid's handle's (headsurgeon/surgery/swap/replace.py)
+    device = call.device  # a ModelHandle's, or the hybrid's handle's (headsurgeon/surgery/swap/hybrid.py)
     stream = _batch_stream(windows, batch_size, seed)
     losses, seen = [], 0
     bar = tqdm(total=steps, desc=f"heal ({objective})", disable=not progress)

@@ -7,7 +7,7 @@ chosen by IoU can put 98% on ``first()`` and 2% on what the head is for. Here th
 components, to minimize Σ_windows Σ_i ‖Σ_k w_k (C_k U)_i − (A U)_i‖² on the non-negative weights that sum to 1.
 
 One hooked forward per batch of windows reads every needed layer's ``hook_pattern`` (A) and ``hook_v`` (V; query head
-h reads KV head h // (n_heads // n_kv_heads), as headsurgeon/surgery/swap/replace.py ``_z_hook`` does). For each head the products
+h reads KV head h // (n_heads // n_kv_heads), as headsurgeon/surgery/swap/hooked_path.py ``_z_hook`` does). For each head the products
 D_k = (C_k − A) U of its components (and of position 0, where a component with an empty row attends on its own) are
 reduced at once to (K+1)×(K+1) float64 sums, kept apart by which components have a non-empty row, so that both the
 fitted objective and the exact error of any weights come from the same sums with no second pass.
@@ -39,7 +39,7 @@ from ...synth.sequence import Sequence
 from ...synth.vocab import Vocabulary, VocabularyError
 from ..batches import padded_batch
 from ..models.loading import ModelHandle, load_model
-from .replace import HybridModel
+from .hybrid import HybridModel
 
 __all__ = ["refit_mixtures", "RefitResult"]
 
