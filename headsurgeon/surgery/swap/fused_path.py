@@ -14,6 +14,7 @@ from .fast_attention import ForwardState, programs_for
 from .frozen_qk import FrozenQK
 from .plain_model import plain_model
 
+#: a module's four hook tables: any entry not the libraries' own wiring is a watcher
 _HOOK_DICTS = tuple(operator.attrgetter(name) for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                                                            "_backward_pre_hooks"))
 
@@ -23,6 +24,7 @@ def _bridge_own(hook: Any) -> bool:
     for its forward) or transformers' (it records outputs only when asked to)."""
     return getattr(hook, "__module__", "").startswith(("transformer_lens.model_bridge", "transformers."))
 
+
 class FusedPath(BatchPatterns):
     """HybridModel's part that decides whether a call may skip the hooks and runs it fused
     (headsurgeon/surgery/swap/hybrid.py sets these attributes)."""
@@ -31,7 +33,7 @@ class FusedPath(BatchPatterns):
     fused: bool
     last_path: str | None
     last_state: ForwardState | None
-    _restored: bool
+    _restored: bool  # set by restore(): no fused call after it
     _frozen: FrozenQK
     _handles: list[Any]  # the hooks of the hooked call running now
     _watched: list[nn.Module] | None  # the bridge's modules, listed on the first call
