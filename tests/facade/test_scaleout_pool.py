@@ -80,10 +80,13 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The run with every head in the driver's process: the reference."""
-    tmp = tmp_path_factory.mktemp("one")
-    _drive(tmp, tmp / "out", workers=1)
-    return tmp / "out"
+    """The run with every head in one process, this one (a driver of its own would only add a Python start): the
+    reference."""
+    from headsurgeon.pipeline import explain
+
+    out = tmp_path_factory.mktemp("one") / "out"
+    explain(MODEL, need(CORPUS), out, workers=1, **SETTINGS)
+    return out
 
 
 def test_balanced_tasks_cover_every_head_in_order_and_shrink_toward_the_end():
@@ -98,11 +101,50 @@ def test_balanced_tasks_cover_every_head_in_order_and_shrink_toward_the_end():
     assert balanced([], 2) == [] and balanced([], 1) == []
 
 
+@pytest.fixture(scope="module")
+def script_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """explain on two workers from a script that registers its own searcher ("mine": the enumerative searcher under
+    another name, as a closure in __main__ with no main guard) and asks for the LLM agent without an endpoint; its
+    folder and notes. One run serves the two tests below."""
+    from support.searcher_store import LLM_ENV
+
+    tmp = tmp_path_factory.mktemp("script")
+    script = tmp / "mine.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        from pathlib import Path
+        from headsurgeon.pipeline import explain
+        from headsurgeon.synth.search.base import register_searcher, searcher_factory
+
+        runs = Path(sys.argv[1]) / "runs.txt"
+        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+
+        def narrow(settings):  # the enumerative searcher under another name, as a closure of this script
+            return searcher_factory("enumerative")(settings)
+
+        register_searcher("mine", narrow)
+        kw = json.loads(sys.argv[2])
+        result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
+        print(json.dumps({"notes": result.notes}))
+    """))
+    args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(tmp / "out"), **SETTINGS,
+                       "searchers": ["mine", "llm"], "workers": 2})
+    env = {k: v for k, v in os.environ.items() if k not in LLM_ENV}
+    proc = subprocess.run([sys.executable, str(script), str(tmp), args], cwd=tmp, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp, json.loads(proc.stdout.strip().splitlines()[-1])["notes"]
+
+
 @pytest.mark.e2e
-def test_two_workers_select_what_one_process_selects(one_process, tmp_path):
-    summary = _drive(tmp_path, tmp_path / "out", workers=2)
-    assert _programs(tmp_path / "out") == _programs(one_process)  # programs, frontiers and scores, bit for bit
-    assert any("2 worker processes × 1 thread" in n and "peak memory" in n for n in summary["notes"]), summary
+def test_two_workers_select_what_one_process_selects(one_process, script_run):
+    """The script's searcher is the enumerative one under another name (its candidates name their searcher, so the
+    files compare whole); the skipped LLM agent adds nothing."""
+    folder, notes = script_run
+    assert _programs(folder / "out") == _programs(one_process)  # programs, frontiers and scores, bit for bit
+    assert any("2 worker processes × 1 thread" in n and "peak memory" in n for n in notes), notes
+
+
 
 
 @pytest.mark.e2e
@@ -152,43 +194,16 @@ def test_bad_worker_counts_are_refused_before_the_capture():
 
 
 @pytest.mark.e2e
-def test_a_searcher_registered_in_a_script_runs_on_the_workers(tmp_path, monkeypatch):
+def test_a_searcher_registered_in_a_script_runs_on_the_workers(script_run):
     """A script that registers its own searcher (a closure in __main__, no main guard) reaches the workers, and
     never runs twice: the workers do not re-run the script. The same run asks for the LLM agent without an
     endpoint: the agent is skipped with a note and the heads stay on the pool."""
-    from support.searcher_store import LLM_ENV
-
-    for var in LLM_ENV:
-        monkeypatch.delenv(var, raising=False)
-    script = tmp_path / "mine.py"
-    script.write_text(textwrap.dedent(f"""
-        import json, sys
-        from pathlib import Path
-        from headsurgeon.pipeline import explain
-        from headsurgeon.synth.search.base import register_searcher, searcher_factory
-
-        runs = Path(sys.argv[1]) / "runs.txt"
-        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
-
-        def narrow(settings):  # the enumerative searcher under another name, as a closure of this script
-            return searcher_factory("enumerative")(settings)
-
-        register_searcher("mine", narrow)
-        kw = json.loads(sys.argv[2])
-        result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
-        print(json.dumps({{"notes": result.notes}}))
-    """))
-    args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(tmp_path / "out"), **SETTINGS,
-                       "searchers": ["mine", "llm"], "workers": 2})
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "runs.txt").read_text() == "x"
-    notes = json.loads(proc.stdout.strip().splitlines()[-1])["notes"]
+    folder, notes = script_run
+    assert (folder / "runs.txt").read_text() == "x"
     assert any("2 worker processes" in n for n in notes), notes
     assert any(n.startswith("LLM agent skipped") for n in notes), notes
     assert not any(n.startswith("the heads ran in this process") for n in notes), notes
-    assert len(json.loads((tmp_path / "out" / "programs.json").read_text())["programs"]) == 40
+    assert len(json.loads((folder / "out" / "programs.json").read_text())["programs"]) == 40
 
 
 def test_forwards_take_the_free_cores_and_never_more(monkeypatch):

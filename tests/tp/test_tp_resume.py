@@ -44,11 +44,10 @@ def test_existing_state_is_never_overwritten_silently(tmp_path):
               resume=True)
 
 
-def test_cli_resume_after_a_kill(tmp_path):
-    """`headsurgeon tp train` refuses to overwrite a killed run's state and finishes it with --resume."""
-    import subprocess
-    import sys
-
+def test_cli_resume_after_a_kill(tmp_path, capsys):
+    """`headsurgeon tp train` refuses to overwrite a killed run's state and finishes it with --resume (the command
+    in this process; tests/facade/test_cli.py starts it as a program)."""
+    from headsurgeon.cli import main
     from headsurgeon.tp.train import default_configs
 
     out = tmp_path / "run"
@@ -57,10 +56,8 @@ def test_cli_resume_after_a_kill(tmp_path):
     _, tc = default_configs("hist", epochs=3, dataset_size=600, batch_size=128)  # what the CLI builds
     with pytest.raises(Killed):
         train("hist", tc, progress=False, state_dir=out, n_layers=1, callback=kill_after(0))
-    r = subprocess.run([sys.executable, "-m", "headsurgeon.cli", *args], capture_output=True, text=True)
-    assert r.returncode != 0 and "--resume" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "headsurgeon.cli", *args, "--resume"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert main(args) != 0 and "--resume" in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0, capsys.readouterr().err[-2000:]
     assert (out / "model.safetensors").is_file() and not (out / "train_state.safetensors").exists()
 
 
