@@ -59,7 +59,7 @@ def healed(windows):
     before, base_before = state(handle), logits(handle, ids)
     hybrid = replace_heads(handle, PROGRAMS)
     grads = {n: p.requires_grad for n, p in handle.model.named_parameters()}
-    report = heal(hybrid, windows, steps=STEPS, progress=False)
+    report = heal(hybrid, windows, steps=STEPS, lr=5e-3, progress=False)  # one batch, seen each step: a lr to see it fall
     return SimpleNamespace(handle=handle, hybrid=hybrid, report=report, before=before, after=state(handle),
                            ids=ids, base_before=base_before, grads=grads)
 
@@ -130,7 +130,7 @@ def test_plain_model_heal_is_deterministic(windows):
 
 def test_kl_distils_from_a_frozen_copy_of_the_base(windows):
     hybrid = replace_heads(tiny_stories(), PROGRAMS)
-    report = heal(hybrid, windows, steps=8, objective="kl", progress=False)
+    report = heal(hybrid, windows, steps=8, lr=5e-3, objective="kl", progress=False)  # one batch: a lr to see it fall
     assert report.teacher == "base (frozen copy)" and report.losses[0] > 1e-3
     assert report.loss_last < 0.8 * report.loss_first, report.losses
     plain = heal(tiny_stories(), windows, steps=1, objective="kl", base=tiny_stories(), progress=False)

@@ -39,9 +39,10 @@ __all__ = ["heal", "HealReport", "Weight", "healing_records", "model_weights", "
 Objective = HealObjective
 OBJECTIVES: tuple[Objective, ...] = HEAL_OBJECTIVES
 NORMS = "norms"  # the keyword for every normalization layer's gain (and bias) vectors
-#: Adam moves each parameter by about ``lr`` per step whatever its gradient's scale, so 40 steps at 5e-3 move a norm
-#: gain of about 1 by at most ~0.2: enough to re-scale a layer around the programs, too little to rewrite it
-DEFAULT_LR = 5e-3
+#: Adam moves each parameter by about ``lr`` per step whatever its gradient's scale; at 5e-3 the norm gains of a
+#: quarter of SmolLM2's heads swapped made the held-out KL rise from the first step, at 5e-4 it fell for 40 steps
+#: (benchmarks/RESULTS.md, benchmarks/heal_sweep.py)
+DEFAULT_LR = 5e-4
 
 _NORM_CLASS = re.compile(r"norm$", re.IGNORECASE)  # LayerNorm, RMSNorm, LlamaRMSNorm, Gemma3RMSNorm, T5LayerNorm
 _NORM_NAME = re.compile(r"^(ln\w*|\w*norm)$", re.IGNORECASE)  # ln1, ln_f, ln_final, input_layernorm, norm, q_norm
