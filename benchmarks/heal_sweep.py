@@ -105,7 +105,6 @@ def main() -> None:
             yield "control", replace_heads(handle, programs.subset([Head.parse(h) for h in build["control"]["heads"]]),
                                            which=which, copy=True)
 
-    rows = []
     for text in ["none"] + args.runs:
         spec = None if text == "none" else _run_spec(text)
         for name, hybrid in hybrids():
@@ -118,7 +117,6 @@ def main() -> None:
             summary = judge(hybrid)
             row = {"run": text, "hybrid": name, "test": summary, "seconds": time.perf_counter() - t0,
                    "heal": None if report is None else report.to_json(), "load": os.getloadavg()[0]}
-            rows.append(row)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             best = None if report is None else row["heal"].get("best_step")
