@@ -2,7 +2,7 @@
 
     python benchmarks/heal_sweep.py MODEL CORPUS --heldout HELDOUT --programs PROGRAMS \
         (--checkpoint BUILD_OUT | --fraction F) [--max-len 128 --max-sequences 120] [--fresh 240]
-        [--runs lr=5e-3 lr=5e-4,train=fresh ...] [--control]
+        [--runs lr=5e-4 lr=5e-4,train=fresh,steps=120 lr=1e-4,params=norms+*.o_proj.weight ...] [--control]
 
 The checkpoint is what ``headsurgeon build ... --out BUILD_OUT`` saved (its build.json names the heads, and the
 control's heads when built with ``--control``); without one, ``--fraction F`` of the model's heads in select-IoU order
@@ -24,10 +24,13 @@ from pathlib import Path
 
 
 def _run_spec(text: str) -> dict:
-    spec = {"lr": 5e-3, "steps": 40, "train": "synth", "batch": 8}
+    spec: dict = {"lr": 5e-4, "steps": 40, "train": "synth", "batch": 8, "params": "norms", "every": 5}
     for part in filter(None, text.split(",")):
         key, value = part.split("=")
-        spec[key] = value if key == "train" else (int(value) if key in ("steps", "batch") else float(value))
+        if key not in spec:
+            raise SystemExit(f"unknown run key {key!r} in {text!r}: one of {sorted(spec)}")
+        spec[key] = (value if key in ("train", "params") else
+                     int(value) if key in ("steps", "batch", "every") else float(value))
     return spec
 
 
@@ -42,7 +45,9 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--max-sequences", type=int, default=120)
     ap.add_argument("--fresh", type=int, default=240)
-    ap.add_argument("--runs", nargs="+", default=["lr=5e-3", "lr=1e-3", "lr=3e-4", "lr=3e-4,train=fresh,steps=60"])
+    ap.add_argument("--runs", nargs="+", default=["lr=5e-4", "lr=5e-4,steps=120", "lr=5e-4,train=fresh,steps=120"],
+                    help="comma-separated keys: lr, steps, batch, train (synth | fresh), every (steps between "
+                         "checks), params (norms and/or parameter-name globs joined by +)")
     ap.add_argument("--control", action="store_true", help="heal the checkpoint's control (select-IoU order) too")
     ap.add_argument("--out", default=None, help="JSON lines of the results (default: CHECKPOINT.heal_sweep.jsonl beside it)")
     args = ap.parse_args()
@@ -112,8 +117,10 @@ def main() -> None:
             report = None
             if spec is not None:
                 train = splits.synth + (fresh if spec["train"] == "fresh" else [])
-                report = heal(hybrid, train, steps=spec["steps"], lr=spec["lr"], objective="kl",
-                              batch_size=spec["batch"], validation=splits.select, progress=False)
+                params = spec["params"].split("+")  # "norms+*.o_proj.weight": the norm gains and every o_proj
+                report = heal(hybrid, train, params=params[0] if len(params) == 1 else params, steps=spec["steps"],
+                              lr=spec["lr"], objective="kl", batch_size=spec["batch"], validation=splits.select,
+                              check_every=spec["every"], progress=False)
             summary = judge(hybrid)
             row = {"run": text, "hybrid": name, "test": summary, "seconds": time.perf_counter() - t0,
                    "heal": None if report is None else report.to_json(), "load": os.getloadavg()[0]}
