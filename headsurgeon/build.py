@@ -7,7 +7,9 @@ mixture weights to the head's output, headsurgeon/surgery/swap/refit.py) by sing
 jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
 apart, and its heads that cost more together than alone go to the back of the queue. ``select_more`` adds windows of
 documents after explain's windows (never in any split) to the ordering and the growth: the chosen programs of the
-``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. Healing tunes the norm gains on the synth windows
+``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. With a budget and
+healing, the budget bounds the healed hybrid: longer prefixes of the order are healed and measured until the longest
+that fits is found (``_grow_healed``). Healing tunes the norm gains on the synth windows
 (headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
 the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
 and every healed figure is against it. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
@@ -74,6 +76,11 @@ class BuildResult:
             against = ("the base: distilling from it leaves the base itself unchanged"
                        if self.healed.get("objective") == "kl" else "the base tuned the same way")
             lines.append(f"  healed:   {_line(self.healed['test'])}  (against {against})")
+            tries = self.healed.get("budget_tries")
+            if tries:
+                shown = ", ".join(f"{t['heads']} {t['delta_ppl_pct']:+.2f}%" for t in tries)
+                lines.append(f"  the budget held after healing: {len(self.heads)} heads (select windows, healed: "
+                             f"{shown})")
         if self.control:
             lines.append("  control, the same number of heads in select-IoU order:")
             lines.append(f"    untuned: {_line(self.control['test'])}")
@@ -289,8 +296,16 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     chunk = cfg.chunk or max(1, round(0.02 * model_heads))
     budget = None if cfg.budget_ppl is None else cfg.budget_ppl / 100
     heads = _grow(joint, order, single, k_max, budget, chunk, steps)
-    select = joint.measure(heads).to_json() if heads else None
     seconds["growth"] = time.perf_counter() - t
+    healer = _Healer(handle, chosen_set, cfg, splits.synth, select_windows) if cfg.heal and heads else None
+    budget_tries: list[dict[str, Any]] = []
+    ready: tuple[Any, Any] | None = None
+    if healer is not None and budget is not None:  # the budget holds for what is shipped: the healed hybrid
+        t = time.perf_counter()
+        chain = heads + [h for h in order if h not in heads]
+        heads, budget_tries, ready = _grow_healed(healer, chain[:k_max], len(heads), budget, chunk)
+        seconds["healed growth"] = time.perf_counter() - t
+    select = joint.measure(heads).to_json() if heads else None
 
     measured = splits.test + heldout
     t = time.perf_counter()
@@ -305,10 +320,11 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
 
     final = replace_heads(handle, hybrid_set, which=cfg.which) if heads else None
     healed = None
-    if cfg.heal and heads:
+    if healer is not None:
         t = time.perf_counter()
-        final, healed = _heal_and_judge(handle, hybrid_set, cfg, splits.synth, select_windows, measured, base, control,
-                                        programs)
+        final, healed = _heal_and_judge(healer, heads, measured, base, control, programs, ready)
+        if budget_tries:
+            healed["budget_tries"] = budget_tries
         seconds["heal"] = time.perf_counter() - t
     result = BuildResult(
         model=handle.name, which=cfg.which,
@@ -425,37 +441,92 @@ def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[A
     return ProgramSet(entries, model=programs.model, meta=programs.meta, vocab_fingerprint=programs.vocab_fingerprint)
 
 
-def _heal_and_judge(handle: Any, hybrid_set: Any, cfg: BuildConfig, synth: list[Any], select: list[Any],
-                    measured: list[Any], base: Any, control: dict[str, Any] | None,
-                    programs: Any) -> tuple[Any, dict[str, Any]]:
-    """Heal the hybrid (and the control) on the synth windows, stopping early on the select windows (the step of
-    their lowest loss is kept), and judge it against the base tuned the same way: with "kl" (distilling from the
-    base) that is the base itself, whose KL to itself is 0, so no step moves it; with "lm" a copy of the base is
-    tuned on the same windows and every healed figure is against that copy."""
-    from .surgery.measure.divergence import BaseDistributions, summarize, window_costs
-    from .surgery.swap.handle_copy import independent_handle
-    from .surgery.swap.heal import heal
-    from .surgery.swap.replace import replace_heads
+class _Healer:
+    """Heals hybrids of this build's candidates the same way (headsurgeon/surgery/swap/heal.py: the synth windows,
+    early-stopped on the select windows) and holds the reference they are judged against: the base itself when
+    healing distils from it ("kl"), else a copy of the base tuned the same way ("lm")."""
 
-    def healed_hybrid(swap: Any) -> tuple[Any, Any]:
-        hybrid = replace_heads(handle, swap, which=cfg.which, copy=True)
-        return hybrid, heal(hybrid, synth, steps=cfg.heal_steps, objective=cfg.heal_objective,
-                            validation=select, progress=cfg.progress)
+    def __init__(self, handle: Any, swap_set: Any, cfg: BuildConfig, synth: list[Any], select: list[Any]) -> None:
+        from .surgery.swap.handle_copy import independent_handle
+        from .surgery.swap.heal import heal
 
-    healed: dict[str, Any] = {"objective": cfg.heal_objective}
+        self.handle, self.swap_set, self.cfg, self.synth, self.select = handle, swap_set, cfg, synth, select
+        self.tuned, self.base_heal = handle, None
+        if cfg.heal_objective == "lm":
+            self.tuned = independent_handle(handle)
+            self.base_heal = heal(self.tuned, synth, steps=cfg.heal_steps, validation=select,
+                                  progress=cfg.progress).to_json()
+
+    def heal(self, heads: list[Any], swap_set: Any = None) -> tuple[Any, Any]:
+        """A healed copy of the hybrid swapping ``heads`` (from ``swap_set``, default this build's chosen programs)."""
+        from .surgery.swap.heal import heal
+        from .surgery.swap.replace import replace_heads
+
+        hybrid = replace_heads(self.handle, (swap_set or self.swap_set).subset(heads), which=self.cfg.which, copy=True)
+        return hybrid, heal(hybrid, self.synth, steps=self.cfg.heal_steps, objective=self.cfg.heal_objective,
+                            validation=self.select, progress=self.cfg.progress)
+
+    def reference(self, windows: list[Any]) -> Any:
+        from .surgery.measure.divergence import BaseDistributions
+
+        return BaseDistributions(self.tuned, windows)
+
+
+def _grow_healed(healer: _Healer, chain: list[Any], start: int, budget: float,
+                 chunk: int) -> tuple[list[Any], list[dict[str, Any]], tuple[Any, Any] | None]:
+    """With ``heal`` and a budget, the budget bounds the healed hybrid: from the ``start`` heads the untuned growth
+    kept, longer prefixes of ``chain`` are healed and measured on the select windows (against the equally tuned base),
+    the step doubling while they fit, then halved between the longest fit and the shortest miss down to ``chunk``
+    heads. Returns the heads, every try, and the healed (hybrid, report) of the longest fit beyond ``start``."""
+    from .surgery.measure.divergence import summarize, window_costs
+
+    reference = healer.reference(healer.select)
+    tries: list[dict[str, Any]] = []
+    good, bad, best = start, None, None
+    step = max(chunk, start // 4)
+
+    def attempt(k: int) -> tuple[bool, tuple[Any, Any]]:
+        hybrid, report = healer.heal(chain[:k])
+        summary = summarize(window_costs(reference, hybrid, hybrid.register_sequences))
+        tries.append({"heads": k, "fits": summary.delta_ppl <= budget, "delta_ppl_pct": 100 * summary.delta_ppl,
+                      "kl": summary.kl, "best_step": report.best_step})
+        return summary.delta_ppl <= budget, (hybrid, report)
+
+    while bad is None and good < len(chain):
+        k = min(len(chain), good + step)
+        fits, made = attempt(k)
+        if fits:
+            good, best, step = k, made, 2 * step
+        else:
+            bad = k
+    while bad is not None and bad - good > chunk:
+        k = (good + bad) // 2
+        fits, made = attempt(k)
+        good, best, bad = (k, made, bad) if fits else (good, best, k)
+    return chain[:good], tries, best
+
+
+def _heal_and_judge(healer: _Healer, heads: list[Any], measured: list[Any], base: Any, control: dict[str, Any] | None,
+                    programs: Any, ready: tuple[Any, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Heal the hybrid of ``heads`` (unless ``ready`` holds it healed) and the control the same way, and judge them
+    on the ``measured`` windows against the base tuned the same way: with "kl" (distilling from the base) that is the
+    base itself, whose KL to itself is 0, so no step moves it; with "lm" a copy of the base tuned on the same windows,
+    and every healed figure is against that copy."""
+    from .surgery.measure.divergence import summarize, window_costs
+
+    healed: dict[str, Any] = {"objective": healer.cfg.heal_objective}
     reference = base
-    if cfg.heal_objective == "lm":
-        tuned = independent_handle(handle)
-        healed["base_heal"] = heal(tuned, synth, steps=cfg.heal_steps, validation=select,
-                                   progress=cfg.progress).to_json()
-        reference = BaseDistributions(tuned, measured)
+    if healer.base_heal is not None:
+        healed["base_heal"] = healer.base_heal
+        reference = healer.reference(measured)
+        tuned = healer.tuned
         healed["tuned_base_vs_base"] = summarize(window_costs(base, lambda ids, attention_mask=None:
                                                               tuned.forward(ids, attention_mask))).to_json()
-    final, report = healed_hybrid(hybrid_set)
+    final, report = ready or healer.heal(heads)
     healed["heal"] = report.to_json()
     healed["test"] = summarize(window_costs(reference, final, final.register_sequences)).to_json()
     if control is not None:
-        other, _ = healed_hybrid(programs.subset([Head.parse(h) for h in control["heads"]]))
+        other, _ = healer.heal([Head.parse(h) for h in control["heads"]], programs)
         control["healed"] = summarize(window_costs(reference, other, other.register_sequences)).to_json()
     return final, healed
 

@@ -54,7 +54,7 @@ class BuildConfig:
                                      help="swap this share of all the model's heads, cheapest first")
     budget_ppl: float | None = setting(None, type=positive_float, metavar="PCT",
                                        help="swap as many heads as fit under this ΔPPL (percent) on the select "
-                                            "windows, cheapest first")
+                                            "windows, cheapest first (with --heal: after healing)")
     heal: bool = setting(False, action="store_true",
                          help="tune the norm gains on the synth windows after the swap; every healed cost is against "
                               "the base tuned the same way")

@@ -192,6 +192,35 @@ def test_budget_build_stays_under_budget(handle, programs):
 
 
 @pytest.mark.e2e
+def test_healed_budget_bounds_the_healed_hybrid(handle, programs, splits):
+    """With --heal, --budget-ppl bounds what is shipped: prefixes longer than the untuned growth are healed and
+    measured, and the longest that fits (to within a chunk of the shortest that does not) is kept, healed once."""
+    budget = 3.0
+    result = build_hybrid(handle, hs.demo_corpus_path(), programs, budget_ppl=budget, max_len=40, max_sequences=50,
+                          chunk=1, heal=True, heal_steps=4, progress=False)
+    kept = [h for s in result.steps if s["kept"] for h in s["tried"]]
+    untuned = len(kept)
+    tries = result.healed["budget_tries"]
+    assert tries and tries[0]["heads"] > untuned
+    fits = [t["heads"] for t in tries if t["fits"]]
+    misses = [t["heads"] for t in tries if not t["fits"]]
+    assert all(t["delta_ppl_pct"] <= budget for t in tries if t["fits"])
+    assert all(t["delta_ppl_pct"] > budget for t in tries if not t["fits"])
+    assert len(result.heads) == max([untuned, *fits])
+    assert result.heads[:untuned] == kept  # then the heads after them in the order, untuned growth aside
+    if misses:
+        assert min(misses) - len(result.heads) <= 1 and min(misses) > len(result.heads)
+    assert result.healed["heal"]["steps"] == 4 and "the budget held after healing" in result.format()
+    if fits:  # the shipped hybrid is the healed one that was measured, not a second heal
+        from headsurgeon.surgery.measure.divergence import summarize
+
+        again = summarize(window_costs(BaseDistributions(handle, splits.select), result.hybrid,
+                                       result.hybrid.register_sequences))
+        assert 100 * again.delta_ppl == pytest.approx([t for t in tries if t["heads"] == len(result.heads)][0]
+                                                      ["delta_ppl_pct"], rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.e2e
 def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
     """--select-more adds windows of documents after explain's windows (none of them in any split) to the costs and
     the growth; their per-head costs are kept beside --costs."""
