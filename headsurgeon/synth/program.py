@@ -37,16 +37,19 @@ __all__ = ["Program", "DEFAULT_TIMEOUT"]
 class Program:
     """A head-replacing program (DSL or sandboxed Python); immutable, hashable by canonical form."""
 
-    __slots__ = ("kind", "text", "_payload", "_canonical", "_hash", "_backend")
+    __slots__ = ("kind", "_text", "_payload", "_canonical", "_hash", "_backend")
 
     def __init__(self, backend: ProgramBackend, payload: Any) -> None:
         """Internal: use ``Program.parse``, ``from_dsl_json``, ``from_json``, ``python``, ``from_node`` or ``of``."""
+        if isinstance(payload, dsl.Node):
+            dsl.validate(payload)  # a tree built by hand is checked here; parsed and read trees are known valid
         self._backend = backend
         self._payload = payload
         self.kind = backend.kind
-        self.text = backend.text(payload)
-        # the canonical form and its sha256 are computed on first use and kept: the searchers wrap many large
-        # table programs only to render them (headsurgeon/synth/search/enumerative/search.py)
+        # the text, the canonical form and its sha256 are computed on first use and kept: the searchers wrap many
+        # large table programs only to render them (headsurgeon/synth/search/enumerative/search.py), and a journal
+        # read back holds hundreds whose text nobody prints (headsurgeon/scaleout/journal.py)
+        self._text: str | None = None
         self._canonical: str | None = None
         self._hash: str | None = None
 
@@ -147,6 +150,13 @@ class Program:
     def features_needed(self) -> frozenset[str]:
         """Feature array names the program reads (DSL); Python programs read views themselves: empty."""
         return self._backend.features_needed(self._payload)
+
+    @property
+    def text(self) -> str:
+        """The text form (DSL text, or the Python source), computed once, on first use."""
+        if self._text is None:
+            self._text = self._backend.text(self._payload)
+        return self._text
 
     @property
     def canonical(self) -> str:

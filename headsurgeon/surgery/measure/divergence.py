@@ -153,10 +153,23 @@ def token_costs(base_logp: torch.Tensor, other_logits: torch.Tensor, targets: to
     ``base_logp``: log-softmax of the base at the predicting positions [B, T, V]; ``other_logits`` the other model's
     logits there; ``targets`` the tokens predicted [B, T]; ``valid`` [B, T] marks predicted tokens.
     """
-    other_logp = torch.log_softmax(other_logits.float(), dim=-1)
-    kl = (base_logp.exp() * (base_logp - other_logp)).sum(-1).clamp_min(0.0)
-    kl = torch.where(valid, kl, torch.zeros_like(kl)).sum(1).double()
-    return kl, _nll(base_logp, targets, valid), _nll(other_logp, targets, valid), valid.sum(1)
+    rows, vocab = base_logp.shape[0] * base_logp.shape[1], base_logp.shape[-1]
+    base_rows, other_rows = base_logp.reshape(rows, vocab), other_logits.reshape(rows, vocab)
+    flat_targets = targets.reshape(rows, 1)
+    kl, other_nll = torch.empty(rows), torch.empty(rows)
+    for start in range(0, rows, _KL_ROWS):  # temporaries of a few MB, not four of the batch's [B, T, V] size
+        part = slice(start, start + _KL_ROWS)
+        other_logp = torch.log_softmax(other_rows[part].float(), dim=-1)
+        base_part = base_rows[part]
+        kl[part] = (base_part.exp() * (base_part - other_logp)).sum(-1)
+        other_nll[part] = -other_logp.gather(-1, flat_targets[part])[:, 0]
+    kl = torch.where(valid, kl.view_as(valid).clamp_min(0.0), 0.0).sum(1).double()
+    other_nll = torch.where(valid, other_nll.view_as(valid), 0.0).sum(1).double()
+    return kl, _nll(base_logp, targets, valid), other_nll, valid.sum(1)
+
+
+#: rows of a vocabulary-wide distribution handled at once by :func:`token_costs` (32 x 49,152 floats: 6 MB)
+_KL_ROWS = 32
 
 
 class BaseDistributions:
