@@ -229,10 +229,11 @@ class HeadJournal:
             atomic_write_bytes(path, _dumps({**body, "mac": self._mac("record", body)}))
 
     def programset(self, heads: Iterable[tuple[int, int]], model: str = "", vocab_fingerprint: str | None = None,
-                   trust: Any = True) -> ProgramSet:
+                   trust: Any = True, records: dict[tuple[int, int], dict] | None = None) -> ProgramSet:
         """The ProgramSet of ``heads`` as journaled (every head must have a record), after the trust gate
-        (headsurgeon/synth/trust.py) with ``trust``: the run's own (which Python programs its searchers could propose)."""
-        recs = self.records()
+        (headsurgeon/synth/trust.py) with ``trust``: the run's own (which Python programs its searchers could propose).
+        ``records``: what :meth:`records` returned a moment ago (verified then), so as not to read them twice."""
+        recs = self.records() if records is None else records
         heads = list(heads)
         missing = [Head.label(h) for h in heads if h not in recs]
         if missing:

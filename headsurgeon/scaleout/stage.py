@@ -141,7 +141,7 @@ def explain_store(store: AttentionStore, handle: ModelHandle, splits: Any, searc
                                             heads_per_task=scaleout.heads_per_task, handle=handle, progress=progress,
                                             on_record=on_record)
     notes.extend(run_notes)
-    timings: dict[str, float] = {"heads_wall": time.perf_counter() - t0}
+    timings: dict[str, float] = {"heads_wall": 0.0}  # set below, once the programs are read
     if resumed:
         notes.append(f"resumed {resumed} of {len(heads)} heads from the journal {out / 'heads'}")
     for rec in records.values():
@@ -157,6 +157,7 @@ def explain_store(store: AttentionStore, handle: ModelHandle, splits: Any, searc
 
     programs = HeadJournal(out / "heads").programset(heads, model=handle.name,
                                                      vocab_fingerprint=getattr(vocab, "fingerprint", None),
-                                                     trust=run_trust(names, options))
+                                                     trust=run_trust(names, options), records=records)
+    timings["heads_wall"] = time.perf_counter() - t0  # reading the records into programs included
     deltas = {h: float(r["delta_ppl"]) for h, r in records.items() if r.get("delta_ppl") is not None}
     return HeadsResult(programs, deltas, timings, notes)

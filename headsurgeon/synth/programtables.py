@@ -107,8 +107,13 @@ def unpack(obj: Any, tables: dict[str, np.ndarray] | None) -> Any:
             return _rebuild(tables, str(obj[REF]))
         return {k: unpack(v, tables) for k, v in obj.items()}
     if isinstance(obj, list):
+        if not _CONTAINERS.intersection(map(type, obj)):
+            return list(obj)  # a row of numbers or strings: nothing inside to undo (tables hold thousands)
         return [unpack(v, tables) for v in obj]
     return obj
+
+
+_CONTAINERS = frozenset((dict, list))
 
 
 def has_refs(obj: Any) -> bool:

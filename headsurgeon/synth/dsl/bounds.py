@@ -134,6 +134,30 @@ def _as_weight(value: Any, what: str) -> float:
     return v
 
 
+_PLAIN_NUMBERS = frozenset((int, float))
+
+
+def _plain_weights(values: Sequence) -> tuple[float, ...] | None:
+    """``values`` as weights when every one is a plain int or float, finite and in 0..MAX_WEIGHT, checked at C
+    speed (a fitted table holds thousands); None otherwise, so that the per-item checks name what is wrong."""
+    if not set(map(type, values)) <= _PLAIN_NUMBERS:
+        return None
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if arr.ndim != 1 or not (np.isfinite(arr).all() and (arr >= 0.0).all() and (arr <= MAX_WEIGHT).all()):
+        return None
+    return tuple(arr.tolist())
+
+
+def _plain_ids(values: Sequence) -> list[int] | None:
+    """``values`` when every one is a plain int in 0..MAX_VALUE (checked at C speed); None otherwise."""
+    if not values or not set(map(type, values)) <= {int} or min(values) < 0 or max(values) > MAX_VALUE:
+        return None
+    return list(values)
+
+
 def _as_list(value: Any, what: str, limit: int, bound: str, example: str, noun: str) -> Sequence:
     """A non-empty list or tuple of at most ``limit`` items, checked before any item is read."""
     if not isinstance(value, (list, tuple)) or not value:
@@ -147,7 +171,8 @@ def _as_list(value: Any, what: str, limit: int, bound: str, example: str, noun: 
 def _as_ids(value: Any, what: str, limit: int = MAX_IDS) -> tuple[int, ...]:
     """A sorted, deduplicated tuple of 1..``limit`` token ids, each 0..MAX_VALUE."""
     _as_list(value, what, limit, "MAX_IDS", "ids=[3, 17]", "token ids")
-    ids = sorted({_as_int(v, f"{what} entry") for v in value})
+    plain = _plain_ids(value)
+    ids = sorted(set(plain) if plain is not None else {_as_int(v, f"{what} entry") for v in value})
     if ids[0] < 0:
         raise _err(f"{what} must hold token ids >= 0; got {ids[0]}")
     return tuple(ids)
@@ -187,12 +212,16 @@ def _sort_key(value: Any) -> tuple:
 def _check_weights(value: Any, what: str) -> tuple[float, ...]:
     """profile(w=...): 1..MAX_PROFILE weights."""
     _as_list(value, what, MAX_PROFILE, "MAX_PROFILE", "w=[1, 0.5]", "weights")
-    return tuple(_as_weight(x, f"{what} weight") for x in value)
+    return _plain_weights(value) or tuple(_as_weight(x, f"{what} weight") for x in value)
 
 
 def _check_idweights(value: Any, what: str) -> tuple[tuple[int, float], ...]:
     """key_weight(w=...): 1..MAX_IDS [token id, weight] entries, each id once."""
     _as_list(value, what, MAX_IDS, "MAX_IDS", "w=[[13, 2.5]]", "[token id, weight] entries")
+    if all(type(item) in (list, tuple) and len(item) == 2 for item in value):
+        ids, weights = _plain_ids([item[0] for item in value]), _plain_weights([item[1] for item in value])
+        if ids is not None and weights is not None and len(set(ids)) == len(ids):
+            return tuple(sorted(zip(ids, weights)))
     table: dict[int, float] = {}
     for item in value:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
@@ -239,7 +268,7 @@ def _check_matrix(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tup
             or any(not isinstance(r, (list, tuple)) or len(r) != nk for r in value)):
         raise _err(f"{what} must be a table of {nq} rows (query classes) of {nk} weights (key classes) "
                    f"each; got {_show(value)}")
-    return tuple(tuple(_as_weight(x, f"{what} weight") for x in r) for r in value)
+    return tuple(_plain_weights(r) or tuple(_as_weight(x, f"{what} weight") for x in r) for r in value)
 
 
 def _check_pairs(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tuple[Any, Any], ...]:
