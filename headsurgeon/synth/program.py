@@ -41,7 +41,7 @@ class Program:
 
     def __init__(self, backend: ProgramBackend, payload: Any) -> None:
         """Internal: use ``Program.parse``, ``from_dsl_json``, ``from_json``, ``python``, ``from_node`` or ``of``."""
-        if isinstance(payload, dsl.Node):
+        if dsl.is_node(payload):
             dsl.validate(payload)  # a tree built by hand is checked here; parsed and read trees are known valid
         self._backend = backend
         self._payload = payload
