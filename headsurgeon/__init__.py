@@ -6,15 +6,15 @@ module (``from headsurgeon.synth.metrics import soft_iou``).
 """
 from __future__ import annotations
 
-import ast
 import importlib
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .core.lazy import exports_of
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # the one list of top-level names: type checkers read it, and _exports() below reads it for __getattr__
+if TYPE_CHECKING:  # the one list of top-level names, read by type checkers and by headsurgeon/core/lazy.py
     from .build import build_hybrid
     from .configs import (
         BuildConfig, CaptureConfig, CorpusConfig, ExplainConfig, MeasureConfig, ModelConfig, ScaleoutConfig, SearchConfig,
@@ -48,15 +48,7 @@ if TYPE_CHECKING:  # the one list of top-level names: type checkers read it, and
     from .synth.select import select_programs
 
 
-def _exports() -> dict[str, str]:
-    """name → module, read from the ``if TYPE_CHECKING:`` imports above (so the list is written once)."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
-    return {alias.name: f"headsurgeon.{node.module}" for node in block.body if isinstance(node, ast.ImportFrom)
-            for alias in node.names}
-
-
-_EXPORTS = _exports()
+_EXPORTS = exports_of(__file__, __name__)
 #: names that were top-level before the surface had two levels: they still resolve, with a DeprecationWarning naming
 #: the module to import them from
 _MOVED = {

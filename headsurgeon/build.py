@@ -9,8 +9,8 @@ apart, and its heads that cost more together than alone go to the back of the qu
 documents after explain's windows (never in any split) to the ordering and the growth: the chosen programs of the
 ``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. With a budget and
 healing, the budget bounds the healed hybrid: longer prefixes of the order are healed and measured until the longest
-that fits is found (``_grow_healed``). Healing tunes the norm gains on the synth windows
-(headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
+that fits is found (``_grow_healed``). Healing tunes the norm gains on the synth windows (and ``heal_more`` windows of
+documents after those, headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
 the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
 and every healed figure is against it. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
 bootstrap intervals (headsurgeon/surgery/measure/divergence.py).
@@ -192,17 +192,17 @@ def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[
     return splits, extra
 
 
-def more_windows(handle: Any, corpus: Any, cfg: BuildConfig) -> list[Any]:
-    """``cfg.select_more`` windows of ``corpus`` from documents none of explain's windows came from (those read after
-    its ``max_sequences`` windows, a document cut by that limit skipped), so choosing on them never touches a test
-    window; an InputError when explain read the whole corpus."""
+def more_windows(handle: Any, corpus: Any, cfg: BuildConfig, want: int | None = None) -> list[Any]:
+    """``want`` (default ``cfg.select_more``) windows of ``corpus`` from documents none of explain's windows came from
+    (those read after its ``max_sequences`` windows, a document cut by that limit skipped), so choosing or healing on
+    them never touches a test window; an InputError when explain read the whole corpus."""
     from .surgery.corpus import make_sequences, read_documents
 
+    want = cfg.select_more if want is None else want
     limit = cfg.corpus.max_sequences
     if limit is None:
-        raise InputError("--select-more takes windows after explain's --max-sequences windows, but no limit was set "
-                         "(explain read the whole corpus); give build explain's --max-sequences")
-    want = cfg.select_more
+        raise InputError("--select-more and --heal-more take windows after explain's --max-sequences windows, but no "
+                         "limit was set (explain read the whole corpus); give build explain's --max-sequences")
     docs = read_documents(corpus, cfg.corpus.separator)
     cap = limit + 2 * want + 64
     while True:
@@ -213,11 +213,20 @@ def more_windows(handle: Any, corpus: Any, cfg: BuildConfig) -> list[Any]:
             break
         cap *= 2
     if not fresh:
-        raise InputError(f"the corpus has no document after explain's {limit} windows, so --select-more has nothing "
-                         "to add; give a longer corpus or leave --select-more out")
+        raise InputError(f"the corpus has no document after explain's {limit} windows, so --select-more and "
+                         "--heal-more have nothing to add; give a longer corpus or leave them out")
     if len(fresh) < want:
-        warnings.warn(f"--select-more {want}: the corpus holds only {len(fresh)} windows after explain's", stacklevel=3)
+        warnings.warn(f"--select-more/--heal-more want {want} windows: the corpus holds only {len(fresh)} after "
+                      "explain's", stacklevel=3)
     return fresh[:want]
+
+
+def fresh_windows(handle: Any, corpus: Any, cfg: BuildConfig) -> tuple[list[Any], list[Any]]:
+    """The windows after explain's, split: ``select_more`` for choosing and growing, the next ``heal_more`` for
+    healing (so early stopping on the select windows never checks what healing trained on)."""
+    want = cfg.select_more + (cfg.heal_more if cfg.heal else 0)
+    fresh = more_windows(handle, corpus, cfg, want) if want else []
+    return fresh[: cfg.select_more], fresh[cfg.select_more:]
 
 
 def _more_path(costs: Any) -> Path | None:
@@ -241,7 +250,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     until ``fraction`` of the model's heads or the ``budget_ppl`` (percent, select windows) is reached, growing the
     set with joint re-measurement; each head gets the cheapest of its candidates (its program of kind ``which`` and
     its frontier points of that kind's size). Measured on the test windows (and ``heldout`` text); with ``heal``, the
-    norm gains of the hybrid and of a copy of the base are tuned on the synth windows and compared. With ``out``, the
+    norm gains of the hybrid and of a copy of the base are tuned on the synth (and ``heal_more``) windows and compared. With ``out``, the
     (healed) hybrid is saved there with ``build.json``. Settings: :class:`BuildConfig`, or its fields as keywords."""
     from .hub.checkpoint import save_hybrid
     from .surgery.measure.divergence import BaseDistributions, summarize, window_costs
@@ -256,7 +265,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     handle, programs, splits, heldout = _inputs(model, corpus, programs, trust_programs, cfg)
-    more = more_windows(handle, corpus, cfg) if cfg.select_more else []
+    more, heal_more = fresh_windows(handle, corpus, cfg)
     model_heads = handle.n_layers * handle.n_heads
     n_programs = len(programs.programs(cfg.which))
     k_max = n_programs if cfg.fraction is None else min(n_programs, int(round(cfg.fraction * model_heads)))
@@ -297,7 +306,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     budget = None if cfg.budget_ppl is None else cfg.budget_ppl / 100
     heads = _grow(joint, order, single, k_max, budget, chunk, steps)
     seconds["growth"] = time.perf_counter() - t
-    healer = _Healer(handle, chosen_set, cfg, splits.synth, select_windows) if cfg.heal and heads else None
+    healer = _Healer(handle, chosen_set, cfg, splits.synth + heal_more, select_windows) if cfg.heal and heads else None
     budget_tries: list[dict[str, Any]] = []
     ready: tuple[Any, Any] | None = None
     if healer is not None and budget is not None:  # the budget holds for what is shipped: the healed hybrid
@@ -332,6 +341,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
                 "program_heads": n_programs, "chunk": chunk},
         heads=[Head.label(h) for h in heads], order=[Head.label(h) for h in order], steps=steps, select=select,
         test=test, windows={"synth": len(splits.synth), "select": len(splits.select), "select_more": len(more),
+                            "heal_more": len(heal_more),
                             "test": len(splits.test), "heldout": len(heldout), "measured": len(measured)},
         costs={**costs.to_json(), "chosen": {Head.label(h): label for h, label in choice.items()},
                **({"pooled_kl": {Head.label(h): single[h] for h in more_costs.costs}} if more_costs else {})}, healed=healed,

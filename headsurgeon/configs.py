@@ -76,6 +76,9 @@ class BuildConfig:
                                help="also choose and grow on N windows of the corpus from documents after explain's "
                                     "windows (never searched, selected or tested on): less noisy than the select "
                                     "windows alone")
+    heal_more: int = setting(0, type=int_at_least(0), metavar="N",
+                             help="--heal also trains on N windows of the corpus from documents after explain's (and "
+                                  "after --select-more's) windows: never searched, selected or tested on")
     chunk: int | None = setting(None, type=positive_int,
                                 help="heads added between joint re-measurements (default: 2%% of the model's heads)")
     progress: bool = setting(True, flag=None, help="progress bars")

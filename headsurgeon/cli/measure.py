@@ -181,7 +181,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..surgery.measure.head_finders import HEAD_KINDS
+    from ..surgery.configs import HEAD_KINDS
 
     p = sub.add_parser("heads", help="find induction, previous-token, first-token, self and duplicate-token heads "
                                      "(scores on repeated random tokens, as TransformerLens's head detector)")

@@ -24,7 +24,7 @@ _SHAPE_FLAGS = {
 
 
 def _defaults_table() -> str:
-    from ..tp.train import PAPER_ACCURACY, TASK_CONFIGS
+    from ..tp.shapes import PAPER_ACCURACY, TASK_CONFIGS
 
     rows = ["task         layers  heads(cat+num)  MLPs(cat+num)  paper acc"]
     for t, c in TASK_CONFIGS.items():

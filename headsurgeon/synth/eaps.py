@@ -34,11 +34,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .errors import ProgramError, ProgramValidationError
-from .program import Program
 from ..core import InputError
+
+if TYPE_CHECKING:  # the DSL loads numba: imported where a program is built (the search configs read this module)
+    from .program import Program
 
 __all__ = ["MAX_LIBRARY_BYTES", "MAX_LIBRARY_PROGRAMS", "LIBRARY_BUDGET_S", "LibraryLoad", "LibraryProgram",
            "load_library", "load_library_file", "probe_labels", "read_library", "split_library_source"]
@@ -262,6 +264,8 @@ def read_library(path: str | Path, budget: float | None = LIBRARY_BUDGET_S,
         source = p.read_bytes()[:MAX_LIBRARY_BYTES].decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProgramValidationError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    from .program import Program
+
     units, functions = _library_units(source, str(p))
     accepted: list[LibraryProgram] = []
     refused: list[tuple[str, str]] = []

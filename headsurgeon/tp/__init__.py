@@ -11,7 +11,6 @@ Transformers constrained so that, after training, they map deterministically to 
 * ``rundir``: run directories (config.json, model.safetensors, metrics.json, program.json/.py);
 * ``export``: categorical heads as DSL ``Program`` objects (``export_heads``);
 * ``failures``: a program's wrong answers grouped by the input pattern a correct algorithm needs;
-* ``cli``: ``register(subparsers)`` for ``headsurgeon tp train|decompile|eval|failures|tasks``.
 
 Names are imported lazily so that ``headsurgeon tp --help`` does not pay for torch. The functions
 ``train`` and ``decompile`` share their modules' names: use ``from headsurgeon.tp.train import
@@ -19,37 +18,19 @@ train`` and ``from headsurgeon.tp.decompile import decompile``.
 """
 from __future__ import annotations
 
-import importlib
+from typing import TYPE_CHECKING
 
-_LAZY = {
-    "make_task": "tasks",
-    "TaskData": "tasks",
-    "TASKS": "tasks",
-    "TransformerProgram": "model",
-    "ModelConfig": "model",
-    "TrainConfig": "train",
-    "TrainResult": "train",
-    "default_configs": "train",
-    "TASK_CONFIGS": "train",
-    "PAPER_ACCURACY": "train",
-    "discretize": "discrete",
-    "DiscreteProgram": "discrete",
-    "load_module": "decompile",
-    "save_run": "rundir",
-    "load_run": "rundir",
-    "load_program": "rundir",
-    "export_heads": "export",
-    "skipped_heads": "export",
-    "failure_groups": "failures",
-    "format_failures": "failures",
-    "register": "cli",
-}
+from ..core.lazy import lazy_package
 
-__all__ = sorted(_LAZY)
+if TYPE_CHECKING:  # the package's names, loaded on first use (headsurgeon/core/lazy.py)
+    from .decompile import load_module
+    from .discrete import DiscreteProgram, discretize
+    from .export import export_heads, skipped_heads
+    from .failures import failure_groups, format_failures
+    from .model import ModelConfig, TransformerProgram
+    from .rundir import load_program, load_run, save_run
+    from .shapes import PAPER_ACCURACY, TASK_CONFIGS
+    from .tasks import TASKS, TaskData, make_task
+    from .train import TrainConfig, TrainResult, default_configs
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_package(__file__, __name__)

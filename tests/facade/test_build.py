@@ -144,9 +144,11 @@ def test_healed_build_distils_from_the_base_by_default(built):
 @pytest.mark.e2e
 def test_lm_healing_is_judged_against_the_equally_tuned_base(handle, programs):
     result = build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.125, max_len=40, max_sequences=50,
-                          heal=True, heal_steps=4, heal_objective="lm", progress=False)
+                          heal=True, heal_steps=4, heal_objective="lm", heal_more=5, progress=False)
     healed = result.healed
     assert healed["heal"]["steps"] == healed["base_heal"]["steps"] == 4
+    assert result.windows["heal_more"] == 5  # the hybrid and the control both train on synth + the fresh windows
+    assert healed["heal"]["windows"] == healed["base_heal"]["windows"] == result.windows["synth"] + 5
     assert healed["heal"]["model"] == "hybrid" and healed["base_heal"]["model"] == "base"
     assert healed["tuned_base_vs_base"]["kl"] > 0  # tuning moved the base too: the untuned base is the wrong control
     assert "against the base tuned the same way" in result.format()
@@ -224,7 +226,9 @@ def test_healed_budget_bounds_the_healed_hybrid(handle, programs, splits):
 def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
     """--select-more adds windows of documents after explain's windows (none of them in any split) to the costs and
     the growth; their per-head costs are kept beside --costs."""
-    from headsurgeon.build import more_windows
+    from dataclasses import replace
+
+    from headsurgeon.build import fresh_windows, more_windows
     from headsurgeon.configs import BuildConfig, CorpusConfig
 
     cfg = BuildConfig(corpus=CorpusConfig(max_len=40, max_sequences=50), select_more=6)
@@ -232,6 +236,14 @@ def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
     first = hs.surgery.corpus.make_sequences(handle, hs.surgery.corpus.read_documents(hs.demo_corpus_path()),
                                              max_len=40, max_sequences=50)
     assert len(more) == 6 and not {s.doc for s in more} & {s.doc for s in first}
+    chosen, healing = fresh_windows(handle, hs.demo_corpus_path(), replace(cfg, heal=True, heal_more=4))
+    def key(s):
+        return s.doc, tuple(s.ids.tolist())
+
+    assert [key(s) for s in chosen] == [key(s) for s in more]  # healing trains after the select-more windows
+    assert len(healing) == 4 and not {key(s) for s in healing} & {key(s) for s in chosen}
+    assert healing[0].doc >= more[-1].doc
+    assert fresh_windows(handle, hs.demo_corpus_path(), replace(cfg, heal_more=4))[1] == []  # no --heal, no windows
     costs = tmp_path / "costs.json"
     result = build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.125, max_len=40, max_sequences=50,
                           select_more=6, costs=costs, progress=False)

@@ -75,3 +75,16 @@ def test_errors_are_one_line_messages(capsys):
 def test_console_script_runs():
     r = subprocess.run([sys.executable, "-m", "headsurgeon.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "capture" in r.stdout
+
+
+def test_help_loads_no_model_or_kernel_library():
+    """Every subcommand's --help is built from the configs alone: torch, numba, transformers and scipy stay unloaded
+    (the search and scale-out packages load their modules on first use, headsurgeon/core/lazy.py)."""
+    code = ("import sys\nfrom headsurgeon.cli import build_parser, main\n"
+            "sub = next(a for a in build_parser()._actions if a.dest == 'command')\n"
+            "for argv in [['--help']] + [[name, '--help'] for name in sub.choices]:\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'numba', 'transformers', 'scipy', 'transformer_lens') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"

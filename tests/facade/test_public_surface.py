@@ -63,3 +63,31 @@ def test_a_program_set_takes_dsl_text_as_a_program():
     ps = ProgramSet()
     ps.add("L0H1", "0.5*prev(1) + 0.5*first()")
     assert ps.entries[(0, 1)].program == Program.parse("0.5*prev(1) + 0.5*first()")
+
+
+LAZY_PACKAGES = ["headsurgeon.scaleout", "headsurgeon.synth.search.enumerative", "headsurgeon.synth.search.learned",
+                 "headsurgeon.synth.search.llm", "headsurgeon.tp"]
+
+
+def test_the_lazy_packages_are_every_package_that_uses_lazy_package():
+    found = sorted(".".join(p.relative_to(INIT.parent.parent).with_suffix("").parts[:-1])
+                   for p in INIT.parent.rglob("__init__.py") if "lazy_package(__file__" in p.read_text())
+    assert found == sorted(LAZY_PACKAGES)
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_every_lazy_name_resolves_to_its_module_object(package):
+    """Each name a lazy package lists (its TYPE_CHECKING imports) loads and is the object its module defines, and no
+    submodule of the package is named like one of them (importing it would shadow the name)."""
+    import pkgutil
+
+    from headsurgeon.core.lazy import exports_of
+
+    pkg = importlib.import_module(package)
+    exports = exports_of(pkg.__file__, package)
+    assert sorted(exports) == pkg.__all__ == dir(pkg)
+    assert not set(exports) & {m.name for m in pkgutil.iter_modules(pkg.__path__)}
+    for name, module in exports.items():
+        assert getattr(pkg, name) is getattr(importlib.import_module(module), name), f"{package}.{name}"
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        pkg.nothing_here  # noqa: B018 - the attribute access is the test

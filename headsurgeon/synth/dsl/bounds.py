@@ -134,7 +134,8 @@ def _as_weight(value: Any, what: str) -> float:
     return v
 
 
-_PLAIN_NUMBERS = frozenset((int, float))
+_PLAIN_NUMBERS = frozenset((int, float))  # exact types: bool, numpy scalars and subclasses take the per-item path
+_PLAIN_INT = frozenset((int,))
 
 
 def _plain_weights(values: Sequence) -> tuple[float, ...] | None:
@@ -153,7 +154,7 @@ def _plain_weights(values: Sequence) -> tuple[float, ...] | None:
 
 def _plain_ids(values: Sequence) -> list[int] | None:
     """``values`` when every one is a plain int in 0..MAX_VALUE (checked at C speed); None otherwise."""
-    if not values or not set(map(type, values)) <= {int} or min(values) < 0 or max(values) > MAX_VALUE:
+    if not values or not set(map(type, values)) <= _PLAIN_INT or min(values) < 0 or max(values) > MAX_VALUE:
         return None
     return list(values)
 

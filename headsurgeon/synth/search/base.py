@@ -15,14 +15,16 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..scored import ScoredProgram
 from ..sequence import Sequence as TokenSequence
 from ..splits import StoreSplits
 from ...core import Head, HeadsurgeonError, InputError
+
+if TYPE_CHECKING:  # programs load the DSL and numba; the CLI reads this module's configs to build its flags
+    from ..scored import ScoredProgram
 
 __all__ = [
     "CandidateMap", "PatternSource", "PatternReader", "ValueNormSource", "Searcher", "SearchSettings", "StopCheck", "SearcherUnavailable",
@@ -31,7 +33,7 @@ __all__ = [
     "check_splits", "merge_candidates",
 ]
 
-CandidateMap = dict[Head, list[ScoredProgram]]
+CandidateMap = dict[Head, list["ScoredProgram"]]
 
 
 class PatternSource(Protocol):

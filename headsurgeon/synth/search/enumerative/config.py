@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...program import Program
 from ....core import InputError
+
+if TYPE_CHECKING:
+    from ...program import Program
 
 __all__ = ["EnumerativeConfig"]
 

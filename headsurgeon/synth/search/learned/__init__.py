@@ -41,15 +41,16 @@ model), :mod:`.fit` (one head), :mod:`.head` (the discretized model), :mod:`.sea
 """
 from __future__ import annotations
 
-from .config import DEFAULT_FEATURES, OPTIONAL_FEATURES, SELECTS, LearnedConfig
-from .fit import fit_head
-from .head import LearnedHead, MatchTerm
-from .rows import key_order, positional_specs, select_rows, visible
-from .search import SOURCE, LearnedSearcher, learned_search
-from .space import FeatureSpace, feature_arrays
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULT_FEATURES", "OPTIONAL_FEATURES", "SELECTS", "LearnedConfig", "FeatureSpace", "MatchTerm", "LearnedHead",
-    "fit_head", "learned_search", "LearnedSearcher", "feature_arrays", "positional_specs", "visible", "key_order",
-    "select_rows", "SOURCE",
-]
+from ....core.lazy import lazy_package
+
+if TYPE_CHECKING:  # the package's names, loaded on first use (headsurgeon/core/lazy.py)
+    from .config import DEFAULT_FEATURES, OPTIONAL_FEATURES, SELECTS, LearnedConfig
+    from .fit import fit_head
+    from .head import LearnedHead, MatchTerm
+    from .rows import key_order, positional_specs, select_rows, visible
+    from .search import SOURCE, LearnedSearcher, learned_search
+    from .space import FeatureSpace, feature_arrays
+
+__all__, __getattr__, __dir__ = lazy_package(__file__, __name__)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ... import dsl
 from ....core import InputError
 
 #: cheap features (no spaCy) every search considers by default.
@@ -53,6 +52,8 @@ class LearnedConfig:
         bad = [t for t in self.terms if t not in SELECTS]
         if bad:
             raise InputError(f"terms must be select modes from {SELECTS}; got {bad}")
+        from ... import dsl  # the DSL loads numba; the CLI reads this config to build its flags
+
         unknown = [f for f in self.features if f not in dsl.MATCH_FEATURES]
         if unknown or not self.features:
             raise InputError(f"features must be a non-empty subset of {dsl.MATCH_FEATURES}; unknown: {unknown}")
