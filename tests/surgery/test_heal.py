@@ -16,7 +16,8 @@ from headsurgeon.hub.card import render_card
 from headsurgeon.hub.checkpoint import IntegrityError, hf_state_dict, load_hybrid, save_hybrid
 from headsurgeon.core import InputError
 from headsurgeon.surgery.batches import padded_batch
-from headsurgeon.surgery.swap.heal import HealReport, element_count, heal, select_weights
+from headsurgeon.surgery.swap.heal import HealReport, heal
+from headsurgeon.surgery.swap.weights import element_count, select_weights
 from headsurgeon.surgery.models.loading import zoo_dir
 from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program

@@ -19,7 +19,8 @@ import headsurgeon as hs
 from headsurgeon.core import InputError
 from headsurgeon.surgery.batches import padded_batch
 from headsurgeon.surgery.models.loading import zoo_dir
-from headsurgeon.surgery.swap.refit import RefitResult, refit_mixtures, solve_simplex
+from headsurgeon.surgery.swap.refit import RefitResult, refit_mixtures
+from headsurgeon.surgery.swap.simplex import solve_simplex
 from headsurgeon.surgery.swap.replace import replace_heads
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet

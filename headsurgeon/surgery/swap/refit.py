@@ -27,7 +27,6 @@ from typing import Any, Callable, Mapping, Sequence as Seq
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 from tqdm.auto import tqdm
 
 from ...core import Head, HeadsurgeonError, InputError, WHICHES
@@ -40,6 +39,7 @@ from ...synth.vocab import Vocabulary, VocabularyError
 from ..batches import padded_batch
 from ..models.loading import ModelHandle, load_model
 from .hybrid import HybridModel
+from .simplex import solve_simplex, whole_units
 
 __all__ = ["refit_mixtures", "RefitResult"]
 
@@ -401,58 +401,6 @@ def _fit_matrix(job: _Job) -> np.ndarray:
     return (q + q.T) / 2.0
 
 
-def solve_simplex(q: np.ndarray) -> np.ndarray:
-    """argmin wᵀQw over w >= 0, Σw = 1 for a symmetric positive semi-definite Q, exactly.
-
-    With Q = LᵀL, the non-negative least squares min_{u>=0} ‖Lu‖² + (Σu − 1)² is minimized by u = t·w*, t > 0, where
-    w* minimizes ‖Lw‖² on the simplex (for fixed w the best t gives a value increasing in ‖Lw‖²), so w* = u/Σu;
-    the result is then solved again on its support, exactly.
-    """
-    q = np.asarray(q, dtype=np.float64)
-    k = q.shape[0]
-    if k == 1:
-        return np.ones(1)
-    scale = float(np.trace(q)) / k
-    if not math.isfinite(scale) or scale <= 0.0:
-        return np.full(k, 1.0 / k)  # nothing moves the output: every point is a minimum
-    values, vectors = np.linalg.eigh((q + q.T) / (2.0 * scale))
-    root = np.sqrt(np.clip(values, 0.0, None))[:, None] * vectors.T  # LᵀL = Q / scale
-    u, _ = nnls(np.vstack([root, np.ones((1, k))]), np.concatenate([np.zeros(k), [1.0]]), maxiter=50 * k)
-    w = u / u.sum() if u.sum() > 0 else np.full(k, 1.0 / k)
-    polished = _on_support(q, w > 0)
-    if polished is not None and polished @ q @ polished <= w @ q @ w:
-        return polished
-    return w
-
-
-def _on_support(q: np.ndarray, support: np.ndarray) -> np.ndarray | None:
-    """The minimum of wᵀQw with Σw = 1 on the components in ``support`` (KKT by least squares), if it is >= 0."""
-    idx = np.flatnonzero(support)
-    n = len(idx)
-    kkt = np.zeros((n + 1, n + 1))
-    kkt[:n, :n] = q[np.ix_(idx, idx)]
-    kkt[:n, n] = kkt[n, :n] = 1.0
-    rhs = np.zeros(n + 1)
-    rhs[n] = 1.0
-    solution = np.linalg.lstsq(kkt, rhs, rcond=None)[0][:n]
-    if not np.all(np.isfinite(solution)) or solution.min() < -1e-12:
-        return None
-    w = np.zeros(q.shape[0])
-    w[idx] = np.clip(solution, 0.0, None)
-    return w / w.sum() if w.sum() > 0 else None
-
-
-def _units(weights: np.ndarray, digits: int) -> np.ndarray:
-    """``weights`` (summing to 1) as whole units of 10**-digits summing to 10**digits (largest remainders first)."""
-    whole = 10 ** digits
-    exact = weights * whole
-    units = np.floor(exact).astype(np.int64)
-    short = whole - int(units.sum())
-    for i in np.argsort(-(exact - units), kind="stable")[:short]:
-        units[i] += 1
-    return units
-
-
 def _descend(job: _Job, units: np.ndarray, digits: int) -> np.ndarray:
     """Move single units between components while that lowers the exact error (rounding, and rows where a mixture
     renormalizes over fewer components, make it differ from the fitted objective)."""
@@ -494,7 +442,7 @@ def _relative(error: float, energy: float) -> float:
 
 def _finish(job: _Job, digits: int, windows: int, tokens: int) -> RefitResult:
     """Solve, round, keep the program unless the new weights lower its exact error."""
-    units = _descend(job, _units(solve_simplex(_fit_matrix(job)), digits), digits)
+    units = _descend(job, whole_units(solve_simplex(_fit_matrix(job)), digits), digits)
     new = units / 10 ** digits
     before, after = _exact_error(job, job.shares), _exact_error(job, new)
     candidate = _build(job.components, units, digits)
