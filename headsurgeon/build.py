@@ -22,13 +22,26 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .configs import BuildConfig
 from .core import InputError
 from .core.fileio import json_bytes
 from .surgery.threads import fit_threads
 from .core import Head, Which
+
+if TYPE_CHECKING:  # the model and measurement types load torch: named for the checker only
+    from .surgery.corpus import Splits
+    from .surgery.measure.divergence import BaseDistributions, CostSummary, WindowCosts
+    from .surgery.models.handle import ModelHandle
+    from .surgery.swap.heal import HealReport
+    from .surgery.swap.hybrid import HybridModel
+    from .synth.program import Program
+    from .synth.programset import ProgramSet
+    from .synth.sequence import Sequence
+    from .synth.vocab import Vocabulary
+
+    Healed = tuple[HybridModel, HealReport]
 
 __all__ = ["BuildResult", "build_hybrid", "BUILD_FILE"]
 
@@ -122,30 +135,30 @@ class _Joint:
     """Joint costs of head sets on fixed windows, as summaries: each distinct set is measured once
     (headsurgeon/surgery/measure/eval_report.py ``SwapCosts``)."""
 
-    def __init__(self, handle: Any, windows: list[Any], programs: dict[Any, Any]) -> None:
+    def __init__(self, handle: ModelHandle, windows: list[Sequence], programs: dict[Head, Program]) -> None:
         from .surgery.measure.sweep import SwapCosts
 
         self.costs, self.programs = SwapCosts(handle, windows), programs
 
-    def measure(self, heads: list[Any]) -> Any:
+    def measure(self, heads: list[Head]) -> CostSummary:
         from .surgery.measure.divergence import summarize
 
         return summarize(self.costs.lm_costs({h: self.programs[h] for h in heads}))
 
 
-def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int, budget: float | None, chunk: int,
-          steps: list[dict[str, Any]]) -> list[Any]:
+def _grow(joint: _Joint, order: list[Head], single: dict[Head, float], k_max: int, budget: float | None, chunk: int,
+          steps: list[dict[str, Any]]) -> list[Head]:
     """Heads in ``order`` added chunk by chunk under ``k_max`` heads (and the ΔPPL ``budget``, a ratio, on the select
     windows), each chunk re-measured jointly; see the module docstring for chunks that compound."""
 
-    chosen: list[Any] = []
+    chosen: list[Head] = []
     current = 0.0
     queue, deferred = list(order), []
 
-    def fits(summary: Any) -> bool:
+    def fits(summary: CostSummary) -> bool:
         return budget is None or summary.delta_ppl <= budget
 
-    def record(heads: list[Any], summary: Any, kept: bool) -> None:
+    def record(heads: list[Head], summary: CostSummary, kept: bool) -> None:
         steps.append({"heads": len(chosen) + (len(heads) if kept else 0), "tried": [Head.label(h) for h in heads],
                       "kept": kept, "kl": summary.kl, "delta_ppl_pct": 100 * summary.delta_ppl})
 
@@ -179,7 +192,8 @@ def _grow(joint: _Joint, order: list[Any], single: dict[Any, float], k_max: int,
     return chosen
 
 
-def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[Any, list[Any]]:
+def _windows(handle: ModelHandle, corpus: str | Path, heldout: str | Path | None,
+             cfg: BuildConfig) -> tuple[Splits, list[Sequence]]:
     from .surgery.corpus import load_corpus, make_sequences, read_documents
 
     splits = load_corpus(handle, corpus, **asdict(cfg.corpus))
@@ -192,7 +206,7 @@ def _windows(handle: Any, corpus: Any, heldout: Any, cfg: BuildConfig) -> tuple[
     return splits, extra
 
 
-def more_windows(handle: Any, corpus: Any, cfg: BuildConfig, want: int | None = None) -> list[Any]:
+def more_windows(handle: ModelHandle, corpus: str | Path, cfg: BuildConfig, want: int | None = None) -> list[Sequence]:
     """``want`` (default ``cfg.select_more``) windows of ``corpus`` from documents none of explain's windows came from
     (those read after its ``max_sequences`` windows, a document cut by that limit skipped), so choosing or healing on
     them never touches a test window; an InputError when explain read the whole corpus."""
@@ -221,7 +235,7 @@ def more_windows(handle: Any, corpus: Any, cfg: BuildConfig, want: int | None = 
     return fresh[:want]
 
 
-def fresh_windows(handle: Any, corpus: Any, cfg: BuildConfig) -> tuple[list[Any], list[Any]]:
+def fresh_windows(handle: ModelHandle, corpus: str | Path, cfg: BuildConfig) -> tuple[list[Sequence], list[Sequence]]:
     """The windows after explain's, split: ``select_more`` for choosing and growing, the next ``heal_more`` for
     healing (so early stopping on the select windows never checks what healing trained on)."""
     want = cfg.select_more + (cfg.heal_more if cfg.heal else 0)
@@ -229,7 +243,7 @@ def fresh_windows(handle: Any, corpus: Any, cfg: BuildConfig) -> tuple[list[Any]
     return fresh[: cfg.select_more], fresh[cfg.select_more:]
 
 
-def _more_path(costs: Any) -> Path | None:
+def _more_path(costs: str | Path | None) -> Path | None:
     """Where the costs on the --select-more windows are kept: beside --costs, ``NAME.more.json``."""
     if costs is None:
         return None
@@ -237,7 +251,7 @@ def _more_path(costs: Any) -> Path | None:
     return path.with_name(f"{path.stem}.more{path.suffix or '.json'}")
 
 
-def _pooled_kl(*parts: Any) -> float:
+def _pooled_kl(*parts: WindowCosts) -> float:
     """Per-token KL over the windows of several WindowCosts together."""
     kl = sum(float(p.kl.sum()) for p in parts)
     tokens = sum(int(p.tokens.sum()) for p in parts)
@@ -308,7 +322,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     seconds["growth"] = time.perf_counter() - t
     healer = _Healer(handle, chosen_set, cfg, splits.synth + heal_more, select_windows) if cfg.heal and heads else None
     budget_tries: list[dict[str, Any]] = []
-    ready: tuple[Any, Any] | None = None
+    ready: Healed | None = None
     if healer is not None and budget is not None:  # the budget holds for what is shipped: the healed hybrid
         t = time.perf_counter()
         chain = heads + [h for h in order if h not in heads]
@@ -358,7 +372,8 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     return result
 
 
-def _inputs(model: Any, corpus: Any, programs: Any, trust_programs: Any, cfg: BuildConfig) -> tuple[Any, ...]:
+def _inputs(model: Any, corpus: str | Path, programs: ProgramSet | str | Path, trust_programs: Any,
+            cfg: BuildConfig) -> tuple[ModelHandle, ProgramSet, Splits, list[Sequence]]:
     """(handle, trusted ProgramSet, splits, heldout windows), refusing what build cannot use before any work."""
     from .surgery.models.loading import load_model
     from .surgery.measure.scorable import require_lm_head
@@ -380,7 +395,7 @@ def _inputs(model: Any, corpus: Any, programs: Any, trust_programs: Any, cfg: Bu
     return handle, programs, splits, heldout
 
 
-def split_mismatch(meta: Any, splits: Any) -> str | None:
+def split_mismatch(meta: Any, splits: Splits) -> str | None:
     """Why build's windows are not the ones explain selected ``programs`` on (programs.json's ``meta``: the split's
     windows and predicted tokens), or None when they are the same or the set does not say. Build and explain split
     text by the same function (headsurgeon/surgery/corpus.py ``load_corpus``), so the same corpus settings give the same split."""
@@ -399,12 +414,12 @@ def split_mismatch(meta: Any, splits: Any) -> str | None:
     return None
 
 
-def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:
+def _candidates(programs: ProgramSet, which: str) -> dict[Head, dict[str, Program]]:
     """Per head, its frontier points other than its ``which`` program, of that kind's size (readable for
     explanations), labelled by budget: build measures them beside the program and keeps the cheapest."""
     from .synth.program import READABLE_CHARS
 
-    out: dict[Any, dict[str, Any]] = {}
+    out: dict[Head, dict[str, Program]] = {}
     for h, entry in programs.entries.items():
         own = entry.explanation if which == "explanation" else entry.replacement
         if own is None:
@@ -418,7 +433,8 @@ def _candidates(programs: Any, which: str) -> dict[Any, dict[str, Any]]:
     return out
 
 
-def _refits(handle: Any, programs: Any, cfg: BuildConfig, synth: list[Any], vocab: Any) -> dict[Any, Any]:
+def _refits(handle: ModelHandle, programs: ProgramSet, cfg: BuildConfig, synth: list[Sequence],
+            vocab: Vocabulary | None) -> dict[Head, Program]:
     """Per head whose program is a mixture: the same components reweighted to match the head's output on the synth
     windows (headsurgeon/surgery/swap/refit.py), kept when it changed and, for explanations, is still readable."""
     from .surgery.swap.refit import refit_mixtures
@@ -429,8 +445,8 @@ def _refits(handle: Any, programs: Any, cfg: BuildConfig, synth: list[Any], voca
             if r.changed and (cfg.which != "explanation" or r.after.chars(vocab) <= READABLE_CHARS)}
 
 
-def _chosen_set(programs: Any, which: str, choice: dict[Any, str], extra: dict[Any, dict[str, Any]],
-                vocab: Any) -> Any:
+def _chosen_set(programs: ProgramSet, which: str, choice: dict[Head, str], extra: dict[Head, dict[str, Program]],
+                vocab: Vocabulary | None) -> ProgramSet:
     """The program set with each head's ``which`` slot holding the candidate build chose for it (a refitted mixture
     carries no pattern scores: it was chosen by its causal cost)."""
     from .synth.programset import Entry, ProgramSet
@@ -456,7 +472,8 @@ class _Healer:
     early-stopped on the select windows) and holds the reference they are judged against: the base itself when
     healing distils from it ("kl"), else a copy of the base tuned the same way ("lm")."""
 
-    def __init__(self, handle: Any, swap_set: Any, cfg: BuildConfig, synth: list[Any], select: list[Any]) -> None:
+    def __init__(self, handle: ModelHandle, swap_set: ProgramSet, cfg: BuildConfig, synth: list[Sequence],
+                 select: list[Sequence]) -> None:
         from .surgery.swap.handle_copy import independent_handle
         from .surgery.swap.heal import heal
 
@@ -467,7 +484,7 @@ class _Healer:
             self.base_heal = heal(self.tuned, synth, steps=cfg.heal_steps, validation=select,
                                   progress=cfg.progress).to_json()
 
-    def heal(self, heads: list[Any], swap_set: Any = None) -> tuple[Any, Any]:
+    def heal(self, heads: list[Head], swap_set: ProgramSet | None = None) -> Healed:
         """A healed copy of the hybrid swapping ``heads`` (from ``swap_set``, default this build's chosen programs)."""
         from .surgery.swap.heal import heal
         from .surgery.swap.replace import replace_heads
@@ -476,14 +493,14 @@ class _Healer:
         return hybrid, heal(hybrid, self.synth, steps=self.cfg.heal_steps, objective=self.cfg.heal_objective,
                             validation=self.select, progress=self.cfg.progress)
 
-    def reference(self, windows: list[Any]) -> Any:
+    def reference(self, windows: list[Sequence]) -> BaseDistributions:
         from .surgery.measure.divergence import BaseDistributions
 
         return BaseDistributions(self.tuned, windows)
 
 
-def _grow_healed(healer: _Healer, chain: list[Any], start: int, budget: float,
-                 chunk: int) -> tuple[list[Any], list[dict[str, Any]], tuple[Any, Any] | None]:
+def _grow_healed(healer: _Healer, chain: list[Head], start: int, budget: float,
+                 chunk: int) -> tuple[list[Head], list[dict[str, Any]], Healed | None]:
     """With ``heal`` and a budget, the budget bounds the healed hybrid: from the ``start`` heads the untuned growth
     kept, longer prefixes of ``chain`` are healed and measured on the select windows (against the equally tuned base),
     the step doubling while they fit, then halved between the longest fit and the shortest miss down to ``chunk``
@@ -495,7 +512,7 @@ def _grow_healed(healer: _Healer, chain: list[Any], start: int, budget: float,
     good, bad, best = start, None, None
     step = max(chunk, start // 4)
 
-    def attempt(k: int) -> tuple[bool, tuple[Any, Any]]:
+    def attempt(k: int) -> tuple[bool, Healed]:
         hybrid, report = healer.heal(chain[:k])
         summary = summarize(window_costs(reference, hybrid, hybrid.register_sequences))
         tries.append({"heads": k, "fits": summary.delta_ppl <= budget, "delta_ppl_pct": 100 * summary.delta_ppl,
@@ -516,8 +533,9 @@ def _grow_healed(healer: _Healer, chain: list[Any], start: int, budget: float,
     return chain[:good], tries, best
 
 
-def _heal_and_judge(healer: _Healer, heads: list[Any], measured: list[Any], base: Any, control: dict[str, Any] | None,
-                    programs: Any, ready: tuple[Any, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+def _heal_and_judge(healer: _Healer, heads: list[Head], measured: list[Sequence], base: BaseDistributions,
+                    control: dict[str, Any] | None, programs: ProgramSet,
+                    ready: Healed | None = None) -> tuple[HybridModel, dict[str, Any]]:
     """Heal the hybrid of ``heads`` (unless ``ready`` holds it healed) and the control the same way, and judge them
     on the ``measured`` windows against the base tuned the same way: with "kl" (distilling from the base) that is the
     base itself, whose KL to itself is 0, so no step moves it; with "lm" a copy of the base tuned on the same windows,
@@ -553,7 +571,7 @@ def _card_metrics(result: BuildResult) -> dict[str, Any]:
     return out
 
 
-def _control(programs: Any, which: Which, k: int, base: Any, handle: Any) -> dict[str, Any]:
+def _control(programs: ProgramSet, which: Which, k: int, base: BaseDistributions, handle: ModelHandle) -> dict[str, Any]:
     """The same number of heads in select-IoU order (the order a pattern metric gives), measured on the same windows."""
     from .surgery.measure.divergence import summarize, window_costs
     from .surgery.swap.replace import replace_heads
