@@ -56,6 +56,24 @@ def need(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def handle():
+    """The embedded tiny-stories model, loaded for each test module that asks (a module that changes it changes only
+    its own copy; modules that test another model define their own ``handle``)."""
+    from headsurgeon.surgery.models.loading import load_model
+
+    return load_model("tiny-stories")
+
+
+@pytest.fixture(scope="module")
+def splits(handle):
+    """The embedded corpus split for ``handle``: windows of at most 32 tokens, 40 of them."""
+    from headsurgeon.hub.zoo import demo_corpus_path
+    from headsurgeon.surgery.corpus import load_corpus
+
+    return load_corpus(handle, demo_corpus_path(), max_len=32, max_sequences=40)
+
+
 @pytest.fixture(scope="session")
 def corpus_path() -> Path:
     return need(CORPUS)

@@ -25,11 +25,6 @@ EXPLANATIONS = ["prev(1)", "first()", "self()", "prev(2)", "0.9*first() + 0.1*pr
 
 
 @pytest.fixture(scope="module")
-def handle():
-    return hs.load_model("tiny-stories")
-
-
-@pytest.fixture(scope="module")
 def splits(handle):
     return hs.load_corpus(handle, hs.demo_corpus_path(), max_len=40, max_sequences=50)
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import headsurgeon as hs
 from headsurgeon.surgery.measure.divergence import (BaseDistributions, WindowCosts, base_costs, means, summarize,
                                             window_costs)
 from headsurgeon.surgery.measure.evaluate import window_losses
@@ -17,13 +16,8 @@ from headsurgeon.surgery.swap.replace import replace_heads
 
 
 @pytest.fixture(scope="module")
-def handle():
-    return hs.load_model("tiny-stories")
-
-
-@pytest.fixture(scope="module")
-def windows(handle):
-    return hs.load_corpus(handle, hs.demo_corpus_path(), max_len=32, max_sequences=40).test
+def windows(splits):
+    return splits.test
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,6 @@ PROGRAMS = ["prev(7)", "prev(13)", "first()", "prev(5)"]  # far from what the he
 
 
 @pytest.fixture(scope="module")
-def handle():
-    from headsurgeon.surgery.models.loading import load_model
-
-    return load_model("tiny-stories")
-
-
-@pytest.fixture(scope="module")
 def random_programs(handle, tmp_path_factory) -> Path:
     """programs.json giving every head of the embedded model a program drawn at random (seed 0)."""
     from headsurgeon.synth.program import Program

@@ -35,16 +35,6 @@ def program_set() -> ProgramSet:
 
 
 @pytest.fixture(scope="module")
-def handle():
-    return hs.load_model("tiny-stories")
-
-
-@pytest.fixture(scope="module")
-def splits(handle):
-    return hs.load_corpus(handle, hs.demo_corpus_path(), max_len=32, max_sequences=40)
-
-
-@pytest.fixture(scope="module")
 def report(handle, splits) -> EvalReport:
     return evaluate_programs(handle, splits, program_set(), delta_ppl=True, sweep=True, order="both")
 

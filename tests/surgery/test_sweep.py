@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-import headsurgeon as hs
 from headsurgeon.core import Head, InputError
 from headsurgeon.surgery.configs import MeasureConfig
 from headsurgeon.surgery.measure.divergence import BaseDistributions, means, window_costs
@@ -21,16 +20,6 @@ from headsurgeon.synth.programset import ProgramSet
 PROGRAMS = {"L0H1": "0.9*prev(1) + 0.1*uniform()", "L1H2": "first()", "L2H0": "prev(1)", "L3H3": "self()"}
 ORDER = ["L2H0", "L0H1", "L3H3", "L1H2"]
 STEPS = (0.0, 0.25, 0.5, 1.0)
-
-
-@pytest.fixture(scope="module")
-def handle():
-    return hs.load_model("tiny-stories")
-
-
-@pytest.fixture(scope="module")
-def splits(handle):
-    return hs.load_corpus(handle, hs.demo_corpus_path(), max_len=32, max_sequences=40)
 
 
 @pytest.fixture(scope="module")
