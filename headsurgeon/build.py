@@ -276,6 +276,9 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     if (cfg.fraction is None) == (cfg.budget_ppl is None):
         raise InputError("build needs exactly one of fraction (a share of the model's heads, e.g. 0.25) and "
                          "budget_ppl (a ΔPPL in percent on the select windows, e.g. 5)")
+    if cfg.heal_more and not cfg.heal:
+        raise InputError(f"heal_more={cfg.heal_more} adds training windows to healing, which is off: add heal=True "
+                         "(--heal) or leave heal_more out")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     handle, programs, splits, heldout = _inputs(model, corpus, programs, trust_programs, cfg)

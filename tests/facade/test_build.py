@@ -261,6 +261,8 @@ def test_build_needs_exactly_one_target(handle, programs):
         build_hybrid(handle, hs.demo_corpus_path(), programs, progress=False)
     with pytest.raises(InputError, match="exactly one"):
         build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.1, budget_ppl=1.0, progress=False)
+    with pytest.raises(InputError, match="healing, which is off: add heal=True"):
+        build_hybrid(handle, hs.demo_corpus_path(), programs, fraction=0.1, heal_more=8, progress=False)
 
 
 def test_head_costs_progress_file_resumes_and_rebinds(handle, splits, programs, tmp_path):
