@@ -70,12 +70,11 @@ def main() -> None:
     ckpt = Path(args.checkpoint) if args.checkpoint else None
     build = json.loads((ckpt / "build.json").read_text()) if ckpt else None
     handle = load_model(args.model)
-    cfg = BuildConfig.resolve(None, {"max_len": args.max_len, "max_sequences": args.max_sequences,
-                                     "select_more": args.fresh})
+    cfg = BuildConfig.resolve(None, {"max_len": args.max_len, "max_sequences": args.max_sequences})
     splits = load_corpus(handle, args.corpus, **asdict(cfg.corpus))
     heldout = make_sequences(handle, read_documents(args.heldout), max_len=args.max_len,
                              max_sequences=args.max_sequences)
-    fresh = more_windows(handle, args.corpus, cfg)
+    fresh = more_windows(handle, args.corpus, cfg, args.fresh)
     measured = splits.test + heldout
     base = BaseDistributions(handle, measured)
     which = build["which"] if build else "explanation"

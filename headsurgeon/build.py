@@ -9,9 +9,9 @@ apart, and its heads that cost more together than alone go to the back of the qu
 documents after explain's windows (never in any split) to the ordering and the growth: the chosen programs of the
 ``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. With a budget and
 healing, the budget bounds the healed hybrid: longer prefixes of the order are healed and measured until the longest
-that fits is found (``_grow_healed``). Healing tunes the norm gains on the synth windows (and ``heal_more`` windows of
-documents after those, headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own control), and keeps the step of
-the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
+that fits is found (``_grow_healed``). Healing tunes the norm gains on the synth windows and ``heal_more`` windows of
+later documents (headsurgeon/surgery/swap/heal.py), by default distilling from the base (which is then its own
+control), and keeps the step of the lowest loss on the select windows (early stopping); with next-token loss a copy of the base is tuned the same way
 and every healed figure is against it. Costs are KL(base ‖ hybrid) and ΔPPL per predicted token with paired
 bootstrap intervals (headsurgeon/surgery/measure/divergence.py).
 """
@@ -206,13 +206,12 @@ def _windows(handle: ModelHandle, corpus: str | Path, heldout: str | Path | None
     return splits, extra
 
 
-def more_windows(handle: ModelHandle, corpus: str | Path, cfg: BuildConfig, want: int | None = None) -> list[Sequence]:
-    """``want`` (default ``cfg.select_more``) windows of ``corpus`` from documents none of explain's windows came from
-    (those read after its ``max_sequences`` windows, a document cut by that limit skipped), so choosing or healing on
-    them never touches a test window; an InputError when explain read the whole corpus."""
+def more_windows(handle: ModelHandle, corpus: str | Path, cfg: BuildConfig, want: int) -> list[Sequence]:
+    """``want`` windows of ``corpus`` from documents none of explain's windows came from (those read after its
+    ``max_sequences`` windows, a document cut by that limit skipped), so choosing or healing on them never touches a
+    test window; an InputError when explain read the whole corpus."""
     from .surgery.corpus import make_sequences, read_documents
 
-    want = cfg.select_more if want is None else want
     limit = cfg.corpus.max_sequences
     if limit is None:
         raise InputError("--select-more and --heal-more take windows after explain's --max-sequences windows, but no "
@@ -264,7 +263,8 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     until ``fraction`` of the model's heads or the ``budget_ppl`` (percent, select windows) is reached, growing the
     set with joint re-measurement; each head gets the cheapest of its candidates (its program of kind ``which`` and
     its frontier points of that kind's size). Measured on the test windows (and ``heldout`` text); with ``heal``, the
-    norm gains of the hybrid and of a copy of the base are tuned on the synth (and ``heal_more``) windows and compared. With ``out``, the
+    norm gains of the hybrid and of a copy of the base are tuned on the synth (and ``heal_more``) windows and
+    compared. With ``out``, the
     (healed) hybrid is saved there with ``build.json``. Settings: :class:`BuildConfig`, or its fields as keywords."""
     from .hub.checkpoint import save_hybrid
     from .surgery.measure.divergence import BaseDistributions, summarize, window_costs

@@ -56,8 +56,8 @@ class BuildConfig:
                                        help="swap as many heads as fit under this ΔPPL (percent) on the select "
                                             "windows, cheapest first (with --heal: after healing)")
     heal: bool = setting(False, action="store_true",
-                         help="tune the norm gains on the synth windows after the swap; every healed cost is against "
-                              "the base tuned the same way")
+                         help="tune the norm gains on the synth (and --heal-more) windows after the swap; every healed "
+                              "cost is against the base tuned the same way")
     heal_steps: int = setting(40, type=positive_int, help="optimizer steps of --heal")
     heal_objective: HealObjective = setting("kl", choices=HEAL_OBJECTIVES,
                                   help="what --heal trains for: kl distils the hybrid from the base (the base is "

@@ -227,7 +227,7 @@ def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
     from headsurgeon.configs import BuildConfig, CorpusConfig
 
     cfg = BuildConfig(corpus=CorpusConfig(max_len=40, max_sequences=50), select_more=6)
-    more = more_windows(handle, hs.demo_corpus_path(), cfg)
+    more = more_windows(handle, hs.demo_corpus_path(), cfg, 6)
     first = hs.surgery.corpus.make_sequences(handle, hs.surgery.corpus.read_documents(hs.demo_corpus_path()),
                                              max_len=40, max_sequences=50)
     assert len(more) == 6 and not {s.doc for s in more} & {s.doc for s in first}
@@ -249,11 +249,9 @@ def test_select_more_chooses_on_fresh_documents_too(handle, programs, tmp_path):
     assert len(pooled) == 2 * len(result.heads)
     assert result.order[: len(pooled)] == sorted(pooled, key=lambda h: (pooled[h], Head.parse(h)))
     with pytest.raises(InputError, match="no limit was set"):
-        more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_sequences=None),
-                                                                  select_more=4))
+        more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_sequences=None)), 4)
     with pytest.raises(InputError, match="nothing to add"):
-        more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_len=40, max_sequences=10**6),
-                                                                  select_more=4))
+        more_windows(handle, hs.demo_corpus_path(), BuildConfig(corpus=CorpusConfig(max_len=40, max_sequences=10**6)), 4)
 
 
 def test_build_needs_exactly_one_target(handle, programs):

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from headsurgeon.surgery.models.headless import real_model
+from headsurgeon.surgery.swap.weights import plain_name
 
 from .errors import CheckpointError
 
@@ -48,7 +49,7 @@ def hf_state_dict(hf_model: Any) -> dict[str, torch.Tensor]:
     wanted_set = set(wanted)
     found: dict[str, torch.Tensor] = {}
     for key, value in raw.items():
-        name = key.replace("._original_component", "").replace("_original_component.", "")
+        name = plain_name(key)
         if name in wanted_set and name not in found:
             found[name] = value
     missing = [k for k in wanted if k not in found]

@@ -15,7 +15,7 @@ from ...core import InputError
 from ..models.handle import ModelHandle
 from ..models.headless import real_model
 
-__all__ = ["NORMS", "Weight", "element_count", "families", "model_weights", "select_weights"]
+__all__ = ["NORMS", "Weight", "element_count", "families", "model_weights", "plain_name", "select_weights"]
 
 NORMS = "norms"  # the keyword for every normalization layer's gain (and bias) vectors
 _NORM_CLASS = re.compile(r"norm$", re.IGNORECASE)  # LayerNorm, RMSNorm, LlamaRMSNorm, Gemma3RMSNorm, T5LayerNorm
@@ -34,8 +34,8 @@ class Weight:
     trainable: bool  # part of the weights a checkpoint stores (False: a headless encoder's fixed readout)
 
 
-def _plain(name: str) -> str:
-    """A parameter name without the bridge's ``_original_component`` steps (headsurgeon/hub/checkpoint/weights.py does the same)."""
+def plain_name(name: str) -> str:
+    """A parameter name without the bridge's ``_original_component`` steps: the transformers name."""
     return name.replace("._original_component", "").replace("_original_component.", "")
 
 
@@ -58,7 +58,7 @@ def _names_by_param(module: torch.nn.Module) -> dict[int, list[str]]:
     for prefix, m in module.named_modules(remove_duplicate=False):
         for key, p in m.named_parameters(recurse=False):
             names = out.setdefault(id(p), [])
-            name = _plain(f"{prefix}.{key}" if prefix else key)
+            name = plain_name(f"{prefix}.{key}" if prefix else key)
             if name not in names:
                 names.append(name)
     return out
