@@ -4,7 +4,7 @@ the result on windows that neither selection nor healing saw.
 Each head gets the cheapest of its candidates (its program, its frontier points of that size, a refit of its
 mixture weights to the head's output, headsurgeon/surgery/swap/refit.py) by single-swap KL on the select windows
 (headsurgeon/surgery/measure/head_costs.py), and heads are ordered by that cost. Costs compound, so the set grows in chunks re-measured
-jointly on the select windows: a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
+jointly on the select windows (a set fits a budget when the upper end of its ΔPPL interval there is within it): a chunk whose joint cost exceeds twice the sum of its heads' single costs is taken
 apart, and its heads that cost more together than alone go to the back of the queue. ``select_more`` adds windows of
 documents after explain's windows (never in any split) to the ordering and the growth: the chosen programs of the
 ``SHORTLIST`` x wanted cheapest heads are measured on them too and reordered by the pooled KL. With a budget and
@@ -91,7 +91,9 @@ class BuildResult:
             lines.append(f"  healed:   {_line(self.healed['test'])}  (against {against})")
             tries = self.healed.get("budget_tries")
             if tries:
-                shown = ", ".join(f"{t['heads']} {t['delta_ppl_pct']:+.2f}%" for t in tries)
+                shown = ", ".join(f"{t['heads']} {t['delta_ppl_pct']:+.2f}%"
+                                  + (f" (≤ {t['delta_ppl_ci95_pct'][1]:+.2f}%)" if "delta_ppl_ci95_pct" in t else "")
+                                  for t in tries)
                 lines.append(f"  the budget held after healing: {len(self.heads)} heads (select windows, healed: "
                              f"{shown})")
         if self.control:
@@ -146,6 +148,13 @@ class _Joint:
         return summarize(self.costs.lm_costs({h: self.programs[h] for h in heads}))
 
 
+def within(summary: CostSummary, budget: float | None) -> bool:
+    """Whether a set fits the ΔPPL ``budget`` (a ratio): the upper end of its 95% interval, not its estimate, must be
+    within it, so that a set grown on few windows, its heads kept because their cost there happened to be low, still
+    fits on text it never saw."""
+    return budget is None or summary.delta_ppl_ci95[1] <= budget
+
+
 def _grow(joint: _Joint, order: list[Head], single: dict[Head, float], k_max: int, budget: float | None, chunk: int,
           steps: list[dict[str, Any]]) -> list[Head]:
     """Heads in ``order`` added chunk by chunk under ``k_max`` heads (and the ΔPPL ``budget``, a ratio, on the select
@@ -156,11 +165,12 @@ def _grow(joint: _Joint, order: list[Head], single: dict[Head, float], k_max: in
     queue, deferred = list(order), []
 
     def fits(summary: CostSummary) -> bool:
-        return budget is None or summary.delta_ppl <= budget
+        return within(summary, budget)
 
     def record(heads: list[Head], summary: CostSummary, kept: bool) -> None:
         steps.append({"heads": len(chosen) + (len(heads) if kept else 0), "tried": [Head.label(h) for h in heads],
-                      "kept": kept, "kl": summary.kl, "delta_ppl_pct": 100 * summary.delta_ppl})
+                      "kept": kept, "kl": summary.kl, "delta_ppl_pct": 100 * summary.delta_ppl,
+                      "delta_ppl_ci95_pct": [100 * x for x in summary.delta_ppl_ci95]})
 
     while queue and len(chosen) < k_max:
         take = queue[: min(chunk, k_max - len(chosen))]
@@ -518,9 +528,11 @@ def _grow_healed(healer: _Healer, chain: list[Head], start: int, budget: float,
     def attempt(k: int) -> tuple[bool, Healed]:
         hybrid, report = healer.heal(chain[:k])
         summary = summarize(window_costs(reference, hybrid, hybrid.register_sequences))
-        tries.append({"heads": k, "fits": summary.delta_ppl <= budget, "delta_ppl_pct": 100 * summary.delta_ppl,
-                      "kl": summary.kl, "best_step": report.best_step})
-        return summary.delta_ppl <= budget, (hybrid, report)
+        fits = within(summary, budget)
+        tries.append({"heads": k, "fits": fits, "delta_ppl_pct": 100 * summary.delta_ppl,
+                      "delta_ppl_ci95_pct": [100 * x for x in summary.delta_ppl_ci95], "kl": summary.kl,
+                      "best_step": report.best_step})
+        return fits, (hybrid, report)
 
     while bad is None and good < len(chain):
         k = min(len(chain), good + step)

@@ -53,8 +53,9 @@ class BuildConfig:
     fraction: float | None = setting(None, type=fraction, metavar="F",
                                      help="swap this share of all the model's heads, cheapest first")
     budget_ppl: float | None = setting(None, type=positive_float, metavar="PCT",
-                                       help="swap as many heads as fit under this ΔPPL (percent) on the select "
-                                            "windows, cheapest first (with --heal: after healing)")
+                                       help="swap as many heads as fit under this ΔPPL (percent): the upper end "
+                                            "of its 95%% interval on the select windows, cheapest first (with "
+                                            "--heal: after healing)")
     heal: bool = setting(False, action="store_true",
                          help="tune the norm gains on the synth (and --heal-more) windows after the swap; every healed "
                               "cost is against the base tuned the same way")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import headsurgeon as hs
-from headsurgeon.build import BUILD_FILE, build_hybrid
+from headsurgeon.build import BUILD_FILE, build_hybrid, within
 from headsurgeon.core import InputError
 from headsurgeon.surgery.measure.ablate import ablate
 from headsurgeon.surgery.measure.divergence import BaseDistributions, window_costs
@@ -178,14 +178,27 @@ def row_components(text: str) -> set[str]:
     return {part.split("*")[-1].strip() for part in text.split(" + ")}
 
 
+def test_a_set_fits_a_budget_by_its_intervals_upper_end():
+    from headsurgeon.surgery.measure.divergence import CostSummary
+
+    def summary(point: float, high: float) -> CostSummary:
+        return CostSummary(kl=0.01, kl_ci95=(0.005, 0.02), delta_nll=point, delta_nll_ci95=(0.0, high),
+                           delta_ppl=point, delta_ppl_ci95=(point / 2, high), tokens=100, windows=10)
+
+    assert within(summary(0.03, 0.049), 0.05)
+    assert not within(summary(0.03, 0.07), 0.05)  # the estimate fits, its interval does not
+    assert within(summary(0.03, 0.07), None)
+
+
 @pytest.mark.e2e
 def test_budget_build_stays_under_budget(handle, programs):
     result = build_hybrid(handle, hs.demo_corpus_path(), programs, budget_ppl=3.0, max_len=40, max_sequences=50,
                           chunk=2, progress=False)
     assert result.heads, "the cheapest heads fit a 3% budget on the embedded model"
-    assert result.select["delta_ppl_pct"] <= 3.0
+    assert result.select["delta_ppl_ci95_pct"][1] <= 3.0  # the interval's upper end, not only the estimate
+    assert all(s["delta_ppl_ci95_pct"][1] <= 3.0 for s in result.steps if s["kept"])
     rejected = [s for s in result.steps if not s["kept"]]
-    assert rejected and all(s["delta_ppl_pct"] > 3.0 or len(s["tried"]) > 1 for s in rejected)
+    assert rejected and all(s["delta_ppl_ci95_pct"][1] > 3.0 or len(s["tried"]) > 1 for s in rejected)
 
 
 @pytest.mark.e2e
@@ -201,8 +214,8 @@ def test_healed_budget_bounds_the_healed_hybrid(handle, programs, splits):
     assert tries and tries[0]["heads"] > untuned
     fits = [t["heads"] for t in tries if t["fits"]]
     misses = [t["heads"] for t in tries if not t["fits"]]
-    assert all(t["delta_ppl_pct"] <= budget for t in tries if t["fits"])
-    assert all(t["delta_ppl_pct"] > budget for t in tries if not t["fits"])
+    assert all(t["delta_ppl_ci95_pct"][1] <= budget for t in tries if t["fits"])
+    assert all(t["delta_ppl_ci95_pct"][1] > budget for t in tries if not t["fits"])
     assert len(result.heads) == max([untuned, *fits])
     assert result.heads[:untuned] == kept  # then the heads after them in the order, untuned growth aside
     if misses:
