@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .synth.trust import TrustPrograms
 from .configs import BuildConfig
 from .core import InputError
 from .core.fileio import json_bytes
@@ -268,7 +269,7 @@ def _pooled_kl(*parts: WindowCosts) -> float:
 
 
 def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None = None, *,
-                 config: BuildConfig | None = None, trust_programs: Any = False, **shortcuts: Any) -> BuildResult:
+                 config: BuildConfig | None = None, trust_programs: TrustPrograms = False, **shortcuts: Any) -> BuildResult:
     """Swap the cheapest heads (single-swap KL on the select windows) of ``programs`` (a ProgramSet or programs.json)
     until ``fraction`` of the model's heads or the ``budget_ppl`` (percent, select windows) is reached, growing the
     set with joint re-measurement; each head gets the cheapest of its candidates (its program of kind ``which`` and
@@ -385,7 +386,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     return result
 
 
-def _inputs(model: Any, corpus: str | Path, programs: ProgramSet | str | Path, trust_programs: Any,
+def _inputs(model: Any, corpus: str | Path, programs: ProgramSet | str | Path, trust_programs: TrustPrograms,
             cfg: BuildConfig) -> tuple[ModelHandle, ProgramSet, Splits, list[Sequence]]:
     """(handle, trusted ProgramSet, splits, heldout windows), refusing what build cannot use before any work."""
     from .surgery.models.loading import load_model

@@ -19,6 +19,7 @@ from lm_eval.api.registry import register_model
 from headsurgeon.hub.checkpoint import load_hybrid
 from headsurgeon.surgery.measure.downstream import TASKS_DIR
 from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM, model_flag
+from .synth.trust import TrustPrograms
 from .core import InputError
 
 __all__ = ["HarnessLM", "main"]
@@ -34,7 +35,7 @@ class HarnessLM(HeadsurgeonLM):
     """
 
     def __init__(self, model: Any = None, checkpoint: str | None = None, programs: Any = None,
-                 trust_programs: Any = False, device: str | None = None, **options: Any) -> None:
+                 trust_programs: TrustPrograms = False, device: str | None = None, **options: Any) -> None:
         if checkpoint is not None:
             if model is not None or programs is not None:
                 raise InputError("checkpoint=DIR already names the model and its programs: drop model= and "

@@ -5,9 +5,9 @@ It sits in the bottom layer (docs/architecture.md, Layers) so that every package
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, Union, get_args
 
-__all__ = ["Head", "HeadError", "HeadsurgeonError", "InputError", "JournalMismatchError", "NotFoundError", "Split", "SPLITS",
+__all__ = ["Head", "HeadLike", "HeadError", "HeadsurgeonError", "InputError", "JournalMismatchError", "NotFoundError", "Split", "SPLITS",
            "Which", "WHICHES", "HealObjective", "HEAL_OBJECTIVES", "AblationKind", "ABLATION_KINDS", "Metric", "METRICS", "WeightedMetric", "WEIGHTED_METRICS",
            "SelectBy", "SELECT_BY", "check_choice"]
 
@@ -96,6 +96,10 @@ class Head(NamedTuple):
 
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
+
+
+#: what every function that takes a head reads: a Head, "L3H5" or "3.5", or (layer, head)
+HeadLike = Union[Head, str, tuple[int, int]]
 
 
 def _is_index(x: Any) -> bool:

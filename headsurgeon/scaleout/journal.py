@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..synth.trust import TrustPrograms
 from ..core.fileio import UnsafeFileError, atomic_write_bytes, json_default, read_bounded
 from ..core.formats import FileFormat, check_versioned, write_versioned
 from ..synth.errors import ProgramError
@@ -229,7 +230,7 @@ class HeadJournal:
             atomic_write_bytes(path, _dumps({**body, "mac": self._mac("record", body)}))
 
     def programset(self, heads: Iterable[tuple[int, int]], model: str = "", vocab_fingerprint: str | None = None,
-                   trust: Any = True, records: dict[tuple[int, int], dict] | None = None) -> ProgramSet:
+                   trust: TrustPrograms = True, records: dict[tuple[int, int], dict] | None = None) -> ProgramSet:
         """The ProgramSet of ``heads`` as journaled (every head must have a record), after the trust gate
         (headsurgeon/synth/trust.py) with ``trust``: the run's own (which Python programs its searchers could propose).
         ``records``: what :meth:`records` returned a moment ago (verified then), so as not to read them twice."""

@@ -13,20 +13,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Iterator
 
 from headsurgeon.core.fileio import atomic_file
 from headsurgeon.core.formats import check_versioned
 
-from ..core import WHICHES, Head, InputError, Metric, Split
+from ..core import WHICHES, Head, InputError, Metric, Split, HeadLike
 from . import programtables
 from .backends import get_backend
 from .errors import ProgramError
 from .program import Program
 from .programs_file import PROGRAMS, clip, read_programs_file
 from .scored import ScoredProgram
-from .trust import API_FLAG, require_trusted
+from .trust import API_FLAG, require_trusted, TrustPrograms
 from ..core.vocabulary import TokenVocabulary
 
 FORMAT, VERSION = PROGRAMS.name, PROGRAMS.version  # declared once in headsurgeon/synth/programs_file.py
@@ -151,10 +151,10 @@ class ProgramSet:
     def keys(self) -> list[Head]:
         return list(self.entries)
 
-    def __getitem__(self, head: Any) -> Program:
+    def __getitem__(self, head: HeadLike) -> Program:
         return self.entries[Head.parse(head)].program
 
-    def __contains__(self, head: Any) -> bool:
+    def __contains__(self, head: object) -> bool:
         return Head.parse(head) in self.entries
 
     def __len__(self) -> int:
@@ -163,7 +163,7 @@ class ProgramSet:
     def __iter__(self) -> Iterator[Head]:
         return iter(self.entries)
 
-    def add(self, head: Any, program: Program | str, source: str = "unknown", scores: dict | None = None,
+    def add(self, head: HeadLike, program: Program | str, source: str = "unknown", scores: dict | None = None,
             hypothesis: str = "", explanation: ScoredProgram | None = None,
             frontier: list[ScoredProgram] | None = None, vocab: TokenVocabulary | None = None) -> None:
         """Set a head's replacement (with its explanation and frontier); ``vocab`` renders its text and gloss.
@@ -187,13 +187,13 @@ class ProgramSet:
                 budget = "unbounded" if c.budget is None else f"{c.budget} characters"
                 yield Head.label(h), f"frontier point {i} ({budget})", c.program
 
-    def require_trusted(self, trust_programs: Any = False, flag: str = API_FLAG, fix: str | None = None) -> None:
+    def require_trusted(self, trust_programs: TrustPrograms = False, flag: str = API_FLAG, fix: str | None = None) -> None:
         """The trust gate (headsurgeon/synth/trust.py) over every program of every head, when this set came from a file or
         document (``origin``); a set built in this process is your own code and passes."""
         if self.origin is not None:
             require_trusted(self.slots(), trust_programs, origin=self.origin, flag=flag, fix=fix)
 
-    def trusted(self, trust_programs: Any = False, flag: str = API_FLAG, fix: str | None = None) -> "ProgramSet":
+    def trusted(self, trust_programs: TrustPrograms = False, flag: str = API_FLAG, fix: str | None = None) -> "ProgramSet":
         """This set after the trust gate, marked as trusted (so code it is handed to need not ask again)."""
         self.require_trusted(trust_programs, flag, fix)
         if self.origin is None:
@@ -209,7 +209,7 @@ class ProgramSet:
             return (sign * (got if got is not None else float("-inf") * sign), h)
         return sorted(self.entries, key=key)
 
-    def subset(self, heads: list[Any]) -> "ProgramSet":
+    def subset(self, heads: Iterable[HeadLike]) -> "ProgramSet":
         keys = [Head.parse(h) for h in heads]
         return ProgramSet({h: self.entries[h] for h in keys}, self.model, self.meta, self.vocab_fingerprint, self.origin)
 
@@ -271,7 +271,7 @@ class ProgramSet:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, trust_programs: Any = False) -> "ProgramSet":
+    def load(cls, path: str | os.PathLike, trust_programs: TrustPrograms = False) -> "ProgramSet":
         """Read programs.json (and its tables side file when it names one). The file may be hostile: its size and
         layout are checked first (headsurgeon/synth/programs_file.py) and every failure is a one-line ProgramError.
 
@@ -289,7 +289,7 @@ class ProgramSet:
             raise ProgramError(f"{path} is not a usable program set ({type(e).__name__}: {clip(str(e), 200)})") from None
         return programs.trusted(trust_programs) if trust_programs else programs
 
-    def explanation(self, head: Any) -> Program | None:
+    def explanation(self, head: HeadLike) -> Program | None:
         """The head's readable explanation (None when it has none); ``programs[head]`` is its replacement."""
         entry = self.entries[Head.parse(head)]
         return entry.explanation.program if entry.explanation is not None else None

@@ -12,11 +12,11 @@ of program hashes (trust exactly the programs you have read).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from typing import Any
+from typing import Any, Union
 
 from .errors import ProgramError
 
-__all__ = ["UntrustedProgramError", "trust_value", "trusts", "require_trusted", "API_FLAG", "CLI_FLAG",
+__all__ = ["TrustPrograms", "UntrustedProgramError", "trust_value", "trusts", "require_trusted", "API_FLAG", "CLI_FLAG",
            "LM_EVAL_FLAG"]
 
 #: how each face lifts the refusal, for the error message
@@ -24,6 +24,9 @@ API_FLAG = "trust_programs=True (or trust_programs={hash, ...})"
 CLI_FLAG = "--trust-programs"
 LM_EVAL_FLAG = ("trust_programs=True (lm-eval: trust_programs=true, or trust_programs=HASH1+HASH2, in "
                 "--model_args)")
+
+#: what ``trust_programs`` takes on every face: True, False/None, "true"/"false", a hash ("H1+H2"), or hashes
+TrustPrograms = Union[bool, str, Collection[str], None]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off", "none")
@@ -49,7 +52,7 @@ def trust_value(value: Any) -> bool | frozenset[str]:
     raise TypeError(f"trust_programs must be True, False or a set of program hashes, got {type(value).__name__}")
 
 
-def trusts(trust: Any, *hashes: str) -> bool:
+def trusts(trust: TrustPrograms, *hashes: str) -> bool:
     """Whether ``trust`` covers a program known by any of ``hashes`` (its program hash, or its file's sha256)."""
     value = trust_value(trust)
     if isinstance(value, bool):
@@ -57,7 +60,7 @@ def trusts(trust: Any, *hashes: str) -> bool:
     return any(h.lower() in value for h in hashes if isinstance(h, str))
 
 
-def require_trusted(slots: Iterable[tuple[str, str, Any]], trust: Any, *, origin: str,
+def require_trusted(slots: Iterable[tuple[str, str, Any]], trust: TrustPrograms, *, origin: str,
                     flag: str = API_FLAG, fix: str | None = None) -> None:
     """Refuse unless ``trust`` covers every program that needs it; ``slots`` are (head, slot, Program) triples.
 

@@ -15,6 +15,7 @@ from headsurgeon.synth.program import Program
 from headsurgeon.synth.trust import trusts
 from headsurgeon.surgery.swap.hybrid import HybridModel
 
+from ...synth.trust import TrustPrograms
 from .errors import CheckpointError, IntegrityError, UntrustedProgramError
 from .files import member_parts
 from .layout import PROGRAM_DIR
@@ -68,7 +69,7 @@ def _check_program_file(name: str, rel: str, kind: str) -> None:
                               "this checkpoint was altered after saving: do not load it, get it again from its author")
 
 
-def _parse_program(name: str, rel: str, kind: str, want: str, raw: bytes, trust: Any) -> Any:
+def _parse_program(name: str, rel: str, kind: str, want: str, raw: bytes, trust: TrustPrograms) -> Any:
     """The head's Program, parsed as its declared kind only: DSL JSON can never yield Python, nothing runs."""
     backend = get_backend(kind)
     label = backend.label
@@ -89,7 +90,7 @@ def _parse_program(name: str, rel: str, kind: str, want: str, raw: bytes, trust:
     return program
 
 
-def load_programs(manifest: Mapping[str, Any], sources: Mapping[str, bytes], trust: Any) -> tuple[dict, dict]:
+def load_programs(manifest: Mapping[str, Any], sources: Mapping[str, bytes], trust: TrustPrograms) -> tuple[dict, dict]:
     """head -> Program and head -> alpha from the verified program files' bytes."""
     programs: dict[tuple[int, int], Any] = {}
     alphas: dict[tuple[int, int], float] = {}

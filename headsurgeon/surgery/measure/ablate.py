@@ -10,7 +10,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from ...core import ABLATION_KINDS, AblationKind
+from ...synth.trust import TrustPrograms
+from ...core import ABLATION_KINDS, AblationKind, HeadLike
 from ...synth.programset import ProgramSet
 from ...synth.sequence import Sequence
 from ..batches import padded_batch
@@ -72,8 +73,8 @@ def reference_outputs(handle: ModelHandle, sequences: list[Sequence], heads: lis
     return {h: (t / np.maximum(count, 1)).astype(np.float32) for h, t in total.items()}
 
 
-def ablate(model: Any, heads: Iterable[Any], kind: AblationKind = "zero", reference: list[Sequence] | None = None,
-           programs: ProgramSet | Mapping[Any, Any] | None = None, seed: int = 0, trust_programs: Any = False) -> HybridModel:
+def ablate(model: Any, heads: Iterable[HeadLike], kind: AblationKind = "zero", reference: list[Sequence] | None = None,
+           programs: ProgramSet | Mapping[Any, Any] | None = None, seed: int = 0, trust_programs: TrustPrograms = False) -> HybridModel:
     """Ablate ``heads`` (``"L3H5"`` or (3, 5)) by ``kind``; mean/mean_output/resample need ``reference`` sequences.
 
     zero: the head attends nowhere (output = bias only); mean: the mean pattern per position over

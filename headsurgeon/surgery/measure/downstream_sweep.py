@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from ...synth.trust import TrustPrograms
 from .downstream import evaluate_tasks, lm_for, reported_metrics
 from .evaluate import sweep_arms, sweep_heads, trusted_programs
 from ..models.loading import load_model
@@ -38,7 +39,7 @@ def _scores(run: dict) -> dict[str, tuple[str, float, float | None]]:
 def downstream_sweep(model: Any, programs: Mapping[Any, Any], tasks: list[str] | str, *,
                      order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 1.0), seed: int = 0,
                      limit: int | float | None = None, include_path: Any = None, batch_size: int = 16,
-                     progress: bool = True, trust_programs: Any = False) -> list[dict[str, Any]]:
+                     progress: bool = True, trust_programs: TrustPrograms = False) -> list[dict[str, Any]]:
     """Rows {fraction, n_heads, task, metric, value, value_random_order, value_random_program, stderr} per step
     and task: lm-eval's score of the model with that fraction of heads replaced (``order``: default as given)."""
     tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)

@@ -23,8 +23,9 @@ from typing import Any, Iterator, Literal, Mapping, Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from ...synth.trust import TrustPrograms
 from ...core.configs import with_shortcuts
-from ...core import InputError, WHICHES, Which
+from ...core import InputError, WHICHES, Which, HeadLike
 from ...synth.programset import ProgramSet
 from ...synth.scored import ScoredProgram
 from ...synth.sequence import Sequence
@@ -160,7 +161,7 @@ def _orders(order: str) -> tuple[Order, ...]:
     return orders
 
 
-def _program_set(programs: Any, trust_programs: Any) -> ProgramSet | None:
+def _program_set(programs: Any, trust_programs: TrustPrograms) -> ProgramSet | None:
     if programs is None:
         return None
     if isinstance(programs, (str, Path)):
@@ -310,9 +311,9 @@ def _measure_kind(handle: ModelHandle, programs: ProgramSet, kind: Which, costs:
     return report
 
 
-def _scored(programs: ProgramSet, head: Any, kind: Which) -> ScoredProgram:
+def _scored(programs: ProgramSet, head: HeadLike, kind: Which) -> ScoredProgram:
     """The head's program of this kind with its scores (headsurgeon/synth/scored.py)."""
-    entry = programs.entries[head]
+    entry = programs.entries[Head.parse(head)]
     return entry.replacement if kind == "replacement" else entry.explanation  # type: ignore[return-value]  # only heads with that kind of program reach here
 
 
@@ -375,7 +376,7 @@ def measure_config(config: MeasureConfig | None, settings: Mapping[str, Any]) ->
 
 def evaluate_programs(model: Any, corpus: Any, programs: Any = None, config: MeasureConfig | None = None, *,
                       which: WhichArg = "both", sweep: bool = False, task_sweep: bool = True, batch_size: int = 16,
-                      seed: int = CorpusConfig.seed, trust_programs: Any = False,
+                      seed: int = CorpusConfig.seed, trust_programs: TrustPrograms = False,
                       max_len: int = CorpusConfig.max_len, max_sequences: int | None = CorpusConfig.max_sequences,
                       known_per_head: Mapping[str, Mapping[Any, float]] | None = None,
                       progress: bool = False, **settings: Any) -> EvalReport:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ...synth.trust import TrustPrograms
 from ...synth.sequence import Sequence
 from ..batches import padded_batch
 from .embedding import EMBEDDING_METRIC, EvaluationError, check_batch_size, embedding_distance, sentence_embeddings
@@ -116,7 +117,7 @@ def _pseudo_losses(handle: ModelHandle, call: Any, sequences: list[Sequence], ba
 
 
 def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
-                       base_ppl: float | None = None, progress: bool = True, trust_programs: Any = False,
+                       base_ppl: float | None = None, progress: bool = True, trust_programs: TrustPrograms = False,
                        **kw: Any) -> dict[tuple[int, int], float]:
     """Relative perplexity change (ppl_hybrid / ppl_base − 1) with one head replaced at a time."""
     programs = trusted_programs(programs, trust_programs)
@@ -133,7 +134,7 @@ def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[
 def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                       order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                       seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
-                      title: str = "", trust_programs: Any = False) -> list[dict[str, Any]]:
+                      title: str = "", trust_programs: TrustPrograms = False) -> list[dict[str, Any]]:
     """Deprecated: headsurgeon/surgery/measure/sweep.py ``sweep_programs`` (the same arguments, the same rows)."""
     warnings.warn("replacement_sweep is deprecated: use `from headsurgeon.surgery.measure.sweep import sweep_programs` (the "
                   "same arguments and rows)", DeprecationWarning, stacklevel=2)

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ...synth.trust import TrustPrograms
 from ...kernels.cache import TensorCache
-from ...core import Head, InputError
+from ...core import Head, InputError, HeadLike
 from ...core.fileio import sha256_bytes
 from ...core.formats import FileFormat, read_versioned, write_versioned
 from ...synth.programset import ProgramSet
@@ -57,16 +58,16 @@ class HeadCosts:
     resumed: bool = True  # whether swaps resumed at their layer (False: whole forwards)
     seed: int = 0
 
-    def summary(self, head: Any, variant: str) -> CostSummary:
+    def summary(self, head: HeadLike, variant: str) -> CostSummary:
         """KL, ΔNLL and ΔPPL of one swap, each with its paired bootstrap interval over windows."""
         return summarize(self.costs[Head.parse(head)][variant], seed=self.seed)
 
-    def kl(self, head: Any, variant: str) -> float | None:
+    def kl(self, head: HeadLike, variant: str) -> float | None:
         """Mean per-token KL(base ‖ swapped) of one swap; None when that head has no such variant."""
         c = self.costs.get(Head.parse(head), {}).get(variant)
         return None if c is None else float(c.kl.sum() / max(c.tokens.sum(), 1))
 
-    def ratio(self, head: Any, kind: str) -> float | None:
+    def ratio(self, head: HeadLike, kind: str) -> float | None:
         """KL of the head's ``kind`` program over the KL of mean-ablating it: below 1 the program explains more than
         deleting the head does; None without both measurements (or a zero ablation cost)."""
         program, mean = self.kl(head, kind), self.kl(head, "mean")
@@ -125,7 +126,7 @@ def mean_patterns(handle: ModelHandle, reference: list[Sequence], heads: Seq[Hea
     return {h: MeanPatterns.from_mean((t / np.maximum(count, 1)).astype(np.float32)) for h, t in total.items()}
 
 
-def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[Any] | None, trust_programs: Any,
+def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[HeadLike] | None, trust_programs: TrustPrograms,
              extra: Mapping[Any, Mapping[str, Any]] | None) -> tuple[dict[Head, dict[str, Any]],
                                                                      dict[Head, dict[str, str]]]:
     """head → variant → program for the heads asked (default: every head of the set), ``extra`` candidates
@@ -397,9 +398,9 @@ def _whole(handle: ModelHandle, jobs: dict[Head, dict[str, Any]], windows: list[
 
 
 def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
-               which: Seq[str] = ("explanation",), ablation: bool = True, heads: Seq[Any] | None = None,
+               which: Seq[str] = ("explanation",), ablation: bool = True, heads: Seq[HeadLike] | None = None,
                reference: list[Sequence] | None = None, batch_size: int = 8, max_bytes: int = 256 << 20,
-               seed: int = 0, progress: bool = True, trust_programs: Any = False,
+               seed: int = 0, progress: bool = True, trust_programs: TrustPrograms = False,
                path: str | Path | None = None,
                extra: Mapping[Any, Mapping[str, Any]] | None = None) -> HeadCosts:
     """Swap one head at a time for each kind of program in ``which`` (and, with ``ablation``, its mean pattern over

@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from tqdm.auto import tqdm
 
 from ...synth.programset import ProgramSet
-from ...synth.trust import LM_EVAL_FLAG, trust_value
+from ...synth.trust import LM_EVAL_FLAG, trust_value, TrustPrograms
 from .scorable import require_lm_head
 from ..models.loading import load_model
 from ..swap.hybrid import HybridModel
@@ -41,7 +41,7 @@ class HeadsurgeonLM(TemplateLM):
     """A headsurgeon ModelHandle or HybridModel scored through lm-eval's TemplateLM (causal models only)."""
 
     def __init__(self, model: Any = "tiny-stories", tokenizer: Any = None, programs: Any = None,
-                 which: str = "replacement", trust_programs: Any = False,
+                 which: str = "replacement", trust_programs: TrustPrograms = False,
                  device: str | None = None, batch_size: Any = 16, max_batch_size: Any = None,
                  max_length: Any = None, max_gen_toks: Any = 256, seed: Any = 0, **unused: Any) -> None:
         super().__init__()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-from ...core import InputError
+from ...core import InputError, HeadLike
 from ...synth.program import Program
 from ...synth.select import score_programs
 from ...synth.sequence import Sequence
@@ -18,7 +18,7 @@ __all__ = ["score"]
 _PYTHON_SOURCE = re.compile(r"^\s*(def|import|from)\s+\w", re.MULTILINE)  # DSL has no such line
 
 
-def score(program: Program | str, source: Any, head: Any, sequences: Iterable[Sequence] | None = None,
+def score(program: Program | str, source: Any, head: HeadLike, sequences: Iterable[Sequence] | None = None,
           indices: Iterable[int] | None = None) -> dict[str, float]:
     """Soft IoU, JSD and top-q IoU of ``program`` against head ``head`` (``"L0H1"`` or ``(0, 1)``).
 

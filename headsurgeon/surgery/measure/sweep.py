@@ -13,6 +13,7 @@ from typing import Any, Iterator, Mapping, Sequence as Seq
 import numpy as np
 from tqdm.auto import tqdm
 
+from ...synth.trust import TrustPrograms
 from ...kernels.cache import TensorCache
 from ...core import Head
 from ...synth.programset import ProgramSet
@@ -99,7 +100,7 @@ def ppl(costs: WindowCosts) -> float:
     return math.exp(costs.nll_other.sum() / costs.tokens.sum())
 
 
-def trusted_programs(programs: Any, trust_programs: Any = False) -> Any:
+def trusted_programs(programs: Any, trust_programs: TrustPrograms = False) -> Any:
     """``programs`` past the one trust gate (headsurgeon/synth/trust.py) when it is a ProgramSet read from someone else."""
     return programs.trusted(trust_programs) if isinstance(programs, ProgramSet) else programs
 
@@ -161,7 +162,7 @@ def sweep_rows(costs: SwapCosts, items: Mapping[Any, Any], orders: Mapping[str, 
 def sweep_programs(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
                    order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                    seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
-                   title: str = "", trust_programs: Any = False) -> list[dict[str, Any]]:
+                   title: str = "", trust_programs: TrustPrograms = False) -> list[dict[str, Any]]:
     """Swap ``programs`` (head → program) in ``order`` (default: as given), 0 → 100% in ``steps``, on ``sequences``:
     :func:`sweep_rows` (each arm's ``ppl``, ``delta`` and ``kl``; ``embedding_distance`` and ``delta`` without an
     LM head) and, with ``out_png``, a plot. For a ProgramSet's two kinds and ΔPPL order, ``evaluate_programs``

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from ...core import Head
+from ...core import Head, HeadLike
 from ...core.fileio import UnsafeFileError, read_bounded
 from .handle import HeadIndexError
 from .gguf_header import read_gguf_header
@@ -53,7 +53,7 @@ def model_dims(spec: Any) -> tuple[int, int] | None:
     return None
 
 
-def check_heads_fit(spec: Any, heads: Iterable[Any]) -> None:
+def check_heads_fit(spec: Any, heads: Iterable[HeadLike]) -> None:
     """Raise HeadIndexError for a head that ``spec``'s config says the model lacks (nothing when it cannot say)."""
     dims = model_dims(spec)
     if dims is None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ...core import Head, HeadsurgeonError, InputError, WHICHES
+from ...core import Head, HeadsurgeonError, InputError, WHICHES, HeadLike
 from ...kernels.normalize import normalize_scores
 from ...synth import dsl
 from ...synth.program import Program
@@ -99,7 +99,7 @@ class _Job:
 
 
 def refit_mixtures(model: Any, programs: ProgramSet | Mapping[Any, Any], windows: list[Sequence],
-                   heads: Seq[Any] | None = None, *, which: str = "explanation", batch_size: int = 8,
+                   heads: HeadLike | Seq[HeadLike] | None = None, *, which: str = "explanation", batch_size: int = 8,
                    digits: int = 2, progress: bool = True) -> dict[Head, RefitResult]:
     """Refit each chosen head's root mixture so its output matches the head's on ``windows`` (the synth split).
 
@@ -152,10 +152,10 @@ def _check_windows(handle: ModelHandle, windows: list[Sequence]) -> None:
                          "make windows with max_len <= n_ctx")
 
 
-def _head(key: Any) -> Head:
+def _head(key: HeadLike) -> Head:
     """A head key as (layer, head), or an InputError saying how to write one."""
     try:
-        return tuple(Head.parse(key))  # type: ignore[return-value]  # Head is a tuple[int, int]
+        return Head.parse(key)
     except HeadsurgeonError as e:
         raise InputError(str(e)) from e
 
@@ -172,7 +172,7 @@ def _as_program(value: Any, head: Head) -> Program:
 
 
 def _chosen_programs(handle: ModelHandle, programs: Any, which: str,
-                     heads: Seq[Any] | None) -> dict[Head, Program]:
+                     heads: HeadLike | Seq[HeadLike] | None) -> dict[Head, Program]:
     """head → Program of kind ``which`` for the heads asked, each checked against the model."""
     kind = f"{which} program" if isinstance(programs, ProgramSet) else "program"
     if isinstance(programs, ProgramSet):
@@ -187,10 +187,11 @@ def _chosen_programs(handle: ModelHandle, programs: Any, which: str,
             available[h] = _as_program(value, h)
     else:
         raise InputError(f"programs must be a ProgramSet or a mapping head → program, got {type(programs).__name__}")
+    asked: Seq[Any] | None = heads  # type: ignore[assignment]  # one head or several, told apart here
     if isinstance(heads, str) or (isinstance(heads, tuple) and len(heads) == 2 and all(
             isinstance(x, int) for x in heads)):
-        heads = [heads]  # one head, "L3H5" or (3, 5)
-    wanted = sorted(available) if heads is None else sorted({_head(h) for h in heads})
+        asked = [heads]  # one head, "L3H5" or (3, 5)
+    wanted = sorted(available) if asked is None else sorted({_head(h) for h in asked})
     missing = [h for h in wanted if h not in available]
     if missing:
         raise InputError(f"no {kind} for {', '.join(Head.label(h) for h in missing[:20])}; refit heads that have "

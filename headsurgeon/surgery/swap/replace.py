@@ -10,6 +10,7 @@ import os
 import warnings
 from typing import Any, Mapping
 
+from ...synth.trust import TrustPrograms
 from ...kernels.cache import TensorCache
 from ...synth.program import Program
 from ...synth.programset import ProgramSet
@@ -68,7 +69,7 @@ def _from_programset(handle: ModelHandle, programs: ProgramSet, which: Which) ->
 
 def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
                   cache: TensorCache | None = None, which: Which = "replacement", copy: bool = False,
-                  trust_programs: Any = False, batch_cache_bytes: int | None = None, fused: bool = True) -> HybridModel:
+                  trust_programs: TrustPrograms = False, batch_cache_bytes: int | None = None, fused: bool = True) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
 
     ``programs`` maps ``(layer, head)`` or ``"L3H5"`` to a Program, DSL text, program JSON or a pattern
