@@ -1,15 +1,13 @@
 """Model weights as a checkpoint sees them: the plain Hugging Face state dict, its fingerprint, what changed."""
 from __future__ import annotations
 
-import copy
 import hashlib
-import warnings
 from typing import Any, Mapping
 
 import torch
 
 from headsurgeon.surgery.models.headless import real_model
-from headsurgeon.surgery.swap.weights import plain_name
+from headsurgeon.surgery.swap.weights import checkpoint_keys, plain_name
 
 from .errors import CheckpointError
 
@@ -42,10 +40,7 @@ def hf_state_dict(hf_model: Any) -> dict[str, torch.Tensor]:
     """
     hf_model = real_model(hf_model)  # a headless encoder's fixed readout is not part of its weights
     raw = hf_model.state_dict()
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        reference = type(hf_model)(copy.deepcopy(hf_model.config))
-    wanted = list(reference.state_dict().keys())
+    wanted = checkpoint_keys(hf_model)
     wanted_set = set(wanted)
     found: dict[str, torch.Tensor] = {}
     for key, value in raw.items():

@@ -15,7 +15,8 @@ from ...core import InputError
 from ..models.handle import ModelHandle
 from ..models.headless import real_model
 
-__all__ = ["NORMS", "Weight", "element_count", "families", "model_weights", "plain_name", "select_weights"]
+__all__ = ["NORMS", "Weight", "checkpoint_keys", "element_count", "families", "model_weights", "plain_name",
+           "select_weights"]
 
 NORMS = "norms"  # the keyword for every normalization layer's gain (and bias) vectors
 _NORM_CLASS = re.compile(r"norm$", re.IGNORECASE)  # LayerNorm, RMSNorm, LlamaRMSNorm, Gemma3RMSNorm, T5LayerNorm
@@ -39,14 +40,12 @@ def plain_name(name: str) -> str:
     return name.replace("._original_component", "").replace("_original_component.", "")
 
 
-def _checkpoint_keys(hf_model: Any) -> set[str]:
-    """The state-dict keys of a fresh model of the same class (built on the meta device): the checkpoint's names."""
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return set(type(hf_model)(copy.deepcopy(hf_model.config)).state_dict())
-    except Exception:  # not a transformers class we can rebuild: fall back to the plain names
-        return set()
+def checkpoint_keys(hf_model: Any) -> list[str]:
+    """The state-dict keys of a fresh model of the same class (built on the meta device, so no memory): the names a
+    checkpoint of this model holds, in its order. Raises what the class raises when it cannot be rebuilt so."""
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(type(hf_model)(copy.deepcopy(hf_model.config)).state_dict())
 
 
 def _names_by_param(module: torch.nn.Module) -> dict[int, list[str]]:
@@ -68,7 +67,12 @@ def model_weights(handle: ModelHandle) -> list[Weight]:
     """Each parameter of the handle's model once, in the model's order, under its checkpoint name where it has one."""
     model = handle.model
     root = real_model(handle.hf_model) if handle.hf_model is not None else model
-    canonical = _checkpoint_keys(root) if handle.hf_model is not None else set()
+    canonical: set[str] = set()
+    if handle.hf_model is not None:
+        try:
+            canonical = set(checkpoint_keys(root))
+        except Exception:  # not a transformers class that rebuilds from its config: the plain names serve
+            canonical = set()
     under_root, everywhere = _names_by_param(root), _names_by_param(model)
     params = {id(p): p for m in (model, root) for sub in m.modules() for p in sub.parameters(recurse=False)}
     order = list(under_root) + [i for i in everywhere if i not in under_root]
