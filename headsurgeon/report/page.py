@@ -12,7 +12,7 @@ import numpy as np
 from headsurgeon.synth.program import READABLE_CHARS
 from headsurgeon.synth.programset import ProgramSet
 from headsurgeon.synth.scored import ScoredProgram
-from headsurgeon.synth.splits import StoreSplits
+from headsurgeon.synth.splits import SplitsLike, StoreSplits
 
 from . import heads as hv
 from .candidates import CANDIDATES_STYLE, candidates_html
@@ -187,7 +187,7 @@ def heatmaps(maps: dict[str, np.ndarray], tokens: list[str], window: str, same: 
     return f"<div class='maps'>{''.join(figs)}</div>"
 
 
-def write_report(out: str | Path, programs: ProgramSet, store: PatternReader, splits: Any,
+def write_report(out: str | Path, programs: ProgramSet, store: PatternReader, splits: SplitsLike,
                  sweep_png: str | Path | None = None, sweep_rows: list[dict] | None = None,
                  title: str = "headsurgeon report", examples: int = 1, max_tokens: int = 24,
                  summary: dict | None = None, *, timings: dict[str, float] | None = None,

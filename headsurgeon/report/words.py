@@ -98,7 +98,7 @@ def plain(value: Any) -> str:
     return str(value)
 
 
-def splits_sentence(splits: Any, tokens: Any = None) -> str:
+def splits_sentence(splits: object, tokens: object = None) -> str:
     """{"synth": 120, "select": 40, "test": 40} → "120 synth, 40 select and 40 test windows, split by document",
     with each split's predicted tokens (programs.json's ``meta["split_tokens"]``) when known."""
     if not isinstance(splits, dict) or not splits:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 from ..synth.programset import ProgramSet
 from ..synth.search.base import SearcherUnavailable, SearchSettings, make_searcher, searcher_factory
-from ..synth.splits import StoreSplits
+from ..synth.splits import StoreSplits, SplitsLike
 from .config import ScaleoutConfig
 from .headstore import store_location
 from .run import EXECUTORS, chunked, run_heads
@@ -79,7 +79,7 @@ def preflight(config: ScaleoutConfig) -> None:
                          "run here on OUT/store: drop --store-url, or add --ray")
 
 
-def explain_store(store: AttentionStore, handle: ModelHandle, splits: Any, searchers: Seq[str], *,
+def explain_store(store: AttentionStore, handle: ModelHandle, splits: SplitsLike, searchers: Seq[str], *,
                   options: dict[str, Any], seed: int, vocab: TokenVocabulary | None, out: Path, scaleout: ScaleoutConfig | None = None,
                   delta_ppl: bool = False, model_spec: Any = None, tokenizer: Any = None, progress: bool = True,
                   on_record: Any = None, heads: Seq[tuple[int, int]] | None = None,

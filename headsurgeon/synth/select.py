@@ -10,7 +10,7 @@ most ``ROUND_TOLERANCE``, else 3, then 4 digits, else they stay as proposed.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeGuard
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeGuard, cast
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -27,7 +27,7 @@ from .runcache import PatternCache
 from .scored import ScoredProgram
 from .tensors import program_rows
 from .sink_terms import cores_of, side_term_programs
-from .splits import StoreSplits
+from .splits import StoreSplits, SplitsLike
 from .weighted import score_weighted
 from ..core.vocabulary import TokenVocabulary
 
@@ -171,7 +171,7 @@ def _choose(options: list[ScoredProgram], budget: int | None, chars_of: Any,
     return max(fits, key=lambda o: _key(o.scores["select"], by)) if fits else None
 
 
-def _store_splits(splits: Any, test_idx: Any, synth_idx: Any, select_idx: Any) -> StoreSplits:
+def _store_splits(splits: SplitsLike | list[int] | None, test_idx: Any, synth_idx: Any, select_idx: Any) -> StoreSplits:
     """``splits`` whole; or, in select_programs' former form, the separate index lists (with a DeprecationWarning)."""
     loose = {"test_idx": test_idx, "synth_idx": synth_idx, "select_idx": select_idx}
     whole = isinstance(splits, (StoreSplits, Mapping)) or hasattr(splits, "indices")
@@ -180,8 +180,8 @@ def _store_splits(splits: Any, test_idx: Any, synth_idx: Any, select_idx: Any) -
         if given:
             raise InputError(f"select_programs got splits and {', '.join(given)} beside them: pass the splits whole "
                              "(StoreSplits(synth, select, test), headsurgeon/synth/splits.py) and drop the index lists")
-        return StoreSplits.of(splits)
-    select = select_idx if splits is None else splits
+        return StoreSplits.of(cast(SplitsLike, splits))  # hasattr does not narrow for the checker
+    select = cast("list[int] | None", select_idx if splits is None else splits)  # the former form's index list
     if select is None or test_idx is None:
         raise InputError("select_programs needs the splits: select_programs(store, candidates, "
                          "StoreSplits(synth, select, test)) (headsurgeon/synth/splits.py), or a corpus Splits")
@@ -191,7 +191,7 @@ def _store_splits(splits: Any, test_idx: Any, synth_idx: Any, select_idx: Any) -
     return StoreSplits(synth_idx or (), select, test_idx)
 
 
-def select_programs(store: PatternSource, candidates: dict[tuple[int, int], list[ScoredProgram]], splits: Any = None,
+def select_programs(store: PatternSource, candidates: dict[tuple[int, int], list[ScoredProgram]], splits: SplitsLike | list[int] | None = None,
                     test_idx: list[int] | None = None, synth_idx: list[int] | None = None,
                     library: Iterable[Program | str] = (), baselines: bool = True,
                     cache: PatternCache | None = None, progress: bool = True, model: str = "",

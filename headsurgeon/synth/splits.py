@@ -4,11 +4,11 @@ synth and score on select, selection chooses on select and reports on test; ever
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol, Union
 
 from ..core import SPLITS, InputError, NotFoundError, Split
 
-__all__ = ["StoreSplits"]
+__all__ = ["StoreSplits", "SplitsLike", "HasIndices"]
 
 
 def _ints(values: Iterable[Any], name: str) -> tuple[int, ...]:
@@ -16,6 +16,13 @@ def _ints(values: Iterable[Any], name: str) -> tuple[int, ...]:
         return tuple(int(i) for i in values)
     except (TypeError, ValueError):
         raise InputError(f"the {name} split must be store indices (whole numbers); got {values!r}") from None
+
+
+class HasIndices(Protocol):
+    """A corpus ``Splits`` (headsurgeon/surgery/corpus.py), read here by its ``indices`` alone."""
+
+    @property
+    def indices(self) -> "StoreSplits": ...
 
 
 @dataclass(frozen=True, init=False)
@@ -37,7 +44,7 @@ class StoreSplits:
         return list(getattr(self, name))
 
     @classmethod
-    def of(cls, value: "StoreSplits | Mapping[str, Iterable[int]] | Any") -> "StoreSplits":
+    def of(cls, value: "SplitsLike") -> "StoreSplits":
         """``value`` as StoreSplits: itself, a mapping {"synth": [...], "select": [...], "test": [...]} ("test"
         optional), or a corpus ``Splits`` (its ``indices``)."""
         if isinstance(value, cls):
@@ -63,3 +70,7 @@ class StoreSplits:
     def to_json(self) -> dict[str, list[int]]:
         """{"synth": [...], "select": [...], "test": [...]}."""
         return {name: list(getattr(self, name)) for name in SPLITS}
+
+
+#: what every stage that takes the splits reads (``StoreSplits.of``): StoreSplits, a corpus Splits, or a mapping
+SplitsLike = Union[StoreSplits, HasIndices, Mapping[str, Iterable[int]]]

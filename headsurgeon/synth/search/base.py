@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..sequence import Sequence as TokenSequence
-from ..splits import StoreSplits
+from ..splits import StoreSplits, SplitsLike
 from ...core import Head, HeadsurgeonError, InputError
 
 if TYPE_CHECKING:  # programs load the DSL and numba; the CLI reads this module's configs to build its flags
@@ -212,7 +212,7 @@ def merge_candidates(pool: CandidateMap, found: CandidateMap) -> None:
         pool.setdefault(head, []).extend(cands)
 
 
-def run_searchers(store: PatternSource, names: Iterable[str], splits: Any, *,
+def run_searchers(store: PatternSource, names: Iterable[str], splits: SplitsLike, *,
                   settings: SearchSettings | None = None,
                   heads: Sequence[Head] | None = None, budget: float | None = None,
                   cancel: threading.Event | None = None, notes: list[str] | None = None,

@@ -17,7 +17,7 @@ POSITIONAL = ("heads", "synth_idx", "select_idx", "beam", "max_terms", "seed", "
 PLUMBING = ("heads", "progress", "cache", "stats", "budget", "cancel")
 
 
-def is_current(splits: Any, config: Any) -> bool:
+def is_current(splits: object, config: Any) -> bool:
     """True when the two arguments after the store read as the current form's splits and config."""
     whole = splits is None or isinstance(splits, (StoreSplits, Mapping)) or hasattr(splits, "indices")
     return whole and (config is None or isinstance(config, EnumerativeConfig))
