@@ -308,6 +308,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
         extra.setdefault(h, {})["refit"] = program
     seconds["refit"] = time.perf_counter() - t
     t = time.perf_counter()
+    fit_threads()  # each stage sized to the cores free when it starts
     costs = head_costs(handle, programs, splits.select, which=(cfg.which,), reference=splits.synth,
                        progress=cfg.progress, path=cfg.costs, extra=extra)
     choice = {h: min([cfg.which, *extra.get(h, {})], key=lambda label: (costs.kl(h, label), label))
@@ -328,6 +329,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
 
     select_windows = splits.select + more
     t = time.perf_counter()
+    fit_threads()  # each stage sized to the cores free when it starts
     joint = _Joint(handle, select_windows, swap_of)
     steps: list[dict[str, Any]] = []
     chunk = cfg.chunk or max(1, round(0.02 * model_heads))
@@ -339,6 +341,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     ready: Healed | None = None
     if healer is not None and budget is not None:  # the budget holds for what is shipped: the healed hybrid
         t = time.perf_counter()
+        fit_threads()  # each stage sized to the cores free when it starts
         chain = heads + [h for h in order if h not in heads]
         heads, budget_tries, ready = _grow_healed(healer, chain[:k_max], len(heads), budget, chunk)
         seconds["healed growth"] = time.perf_counter() - t
@@ -346,6 +349,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
 
     measured = splits.test + heldout
     t = time.perf_counter()
+    fit_threads()  # each stage sized to the cores free when it starts
     base = BaseDistributions(handle, measured)
     hybrid_set = chosen_set.subset(heads)
     test = None
@@ -359,6 +363,7 @@ def build_hybrid(model: Any, corpus: Any, programs: Any, out: str | Path | None 
     healed = None
     if healer is not None:
         t = time.perf_counter()
+        fit_threads()  # each stage sized to the cores free when it starts
         final, healed = _heal_and_judge(healer, heads, measured, base, control, programs, ready)
         if budget_tries:
             healed["budget_tries"] = budget_tries

@@ -4,7 +4,7 @@
 processes; a library program's patterns do not depend on the head, so they are computed by the first task and
 read back by the others from ``OUT/pattern-cache`` (headsurgeon/kernels/cache.py: content-addressed by program hash,
 window and mask policy, every entry HMAC'd under a key only you can read). :class:`RoutedCache` sends the
-sandboxed (Python) programs there and keeps every other program's patterns in memory, as before.
+sandboxed (Python) programs there and keeps every other program's patterns in the in-memory cache.
 """
 from __future__ import annotations
 
