@@ -91,12 +91,30 @@ def test_head_costs_refuses_bad_input(handle, splits, programs):
         head_costs(handle, {"L9H0": "prev(1)"}, splits.select, which=("replacement",), progress=False)
 
 
+THREAD_FITS: list[int] = []  # the thread count build asked for, once per stage of forwards (the built fixture)
+
+
 @pytest.fixture(scope="module")
 def built(handle, programs, tmp_path_factory):
+    import headsurgeon.build as build_module
+
     out = tmp_path_factory.mktemp("build") / "hybrid"
-    result = build_hybrid(handle, hs.demo_corpus_path(), programs, out, fraction=0.25, max_len=40, max_sequences=50,
-                          control=True, chunk=2, heal=True, heal_steps=6, progress=False)
+    with pytest.MonkeyPatch.context() as mp:
+        fit = build_module.fit_threads
+        mp.setattr(build_module, "fit_threads", lambda: THREAD_FITS.append(fit()) or THREAD_FITS[-1])
+        result = build_hybrid(handle, hs.demo_corpus_path(), programs, out, fraction=0.25, max_len=40,
+                              max_sequences=50, control=True, chunk=2, heal=True, heal_steps=6, progress=False)
     return result, out
+
+
+@pytest.mark.e2e
+def test_build_sizes_its_threads_before_each_stage(built):
+    """Each stage of forwards gets the cores free when it starts (a long build started beside a busy process
+    must not keep one thread to its end)."""
+    result, _ = built
+    stages = [k for k in result.seconds if k not in ("load", "total")]
+    assert stages == ["refit", "head costs", "growth", "test", "heal"]
+    assert len(THREAD_FITS) == len(stages) and all(t >= 1 for t in THREAD_FITS)
 
 
 @pytest.mark.e2e
