@@ -27,11 +27,12 @@ A bird sat on the roof. The bird sang a song every morning. Ben liked the song v
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
-def story_sequences(max_len: int = 24) -> list[Sequence]:
-    """Real-text sequences with a word-level tokenizer: BOS (id 0) + up to max_len-1 tokens, one doc per line."""
+def story_sequences(max_len: int = 24, text: str = STORY) -> list[Sequence]:
+    """Real-text sequences (or ``text``'s) with a word-level tokenizer: BOS (id 0) + up to max_len-1 tokens, one doc
+    per line."""
     vocab: dict[str, int] = {"<s>": 0}
     out = []
-    for doc, line in enumerate(STORY.strip().splitlines()):
+    for doc, line in enumerate(text.strip().splitlines()):
         matches = list(TOKEN_RE.finditer(line))
         for start in range(0, len(matches), max_len - 1):
             chunk = matches[start: start + max_len - 1]

@@ -80,6 +80,45 @@ def test_search_recovers_a_gated_induction_head_by_what_it_moves(planted) -> Non
     assert PLANTED not in [c.program.text for c in raw[(0, 0)]]
 
 
+def _names_story(rng: np.random.Generator, lines: int = 48) -> str:
+    """Lines of names among function words: every name repeats within its line, so induction matches abound."""
+    names = ["Lily", "Tom", "Ben", "Sue", "Max", "Ann"]
+    words = ["the", "a", "dog", "ran", "to", "and", "saw", "ball", "park", "big", "with", "sun"]
+    return "\n".join(" ".join(str(rng.choice(names)) if rng.random() < 0.3 else str(rng.choice(words))
+                               for _ in range(22)) + "." for _ in range(lines))
+
+
+def test_search_learns_the_query_tokens_that_take_the_match(monkeypatch) -> None:
+    """A head whose share of the match follows three names (no flag, part of speech or single frequent token says
+    which): the gate chains learn the token set from the rows and recover the head exactly; without learned sets they
+    cannot."""
+    from headsurgeon.synth.search.enumerative import moved
+
+    seqs = story_sequences(text=_names_story(np.random.default_rng(0)))
+    ids = {t.lower(): int(i) for s in seqs for t, i in zip(s.tokens, s.ids)}
+    chosen = sorted(ids[n] for n in ("lily", "tom", "ben"))
+    planted = (f"gate(ids=[{', '.join(map(str, chosen))}], 0.1*first() + 0.9*induction(), "
+               "0.9*first() + 0.1*induction())")
+    store = AttentionStore(seqs, 1, 1, value_norms=True)
+    rows = program_rows([Program.parse(planted)], seqs, causal=True)[0]
+    dense = rows.to_dense() if hasattr(rows, "to_dense") else rows
+    for i, s in enumerate(seqs):
+        w = np.ones(s.n, dtype=np.float32)
+        w[0] = 0.1
+        store.put(i, dense[i, : s.n, : s.n][None, None], w[None, None])
+    select_docs = set(sorted({s.doc for s in seqs})[::3])
+    splits = StoreSplits([i for i, s in enumerate(seqs) if s.doc not in select_docs],
+                         [i for i, s in enumerate(seqs) if s.doc in select_docs])
+
+    def texts() -> list[str]:
+        found = enumerative_search(store, splits, EnumerativeConfig(spacy=False), heads=[(0, 0)], progress=False)
+        return [c.program.text for c in found[(0, 0)]]
+
+    assert planted in texts()
+    monkeypatch.setattr(moved, "token_set_gates", lambda *args, **kwargs: [])
+    assert planted not in texts()
+
+
 def test_selection_by_vw_r2_chooses_the_planted_program(planted) -> None:
     store, synth, select = planted
     found = enumerative_search(store, StoreSplits(synth, select), EnumerativeConfig(spacy=False), heads=[(0, 0)],

@@ -8,7 +8,8 @@ match; this depends on the query (a proper noun's match takes most of the row, p
 row and component is weighed by the store's value norms, the mixture weights of a group of query rows are the
 nonnegative least-squares fit of those weighted rows (the norms stand in for the value vectors: their squared error
 is what swapping the head changes, were the vectors orthogonal), and query predicates split the rows greedily, the
-split that lowers the error most first (headsurgeon/synth/search/enumerative/library.py ``query_predicates``).
+split that lowers the error most first (headsurgeon/synth/search/enumerative/library.py ``query_predicates``, and sets of
+query tokens learned from the rows, :func:`token_set_gates`).
 """
 from __future__ import annotations
 
@@ -22,11 +23,16 @@ from ...program import Program
 from .fitset import FitSet
 from ....core import Head
 
-__all__ = ["MOVED_CORES", "NormSource", "moved_gate_chains", "cell_keys", "cell_norms", "nonneg_lstsq"]
+__all__ = ["MOVED_CORES", "NormSource", "moved_gate_chains", "cell_keys", "cell_norms", "nonneg_lstsq",
+           "token_set_gates", "TOKEN_SET_MAX"]
 
 #: the rules mixed with ``first()`` in the chains' leaves (those present in the searcher's library)
 MOVED_CORES: tuple[str, ...] = ("induction()", "ngram_induction(2)")
 _FIRST = "first()"
+#: the most query tokens a learned token-set gate names, so that its program stays readable
+TOKEN_SET_MAX = 6
+#: a token seen in fewer query rows is never named by a learned set (its own fit is noise)
+_MIN_TOKEN_ROWS = 3
 
 
 @runtime_checkable
@@ -73,6 +79,66 @@ def nonneg_lstsq(G: np.ndarray, g: np.ndarray, yy: float) -> tuple[np.ndarray, f
             if e < best_e - 1e-12:
                 best_w, best_e = w, e
     return best_w, best_e
+
+
+def _batched_nonneg(G: np.ndarray, g: np.ndarray, yy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nonneg_lstsq` for T groups at once ([T, K, K], [T, K], [T]): the weights [T, K] and errors [T]."""
+    T, K = g.shape
+    best_e = yy.astype(np.float64).copy()
+    best_w = np.zeros((T, K))
+    for r in range(1, K + 1):
+        for sup in itertools.combinations(range(K), r):
+            s = list(sup)
+            A = G[:, s][:, :, s] + 1e-12 * np.eye(r)
+            try:
+                w_s = np.linalg.solve(A, g[:, s, None])[..., 0]
+            except np.linalg.LinAlgError:
+                continue
+            w = np.zeros((T, K))
+            w[:, s] = w_s
+            e = yy - 2 * np.einsum("tk,tk->t", w, g) + np.einsum("tk,tkl,tl->t", w, G, w)
+            better = (w_s >= 0).all(axis=1) & (e < best_e - 1e-12)
+            best_e = np.where(better, e, best_e)
+            best_w[better] = w[better]
+    return best_w, best_e
+
+
+def _core_share(w: np.ndarray) -> np.ndarray:
+    """The share of each row of mixture weights [..., K] that goes to the cores (components 1.., not ``first()``)."""
+    total = w.sum(axis=-1)
+    return np.where(total > 0, w[..., 1:].sum(axis=-1) / np.where(total > 0, total, 1.0), 0.0)
+
+
+def token_set_gates(fs: FitSet, rows: np.ndarray, G: np.ndarray, g: np.ndarray, yy: np.ndarray,
+                    min_rows: int) -> list[tuple[dsl.Pred, np.ndarray]]:
+    """Query-token sets to gate ``rows`` by, with their row masks. Each query token's mixture is fitted on its own
+    rows; the tokens whose fit gives the cores more than the rows' common fit does are ranked by how much their own
+    fit lowers their rows' error, and each of the first ``TOKEN_SET_MAX`` prefixes is a set. What a head gives its
+    match often follows the query's own token (a name's repeat takes most of the row, a function word's almost none),
+    which no flag or part of speech names; a token whose rows never tell the mixtures apart is never named."""
+    idx = np.flatnonzero(rows)
+    if not idx.size:
+        return []
+    uniq, inv, counts = np.unique(fs.row_tok[idx], return_inverse=True, return_counts=True)
+    T = len(uniq)
+    Gt, gt, yt = np.zeros((T,) + G.shape[1:]), np.zeros((T, g.shape[1])), np.zeros(T)
+    np.add.at(Gt, inv, G[idx])
+    np.add.at(gt, inv, g[idx])
+    np.add.at(yt, inv, yy[idx])
+    w_all, _ = nonneg_lstsq(Gt.sum(0), gt.sum(0), float(yt.sum()))
+    shared = yt - 2 * gt @ w_all + np.einsum("k,tkl,l->t", w_all, Gt, w_all)
+    w_own, own = _batched_nonneg(Gt, gt, yt)
+    gain = shared - own
+    more = np.flatnonzero((_core_share(w_own) > _core_share(w_all)) & (gain > 1e-9 * max(float(yt.sum()), 1e-30))
+                          & (counts >= _MIN_TOKEN_ROWS))
+    ranked = more[np.lexsort((uniq[more], -gain[more]))][:TOKEN_SET_MAX]
+    out = []
+    for k in range(1, len(ranked) + 1):
+        tokens = tuple(sorted(int(t) for t in uniq[ranked[:k]]))
+        mask = np.isin(fs.row_tok, np.asarray(tokens, dtype=np.int64))
+        if min_rows <= int((rows & mask).sum()) <= int(rows.sum()) - min_rows:
+            out.append((dsl.Pred("ids", tokens), mask))
+    return out
 
 
 def _mix_text(weights: np.ndarray, texts: list[str]) -> str | None:
@@ -132,28 +198,29 @@ def moved_gate_chains(fs: FitSet, hi: int, norms: np.ndarray, depth: int = 3, mi
     w_all, e_rest = fit(rest)
     if w_all[1:].sum() <= 0:
         return []
-    chain: list[tuple[dsl.Pred, np.ndarray]] = []
+    chain: list[tuple[dsl.Pred, np.ndarray, np.ndarray]] = []  # (predicate, its rows, the weights inside)
     for _ in range(depth):
         best = None
-        for k, pred in enumerate(fs.preds):
-            inside = rest & fs.pred_rows[k]
-            outside = rest & ~fs.pred_rows[k]
+        tried = list(zip(fs.preds, fs.pred_rows)) + token_set_gates(fs, rest, G, g, yy, min_rows)
+        for pred, mask in tried:
+            inside = rest & mask
+            outside = rest & ~mask
             if inside.sum() < min_rows or outside.sum() < min_rows:
                 continue
             (wi, ei), (_, eo) = fit(inside), fit(outside)
             if best is None or ei + eo < best[0]:
-                best = (ei + eo, pred, wi, outside, eo)
+                best = (ei + eo, pred, mask, wi, outside, eo)
         if best is None or best[0] >= 0.97 * e_rest:  # a split that lowers the error by less than 3% is not kept
             break
-        chain.append((best[1], best[2]))
-        rest, e_rest = best[3], best[4]
+        chain.append((best[1], best[2], best[3]))
+        rest, e_rest = best[4], best[5]
     out: list[dsl.Node] = []
     for d in range(len(chain) + 1):
         rows = np.ones(fs.R, dtype=bool)
         for k in range(d):
-            rows &= ~fs.pred_rows[fs.pred_index[chain[k][0]]]
+            rows &= ~chain[k][1]
         text = _mix_text(fit(rows)[0], texts)
-        parts = [(pred, _mix_text(w, texts)) for pred, w in chain[:d]]
+        parts = [(pred, _mix_text(w, texts)) for pred, _, w in chain[:d]]
         if text is None or any(m is None for _, m in parts):
             continue
         node = dsl.parse(text)
