@@ -50,6 +50,25 @@ def test_nonneg_lstsq_matches_scipy(seed: int) -> None:
     assert err == pytest.approx(float(((A @ want - y) ** 2).sum()), rel=1e-8, abs=1e-10)
 
 
+def test_batched_nonneg_fits_equal_one_at_a_time() -> None:
+    """The token sets' batched fits are :func:`nonneg_lstsq` group by group (weights and errors)."""
+    from headsurgeon.synth.search.enumerative.moved import _batched_nonneg
+
+    rng = np.random.default_rng(7)
+    Gs, gs, ys = [], [], []
+    for _ in range(12):
+        A = rng.random(size=(30, 3))
+        y = A @ rng.normal(size=3) + 0.1 * rng.normal(size=30)
+        Gs.append(A.T @ A)
+        gs.append(A.T @ y)
+        ys.append(float(y @ y))
+    w, e = _batched_nonneg(np.stack(Gs), np.stack(gs), np.array(ys))
+    for t in range(12):
+        want_w, want_e = nonneg_lstsq(Gs[t], gs[t], ys[t])
+        np.testing.assert_allclose(w[t], want_w, atol=1e-9)
+        assert e[t] == pytest.approx(want_e, rel=1e-9, abs=1e-12)
+
+
 @pytest.fixture(scope="module")
 def planted():
     """One head (L0H0) attending as ``PLANTED``, whose first token moves a tenth of what the other keys move."""
