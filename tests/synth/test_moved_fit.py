@@ -69,22 +69,26 @@ def test_batched_nonneg_fits_equal_one_at_a_time() -> None:
         assert e[t] == pytest.approx(want_e, rel=1e-9, abs=1e-12)
 
 
-@pytest.fixture(scope="module")
-def planted():
-    """One head (L0H0) attending as ``PLANTED``, whose first token moves a tenth of what the other keys move."""
-    seqs = story_sequences()
+def planted_store(seqs, program: str) -> tuple[AttentionStore, list[int], list[int]]:
+    """One head (L0H0) attending as ``program``, whose first token moves a tenth of what the other keys move, and
+    the synth and select windows (every third document selects)."""
     store = AttentionStore(seqs, 1, 1, value_norms=True)
-    rows = program_rows([Program.parse(PLANTED)], seqs, causal=True)[0]
+    rows = program_rows([Program.parse(program)], seqs, causal=True)[0]
     dense = rows.to_dense() if hasattr(rows, "to_dense") else rows
     for i, s in enumerate(seqs):
         w = np.ones(s.n, dtype=np.float32)
         w[0] = 0.1
         store.put(i, dense[i, : s.n, : s.n][None, None], w[None, None])
-    docs = sorted({s.doc for s in seqs})
-    select_docs = set(docs[::3])
+    select_docs = set(sorted({s.doc for s in seqs})[::3])
     synth = [i for i, s in enumerate(seqs) if s.doc not in select_docs]
     select = [i for i, s in enumerate(seqs) if s.doc in select_docs]
     return store, synth, select
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """``PLANTED`` in a store of the real story's windows."""
+    return planted_store(story_sequences(), PLANTED)
 
 
 def test_search_recovers_a_gated_induction_head_by_what_it_moves(planted) -> None:
@@ -118,16 +122,8 @@ def test_search_learns_the_query_tokens_that_take_the_match(monkeypatch) -> None
     chosen = sorted(ids[n] for n in ("lily", "tom", "ben"))
     planted = (f"gate(ids=[{', '.join(map(str, chosen))}], 0.1*first() + 0.9*induction(), "
                "0.9*first() + 0.1*induction())")
-    store = AttentionStore(seqs, 1, 1, value_norms=True)
-    rows = program_rows([Program.parse(planted)], seqs, causal=True)[0]
-    dense = rows.to_dense() if hasattr(rows, "to_dense") else rows
-    for i, s in enumerate(seqs):
-        w = np.ones(s.n, dtype=np.float32)
-        w[0] = 0.1
-        store.put(i, dense[i, : s.n, : s.n][None, None], w[None, None])
-    select_docs = set(sorted({s.doc for s in seqs})[::3])
-    splits = StoreSplits([i for i, s in enumerate(seqs) if s.doc not in select_docs],
-                         [i for i, s in enumerate(seqs) if s.doc in select_docs])
+    store, synth, select = planted_store(seqs, planted)
+    splits = StoreSplits(synth, select)
 
     def texts() -> list[str]:
         found = enumerative_search(store, splits, EnumerativeConfig(spacy=False), heads=[(0, 0)], progress=False)
