@@ -44,7 +44,7 @@ class ExplainConfig:
 @dataclass(frozen=True)
 class BuildConfig:
     """``build``'s settings: which programs, how many heads (a share, or a perplexity budget on the select windows),
-    healing, and where the result is judged (headsurgeon/build.py)."""
+    healing, and where the result is judged (headsurgeon/build/)."""
 
     model: ModelConfig = nested(ModelConfig)
     corpus: CorpusConfig = nested(CorpusConfig)

@@ -16,11 +16,11 @@ from typing import Any
 
 from lm_eval.api.registry import register_model
 
-from headsurgeon.hub.checkpoint import load_hybrid
-from headsurgeon.surgery.measure.downstream import TASKS_DIR
-from headsurgeon.surgery.measure.lm_eval_model import HeadsurgeonLM, model_flag
-from .synth.trust import TrustPrograms
 from .core import InputError
+from .hub.checkpoint import load_hybrid
+from .surgery.measure.downstream import TASKS_DIR
+from .surgery.measure.lm_eval_model import HeadsurgeonLM, model_flag
+from .synth.trust import TrustPrograms
 
 __all__ = ["HarnessLM", "main"]
 

@@ -1,4 +1,4 @@
-"""Per-head causal cost (headsurgeon/surgery/measure/head_costs.py) and ``build`` (headsurgeon/build.py) on the embedded model: resumed
+"""Per-head causal cost (headsurgeon/surgery/measure/head_costs.py) and ``build`` (headsurgeon/build/) on the embedded model: resumed
 swaps give the numbers of whole hybrid forwards, the build grows under its budget with joint re-measurement, and its
 checkpoint carries build.json and loads back exactly (seconds)."""
 from __future__ import annotations

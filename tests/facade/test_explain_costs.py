@@ -35,7 +35,7 @@ def test_summary_holds_each_heads_costs_with_intervals_and_the_ablation_ratio(ru
     assert costs == result.head_costs and set(costs["heads"]) == set(HEADS)
     select = result.splits.select
     assert costs["windows"] == len(select) >= 2 and costs["tokens"] == sum(s.n - 1 for s in select)
-    for label, row in costs["heads"].items():
+    for row in costs["heads"].values():
         assert {"replacement", "mean"} <= set(row)
         for variant in ("replacement", "mean"):
             s = row[variant]
@@ -94,18 +94,19 @@ def kl_of(summary: dict, head: str) -> float:
 
 
 def test_build_splits_the_text_exactly_as_explain_did(run, stories):
-    from headsurgeon.build import _windows, split_mismatch
+    from headsurgeon.build import split_mismatch
+    from headsurgeon.build.windows import corpus_windows
     from headsurgeon.configs import BuildConfig, CorpusConfig
 
     result, _, _ = run
-    splits, _ = _windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=30)))
+    splits, _ = corpus_windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=30)))
     for name in ("synth", "select", "test"):
         assert [s.key for s in splits[name]] == [s.key for s in result.splits[name]]
     meta = ProgramSet.load(result.out / "programs.json").meta
     assert meta["split_tokens"] == splits.tokens() and split_mismatch(meta, splits) is None
     old = {k: v for k, v in meta.items() if k != "split_tokens"}  # programs.json of a split by documents
     assert "older headsurgeon" in split_mismatch(old, splits)
-    other, _ = _windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=40)))
+    other, _ = corpus_windows(stories, need(CORPUS), None, BuildConfig(corpus=CorpusConfig(max_len=24, max_sequences=40)))
     assert "--max-sequences and --seed explain had" in split_mismatch(meta, other)
 
 

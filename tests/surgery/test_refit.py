@@ -189,7 +189,7 @@ def test_degenerate_mixtures_stay_finite_and_unchanged_or_merged(tiny, windows):
     programs = {"L3H1": "0.5*first() + 0.5*first()", "L3H2": "0.5*self()", "L2H3": "0.5*first() + 0.5*none()",
                 "L0H0": "prev(1)"}
     got = refit_mixtures(tiny, programs, windows, progress=False)
-    for head, r in got.items():
+    for r in got.values():
         numbers = [*r.weights_before, *r.weights_after] + ([r.error_before, r.error_after] if r.components else [])
         assert all(np.isfinite(numbers))
         assert not r.changed and r.after == r.before

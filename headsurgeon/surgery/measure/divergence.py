@@ -1,7 +1,7 @@
 """What a swap does to the model's predictions, per window: KL(base ‖ other) of the next-token distributions and both
 negative log-likelihoods, summed over the predicted tokens; and their paired bootstrap intervals over windows.
 
-Every cost the library reports comes from these sums (headsurgeon/surgery/measure/eval_report.py, headsurgeon/surgery/measure/head_costs.py, headsurgeon/build.py):
+Every cost the library reports comes from these sums (headsurgeon/surgery/measure/eval_report.py, headsurgeon/surgery/measure/head_costs.py, headsurgeon/build/):
 KL is the mean per predicted token (token-weighted, like perplexity), ΔNLL the mean per-token change in
 cross-entropy, ΔPPL = exp(ΔNLL) − 1. Windows are resampled whole, both runs together (paired), and each resample's
 means are weighted by its predicted tokens.
