@@ -7,13 +7,16 @@ that cost (KL when the head alone is swapped) or of its ratio to mean-ablating t
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING
 
 from headsurgeon.synth import dsl
 
 from . import heads as hv
 from . import words
 from ..core import Head
+
+if TYPE_CHECKING:
+    from ..synth.program import Program
 
 #: family → the cell's short label
 FAMILIES = {"induction": "ind", "previous token": "prev", "duplicate": "dup", "sink": "sink", "self": "self",
@@ -26,7 +29,7 @@ _PRIMS = {"induction": "induction", "ngram_induction": "induction", "first": "si
           "same_word": "content", "same_lemma": "content", "dep_head": "syntax", "dep_children": "syntax"}
 
 
-def _leaf_family(node: Any) -> str:
+def _leaf_family(node: dsl.Prim) -> str:
     """The family of one primitive: prev(1) and a distance profile peaked at offset 1 are the previous token."""
     if node.name == "prev":
         return "previous token" if node.param("k") == 1 else "positional"
@@ -37,11 +40,11 @@ def _leaf_family(node: Any) -> str:
     return _PRIMS.get(node.name, "other")
 
 
-def _is_sink(node: Any) -> bool:
+def _is_sink(node: object) -> bool:
     return isinstance(node, dsl.Prim) and node.name == "first"
 
 
-def sink_share(program: Any) -> float:
+def sink_share(program: Program | None) -> float:
     """The weight a program puts on the first token (the attention sink) at its top level: 1 for ``first()``, a
     mixture's ``first()`` weights over its total, else 0."""
     node = getattr(program, "node", None) if program is not None and program.has_tree else None
@@ -53,7 +56,7 @@ def sink_share(program: Any) -> float:
     return 0.0
 
 
-def family(program: Any) -> str:
+def family(program: Program | None) -> str:
     """What a program does besides parking attention on the first token: a mixture's heaviest term other than the
     sink (a head that is 98% sink and 2% induction is an induction head; its sink share is shown beside it), a
     gate's ``then`` branch, a product's first factor, the argument of ``sharpen``; only-sink programs are "sink"."""

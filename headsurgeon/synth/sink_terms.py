@@ -24,11 +24,11 @@ CORE_TEMPLATES: tuple[str, ...] = ("induction()", "prev(1)")
 _FIRST = Program.parse("first()").node
 
 
-def _mentions_first(node: Any) -> bool:
+def _mentions_first(node: dsl.Node) -> bool:
     return node == _FIRST or any(_mentions_first(c) for c in dsl.children(node))
 
 
-def _core(node: Any) -> tuple[tuple[float, Any], ...] | None:
+def _core(node: dsl.Node) -> tuple[tuple[float, dsl.Node], ...] | None:
     """``node`` without the sink, as mixture terms: a root mixture's terms other than ``first()`` (their weights
     summing to 1), or the node itself; None when nothing is left or ``first()`` sits deeper (a gate, a sum)."""
     terms = node.terms if isinstance(node, dsl.Mix) else ((1.0, node),)

@@ -100,7 +100,7 @@ def _checked(node: N) -> N:
     return node
 
 
-def _is_checked(node: Any) -> bool:
+def _is_checked(node: object) -> bool:
     return _CHECKED.get(id(node)) is node
 
 
@@ -123,7 +123,7 @@ def _node_args(args: Any, name: str) -> None:
         raise _err(f"{name} needs a tuple of 2 to {MAX_NODES} expressions (MAX_NODES); got {_show(args)}")
 
 
-def _check_node(node: Any) -> None:
+def _check_node(node: Node) -> None:
     """Check one node built in code against its bounds (its children are checked on their own)."""
     if isinstance(node, Prim):
         if (not isinstance(node.params, tuple) or len(node.params) > len(_spec_params(node.name))

@@ -23,7 +23,7 @@ from .bounds import _err
 from .cell_combinators import (FALLBACK_CELLS, GATE_CELLS, MIX_CELLS, MUL_CELLS, SHARPEN_CELLS, SUM_CELLS,
                                Cells)
 from .context import Context
-from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
+from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 from .sparse_combinators import fallback_sparse, gate_sparse, mix_sparse, mul_sparse, sharpen_sparse, sum_sparse
 from .spec import COUNTED, CombinatorSpec, Param, PrimitiveSpec, register_combinator, register_primitive
 
@@ -341,7 +341,7 @@ def _portion(share: float | None) -> str:
     return f" ({_share(share)})" if share is not None and share < 1.0 - 1e-9 else ""
 
 
-def _states_shares(node: Any) -> bool:
+def _states_shares(node: Node) -> bool:
     """Whether a clause states its own shares of the row (mixtures, and gates and fallbacks choosing per row)."""
     return isinstance(node, (Mix, Gate, Fallback))
 
@@ -369,7 +369,7 @@ def _inner(gloss: Callable[..., str]) -> float | None:
     return 1.0 if getattr(gloss, "share", 1.0) == 1.0 else None
 
 
-def _branch(gloss: Callable[..., str], node: Any) -> str:
+def _branch(gloss: Callable[..., str], node: Node) -> str:
     """A gate's or fallback's branch, with the share of the row it stands for when inside a mixture."""
     clause = gloss(node)
     return clause if _states_shares(node) else clause + _portion(getattr(gloss, "share", 1.0))

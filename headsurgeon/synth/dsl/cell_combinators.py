@@ -9,7 +9,7 @@ scores agree with the kernels' to float rounding (tests/synth/test_enumerative.p
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Cells(Protocol):
         """Boolean [R]: the query rows whose token satisfies ``pred``."""
 
 
-def normalized_raw(node: Any, cells: Cells, memo: dict) -> np.ndarray:
+def normalized_raw(node: Node, cells: Cells, memo: dict) -> np.ndarray:
     """The raw scores of a combinator whose kernel normalizes its rows (sum, sharpen): its values."""
     return cells.values(node, memo)[0]
 

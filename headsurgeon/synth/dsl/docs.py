@@ -13,7 +13,7 @@ from typing import Any
 
 from .bounds import FLAGS, KINDS, KNOWN_POS_TAGS, MATCH_FEATURES, STRUCTURE_BOUNDS
 from .labels import POS_WORDS, dep_labels
-from .nodes import Pred, Prim
+from .nodes import Node, Pred, Prim
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS, PrimitiveSpec, require_combinator
 from .tokens import token_string
 from ...core.vocabulary import TokenVocabulary
@@ -237,7 +237,7 @@ class ChildGloss:
         return _gloss(child, self.vocab, self.share if share is _SAME else share)
 
 
-def _gloss(node: Any, vocab: TokenVocabulary | None, share: float | None) -> str:
+def _gloss(node: Node, vocab: TokenVocabulary | None, share: float | None) -> str:
     if isinstance(node, Pred):
         return _pred_words(node, vocab)
     if isinstance(node, Prim):
@@ -251,6 +251,6 @@ def _gloss(node: Any, vocab: TokenVocabulary | None, share: float | None) -> str
     return combinator.gloss.format(**combinator.gloss_fields(node, ChildGloss(vocab, share)))
 
 
-def gloss(node: Any, vocab: TokenVocabulary | None = None) -> str:
+def gloss(node: Node, vocab: TokenVocabulary | None = None) -> str:
     """An English clause for a tree (or a predicate), from the spec's gloss templates; ``vocab`` names tokens."""
     return _gloss(node, vocab, 1.0)

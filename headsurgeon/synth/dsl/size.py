@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .memo import memo
-from .nodes import Fallback, Gate, Mix, Mul, Pred, Prim, Sharpen, Sum
+from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 
 __all__ = ["size"]
 
@@ -22,7 +22,7 @@ def _literals(value: Any) -> int:
     return 0 if value is None else 1
 
 
-def size(node: Any) -> int:
+def size(node: Node | Pred) -> int:
     """Nodes plus scalar literals of a tree."""
     if isinstance(node, Prim):  # once per primitive object (headsurgeon/synth/dsl/memo.py): tables are large
         return memo(node, "size", lambda: 1 + sum(_literals(v) for _, v in node.params))

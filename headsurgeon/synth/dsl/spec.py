@@ -18,8 +18,10 @@ import numpy as np
 from .bounds import KINDS
 from ...core import InputError
 
-if TYPE_CHECKING:  # the spec names the sparse kernels' result type only; the kernels import it themselves
+if TYPE_CHECKING:  # types named for the checker only: the kernels import the spec themselves, and the nodes are read, not built, here
     from headsurgeon.kernels.sparse import SparseRows
+
+    from .nodes import Node
 
 # A kernel takes a node and the evaluation context (headsurgeon/synth/dsl/context.py, which reads this registry).
 Kernel = Callable[[Any, Any], np.ndarray]
@@ -196,12 +198,12 @@ def unregister_combinator(name: str) -> None:
     del _BY_TYPE[COMBINATOR_SPECS.pop(name).node_type]
 
 
-def combinator_for(node: Any) -> CombinatorSpec | None:
+def combinator_for(node: Node) -> CombinatorSpec | None:
     """The spec of a combinator node (None for anything else)."""
     return _BY_TYPE.get(type(node))
 
 
-def require_combinator(node: Any) -> CombinatorSpec:
+def require_combinator(node: Node) -> CombinatorSpec:
     """The spec of a node that is not a primitive; TypeError for anything that is no DSL node."""
     spec = _BY_TYPE.get(type(node))
     if spec is None:
