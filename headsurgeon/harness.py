@@ -12,6 +12,7 @@ It lives above headsurgeon/hub/ (docs/architecture.md, Layers) because ``checkpo
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from lm_eval.api.registry import register_model
@@ -20,6 +21,7 @@ from .core import InputError
 from .hub.checkpoint import load_hybrid
 from .surgery.measure.downstream import TASKS_DIR
 from .surgery.measure.lm_eval_model import HeadsurgeonLM, model_flag
+from .synth.programset import ProgramMap, ProgramSet
 from .synth.trust import TrustPrograms
 
 __all__ = ["HarnessLM", "main"]
@@ -34,7 +36,8 @@ class HarnessLM(HeadsurgeonLM):
     ``hs.load_hybrid``; ``programs=programs.json`` goes through the same trust gate (headsurgeon/synth/trust.py), every slot.
     """
 
-    def __init__(self, model: Any = None, checkpoint: str | None = None, programs: Any = None,
+    def __init__(self, model: Any = None, checkpoint: str | None = None,
+                 programs: ProgramSet | ProgramMap | str | Path | None = None,
                  trust_programs: TrustPrograms = False, device: str | None = None, **options: Any) -> None:
         if checkpoint is not None:
             if model is not None or programs is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from headsurgeon.surgery.swap.hybrid import HybridModel
+from headsurgeon.synth.programset import ProgramSet
 
 from .checkpoint import save_hybrid
 from .checkpoint.location import HF_SCHEME, download_hybrid, parse_hf_url, snapshot_blobs
@@ -22,7 +23,7 @@ __all__ = ["push_hybrid", "download_hybrid", "parse_hf_url", "snapshot_blobs", "
 
 def push_hybrid(hybrid: HybridModel, repo_id: str, token: str | None = None, private: bool = False,
                 revision: str | None = None, metrics: Mapping[str, Any] | None = None, endpoint: str | None = None,
-                programs: Any = None, commit_message: str | None = None) -> Any:
+                programs: ProgramSet | None = None, commit_message: str | None = None) -> Any:
     """Save ``hybrid`` as a checkpoint and upload it to the Hub repo ``repo_id`` (created if needed).
 
     The repo ends up with exactly the checkpoint's files (stale files of an earlier push are deleted, except

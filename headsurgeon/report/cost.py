@@ -6,7 +6,7 @@ kind."""
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headsurgeon.surgery.measure.eval_format import FIDELITY_LABELS, KIND_LABELS, wide_note
 from headsurgeon.surgery.measure.sweep_order import ORDER_LABELS
@@ -14,10 +14,13 @@ from headsurgeon.surgery.measure.sweep_order import ORDER_LABELS
 from . import words
 from .downstream import downstream_table
 
+if TYPE_CHECKING:  # the report reads the records; it never runs a measurement
+    from headsurgeon.surgery.measure.eval_report import EvalReport, KindReport
+
 __all__ = ["cost_html"]
 
 
-def _metric(evaluation: Any) -> str:
+def _metric(evaluation: EvalReport) -> str:
     return "ΔPPL" if evaluation.lm_head else "embedding distance"
 
 
@@ -36,7 +39,7 @@ def _pct(x: Any) -> str:
     return words.percent(None if x is None else x / 100, digits=2)
 
 
-def headline_table(evaluation: Any) -> str:
+def headline_table(evaluation: EvalReport) -> str:
     """One row per kind: heads swapped, heads left neural, and the cost of swapping them all at once."""
     lm = evaluation.lm_head
     head = ("<tr><th>programs swapped in</th><th>heads</th><th>left neural</th>"
@@ -58,7 +61,7 @@ def headline_table(evaluation: Any) -> str:
     return f"<table id='cost'>{head}{''.join(rows)}</table>" + wide_notes(evaluation)
 
 
-def wide_notes(evaluation: Any) -> str:
+def wide_notes(evaluation: EvalReport) -> str:
     """A line per kind whose headline interval is wider than its effect; nothing when none is."""
     notes = [f"{KIND_LABELS[kind]}: {html.escape(note)}." for kind, kr in evaluation.kinds.items()
              if (note := wide_note(kr.delta_wide, kr.kl_wide))]
@@ -87,7 +90,7 @@ def cheaper_sentence(kr: Any) -> str:
             f"({steps})")
 
 
-def sweep_table(evaluation: Any, kind: str, kr: Any) -> str:
+def sweep_table(evaluation: EvalReport, kind: str, kr: KindReport) -> str:
     """The kind's sweep: per step the cost (ΔPPL, then KL) in each order and with random programs, and the cheapest
     order."""
     metric = _metric(evaluation)
@@ -96,7 +99,7 @@ def sweep_table(evaluation: Any, kind: str, kr: Any) -> str:
     head = "".join(f"<th>{metric} · {html.escape(label)}</th>" for _, label in arms)
     head += "".join(f"<th>KL · {html.escape(label)}</th>" for _, label in kls)
     body = []
-    for r in kr.sweep:
+    for r in kr.sweep or []:
         cells = "".join(f"<td class='num'>{words.percent(r.get(key))}</td>" for key, _ in arms)
         cells += "".join(f"<td class='num'>{_kl(r.get(key))}</td>" for key, _ in kls)
         body.append(f"<tr><td>{words.percent(r['fraction'], signed=False, digits=0)} ({r['n_heads']})</td>{cells}"
@@ -122,7 +125,7 @@ def spearman_sentence(kind: str, sp: dict[str, Any], x: str = "IoU", y: str = "�
             f"{interval}, {sp['heads']} heads. {_SIGN[x]}</p>")
 
 
-def spearman_sentences(evaluation: Any) -> list[str]:
+def spearman_sentences(evaluation: EvalReport) -> list[str]:
     """Per kind: Spearman(IoU, ΔPPL), then Spearman(IoU, KL) and Spearman(JSD, KL), those measured."""
     out = []
     for kind, kr in evaluation.kinds.items():
@@ -139,12 +142,12 @@ def _per_head_cells(r: dict[str, Any]) -> str:
             f"<td class='num'>{_interval(r.get('kl_ci95'), _kl)}</td>")
 
 
-def per_head_table(evaluation: Any) -> str:
+def per_head_table(evaluation: EvalReport) -> str:
     """One row per head: each kind's test IoU, and ΔPPL and KL with that head alone swapped (folded, it is long)."""
     kinds = [k for k, kr in evaluation.kinds.items() if kr.per_head]
     rows: dict[str, dict[str, Any]] = {}
     for kind in kinds:
-        for r in evaluation.kinds[kind].per_head:
+        for r in evaluation.kinds[kind].per_head or []:
             rows.setdefault(r["head"], {})[kind] = r
     head = "".join(f"<th>{KIND_LABELS[k]} IoU</th><th>{KIND_LABELS[k]} ΔPPL</th><th>95% interval</th>"
                    f"<th>{KIND_LABELS[k]} KL</th><th>95% interval</th>" for k in kinds)
@@ -157,7 +160,7 @@ def per_head_table(evaluation: Any) -> str:
             f"<table id='per-head-cost'><tr><th>head</th>{head}</tr>{''.join(body)}</table></details>")
 
 
-def cost_html(evaluation: Any, sweep_img: str = "") -> str:
+def cost_html(evaluation: EvalReport, sweep_img: str = "") -> str:
     """The whole cost section for ``evaluation`` (an EvalReport), with the sweep figure ``sweep_img`` (HTML)."""
     where = f"on {evaluation.test_sequences} test windows"
     if evaluation.test_tokens is not None:
@@ -180,6 +183,6 @@ def cost_html(evaluation: Any, sweep_img: str = "") -> str:
     if tasks:
         parts.append("<h3>Downstream tasks</h3><div id='downstream'>" + "".join(
             f"<h4>{KIND_LABELS[kind]} ({kr.heads} heads)</h4>"
-            + downstream_table(kr.downstream, label=KIND_LABELS[kind], table_id=f"downstream-{kind}")
+            + downstream_table(kr.downstream or {}, label=KIND_LABELS[kind], table_id=f"downstream-{kind}")
             for kind, kr in tasks) + "</div>")
     return "".join(parts)

@@ -5,7 +5,7 @@ import base64
 import html
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,8 +25,9 @@ from .plots import CELL, DIVERGING, colour_css, frontier_svg, heatmap
 from ..core import Head
 from ..core.vocabulary import TokenVocabulary
 
-if TYPE_CHECKING:  # importing the searchers' package registers them all: the report needs only the protocol
+if TYPE_CHECKING:  # named for the checker: importing the searchers registers them all, the measurement loads torch
     from headsurgeon.synth.search.base import PatternReader
+    from headsurgeon.surgery.measure.eval_report import EvalReport
 
 #: a replacement's text is shown in full up to this many characters (fitted tables stay in programs.json)
 SHOW_REPLACEMENT_CHARS = 1000
@@ -191,7 +192,8 @@ def write_report(out: str | Path, programs: ProgramSet, store: PatternReader, sp
                  sweep_png: str | Path | None = None, sweep_rows: list[dict] | None = None,
                  title: str = "headsurgeon report", examples: int = 1, max_tokens: int = 24,
                  summary: dict | None = None, *, timings: dict[str, float] | None = None,
-                 notes: list[str] | None = None, vocab: TokenVocabulary | None = None, downstream: dict | None = None, evaluation: Any = None) -> Path:
+                 notes: list[str] | None = None, vocab: TokenVocabulary | None = None, downstream: dict | None = None,
+                 evaluation: EvalReport | None = None) -> Path:
     """Write the self-contained HTML report (images inlined) and return its path.
 
     ``splits``: the store's windows by split (a StoreSplits, headsurgeon/synth/splits.py, a corpus Splits or a mapping

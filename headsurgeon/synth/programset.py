@@ -31,6 +31,9 @@ from ..core.vocabulary import TokenVocabulary
 
 FORMAT, VERSION = PROGRAMS.name, PROGRAMS.version  # declared once in headsurgeon/synth/programs_file.py
 WHICH = WHICHES
+#: head → program, as the functions that swap heads take it: per head a Program, DSL text, program JSON or a pattern
+#: provider (headsurgeon/surgery/swap/providers.py ``as_provider`` reads each)
+ProgramMap = Mapping[Any, Any]  # keys: anything Head.parse reads (a Mapping's key type is invariant)
 
 
 def _cost_kl(costs: Any, label: str, variant: str) -> float | None:

@@ -18,6 +18,7 @@ from headsurgeon.core.fileio import fsync_dir, sha256_file
 from headsurgeon.surgery.models.handle import EmbeddedSource, SourceRecord
 from headsurgeon.surgery.swap.heal import healing_records
 from headsurgeon.surgery.swap.hybrid import HybridModel
+from headsurgeon.synth.programset import ProgramSet
 
 from ..card import render_card
 from .base_models import base_reference, base_weights, portable
@@ -44,7 +45,7 @@ def library_versions() -> dict[str, str]:
 
 
 def save_hybrid(hybrid: HybridModel, directory: str | Path, metrics: Mapping[str, Any] | None = None,
-                programs: Any = None, *, card_location: str | None = None, overwrite: bool = False,
+                programs: ProgramSet | None = None, *, card_location: str | None = None, overwrite: bool = False,
                 extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Save a HybridModel as a checkpoint directory (atomically); weights are embedded only if they changed.
 

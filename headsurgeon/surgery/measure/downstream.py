@@ -15,6 +15,7 @@ from .task_data import hub_data
 from ..swap.hybrid import HybridModel
 from ...core import InputError
 from ..models.handle import ModelHandle
+from ...synth.programset import ProgramMap, ProgramSet
 
 __all__ = ["downstream", "base_run", "BaseRun", "paired_bootstrap", "TASKS_DIR", "task_folders", "task_list",
            "evaluate_tasks", "reported_metrics", "lm_for", "task_manager", "check_tasks"]
@@ -157,7 +158,7 @@ def base_run(handle: ModelHandle, tasks: list[str] | str, *, limit: int | float 
     return BaseRun(handle.name, _settings(tasks, limit, include_path, num_fewshot, seed), result)
 
 
-def downstream(model: Any, tasks: list[str] | str, programs: Any = None, *, which: str = "replacement",
+def downstream(model: Any, tasks: list[str] | str, programs: ProgramSet | ProgramMap | str | Path | None = None, *, which: str = "replacement",
                trust_programs: bool = False, limit: int | float | None = None,
                include_path: str | Path | list[str | Path] | None = None, batch_size: int = 16,
                num_fewshot: int | None = None, n_boot: int = 1000, seed: int = 0,

@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.trust import TrustPrograms
 from .downstream import evaluate_tasks, lm_for, reported_metrics
 from .evaluate import sweep_arms, sweep_heads, trusted_programs
@@ -36,7 +37,7 @@ def _scores(run: dict) -> dict[str, tuple[str, float, float | None]]:
     return out
 
 
-def downstream_sweep(model: Any, programs: Mapping[Any, Any], tasks: list[str] | str, *,
+def downstream_sweep(model: Any, programs: ProgramSet | ProgramMap, tasks: list[str] | str, *,
                      order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 1.0), seed: int = 0,
                      limit: int | float | None = None, include_path: Any = None, batch_size: int = 16,
                      progress: bool = True, trust_programs: TrustPrograms = False) -> list[dict[str, Any]]:

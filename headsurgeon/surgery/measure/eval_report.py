@@ -161,7 +161,7 @@ def _orders(order: str) -> tuple[Order, ...]:
     return orders
 
 
-def _program_set(programs: Any, trust_programs: TrustPrograms) -> ProgramSet | None:
+def _program_set(programs: ProgramSet | str | Path | None, trust_programs: TrustPrograms) -> ProgramSet | None:
     if programs is None:
         return None
     if isinstance(programs, (str, Path)):
@@ -374,7 +374,7 @@ def measure_config(config: MeasureConfig | None, settings: Mapping[str, Any]) ->
     return cfg
 
 
-def evaluate_programs(model: Any, corpus: Any, programs: Any = None, config: MeasureConfig | None = None, *,
+def evaluate_programs(model: Any, corpus: Any, programs: ProgramSet | str | Path | None = None, config: MeasureConfig | None = None, *,
                       which: WhichArg = "both", sweep: bool = False, task_sweep: bool = True, batch_size: int = 16,
                       seed: int = CorpusConfig.seed, trust_programs: TrustPrograms = False,
                       max_len: int = CorpusConfig.max_len, max_sequences: int | None = CorpusConfig.max_sequences,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence as Seq
+from typing import Any, Sequence as Seq
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.trust import TrustPrograms
 from ...synth.sequence import Sequence
 from ..batches import padded_batch
@@ -116,7 +117,7 @@ def _pseudo_losses(handle: ModelHandle, call: Any, sequences: list[Sequence], ba
     return total, count
 
 
-def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
+def per_head_delta_ppl(model: Any, programs: ProgramSet | ProgramMap, sequences: list[Sequence],
                        base_ppl: float | None = None, progress: bool = True, trust_programs: TrustPrograms = False,
                        **kw: Any) -> dict[tuple[int, int], float]:
     """Relative perplexity change (ppl_hybrid / ppl_base − 1) with one head replaced at a time."""
@@ -131,7 +132,7 @@ def per_head_delta_ppl(model: Any, programs: Mapping[Any, Any], sequences: list[
     return out
 
 
-def replacement_sweep(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
+def replacement_sweep(model: Any, programs: ProgramSet | ProgramMap, sequences: list[Sequence],
                       order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                       seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
                       title: str = "", trust_programs: TrustPrograms = False) -> list[dict[str, Any]]:

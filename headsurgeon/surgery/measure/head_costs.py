@@ -23,7 +23,7 @@ from ...kernels.cache import TensorCache
 from ...core import Head, InputError, HeadLike
 from ...core.fileio import sha256_bytes
 from ...core.formats import FileFormat, read_versioned, write_versioned
-from ...synth.programset import ProgramSet
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.sequence import Sequence
 from ..batches import padded_batch
 from ..patterns.capture import forward_patterns
@@ -126,7 +126,7 @@ def mean_patterns(handle: ModelHandle, reference: list[Sequence], heads: Seq[Hea
     return {h: MeanPatterns.from_mean((t / np.maximum(count, 1)).astype(np.float32)) for h, t in total.items()}
 
 
-def _sources(programs: Any, kinds: tuple[str, ...], heads: Seq[HeadLike] | None, trust_programs: TrustPrograms,
+def _sources(programs: ProgramSet | ProgramMap, kinds: tuple[str, ...], heads: Seq[HeadLike] | None, trust_programs: TrustPrograms,
              extra: Mapping[Any, Mapping[str, Any]] | None) -> tuple[dict[Head, dict[str, Any]],
                                                                      dict[Head, dict[str, str]]]:
     """head → variant → program for the heads asked (default: every head of the set), ``extra`` candidates
@@ -397,7 +397,7 @@ def _whole(handle: ModelHandle, jobs: dict[Head, dict[str, Any]], windows: list[
     return out
 
 
-def head_costs(model: Any, programs: Any, windows: list[Sequence], *,
+def head_costs(model: Any, programs: ProgramSet | ProgramMap, windows: list[Sequence], *,
                which: Seq[str] = ("explanation",), ablation: bool = True, heads: Seq[HeadLike] | None = None,
                reference: list[Sequence] | None = None, batch_size: int = 8, max_bytes: int = 256 << 20,
                seed: int = 0, progress: bool = True, trust_programs: TrustPrograms = False,

@@ -22,7 +22,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from tqdm.auto import tqdm
 
-from ...synth.programset import ProgramSet
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.trust import LM_EVAL_FLAG, trust_value, TrustPrograms
 from .scorable import require_lm_head
 from ..models.loading import load_model
@@ -40,7 +40,8 @@ def model_flag(value: Any) -> bool | frozenset[str]:
 class HeadsurgeonLM(TemplateLM):
     """A headsurgeon ModelHandle or HybridModel scored through lm-eval's TemplateLM (causal models only)."""
 
-    def __init__(self, model: Any = "tiny-stories", tokenizer: Any = None, programs: Any = None,
+    def __init__(self, model: Any = "tiny-stories", tokenizer: Any = None,
+                 programs: ProgramSet | ProgramMap | str | Path | None = None,
                  which: str = "replacement", trust_programs: TrustPrograms = False,
                  device: str | None = None, batch_size: Any = 16, max_batch_size: Any = None,
                  max_length: Any = None, max_gen_toks: Any = 256, seed: Any = 0, **unused: Any) -> None:

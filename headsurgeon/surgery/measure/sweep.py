@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence as Seq
+from typing import Any, Iterator, Mapping, Sequence as Seq, TypeVar, cast
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from ...synth.trust import TrustPrograms
 from ...kernels.cache import TensorCache
 from ...core import Head
-from ...synth.programset import ProgramSet
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.sequence import Sequence
 from .divergence import BaseDistributions, WindowCosts, base_costs, means, window_costs
 from .embedding import EvaluationError, embedding_distance, sentence_embeddings
@@ -100,12 +100,15 @@ def ppl(costs: WindowCosts) -> float:
     return math.exp(costs.nll_other.sum() / costs.tokens.sum())
 
 
-def trusted_programs(programs: Any, trust_programs: TrustPrograms = False) -> Any:
+P = TypeVar("P")
+
+
+def trusted_programs(programs: P, trust_programs: TrustPrograms = False) -> P:
     """``programs`` past the one trust gate (headsurgeon/synth/trust.py) when it is a ProgramSet read from someone else."""
-    return programs.trusted(trust_programs) if isinstance(programs, ProgramSet) else programs
+    return cast(P, programs.trusted(trust_programs)) if isinstance(programs, ProgramSet) else programs
 
 
-def sweep_heads(programs: Mapping[Any, Any], order: Seq[Any] | None) -> tuple[dict, list]:
+def sweep_heads(programs: ProgramSet | ProgramMap, order: Seq[Any] | None) -> tuple[dict, list]:
     """(head → program, heads in sweep order); every head in ``order`` must have a program."""
     items = {Head.parse(k): v for k, v in programs.items()}
     heads = [Head.parse(h) for h in order] if order is not None else list(items)
@@ -159,7 +162,7 @@ def sweep_rows(costs: SwapCosts, items: Mapping[Any, Any], orders: Mapping[str, 
     return rows
 
 
-def sweep_programs(model: Any, programs: Mapping[Any, Any], sequences: list[Sequence],
+def sweep_programs(model: Any, programs: ProgramSet | ProgramMap, sequences: list[Sequence],
                    order: Seq[Any] | None = None, steps: Seq[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
                    seed: int = 0, out_png: str | Path | None = None, progress: bool = True,
                    title: str = "", trust_programs: TrustPrograms = False) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from ...core import Head, HeadsurgeonError, InputError, WHICHES, HeadLike
 from ...kernels.normalize import normalize_scores
 from ...synth import dsl
 from ...synth.program import Program
-from ...synth.programset import ProgramSet
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.sequence import Sequence
 from ...synth.vocab import Vocabulary, VocabularyError
 from ..batches import padded_batch
@@ -171,7 +171,7 @@ def _as_program(value: Any, head: Head) -> Program:
     raise InputError(f"{Head.label(head)}: expected a Program or DSL text, got {type(value).__name__}")
 
 
-def _chosen_programs(handle: ModelHandle, programs: Any, which: str,
+def _chosen_programs(handle: ModelHandle, programs: ProgramSet | ProgramMap, which: str,
                      heads: HeadLike | Seq[HeadLike] | None) -> dict[Head, Program]:
     """head → Program of kind ``which`` for the heads asked, each checked against the model."""
     kind = f"{which} program" if isinstance(programs, ProgramSet) else "program"

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Mapping
 
 from ...synth.trust import TrustPrograms
 from ...kernels.cache import TensorCache
 from ...synth.program import Program
-from ...synth.programset import ProgramSet
+from ...synth.programset import ProgramMap, ProgramSet
 from ...synth.vocab import Vocabulary, VocabularyError
 from .batch_patterns import BATCH_CACHE_BYTES
 from .errors import BypassError, SurgeryError
@@ -67,7 +68,7 @@ def _from_programset(handle: ModelHandle, programs: ProgramSet, which: Which) ->
     return chosen
 
 
-def replace_heads(model: Any, programs: Mapping[Any, Any] | Any, alpha: float | Mapping[Any, float] = 1.0,
+def replace_heads(model: Any, programs: ProgramSet | ProgramMap | str | Path, alpha: float | Mapping[Any, float] = 1.0,
                   cache: TensorCache | None = None, which: Which = "replacement", copy: bool = False,
                   trust_programs: TrustPrograms = False, batch_cache_bytes: int | None = None, fused: bool = True) -> HybridModel:
     """Swap the given heads' attention for programs; returns a HybridModel (also a context manager).
