@@ -6,11 +6,14 @@ line builds its flags from it (headsurgeon/core/configs.py). Imports nothing hea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..core.argtypes import fraction, int_at_least, non_negative_int, positive_int, task_limit
 from ..core.configs import setting
 from ..core import InputError
+
+if TYPE_CHECKING:  # the CLI parses its flags without torch: named for the checker only
+    import torch
 
 __all__ = ["CorpusConfig", "ModelConfig", "CaptureConfig", "MeasureConfig", "HeadsConfig", "DType", "DTYPES",
            "MODEL_HELP", "SWEEPS", "SweepChoice", "HEAD_KINDS", "HeadKind", "torch_dtype"]
@@ -107,7 +110,7 @@ class MeasureConfig:
         return list(self.tasks or [])
 
 
-def torch_dtype(dtype: Any) -> Any:
+def torch_dtype(dtype: Any) -> torch.dtype:
     """A torch dtype from ``"float32"``/``"bfloat16"``/``"float16"`` or a floating torch dtype; else an InputError."""
     import torch  # here: the CLI parses its flags without torch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -23,10 +23,13 @@ from headsurgeon.synth.errors import excerpt
 from .base_search import BASE_PATH_ENV, file_digest, find_base, reference_fields, remember_base, stored_name
 from .errors import BaseModelError, CheckpointError
 
+if TYPE_CHECKING:  # transformers takes seconds to import: named for the checker only
+    from transformers import PreTrainedModel
+
 __all__ = ["base_reference", "base_weights", "check_base_ref", "load_base", "portable", "located"]
 
 
-def base_reference(source: SourceRecord, hf_model: Any) -> dict[str, Any] | None:
+def base_reference(source: SourceRecord, hf_model: PreTrainedModel) -> dict[str, Any] | None:
     """A JSON reference to the base model from a ModelHandle's source, or None when it cannot be re-loaded."""
     if isinstance(source, Llama2cSource) and source.path and source.sha256:
         ref: dict[str, Any] = {"kind": "llama2c", "path": str(source.path), "sha256": str(source.sha256)}

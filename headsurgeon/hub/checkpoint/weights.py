@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -10,6 +10,9 @@ from headsurgeon.surgery.models.headless import real_model
 from headsurgeon.surgery.swap.weights import checkpoint_keys, plain_name
 
 from .errors import CheckpointError
+
+if TYPE_CHECKING:  # transformers takes seconds to import: named for the checker only
+    from transformers import PreTrainedModel
 
 __all__ = ["check_savable", "hf_state_dict", "weights_fingerprint", "differing_tensors"]
 
@@ -32,7 +35,7 @@ def check_savable(model: Any) -> None:
         )
 
 
-def hf_state_dict(hf_model: Any) -> dict[str, torch.Tensor]:
+def hf_state_dict(hf_model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The Hugging Face state dict of a (bridged) model, under the plain transformers key names.
 
     TransformerBridge wraps the HF modules in place (``..._original_component...`` keys, plus aliases);

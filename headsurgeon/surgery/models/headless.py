@@ -10,9 +10,12 @@ the real encoder (:func:`real_model`), so its state dict equals the one on disk.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:  # transformers takes seconds to import: named for the checker only
+    from transformers import PreTrainedModel
 
 __all__ = ["HEADLESS_ARCHITECTURES", "is_headless", "wrap_headless", "real_model", "final_hidden_module"]
 
@@ -20,7 +23,7 @@ __all__ = ["HEADLESS_ARCHITECTURES", "is_headless", "wrap_headless", "real_model
 HEADLESS_ARCHITECTURES = {"BertModel": "BertForMaskedLM"}
 
 
-def is_headless(hf_model: Any) -> bool:
+def is_headless(hf_model: PreTrainedModel) -> bool:
     """Whether ``hf_model`` is a bare base model (no LM head) of an architecture the loader can wrap."""
     return type(hf_model).__name__ in HEADLESS_ARCHITECTURES
 
@@ -67,12 +70,12 @@ def wrap_headless(base: Any) -> Any:
     return wrapper
 
 
-def real_model(hf_model: Any) -> Any:
+def real_model(hf_model: PreTrainedModel) -> Any:
     """The model whose weights a checkpoint stores: the encoder inside a headless readout, else ``hf_model``."""
     return hf_model.bert if getattr(hf_model, "headless", False) else hf_model
 
 
-def final_hidden_module(hf_model: Any) -> Any:
+def final_hidden_module(hf_model: PreTrainedModel) -> Any:
     """The module whose output holds the final hidden states (``last_hidden_state``): the base model."""
     model = real_model(hf_model)
     return getattr(model, "base_model", model)

@@ -11,7 +11,7 @@ import os
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from .handle import (GgufSource, HfSource, Llama2cSource, ModelHandle, ModelLoad
                      ZooSource)
 from ..configs import ModelConfig, torch_dtype
 from .sources import ModelSource, installed_copy, model_sources, register_model_source, require_hub
+
+if TYPE_CHECKING:  # transformers takes seconds to import: named for the checker only
+    from transformers import PreTrainedModel
 
 DEFAULT_MODEL = "tiny-stories"
 
@@ -71,7 +74,7 @@ def _is_name(spec: Any) -> bool:
     return isinstance(spec, (str, Path))
 
 
-def _load_zoo(spec: Any, tokenizer: Any, device: Any, dtype: Any, revision: str | None) -> ModelHandle:
+def _load_zoo(spec: Any, tokenizer: Any, device: str | torch.device, dtype: torch.dtype, revision: str | None) -> ModelHandle:
     handle = _load_hf_dir(str(zoo_dir()), tokenizer, device, dtype, revision=None)
     handle.name = DEFAULT_MODEL
     handle.source = ZooSource(DEFAULT_MODEL)
@@ -85,7 +88,7 @@ def _refuse_raw_bin(spec: Any, **_: Any) -> ModelHandle:
     )
 
 
-def _keeps_dtype(spec: Any, dtype: Any) -> Any:
+def _keeps_dtype(spec: Any, dtype: torch.dtype | None) -> Any:
     """``spec`` (a live model), unless a dtype other than float32 was asked for: a live model is not converted."""
     if dtype is not None and dtype != torch.float32:
         raise ModelLoadError(f"dtype={dtype} applies to models loaded from a name or file; a live "
@@ -94,7 +97,7 @@ def _keeps_dtype(spec: Any, dtype: Any) -> Any:
     return spec
 
 
-def _load_pretrained(spec: Any, tokenizer: Any, device: Any, dtype: Any, revision: str | None) -> ModelHandle:
+def _load_pretrained(spec: Any, tokenizer: Any, device: str | torch.device, dtype: torch.dtype, revision: str | None) -> ModelHandle:
     _keeps_dtype(spec, dtype)
     tok = _resolve_tokenizer(tokenizer, None)
     if tok is None:
@@ -206,7 +209,7 @@ def _load_llama2c(path: str, tokenizer: Any, device, dtype) -> ModelHandle:
     return handle
 
 
-def _load_gguf(path: str, tokenizer: Any, device: Any, dtype: Any, stands_for: str | None = None) -> ModelHandle:
+def _load_gguf(path: str, tokenizer: Any, device: str | torch.device, dtype: torch.dtype, stands_for: str | None = None) -> ModelHandle:
     """A GGUF file (or an installed GGUF copy of hub id ``stands_for``), recorded with its sha256 like llama2.c files."""
     hf, tok, sha256 = read_gguf(path, dtype)
     if tokenizer is not None:
@@ -289,7 +292,7 @@ def _headless_arch(local: Path) -> str | None:
     return archs[0] if archs and archs[0] in HEADLESS_ARCHITECTURES else None
 
 
-def _load_headless(local: Path, arch: str, tok: Any, device: Any, dtype: Any) -> ModelHandle:
+def _load_headless(local: Path, arch: str, tok: Any, device: str | torch.device, dtype: torch.dtype) -> ModelHandle:
     """A headless encoder folder, loaded as the class its config names: every weight comes from the folder."""
     import transformers
 
@@ -301,7 +304,7 @@ def _load_headless(local: Path, arch: str, tok: Any, device: Any, dtype: Any) ->
     return handle
 
 
-def _bridge_module(hf_model: Any, tokenizer: Any, source: SourceRecord) -> ModelHandle:
+def _bridge_module(hf_model: PreTrainedModel, tokenizer: Any, source: SourceRecord) -> ModelHandle:
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
     from transformer_lens.utilities.attn_implementation import force_eager_attention
 
@@ -319,7 +322,7 @@ def _bridge_module(hf_model: Any, tokenizer: Any, source: SourceRecord) -> Model
     return _bridge_with(hf_model, archs[0], tokenizer, source, build_bridge_from_module)
 
 
-def _bridge_with(hf_model: Any, arch: str, tokenizer: Any, source: SourceRecord, build: Any) -> ModelHandle:
+def _bridge_with(hf_model: PreTrainedModel, arch: str, tokenizer: Any, source: SourceRecord, build: Any) -> ModelHandle:
     if hasattr(tokenizer, "init_kwargs"):  # TL reads init_kwargs['name_or_path'] (absent for in-memory tokenizers)
         tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or "in-memory")
     try:
@@ -368,7 +371,7 @@ def _probe_patterns(model: Any, name: str, vocab_size: int) -> None:
         )
 
 
-def _handle_from_bridge(bridge: Any, tokenizer: Any, source: SourceRecord, hf_model: Any) -> ModelHandle:
+def _handle_from_bridge(bridge: Any, tokenizer: Any, source: SourceRecord, hf_model: PreTrainedModel) -> ModelHandle:
     cfg = bridge.cfg
     name = str(getattr(cfg, "model_name", "model"))
     tie_split_qkv(bridge)  # train and save one fused qkv, not stale split copies (headsurgeon/surgery/models/fused_qkv.py)

@@ -7,13 +7,16 @@ import fnmatch
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...core import InputError
 from ..models.handle import ModelHandle
 from ..models.headless import real_model
+
+if TYPE_CHECKING:  # transformers takes seconds to import: named for the checker only
+    from transformers import PreTrainedModel
 
 __all__ = ["NORMS", "Weight", "checkpoint_keys", "element_count", "families", "model_weights", "plain_name",
            "select_weights"]
@@ -40,7 +43,7 @@ def plain_name(name: str) -> str:
     return name.replace("._original_component", "").replace("_original_component.", "")
 
 
-def checkpoint_keys(hf_model: Any) -> list[str]:
+def checkpoint_keys(hf_model: PreTrainedModel) -> list[str]:
     """The state-dict keys of a fresh model of the same class (built on the meta device, so no memory): the names a
     checkpoint of this model holds, in its order. Raises what the class raises when it cannot be rebuilt so."""
     with torch.device("meta"), warnings.catch_warnings():
