@@ -144,16 +144,17 @@ def build_hybrid(model: Any, corpus: str | Path, programs: ProgramSet | str | Pa
         test = None
         if heads:
             with replace_heads(handle, hybrid_set, which=cfg.which) as hybrid:
-                test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
+                test = summarize(window_costs(base, hybrid)).to_json()
         control = iou_control(programs, cfg.which, len(heads), base, handle) if cfg.control and heads else None
 
-    final = replace_heads(handle, hybrid_set, which=cfg.which) if heads else None
-    healed = None
+    final, healed = None, None
     if healer is not None:
         with _stage(seconds, "heal"):
             final, healed = heal_and_judge(healer, heads, measured, base, control, programs, ready)
             if budget_tries:
                 healed["budget_tries"] = budget_tries
+    elif heads:
+        final = replace_heads(handle, hybrid_set, which=cfg.which)
     result = BuildResult(
         model=handle.name, which=cfg.which,
         target={"fraction": cfg.fraction, "budget_ppl": cfg.budget_ppl, "k_max": k_max, "model_heads": model_heads,

@@ -31,6 +31,6 @@ def iou_control(programs: ProgramSet, which: Which, k: int, base: BaseDistributi
 
     heads = sorted(chosen, key=lambda h: (-select_iou(h), h))[:k]
     with replace_heads(handle, programs.subset(heads), which=which) as hybrid:
-        test = summarize(window_costs(base, hybrid, hybrid.register_sequences)).to_json()
+        test = summarize(window_costs(base, hybrid)).to_json()
     return {"order": "select IoU", "heads": [Head.label(h) for h in heads], "test": test}
 

@@ -68,7 +68,7 @@ def grow_healed(healer: Healer, chain: list[Head], start: int, budget: float,
 
     def attempt(k: int) -> tuple[bool, Healed]:
         hybrid, report = healer.heal(chain[:k])
-        summary = summarize(window_costs(reference, hybrid, hybrid.register_sequences))
+        summary = summarize(window_costs(reference, hybrid))
         fits = within(summary, budget)
         tries.append({"heads": k, "fits": fits, **summary.to_json(), "best_step": report.best_step})
         return fits, (hybrid, report)
@@ -106,8 +106,8 @@ def heal_and_judge(healer: Healer, heads: list[Head], measured: list[Sequence], 
                                                               tuned.forward(ids, attention_mask))).to_json()
     final, report = ready or healer.heal(heads)
     healed["heal"] = report.to_json()
-    healed["test"] = summarize(window_costs(reference, final, final.register_sequences)).to_json()
+    healed["test"] = summarize(window_costs(reference, final)).to_json()
     if control is not None:
         other, _ = healer.heal([Head.parse(h) for h in control["heads"]], programs)
-        control["healed"] = summarize(window_costs(reference, other, other.register_sequences)).to_json()
+        control["healed"] = summarize(window_costs(reference, other)).to_json()
     return final, healed

@@ -85,7 +85,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
              "kl": 0.0}]
     for group in groups:
         with ablate(handle, group, args.kind, reference=splits.synth, programs=programs, seed=args.seed) as hybrid:
-            costs = window_costs(base, hybrid, hybrid.register_sequences)
+            costs = window_costs(base, hybrid)
         rows.append({"heads": ",".join(Head.label(h) for h in group), "kind": args.kind,
                      "ppl": math.exp(costs.nll_other.sum() / tokens), **_cost_row(summarize(costs, seed=args.seed))})
     if args.json:

@@ -258,7 +258,10 @@ def _add(out: WindowCosts, rows: list[int], kl: torch.Tensor, nll_base: torch.Te
 
 def window_costs(base: BaseDistributions, call: Callable[..., torch.Tensor],
                  register: Callable[[list[Sequence]], None] | None = None) -> WindowCosts:
-    """Per-window KL(base ‖ call) and NLLs over ``base``'s windows; ``call(ids, attention_mask=)`` gives logits."""
+    """Per-window KL(base ‖ call) and NLLs over ``base``'s windows; ``call(ids, attention_mask=)`` gives logits.
+    ``register`` (default: the call's own ``register_sequences``, as a HybridModel has) is told the windows'
+    Sequences first, so programs read their text rather than decoded ids."""
+    register = register or getattr(call, "register_sequences", None)
     if register is not None:
         register(base.sequences)
     out = WindowCosts.zeros(len(base.sequences))

@@ -393,7 +393,7 @@ def _whole(handle: ModelHandle, jobs: dict[Head, dict[str, Any]], windows: list[
     items = [(h, v, s) for h, vs in jobs.items() for v, s in vs.items()]
     for h, variant, source in tqdm(items, desc="per-head causal cost", unit="swap", disable=not progress):
         with replace_heads(handle, {h: source}) as hybrid:
-            out.setdefault(h, {})[variant] = window_costs(base, hybrid, hybrid.register_sequences)
+            out.setdefault(h, {})[variant] = window_costs(base, hybrid)
     return out
 
 

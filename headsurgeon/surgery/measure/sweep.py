@@ -84,7 +84,7 @@ class SwapCosts:
     def _run(self, hybrid: HybridModel) -> WindowCosts | float:
         if self.base is None:
             return embedding_distance(self.base_embeddings, hybrid, self.sequences)
-        return window_costs(self.base, hybrid, hybrid.register_sequences)
+        return window_costs(self.base, hybrid)
 
     def measure(self, chosen: Mapping[Any, Any]) -> dict[str, float]:
         """``chosen``'s figures by name: {ppl, delta (ΔPPL), kl}, or {embedding_distance, delta} without an LM head."""
