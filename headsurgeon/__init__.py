@@ -11,8 +11,11 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from .core.lazy import exports_of
+from .surgery.threads import prefer_passive_waits
 
 __version__ = "0.1.0"
+
+prefer_passive_waits()  # before torch loads OpenMP: waiting threads sleep (headsurgeon/surgery/threads.py)
 
 if TYPE_CHECKING:  # the one list of top-level names, read by type checkers and by headsurgeon/core/lazy.py
     from .build import build_hybrid

@@ -151,7 +151,7 @@ def explain(model: Any = "tiny-stories", corpus: Any = None, out: str | Path = "
                      "swap these heads only")
     timings["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    threads = {"capture": fit_threads()}  # headsurgeon/surgery/threads.py: the cores free now, never more
+    threads = {"capture": fit_threads()}  # headsurgeon/surgery/threads.py
     store = capture(handle, splits.all, out=out / "store", progress=progress, **asdict(cfg.capture))
     timings["capture"] = time.perf_counter() - t0
     if cfg.capture_only:

@@ -51,8 +51,9 @@ SHORTLIST = 2
 
 @contextmanager
 def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
-    """Time one stage of forwards into ``seconds[name]``, its threads sized to the cores free when it starts
-    (headsurgeon/surgery/threads.py): a long build started beside a busy process must not keep one thread to its end."""
+    """Time one stage of forwards into ``seconds[name]``, its threads sized when it starts
+    (headsurgeon/surgery/threads.py ``fit_threads``): a long build started beside a busy process must not keep one
+    thread to its end."""
     fit_threads()
     start = time.perf_counter()
     yield

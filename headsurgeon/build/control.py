@@ -19,17 +19,10 @@ def iou_control(programs: ProgramSet, which: Which, k: int, base: BaseDistributi
     """The first ``k`` heads of ``programs`` by select IoU, swapped for their ``which`` programs and measured against
     ``base``."""
     from ..surgery.measure.divergence import summarize, window_costs
+    from ..surgery.measure.sweep_order import order_heads
     from ..surgery.swap.replace import replace_heads
 
-    chosen = programs.programs(which)
-
-    def select_iou(h: Head) -> float:
-        entry = programs.entries[h]
-        scored = entry.explanation if which == "explanation" else entry
-        value = scored.iou("select") if scored is not None else None
-        return -1.0 if value is None else value
-
-    heads = sorted(chosen, key=lambda h: (-select_iou(h), h))[:k]
+    heads = order_heads(programs, "iou", which=which, split="select")[:k]
     with replace_heads(handle, programs.subset(heads), which=which) as hybrid:
         test = summarize(window_costs(base, hybrid)).to_json()
     return {"order": "select IoU", "heads": [Head.label(h) for h in heads], "test": test}

@@ -84,8 +84,8 @@ class MeasureConfig:
     sweep_steps: tuple[float, ...] = setting((0.0, 0.1, 0.25, 0.5, 1.0), flag=None,
                                              help="shares of the heads replaced at each step of the sweep")
     order: SweepChoice = setting("iou", choices=SWEEPS,
-                           help="sweep order: best test IoU first, cheapest per-head ΔPPL first (measured on the "
-                                "select windows), or both side by side; each step names the cheaper order "
+                           help="sweep order: best select IoU first, cheapest per-head ΔPPL first (measured on the "
+                                "select windows, as the IoU is), or both side by side; each step names the cheaper order "
                                 "(random order included)")
     delta_ppl: bool = setting(False, action="store_true", help="also measure each head's ΔPPL on the test windows")
     head_costs: bool = setting(False, action="store_true",

@@ -1,25 +1,53 @@
 """How many threads a process may use, and pinning torch, numba and BLAS to a share of them.
 
-Oversubscribed thread pools are the slow path on a small machine: OpenMP workers spin at barriers, so a forward with
-more threads than free cores can run many times slower than with one. Every stage sizes its pools from
-:func:`usable_cores` (the CPUs this process may run on, not the machine's count), and a worker process of the
-explain pool (headsurgeon/scaleout/pool.py) pins all three libraries to its share with :func:`pin_threads`.
+OpenMP threads that reach a barrier spin before they sleep, so with more runnable threads than cores a spinning
+thread burns the time slice its descheduled sibling needs: beside two busy processes a two-thread forward ran 3.3x
+slower than on the idle machine, against 1.85x when waiting threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``,
+benchmarks/threads_load.py; 4% slower idle). So importing headsurgeon asks OpenMP for passive waits
+(:func:`prefer_passive_waits`, unless the user chose a policy), and where they are in force every forward stage takes
+all the cores this process may use (:func:`usable_cores`, not the machine's count); where they are not (torch was
+loaded first), it takes only the cores free when it starts. A worker process of the explain pool
+(headsurgeon/scaleout/pool.py) pins all three libraries to its share with :func:`pin_threads`.
 """
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
 from ..core import InputError
 
-__all__ = ["THREADS_ENV", "THREAD_ENV", "busy_elsewhere", "fit_threads", "pin_threads", "threads_for", "usable_cores",
-           "worker_threads"]
+__all__ = ["THREADS_ENV", "THREAD_ENV", "WAIT_POLICY_ENV", "busy_elsewhere", "fit_threads", "passive_waits",
+           "pin_threads", "prefer_passive_waits", "threads_for", "usable_cores", "worker_threads"]
 
 #: the environment variable that fixes the thread count of explain's and build's forwards
 THREADS_ENV = "HEADSURGEON_THREADS"
 #: environment variables that size the native pools of subprocesses (read once when each library loads)
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+#: OpenMP's wait policy, read once, when torch loads its OpenMP runtime
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
+_passive: bool | None = None  # whether this process's OpenMP runtime waits passively, once prefer_passive_waits ran
+
+
+def passive_waits(policy: str | None, torch_loaded: bool) -> bool:
+    """Whether OpenMP waits passively in a process whose ``OMP_WAIT_POLICY`` was ``policy`` (None: unset) when
+    headsurgeon asked for passive waits: an unset policy becomes PASSIVE only for a runtime that loads afterwards."""
+    if policy is None:
+        return not torch_loaded
+    return policy.strip().upper() == "PASSIVE"
+
+
+def prefer_passive_waits() -> bool:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy (processes started later inherit it), and return
+    whether this process's OpenMP runtime waits passively (the setting counts only if torch loads after it)."""
+    global _passive
+    if _passive is None:
+        policy = os.environ.get(WAIT_POLICY_ENV)
+        _passive = passive_waits(policy, "torch" in sys.modules)
+        os.environ.setdefault(WAIT_POLICY_ENV, "PASSIVE")
+    return _passive
 
 
 def usable_cores() -> int:
@@ -56,13 +84,17 @@ def threads_for(cores: int, busy: int) -> int:
 
 
 def fit_threads() -> int:
-    """Size torch, numba and BLAS for the forwards about to run to the cores free now (:func:`threads_for`), or to
-    ``$HEADSURGEON_THREADS`` when set (a fixed count: runs whose floats must not depend on the machine's load), and
-    return the count. explain and build call it before each stage of forwards."""
+    """Size torch, numba and BLAS for the forwards about to run to every usable core when OpenMP waits passively, else
+    to the cores free now (:func:`threads_for`), or to ``$HEADSURGEON_THREADS`` when set (a fixed count: runs whose
+    floats must not depend on the machine), and return the count. explain and build call it before each stage of
+    forwards."""
     raw = os.environ.get(THREADS_ENV, "").strip()
     if raw and (not raw.isdigit() or int(raw) < 1):
         raise InputError(f"{THREADS_ENV}={raw!r} is not a whole number >= 1; unset it or give e.g. 1 or 4")
-    threads = int(raw) if raw else threads_for(usable_cores(), busy_elsewhere())
+    if raw:
+        threads = int(raw)
+    else:
+        threads = usable_cores() if prefer_passive_waits() else threads_for(usable_cores(), busy_elsewhere())
     pin_threads(threads)
     return threads
 

@@ -15,7 +15,7 @@ from headsurgeon.surgery.measure.eval_report import EvalReport, evaluate_program
 from headsurgeon.surgery.measure.divergence import BaseDistributions, summarize, window_costs
 from headsurgeon.surgery.measure.evaluate import per_head_delta_ppl, window_losses
 from headsurgeon.surgery.swap.replace import replace_heads
-from headsurgeon.surgery.measure.sweep_order import cheapest, order_heads
+from headsurgeon.surgery.measure.sweep_order import cheapest, iou_split, order_heads
 from headsurgeon.synth.scored import ScoredProgram
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.programset import ProgramSet
@@ -100,6 +100,15 @@ def test_order_heads_by_each_rule_and_its_errors():
         order_heads(ps, "delta_ppl", deltas={"L0H1": 0.3, "L2H0": 0.2})
     with pytest.raises(InputError, match="by must be"):
         order_heads(ps, "size")
+
+
+def test_the_iou_order_ranks_on_the_select_split_the_programs_were_chosen_on():
+    ps = ProgramSet(model="tiny-stories")  # select and test disagree: test IoU must not order a sweep judged on test
+    for head, select, test in (((0, 1), 0.9, 0.2), ((1, 2), 0.5, 0.8), ((2, 0), 0.7, 0.5)):
+        ps.add(head, Program.parse("prev(1)"), "hand", {"select": {"iou": select}, "test": {"iou": test}})
+    assert iou_split(ps) == "select" and iou_split(program_set()) == "test"  # hand-made sets carry no select scores
+    assert order_heads(ps, "iou") == [(0, 1), (2, 0), (1, 2)]
+    assert order_heads(ps, "iou", split="test") == [(1, 2), (2, 0), (0, 1)] == ps.ranked("test")
 
 
 def test_the_plot_has_a_row_of_panels_per_kind(report, tmp_path, monkeypatch):
