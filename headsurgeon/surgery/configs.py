@@ -85,8 +85,8 @@ class MeasureConfig:
                                              help="shares of the heads replaced at each step of the sweep")
     order: SweepChoice = setting("iou", choices=SWEEPS,
                            help="sweep order: best select IoU first, cheapest per-head ΔPPL first (measured on the "
-                                "select windows, as the IoU is), or both side by side; each step names the cheaper order "
-                                "(random order included)")
+                                "select windows, as the IoU is), or both side by side; each step names the cheaper "
+                                "order (random order included)")
     delta_ppl: bool = setting(False, action="store_true", help="also measure each head's ΔPPL on the test windows")
     head_costs: bool = setting(False, action="store_true",
                                help="also measure each head's causal cost on the select windows: KL(base ‖ swapped) "

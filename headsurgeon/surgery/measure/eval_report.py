@@ -394,8 +394,8 @@ def evaluate_programs(model: Any, corpus: Any, programs: ProgramSet | str | Path
     ΔPPL already measured on these test windows (explain's search tasks measure the replacements'), not measured
     again (their KL is left missing). ``sweep``: ``sweep_steps`` (fractions of the
     kind's heads, default 0/10/25/50/100%) swapped in ``order`` ("iou": best select IoU first, as sweep_order.py
-    ``iou_split`` says; "delta_ppl": cheapest per-head ΔPPL first; "both": side by side), beside a random order and random programs; each row names the
-    cheaper order (headsurgeon/surgery/measure/sweep.py). Models without an LM head are measured by embedding distance (IoU
+    ``iou_split`` says; "delta_ppl": cheapest per-head ΔPPL first; "both": side by side), beside a random order and
+    random programs; each row names the cheaper order (headsurgeon/surgery/measure/sweep.py). Models without an LM head are measured by embedding distance (IoU
     order only). ``tasks``: lm-eval tasks (``task_limit`` examples each) on the base and each kind's hybrid (with
     ``sweep`` and ``task_sweep``: also at 0/25/50/100%). Returns an :class:`EvalReport` (``.format()``,
     ``.to_json()``, ``.plot(png)``).

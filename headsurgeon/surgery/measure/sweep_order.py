@@ -1,5 +1,5 @@
-"""The order a replacement sweep swaps heads in: by IoU on the select split (most faithful first), by measured per-head ΔPPL
-(cheapest first) or at random, for either kind of program; and, per step, which order was cheaper.
+"""The order a replacement sweep swaps heads in: by IoU on the select split (most faithful first), by measured
+per-head ΔPPL (cheapest first) or at random, for either kind of program; and, per step, which order was cheaper.
 
 IoU alone predicts cost poorly (benchmarks/RESULTS.md), so ``eval --order delta_ppl`` orders heads by what one swap
 costs (headsurgeon/surgery/measure/evaluate.py ``per_head_delta_ppl``).
@@ -42,9 +42,9 @@ def order_heads(programs: ProgramSet, by: Order = "iou", *, which: Which = "repl
 
     ``by="iou"``: IoU on ``split`` descending (heads without a score last; ties by head), as
     ``ProgramSet.ranked`` orders replacements. By default the split is ``iou_split``'s: the select split the programs
-    were chosen on, so the test windows a sweep is measured on play no part in its order. ``by="delta_ppl"``: ``deltas`` (head → per-head ΔPPL, e.g.
-    ``per_head_delta_ppl``'s result) ascending, cheapest first; every head must have one. ``by="random"``: a
-    permutation seeded by ``seed``.
+    were chosen on, so the test windows a sweep is measured on play no part in its order. ``by="delta_ppl"``:
+    ``deltas`` (head → per-head ΔPPL, e.g. ``per_head_delta_ppl``'s result) ascending, cheapest first; every head must
+    have one. ``by="random"``: a permutation seeded by ``seed``.
     """
     if not isinstance(programs, ProgramSet):
         raise InputError(f"order_heads needs a ProgramSet, got {type(programs).__name__}")
