@@ -1,9 +1,8 @@
 """How many threads a process may use, and pinning torch, numba and BLAS to a share of them.
 
 OpenMP threads that reach a barrier spin before they sleep, so with more runnable threads than cores a spinning
-thread burns the time slice its descheduled sibling needs: beside two busy processes a two-thread forward ran 3.3x
-slower than on the idle machine, against 1.85x when waiting threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``,
-benchmarks/threads_load.py; 4% slower idle). So importing headsurgeon asks OpenMP for passive waits
+thread burns the time slice its descheduled sibling needs; threads that sleep at once (``OMP_WAIT_POLICY=PASSIVE``)
+lose only their share (benchmarks/threads_load.py, figures in benchmarks/RESULTS.md). So importing headsurgeon asks OpenMP for passive waits
 (:func:`prefer_passive_waits`, unless the user chose a policy), and where they are in force every forward stage takes
 all the cores this process may use (:func:`usable_cores`, not the machine's count); where they are not (torch was
 loaded first), it takes only the cores free when it starts. A worker process of the explain pool
