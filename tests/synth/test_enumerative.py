@@ -388,6 +388,28 @@ def test_key_sets_and_short_profiles_evaluate_exactly() -> None:
         assert float(fs.jsd(q[None], 0)[0]) == pytest.approx(jsd, abs=2e-4), prog.text
 
 
+def test_key_sets_skip_a_token_seen_in_one_window() -> None:
+    """A head that favours a word found early in a single window (a second sink) does not get that word as a key
+    set; the same head's word found in many windows does."""
+    from headsurgeon.synth.search.enumerative.small import key_sets
+    from headsurgeon.synth.search.enumerative.split import features_for
+
+    seqs = story_sequences(64)
+    ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}
+    windows = {w: sum(ids[w] in s.ids[1:].tolist() for s in seqs) for w in ("one", "the")}
+    assert windows["one"] == 1 and windows["the"] >= 3, windows
+    head = (0, 0)
+    real = Program.parse(f"0.4*key_in_set(ids=[{ids['one']}]) + 0.3*key_in_set(ids=[{ids['the']}]) + 0.3*first()")
+    store = ProgramStore(seqs, {head: real})
+    lib = primitive_library(seqs, True, spacy=False)
+    fs = FitSet(split := SplitArrays(store, list(range(len(seqs))), features_for(lib, [])), lib, [head], [], True,
+                False)
+    assert len(split) == len(seqs)
+    named = {t for s in key_sets(fs, 0, min_cells=10) for t in s}
+    assert ids["the"] in named and ids["one"] not in named, named
+    assert ids["one"] in {t for s in key_sets(fs, 0, min_cells=10, min_windows=1) for t in s}
+
+
 def test_raw_sums_and_feature_gates_evaluate_exactly_and_fit_budgets() -> None:
     """Small raw ``sum``s and quote/dep/pos gates: within the budgets, and FitSet equals ``Program.evaluate``."""
     from headsurgeon.synth.search.enumerative.small import BANDS, raw_sums, rendered_chars, vocabulary_of

@@ -23,6 +23,8 @@ SHORT_TEXT = 26
 POSITIONAL = frozenset({"self", "first", "prev", "next", "window", "decay", "uniform"})
 #: the largest key_in_set written for a small program (ids render as token strings)
 MAX_KEY_IDS = 8
+#: the fewest fit windows a key token of ``key_in_set`` must appear in
+MIN_KEY_WINDOWS = 3
 #: raw weights tried for the terms of a small ``sum`` (first term, second term)
 SUM_WEIGHTS: tuple[tuple[float, float], ...] = ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (4.0, 1.0), (1.0, 4.0))
 #: finite size bands of the budgets, smallest first
@@ -76,18 +78,33 @@ def short_mask(nodes: list[dsl.Node]) -> tuple[np.ndarray, np.ndarray]:
     return short | positional, positional
 
 
-def key_sets(fs: FitSet, hi: int, sizes: tuple[int, ...] = (1, 2, 4, MAX_KEY_IDS), min_cells: int = 40) -> list[tuple[int, ...]]:
-    """Key-token sets the head favours: tokens ranked by mean attention per visible cell (key 0 left to first())."""
+def key_sets(fs: FitSet, hi: int, sizes: tuple[int, ...] = (1, 2, 4, MAX_KEY_IDS), min_cells: int = 40,
+             min_windows: int = MIN_KEY_WINDOWS) -> list[tuple[int, ...]]:
+    """Key-token sets the head favours: tokens ranked by mean attention per visible cell (key 0 left to first()).
+
+    A token must be a key in at least ``min_windows`` fit windows: one occurrence early in one window already
+    has ``min_cells`` cells, and a head that uses position 1 as a second sink would otherwise name that window's
+    word (tests/synth/test_enumerative.py shows the case).
+    """
     keep = ~fs.cell_first
     keys, real = fs.cell_key[keep], fs.real[hi][keep].astype(np.float64)
     if keys.size == 0:
         return []
     mass = np.bincount(keys, weights=real)
     count = np.bincount(keys)
-    avg = np.divide(mass, count, out=np.zeros_like(mass), where=count >= min_cells)
+    common = (count >= min_cells) & (key_windows(fs, count.size) >= min_windows)
+    avg = np.divide(mass, count, out=np.zeros_like(mass), where=common)
     base = float(real.sum() / max(keys.size, 1))
     order = [int(t) for t in np.argsort(-avg, kind="stable") if avg[t] > 2.0 * base]
     return list(dict.fromkeys(tuple(sorted(order[:k])) for k in sizes if len(order) >= 1 and order[:k]))
+
+
+def key_windows(fs: FitSet, size: int) -> np.ndarray:
+    """[size] the number of fit windows in which each token id stands at a key position after the first."""
+    seq_of_row = np.searchsorted(fs.seq_row_start, np.arange(fs.R), side="right") - 1
+    later = np.arange(fs.R) > fs.seq_row_start[seq_of_row]
+    pairs = np.unique(seq_of_row[later] * np.int64(size) + fs.row_tok[later])
+    return np.bincount(pairs % size, minlength=size)[:size]
 
 
 def key_in_set(ids: tuple[int, ...]) -> dsl.Node:
