@@ -161,6 +161,25 @@ def test_a_planted_head_comes_back_exactly(tiny, windows):
     assert alone.after.text == "prev(1)" and alone.weights_after == [1.0, 0.0] and alone.error_after < 1e-10
 
 
+def test_a_planted_gate_comes_back_branch_by_branch(tiny, windows):
+    """A root gate's mixtures are refitted on their own rows (nested gates too); a branch that is no mixture stays."""
+    planted = Program.parse("gate(cap, 0.3*prev(1) + 0.7*first(), gate(punct, prev(2), 0.6*self() + 0.4*first()))")
+    start = "gate(cap, 0.5*prev(1) + 0.5*first() + 0.2*self(), gate(punct, prev(2), 0.5*self() + 0.5*first()))"
+    r = refit_mixtures(replace_heads(tiny, {"L1H2": planted}), {"L1H2": start}, windows, progress=False)[(1, 2)]
+    assert r.changed and r.after == planted, r.after.text
+    assert r.components == ["prev(1)", "first()", "self()", "prev(2)", "self()", "first()"]
+    assert r.weights_after == [0.3, 0.7, 0.0, 1.0, 0.6, 0.4]
+    assert r.error_after < 1e-10 < r.error_before
+    assert r.error_before == pytest.approx(independent_error(tiny, (1, 2), r.before, windows, target=planted),
+                                           rel=1e-5)
+    real = refit_mixtures(tiny, {"L2H0": start}, windows, progress=False)[(2, 0)]  # the model's own head
+    assert real.changed and real.error_after < real.error_before
+    assert real.error_after == pytest.approx(independent_error(tiny, (2, 0), real.after, windows), rel=1e-5)
+    assert real.error_before == pytest.approx(independent_error(tiny, (2, 0), real.before, windows), rel=1e-5)
+    plain = refit_mixtures(tiny, {"L2H0": "gate(cap, prev(1), first())"}, windows, progress=False)[(2, 0)]
+    assert not plain.changed and plain.error_before is None  # no mixture under the gate: nothing to refit
+
+
 def test_errors_are_the_output_space_errors_computed_independently(tiny, windows, refits):
     for head, r in refits.items():
         assert isinstance(r, RefitResult) and r.windows == len(windows) and r.tokens == sum(s.n for s in windows)

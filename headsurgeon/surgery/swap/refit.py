@@ -17,6 +17,9 @@ on the simplex, minimized exactly (``solve_simplex``). A mixture itself renormal
 a non-empty row, which the objective matches wherever every component has one; so the weights are then rounded to whole
 units of 10**-digits and single units move between components while the mixture's exact error falls. The program is
 replaced only when that exact error is lower than the old program's, which is the error reported.
+
+A root ``gate`` splits the query rows by its predicates: each branch is fitted on its own rows (a mixture
+reweighted as above, any other branch kept), since a row's output depends on that row's attention alone.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ class RefitResult:
     ``weights_before`` are the program's weights as shares (a mixture is scale-free), ``weights_after`` the new ones
     (0 for a dropped component), both aligned with ``components`` (duplicates merged). The errors are
     Σ‖(P − A)U‖² / Σ‖AU‖² of each program's own pattern P; None for a program that is not a mixture (not measured).
+    For a gate, ``components`` and the weights list each branch's in turn (a branch that is no mixture: weight 1).
     """
 
     head: Head
@@ -79,14 +83,20 @@ class RefitResult:
                 "windows": self.windows, "tokens": self.tokens}
 
 
+#: the query rows a gate branch holds: each (predicate, whether it holds) on the path from the root gate
+Path = tuple[tuple[dsl.Pred, bool], ...]
+
+
 @dataclass
 class _Job:
-    """One mixture head: its merged components, their shares, and the running sums of its output products."""
+    """One mixture (a root mixture, or one branch of a root gate on the rows its ``path`` selects): its merged
+    components, their shares, and the running sums of its output products."""
 
     head: Head
     before: Program
     components: list[Program]
     shares: np.ndarray
+    path: Path = ()
     sums: dict[int, np.ndarray] = field(default_factory=dict)  # non-empty-component bitmask → (K+1)×(K+1)
     energy: float = 0.0  # Σ‖AU‖² over the visible rows
 
@@ -101,7 +111,8 @@ class _Job:
 def refit_mixtures(model: Any, programs: ProgramSet | Mapping[Any, Any], windows: list[Sequence],
                    heads: HeadLike | Seq[HeadLike] | None = None, *, which: str = "explanation", batch_size: int = 8,
                    digits: int = 2, progress: bool = True) -> dict[Head, RefitResult]:
-    """Refit each chosen head's root mixture so its output matches the head's on ``windows`` (the synth split).
+    """Refit each chosen head's root mixture (or the mixtures under its root gate, each on its branch's rows) so its
+    output matches the head's on ``windows`` (the synth split).
 
     ``programs``: a ProgramSet (its ``which`` programs) or a mapping head → Program or DSL text; ``heads`` limits
     the heads (default: all of them). A model may be a HybridModel, whose heads then give the targets. New weights are
@@ -113,15 +124,15 @@ def refit_mixtures(model: Any, programs: ProgramSet | Mapping[Any, Any], windows
     handle = call.handle if call is not None else load_model(model)
     _check_windows(handle, windows)
     chosen = _chosen_programs(handle, programs, which, heads)
-    jobs = {job.head: job for job in (_job(h, p) for h, p in chosen.items()) if job is not None}
+    jobs = {h: found for h, p in chosen.items() if (found := _jobs(h, p))}
     tokens = int(sum(s.n for s in windows))
     if jobs:
         _check_hooks(handle, sorted({h[0] for h in jobs}))
-        _accumulate(handle, call, list(jobs.values()), windows, batch_size, progress)
+        _accumulate(handle, call, [job for parts in jobs.values() for job in parts], windows, batch_size, progress)
     out: dict[Head, RefitResult] = {}
     for h in sorted(chosen):
         if h in jobs:
-            out[h] = _finish(jobs[h], digits, len(windows), tokens)
+            out[h] = _finish(h, chosen[h], jobs[h], digits, len(windows), tokens)
         else:
             out[h] = RefitResult(h, chosen[h], chosen[h], False, windows=len(windows), tokens=tokens)
     return out
@@ -223,21 +234,45 @@ def _check_hooks(handle: ModelHandle, layers: list[int]) -> None:
                          "pattern and values; load the model with hs.load_model (eager attention)")
 
 
-def _job(head: Head, program: Program) -> _Job | None:
-    """The refit job of a root mixture (duplicate components merged), None for any other program."""
-    if not program.has_tree or not isinstance(program.node, dsl.Mix):
-        return None
+def _jobs(head: Head, program: Program) -> list[_Job]:
+    """The refit jobs of a root mixture (one) or of a root gate (one per branch, on its rows) that holds a mixture
+    somewhere; none for any other program."""
+    if not program.has_tree:
+        return []
+    if isinstance(program.node, dsl.Mix):
+        return [_job(head, program, program.node, ())]
+    if not isinstance(program.node, dsl.Gate):
+        return []
+    leaves = list(_branches(program.node, ()))
+    if not any(isinstance(node, dsl.Mix) for node, _ in leaves):
+        return []
+    return [_job(head, program, node, path) for node, path in leaves]
+
+
+def _branches(node: Any, path: Path) -> Any:
+    """(branch, path) for every branch under nested gates, then-branches first."""
+    if isinstance(node, dsl.Gate):
+        yield from _branches(node.then, (*path, (node.pred, True)))
+        yield from _branches(node.other, (*path, (node.pred, False)))
+    else:
+        yield node, path
+
+
+def _job(head: Head, program: Program, node: Any, path: Path) -> _Job:
+    """One branch's job: a mixture's components (duplicates merged) and shares, or any other node as one component."""
+    if not isinstance(node, dsl.Mix):
+        return _Job(head, program, [Program.from_node(node)], np.ones(1), path)
     components: list[Program] = []
     shares: list[float] = []
-    total = sum(float(w) for w, _ in program.node.terms)
-    for w, node in program.node.terms:
-        part = Program.from_node(node)
+    total = sum(float(w) for w, _ in node.terms)
+    for w, term in node.terms:
+        part = Program.from_node(term)
         if part in components:
             shares[components.index(part)] += float(w) / total
         else:
             components.append(part)
             shares.append(float(w) / total)
-    return _Job(head, program, components, np.array(shares, dtype=np.float64))
+    return _Job(head, program, components, np.array(shares, dtype=np.float64), path)
 
 
 # ------------------------------------------------------------------------------------------------ one pass
@@ -264,6 +299,7 @@ class _Components:
         self.sequences, self.causal, self.device = sequences, causal, device
         self.lengths = np.array([s.n for s in sequences], dtype=np.int64)
         self.seen: dict[Program, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rows: dict[dsl.Pred, torch.Tensor] = {}
 
     def get(self, program: Program) -> tuple[torch.Tensor, torch.Tensor]:
         """(C [B, N, N], non-empty [B, N]): C as the component alone gives it (headsurgeon/kernels/normalize.py), non-empty
@@ -275,6 +311,20 @@ class _Components:
             self.seen[program] = (torch.from_numpy(pattern).to(self.device, torch.float64),
                                   torch.from_numpy(nonempty).to(self.device))
         return self.seen[program]
+
+    def path_rows(self, path: Path) -> torch.Tensor | None:
+        """[B, N] the query rows a gate branch holds (None: every row): each predicate read as the gate reads it,
+        through ``gate(pred, self(), none())``, whose raw diagonal is 1 exactly where the predicate holds."""
+        out = None
+        for pred, holds in path:
+            if pred not in self.rows:
+                probe = Program.from_node(dsl.Gate(pred, dsl.parse("self()"), dsl.parse("none()")))
+                raw = probe.evaluate_scores(self.sequences, self.causal)
+                diagonal = np.diagonal(raw, axis1=1, axis2=2) > 0
+                self.rows[pred] = torch.from_numpy(np.ascontiguousarray(diagonal)).to(self.device)
+            rows = self.rows[pred] if holds else ~self.rows[pred]
+            out = rows if out is None else out & rows
+        return out
 
 
 def _accumulate(handle: ModelHandle, call: HybridModel | None, jobs: list[_Job], windows: list[Sequence],
@@ -350,6 +400,9 @@ def _values(handle: ModelHandle, v: torch.Tensor, head: int) -> torch.Tensor:
 def _add_batch(handle: ModelHandle, job: _Job, pattern: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
                comps: _Components, visible: torch.Tensor) -> None:
     """Add one batch's (C_k − A)U products of one head to its sums, grouped by which components have a row."""
+    branch = comps.path_rows(job.path)
+    if branch is not None:
+        visible = visible & branch
     u = _values(handle, v, job.head[1]).to(torch.float64) @ w_o  # [B, N, d_model]
     target = pattern.to(torch.float64) @ u
     k = job.k
@@ -441,15 +494,45 @@ def _relative(error: float, energy: float) -> float:
     return 0.0 if error <= 0.0 else math.inf
 
 
-def _finish(job: _Job, digits: int, windows: int, tokens: int) -> RefitResult:
-    """Solve, round, keep the program unless the new weights lower its exact error."""
-    units = _descend(job, whole_units(solve_simplex(_fit_matrix(job)), digits), digits)
-    new = units / 10 ** digits
-    before, after = _exact_error(job, job.shares), _exact_error(job, new)
-    candidate = _build(job.components, units, digits)
-    changed = after < before - _TOLERANCE * max(job.energy, 1e-300) and candidate != job.before
+def _finish(head: Head, before: Program, jobs: list[_Job], digits: int, windows: int, tokens: int) -> RefitResult:
+    """Solve each branch, round, and keep the program unless the new weights lower its exact error."""
+    fitted = [_descend(job, whole_units(solve_simplex(_fit_matrix(job)), digits), digits) for job in jobs]
+    olds = [_exact_error(job, job.shares) for job in jobs]
+    news = [_exact_error(job, units / 10 ** digits) for job, units in zip(jobs, fitted)]
+    leaves = [_build(job.components, units, digits) if new < old else Program.from_node(_leaf(job))
+              for job, units, old, new in zip(jobs, fitted, olds, news)]
+    error_before, error_after = sum(olds), sum(min(o, n) for o, n in zip(olds, news))
+    energy = sum(job.energy for job in jobs)
+    candidate = _assemble(before, leaves)
+    changed = error_after < error_before - _TOLERANCE * max(energy, 1e-300) and candidate != before
+    shares = [float(w) for job in jobs for w in job.shares]
+    new = [float(w) for job, units, o, n in zip(jobs, fitted, olds, news)
+           for w in (units / 10 ** digits if n < o else job.shares)]
     if not changed:
-        candidate, new, after = job.before, job.shares, before
-    return RefitResult(job.head, job.before, candidate, changed, [float(w) for w in job.shares],
-                       [float(w) for w in new], [c.text for c in job.components], _relative(before, job.energy),
-                       _relative(after, job.energy), windows, tokens)
+        candidate, new, error_after = before, shares, error_before
+    return RefitResult(head, before, candidate, changed, shares, new,
+                       [c.text for job in jobs for c in job.components], _relative(error_before, energy),
+                       _relative(error_after, energy), windows, tokens)
+
+
+def _leaf(job: _Job) -> Any:
+    """The branch node a job was made from, unchanged."""
+    node = job.before.node
+    for pred, holds in job.path:
+        assert isinstance(node, dsl.Gate) and node.pred == pred
+        node = node.then if holds else node.other
+    return node
+
+
+def _assemble(before: Program, leaves: list[Program]) -> Program:
+    """``before`` with its branches (or its root mixture) replaced by ``leaves``, in ``_branches`` order."""
+    if not isinstance(before.node, dsl.Gate):
+        return leaves[0]
+    remaining = iter(leaves)
+
+    def rebuild(node: Any) -> Any:
+        if isinstance(node, dsl.Gate):
+            return dsl.Gate(node.pred, rebuild(node.then), rebuild(node.other))
+        return next(remaining).node
+
+    return Program.from_node(dsl.validate(rebuild(before.node)))
