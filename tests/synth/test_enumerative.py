@@ -410,6 +410,46 @@ def test_key_sets_skip_a_token_seen_in_one_window() -> None:
     assert ids["one"] in {t for s in key_sets(fs, 0, min_cells=10, min_windows=1) for t in s}
 
 
+def test_no_fallback_or_gate_on_a_rule_seen_in_fewer_than_three_windows() -> None:
+    """A fallback on a rule that never fires in the fit windows equals its anchor there and acts only on unseen
+    text, and a gate on a query token of one window is that window's accident: neither is proposed; a gate on a
+    token of many windows is."""
+    from headsurgeon.synth.search.enumerative.compose import fallback_rules, propose, sparse_primitives
+    from headsurgeon.synth.search.enumerative.small import propose_small
+    from headsurgeon.synth.search.enumerative.split import features_for
+
+    seqs = story_sequences(64)
+    ids = {tok.lower(): int(i) for s in seqs for tok, i in zip(s.tokens, s.ids)}
+    one, the = ids["one"], ids["the"]
+    preds = [dsl.Pred("ids", (one,)), dsl.Pred("ids", (the,))]
+    head = (0, 0)
+    real = Program.parse(f"gate(ids=[{one}], prev(2), gate(ids=[{the}], prev(1), first()))")
+    store = ProgramStore(seqs, {head: real})
+    lib = primitive_library(seqs, True, spacy=False)
+    fs = FitSet(SplitArrays(store, list(range(len(seqs))), features_for(lib, preds)), lib, [head], preds, True, False)
+    assert fs.pred_windows.tolist() == [sum(i in s.ids.tolist() for s in seqs) for i in (one, the)]
+    assert fs.pred_windows[0] == 1 and fs.pred_windows[1] >= 3
+    never = [p for p in sparse_primitives(lib) if fs.prim_windows[p] == 0]
+    assert "recent(newline)" in {lib[p].text for p in never}  # no story window has a newline
+    tot, groups = fs.stats()
+    nodes = [p.node for p in lib]
+    cfg = EnumerativeConfig()
+
+    def proposals(sparse: list[int]) -> list[dsl.Node]:
+        return (propose(fs, 0, tot, groups, nodes, sparse, cfg.beam, cfg.max_terms, cfg.gates)
+                + propose_small(fs, 0, tot, groups, nodes, sparse, cfg.gates + 1))
+
+    def rules(props: list[dsl.Node]) -> set[str]:
+        return {dsl.to_text(p.args[0]) for p in props if isinstance(p, dsl.Fallback)}
+
+    unguarded = rules(proposals(sparse_primitives(lib)))
+    assert unguarded & {lib[p].text for p in never}  # without the guard such fallbacks are proposed
+    props = proposals(fallback_rules(fs, lib))
+    assert not rules(props) & {lib[p].text for p in never}
+    gated = {p.pred for p in props if isinstance(p, dsl.Gate)}
+    assert preds[1] in gated and preds[0] not in gated, gated
+
+
 def test_raw_sums_and_feature_gates_evaluate_exactly_and_fit_budgets() -> None:
     """Small raw ``sum``s and quote/dep/pos gates: within the budgets, and FitSet equals ``Program.evaluate``."""
     from headsurgeon.synth.search.enumerative.small import BANDS, raw_sums, rendered_chars, vocabulary_of

@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import dsl
 from ...program import Program
-from .fitset import FitSet
+from .fitset import MIN_WINDOWS, FitSet
 from .mixtures import GramStats, beam_mixtures, mix_node
 from .tables import QUERY_PROFILES, TABLE_CLASSES, fit_loglinear
 
@@ -17,6 +17,12 @@ def sparse_primitives(library: list[Program]) -> list[int]:
     """Library positions of primitives whose rows may be empty (candidates for ``fallback``)."""
     dense = {"self", "first", "uniform", "decay", "sentence_start", "word_start", "same_word"}
     return [k for k, p in enumerate(library) if isinstance(p.node, dsl.Prim) and p.node.name not in dense]
+
+
+def fallback_rules(fs: FitSet, library: list[Program]) -> list[int]:
+    """The sparse primitives that fire in at least MIN_WINDOWS fit windows: a fallback on a rule that never fires
+    equals its anchor on the fit set and acts only on text the search never saw."""
+    return [p for p in sparse_primitives(library) if fs.prim_windows[p] >= MIN_WINDOWS]
 
 
 def hypothesis(program: Program) -> str:
@@ -93,7 +99,7 @@ def propose(fs: FitSet, hi: int, tot: GramStats, groups: list[GramStats], nodes:
         screen = []
         for g, grp in enumerate(groups):
             inn, out = grp, tot - grp
-            if inn.pp[hi] <= 0 or out.pp[hi] <= 0:
+            if inn.pp[hi] <= 0 or out.pp[hi] <= 0 or fs.pred_windows[g] < MIN_WINDOWS:
                 continue
             screen.append((best_single_loss(inn, hi) + best_single_loss(out, hi), g))
         screen.sort()

@@ -20,6 +20,10 @@ from .mixtures import GramStats
 from .split import SplitArrays, chunk_size, pred_mask
 from .util import progress_bar
 
+#: a rule learned from the fit set (a key token, a firing primitive, a query predicate) must be seen in at least this
+#: many fit windows: one window's accident (a weak first token making position 1 a second sink) is not a rule
+MIN_WINDOWS = 3
+
 
 def cells_adapter(node: dsl.Node) -> CellsAdapter:
     """The ``cells`` adapter of a combinator node's spec, or an error saying what its declaration lacks."""
@@ -110,6 +114,16 @@ class FitSet(Cells):
         self.row_tok = np.concatenate(row_tok).astype(np.int64)  # query token id
         self.cell_first = np.zeros(self.C, dtype=bool)  # key 0 (BOS when the model uses one)
         self.cell_first[self.row_start[:-1]] = True
+        self.prim_windows = self.windows_with(~self.empty)  # [P] windows where each primitive's rows are not all empty
+        self.pred_windows = self.windows_with(self.pred_rows)  # [G] windows where each query predicate holds
+
+    def windows_with(self, rows: np.ndarray) -> np.ndarray:
+        """[X] the number of fit windows in which a boolean row mask [X, R] is set in some row."""
+        hit = np.zeros((rows.shape[0], self.B), dtype=bool)
+        for b in range(self.B):
+            lo, hi = self.seq_row_start[b], self.seq_row_start[b + 1]
+            hit[:, b] = rows[:, lo:hi].any(axis=1)
+        return hit.sum(axis=1)
 
     def stats(self) -> tuple["GramStats", list["GramStats"]]:
         """Gram statistics overall and for the rows of each query predicate."""

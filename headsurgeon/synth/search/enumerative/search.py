@@ -27,7 +27,7 @@ from ..base import CandidateMap, PatternSource, StopCheck
 from ...splits import StoreSplits
 from .blas import single_thread_blas
 from .config import EnumerativeConfig
-from .compose import hypothesis, propose, sparse_primitives, used_preds, used_primitives
+from .compose import fallback_rules, hypothesis, propose, used_preds, used_primitives
 from .fitset import FitSet
 from .former import is_current, read_former
 from .library import frequent_tokens, primitive_library, query_predicates
@@ -119,7 +119,7 @@ def _search(store: PatternSource, wanted: Sequence[Head] | None, splits: StoreSp
     # ---- stages 2-3: compositions, ranked by JSD on the fit set (exact DSL semantics on compact cells)
     t0 = time.perf_counter()
     nodes = [p.node for p in library]
-    sparse = sparse_primitives(library)
+    sparse = fallback_rules(fs, library)
     # the tables' profiles score only keys behind the query: fitted for causal models only
     keys = np.asarray(sorted(frequent_tokens(list(fit_split.seqs), cfg.key_weights, min_sequences=3)),
                       dtype=np.int64) if cfg.tables and causal else None

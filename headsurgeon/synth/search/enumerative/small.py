@@ -14,7 +14,7 @@ from ...program import BUDGETS, Program
 from ...sequence import Sequence as TokenSequence
 from ...vocab import Vocabulary
 from .compose import best_single_loss, extend, mixture, walk
-from .fitset import FitSet
+from .fitset import MIN_WINDOWS, FitSet
 from .mixtures import GramStats, beam_mixtures
 from .util import significant
 
@@ -23,8 +23,6 @@ SHORT_TEXT = 26
 POSITIONAL = frozenset({"self", "first", "prev", "next", "window", "decay", "uniform"})
 #: the largest key_in_set written for a small program (ids render as token strings)
 MAX_KEY_IDS = 8
-#: the fewest fit windows a key token of ``key_in_set`` must appear in
-MIN_KEY_WINDOWS = 3
 #: raw weights tried for the terms of a small ``sum`` (first term, second term)
 SUM_WEIGHTS: tuple[tuple[float, float], ...] = ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (4.0, 1.0), (1.0, 4.0))
 #: finite size bands of the budgets, smallest first
@@ -79,7 +77,7 @@ def short_mask(nodes: list[dsl.Node]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def key_sets(fs: FitSet, hi: int, sizes: tuple[int, ...] = (1, 2, 4, MAX_KEY_IDS), min_cells: int = 40,
-             min_windows: int = MIN_KEY_WINDOWS) -> list[tuple[int, ...]]:
+             min_windows: int = MIN_WINDOWS) -> list[tuple[int, ...]]:
     """Key-token sets the head favours: tokens ranked by mean attention per visible cell (key 0 left to first()).
 
     A token must be a key in at least ``min_windows`` fit windows: one occurrence early in one window already
@@ -176,7 +174,7 @@ def propose_small(fs: FitSet, hi: int, tot: GramStats, groups: list[GramStats], 
         screen = []
         for g, grp in enumerate(groups):
             inn, out = grp, tot - grp
-            if inn.pp[hi] > 0 and out.pp[hi] > 0:
+            if inn.pp[hi] > 0 and out.pp[hi] > 0 and fs.pred_windows[g] >= MIN_WINDOWS:
                 screen.append((best_single_loss(inn, hi) + best_single_loss(out, hi), g))
         for _proxy, g in sorted(screen)[:gates]:
             inn, out = groups[g], tot - groups[g]
