@@ -40,7 +40,8 @@ def frontier_candidates(programs: ProgramSet, which: str) -> dict[Head, dict[str
 def mixture_refits(handle: ModelHandle, programs: ProgramSet, cfg: BuildConfig, synth: list[Sequence],
                    vocab: Vocabulary | None) -> dict[Head, Program]:
     """Per head whose program is a mixture or a gate over mixtures: the same components reweighted (per branch) to
-    match the head's output on the synth windows (headsurgeon/surgery/swap/refit.py), kept when it changed and, for explanations, is still readable."""
+    match the head's output on the synth windows (headsurgeon/surgery/swap/refit.py), kept when it changed and, for
+    explanations, is still readable."""
     from ..surgery.swap.refit import refit_mixtures
     from ..synth.program import READABLE_CHARS
 
