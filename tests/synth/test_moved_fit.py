@@ -7,6 +7,7 @@ import pytest
 from scipy.optimize import nnls
 
 from headsurgeon.surgery.patterns.store import AttentionStore
+from headsurgeon.synth import dsl
 from headsurgeon.synth.program import Program
 from headsurgeon.synth.search.enumerative import EnumerativeConfig, enumerative_search
 from headsurgeon.synth.search.enumerative.moved import nonneg_lstsq
@@ -143,3 +144,36 @@ def test_selection_by_vw_r2_chooses_the_planted_program(planted) -> None:
     entry = chosen.entries[(0, 0)]
     assert entry.explanation.program.text == PLANTED
     assert entry.explanation.scores["test"]["vw_r2"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_learned_token_sets_name_no_query_token_of_fewer_than_three_windows(monkeypatch) -> None:
+    """A head whose share of the match follows three names, one of which occurs in a single line of the text: the
+    learned sets never name that one (a story's own name does not generalize), though without the window rule
+    they do."""
+    from headsurgeon.synth.search.enumerative import fitset, moved
+    from headsurgeon.synth.search.enumerative.compose import walk
+
+    rng = np.random.default_rng(0)
+    names, words = ["Lily", "Tom", "Ben", "Sue", "Max"], ["the", "a", "dog", "ran", "to", "and", "saw", "ball"]
+    lines = [" ".join(str(rng.choice(names)) if rng.random() < 0.3 else str(rng.choice(words)) for _ in range(22))
+             + "." for _ in range(48)]
+    lines[4] = "Ann saw Ann and the dog ran to Ann with Ann and the ball."
+    seqs = story_sequences(text="\n".join(lines))
+    ids = {t.lower(): int(i) for s in seqs for t, i in zip(s.tokens, s.ids)}
+    rare = ids["ann"]
+    assert 0 < sum(rare in s.ids.tolist() for s in seqs) < fitset.MIN_WINDOWS
+    chosen = sorted(ids[n] for n in ("lily", "tom", "ann"))
+    planted = (f"gate(ids=[{', '.join(map(str, chosen))}], 0.1*first() + 0.9*induction(), "
+               "0.9*first() + 0.1*induction())")
+    store, synth, select = planted_store(seqs, planted)
+    assert any(rare in seqs[i].ids.tolist() for i in synth)  # the fit set sees the name
+
+    def named() -> set[int]:
+        found = enumerative_search(store, StoreSplits(synth, select), EnumerativeConfig(spacy=False),
+                                   heads=[(0, 0)], progress=False)[(0, 0)]
+        return {t for c in found for node in walk(c.program.node)
+                if isinstance(node, dsl.Gate) and node.pred.kind == "ids" for t in node.pred.value}
+
+    assert ids["lily"] in named() and rare not in named()
+    monkeypatch.setattr(moved, "MIN_WINDOWS", 1)
+    assert rare in named()

@@ -114,15 +114,15 @@ class FitSet(Cells):
         self.row_tok = np.concatenate(row_tok).astype(np.int64)  # query token id
         self.cell_first = np.zeros(self.C, dtype=bool)  # key 0 (BOS when the model uses one)
         self.cell_first[self.row_start[:-1]] = True
+        self.row_window = np.repeat(np.arange(self.B), np.diff(self.seq_row_start))  # [R] each row's fit window
         self.prim_windows = self.windows_with(~self.empty)  # [P] windows where each primitive's rows are not all empty
         self.pred_windows = self.windows_with(self.pred_rows)  # [G] windows where each query predicate holds
 
     def windows_with(self, rows: np.ndarray) -> np.ndarray:
         """[X] the number of fit windows in which a boolean row mask [X, R] is set in some row."""
         hit = np.zeros((rows.shape[0], self.B), dtype=bool)
-        for b in range(self.B):
-            lo, hi = self.seq_row_start[b], self.seq_row_start[b + 1]
-            hit[:, b] = rows[:, lo:hi].any(axis=1)
+        x, r = np.nonzero(rows)
+        hit[x, self.row_window[r]] = True
         return hit.sum(axis=1)
 
     def stats(self) -> tuple["GramStats", list["GramStats"]]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ... import dsl
 from ...program import Program
-from .fitset import FitSet
+from .fitset import MIN_WINDOWS, FitSet
 from ....core import Head
 
 __all__ = ["MOVED_CORES", "NormSource", "moved_gate_chains", "cell_keys", "cell_norms", "nonneg_lstsq",
@@ -115,12 +115,14 @@ def token_set_gates(fs: FitSet, rows: np.ndarray, G: np.ndarray, g: np.ndarray, 
     rows; the tokens whose fit gives the cores more than the rows' common fit does are ranked by how much their own
     fit lowers their rows' error, and each of the first ``TOKEN_SET_MAX`` prefixes is a set. What a head gives its
     match often follows the query's own token (a name's repeat takes most of the row, a function word's almost none),
-    which no flag or part of speech names; a token whose rows never tell the mixtures apart is never named."""
+    which no flag or part of speech names; a token whose rows never tell the mixtures apart is never named, nor one
+    seen as a query in fewer than MIN_WINDOWS fit windows (a story's own name)."""
     idx = np.flatnonzero(rows)
     if not idx.size:
         return []
     uniq, inv, counts = np.unique(fs.row_tok[idx], return_inverse=True, return_counts=True)
     T = len(uniq)
+    windows = np.bincount(np.unique(inv * np.int64(fs.B) + fs.row_window[idx]) // fs.B, minlength=T)
     Gt, gt, yt = np.zeros((T,) + G.shape[1:]), np.zeros((T, g.shape[1])), np.zeros(T)
     np.add.at(Gt, inv, G[idx])
     np.add.at(gt, inv, g[idx])
@@ -130,7 +132,7 @@ def token_set_gates(fs: FitSet, rows: np.ndarray, G: np.ndarray, g: np.ndarray, 
     w_own, own = _batched_nonneg(Gt, gt, yt)
     gain = shared - own
     more = np.flatnonzero((_core_share(w_own) > _core_share(w_all)) & (gain > 1e-9 * max(float(yt.sum()), 1e-30))
-                          & (counts >= _MIN_TOKEN_ROWS))
+                          & (counts >= _MIN_TOKEN_ROWS) & (windows >= MIN_WINDOWS))
     ranked = more[np.lexsort((uniq[more], -gain[more]))][:TOKEN_SET_MAX]
     out = []
     for k in range(1, len(ranked) + 1):
@@ -201,7 +203,8 @@ def moved_gate_chains(fs: FitSet, hi: int, norms: np.ndarray, depth: int = 3, mi
     chain: list[tuple[dsl.Pred, np.ndarray, np.ndarray]] = []  # (predicate, its rows, the weights inside)
     for _ in range(depth):
         best = None
-        tried = list(zip(fs.preds, fs.pred_rows)) + token_set_gates(fs, rest, G, g, yy, min_rows)
+        tried = [(pred, mask) for pred, mask, seen in zip(fs.preds, fs.pred_rows, fs.pred_windows)
+                 if seen >= MIN_WINDOWS] + token_set_gates(fs, rest, G, g, yy, min_rows)
         for pred, mask in tried:
             inside = rest & mask
             outside = rest & ~mask

@@ -99,9 +99,8 @@ def key_sets(fs: FitSet, hi: int, sizes: tuple[int, ...] = (1, 2, 4, MAX_KEY_IDS
 
 def key_windows(fs: FitSet, size: int) -> np.ndarray:
     """[size] the number of fit windows in which each token id stands at a key position after the first."""
-    seq_of_row = np.searchsorted(fs.seq_row_start, np.arange(fs.R), side="right") - 1
-    later = np.arange(fs.R) > fs.seq_row_start[seq_of_row]
-    pairs = np.unique(seq_of_row[later] * np.int64(size) + fs.row_tok[later])
+    later = np.arange(fs.R) > fs.seq_row_start[fs.row_window]
+    pairs = np.unique(fs.row_window[later] * np.int64(size) + fs.row_tok[later])
     return np.bincount(pairs % size, minlength=size)[:size]
 
 
