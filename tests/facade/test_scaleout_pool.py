@@ -23,7 +23,10 @@ SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequenc
                 enumerative=NARROW_SEARCH, sweep_steps=[0.0, 1.0], progress=False, seed=0)
 
 DRIVER = textwrap.dedent("""
-    import json, sys
+    import json, signal, sys
+    # a script started from a terminal: Ctrl-C raises KeyboardInterrupt even where the test runner itself was
+    # started as a background job of a shell, which leaves SIGINT ignored in every child
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
     torch.set_num_threads(1)
     from headsurgeon.pipeline import explain
