@@ -84,7 +84,7 @@ class RefitResult:
 
 
 #: the query rows a gate branch holds: each (predicate, whether it holds) on the path from the root gate
-Path = tuple[tuple[dsl.Pred, bool], ...]
+BranchPath = tuple[tuple[dsl.Pred, bool], ...]
 
 
 @dataclass
@@ -96,7 +96,7 @@ class _Job:
     before: Program
     components: list[Program]
     shares: np.ndarray
-    path: Path = ()
+    path: BranchPath = ()
     sums: dict[int, np.ndarray] = field(default_factory=dict)  # non-empty-component bitmask → (K+1)×(K+1)
     energy: float = 0.0  # Σ‖AU‖² over the visible rows
 
@@ -249,7 +249,7 @@ def _jobs(head: Head, program: Program) -> list[_Job]:
     return [_job(head, program, node, path) for node, path in leaves]
 
 
-def _branches(node: Any, path: Path) -> Any:
+def _branches(node: Any, path: BranchPath) -> Any:
     """(branch, path) for every branch under nested gates, then-branches first."""
     if isinstance(node, dsl.Gate):
         yield from _branches(node.then, (*path, (node.pred, True)))
@@ -258,7 +258,7 @@ def _branches(node: Any, path: Path) -> Any:
         yield node, path
 
 
-def _job(head: Head, program: Program, node: Any, path: Path) -> _Job:
+def _job(head: Head, program: Program, node: Any, path: BranchPath) -> _Job:
     """One branch's job: a mixture's components (duplicates merged) and shares, or any other node as one component."""
     if not isinstance(node, dsl.Mix):
         return _Job(head, program, [Program.from_node(node)], np.ones(1), path)
@@ -312,7 +312,7 @@ class _Components:
                                   torch.from_numpy(nonempty).to(self.device))
         return self.seen[program]
 
-    def path_rows(self, path: Path) -> torch.Tensor | None:
+    def path_rows(self, path: BranchPath) -> torch.Tensor | None:
         """[B, N] the query rows a gate branch holds (None: every row): each predicate read as the gate reads it,
         through ``gate(pred, self(), none())``, whose raw diagonal is 1 exactly where the predicate holds."""
         out = None

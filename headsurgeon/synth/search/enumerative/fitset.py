@@ -118,6 +118,15 @@ class FitSet(Cells):
         self.prim_windows = self.windows_with(~self.empty)  # [P] windows where each primitive's rows are not all empty
         self.pred_windows = self.windows_with(self.pred_rows)  # [G] windows where each query predicate holds
 
+    def token_windows(self, rows: np.ndarray, size: int) -> np.ndarray:
+        """[size] for each token id below ``size``, the number of fit windows in which it is the query token of a
+        row set in the boolean mask ``rows`` [R]."""
+        r = np.flatnonzero(rows)
+        tok = self.row_tok[r]
+        keep = tok < size
+        pairs = np.unique(self.row_window[r[keep]] * np.int64(size) + tok[keep])
+        return np.bincount(pairs % size, minlength=size)
+
     def windows_with(self, rows: np.ndarray) -> np.ndarray:
         """[X] the number of fit windows in which a boolean row mask [X, R] is set in some row."""
         hit = np.zeros((rows.shape[0], self.B), dtype=bool)

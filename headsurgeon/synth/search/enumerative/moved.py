@@ -122,7 +122,7 @@ def token_set_gates(fs: FitSet, rows: np.ndarray, G: np.ndarray, g: np.ndarray, 
         return []
     uniq, inv, counts = np.unique(fs.row_tok[idx], return_inverse=True, return_counts=True)
     T = len(uniq)
-    windows = np.bincount(np.unique(inv * np.int64(fs.B) + fs.row_window[idx]) // fs.B, minlength=T)
+    windows = fs.token_windows(rows, int(uniq[-1]) + 1)[uniq]
     Gt, gt, yt = np.zeros((T,) + G.shape[1:]), np.zeros((T, g.shape[1])), np.zeros(T)
     np.add.at(Gt, inv, G[idx])
     np.add.at(gt, inv, g[idx])

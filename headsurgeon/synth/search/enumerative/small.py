@@ -99,9 +99,7 @@ def key_sets(fs: FitSet, hi: int, sizes: tuple[int, ...] = (1, 2, 4, MAX_KEY_IDS
 
 def key_windows(fs: FitSet, size: int) -> np.ndarray:
     """[size] the number of fit windows in which each token id stands at a key position after the first."""
-    later = np.arange(fs.R) > fs.seq_row_start[fs.row_window]
-    pairs = np.unique(fs.row_window[later] * np.int64(size) + fs.row_tok[later])
-    return np.bincount(pairs % size, minlength=size)[:size]
+    return fs.token_windows(np.arange(fs.R) > fs.seq_row_start[fs.row_window], size)
 
 
 def key_in_set(ids: tuple[int, ...]) -> dsl.Node:
