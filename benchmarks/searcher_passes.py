@@ -1,5 +1,6 @@
-"""Benchmark: the enumerative searcher's hot paths, compiled (headsurgeon/kernels/cell_kernels.py) vs the numpy passes they
-replaced (kept in tests/kernels/test_cell_kernels.py), side by side in one process.
+"""Benchmark: the enumerative searcher's hot paths, compiled (headsurgeon/kernels/cell_kernels.py, and the mixtures' NNLS
+in headsurgeon/kernels/nnls.py) vs the numpy passes they replaced (kept in tests/kernels/test_cell_kernels.py and
+tests/kernels/test_nnls.py), side by side in one process.
 
 Workload: stories260K (``../shared/data``) captured on TinyStories windows of at most 128 tokens (``--synth``
 synth and ``--select`` select windows, split by document, seeded), the enumerative search fitted on ``--fit`` of
@@ -7,9 +8,9 @@ the synth windows. Two parts:
 
 * the passes alone on the real fit set of head 0 (medians of ``--repeats``, after a warm-up): IoU + JSD of a
   block of 24 patterns, row normalization of that block, one IPF step of a softmax table (its rows' mass per
-  key token), ``sum``'s saturating accumulation;
+  key token), ``sum``'s saturating accumulation, the mixture beam's NNLS fit on a 4-component support;
 * the whole search on the first ``--heads`` heads, once through the numpy passes (put back by patching, as
-  the test does) and once compiled, in that order, each after a warm-up search: wall and CPU seconds, their
+  the test does), once with only the NNLS in numpy, and once compiled, in that order, each after a warm-up search: wall and CPU seconds, their
   ratio, and whether both keep the same candidates and pick the same best select-IoU program per head.
 
 The machine is shared (2 cores, other people's runs): the load average is printed before and after.
@@ -70,23 +71,40 @@ def numpy_passes() -> Iterator[None]:
         m.setattr(tables, "table_mass", ref.np_table_mass)
         m.setattr(tables, "table_l1", ref.np_table_l1)
         m.setattr(cell_combinators, "saturating_add", ref.np_saturating_add)
+        with numpy_nnls():
+            yield
+
+
+@contextmanager
+def numpy_nnls() -> Iterator[None]:
+    """The mixtures' NNLS fit as it was in numpy (tests/kernels/test_nnls.py), the other passes compiled."""
+    import pytest
+
+    from headsurgeon.synth.search.enumerative import GramStats
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(GramStats, "fit", reference("test_nnls").numpy_fit)
         yield
 
 
-def reference() -> Any:
-    """tests/kernels/test_cell_kernels.py, the one copy of the numpy passes."""
-    tests = HERE.parent / "tests"
-    sys.path[:0] = [str(tests / "kernels"), str(tests)]  # the test module, and tests/support/ that it imports
-    import test_cell_kernels
+def reference(module: str = "test_cell_kernels") -> Any:
+    """A module of tests/kernels/, the one copy of the numpy passes (test_cell_kernels) and of the numpy NNLS
+    (test_nnls)."""
+    import importlib
 
-    return test_cell_kernels
+    tests = HERE.parent / "tests"
+    if str(tests) not in sys.path:
+        sys.path[:0] = [str(tests / "kernels"), str(tests)]  # the test modules, and tests/support/ they import
+    return importlib.import_module(module)
 
 
 def bench_passes(fs: Any, repeats: int) -> None:
     """Each pass alone on the real fit set, numpy vs compiled."""
     from headsurgeon.kernels import cell_kernels
 
-    ref = reference()
+    from headsurgeon.synth.search.enumerative import GramStats
+
+    ref, nnls_ref = reference(), reference("test_nnls")
     q = fs.X[:24].copy()
     q[:, fs.row_start[:-1]] += fs.empty[:24]  # empty rows attend to position 0, as patterns do
     acc = np.zeros(fs.C, dtype=np.float32)
@@ -97,6 +115,8 @@ def bench_passes(fs: Any, repeats: int) -> None:
     f_off = np.minimum(np.maximum(fs.cell_d, 0), 49).astype(np.int64)
     f_key, f_cls = fs.cell_key, np.zeros(fs.C, dtype=np.int64)
     behind = (fs.cell_d >= 0) | fs.cell_first
+    X = fs.X[:24].astype(np.float64)
+    stats, support = GramStats(X @ X.T, (X @ fs.real[0].astype(np.float64))[None], np.ones(1)), (0, 3, 7, 12)
     exps = (np.exp(b - b.max()), np.exp(a - a.max()), np.exp(c - c.max()), float(np.exp(-60 - b.max() - a.max())))
     cases = {
         "IoU + JSD, 24 patterns": (lambda: (ref.np_iou(fs, q, 0), ref.np_jsd(fs, q, 0)), lambda: fs.scores(q, 0)),
@@ -106,6 +126,8 @@ def bench_passes(fs: Any, repeats: int) -> None:
             lambda: cell_kernels.table_mass(fs.row_start, behind, f_off, f_key, f_cls, *exps, f_key, np.zeros(keys))),
         "sum: saturating accumulation": (lambda: ref.np_saturating_add(acc, 0.5, raw),
                                          lambda: cell_kernels.saturating_add(acc, 0.5, raw)),
+        "mixture NNLS, 4 of 24 components": (lambda: nnls_ref.numpy_fit(stats, 0, support),
+                                             lambda: stats.fit(0, support)),
     }
     print(f"\n== the passes alone on the fit set ({fs.C:,} cells, {fs.R:,} rows, {fs.B} windows); load {load()}")
     print(f"  {'pass':<34} {'numpy ms':>9} {'compiled ms':>12} {'ratio':>7}")
@@ -136,8 +158,17 @@ def bench_search(store: Any, heads: list, synth_idx: list[int], select_idx: list
     print(f"\n== the enumerative search, {len(heads)} heads, fit on {fit} windows")
     with numpy_passes():
         old = run("numpy")
+    with numpy_nnls():
+        mid = run("numpy NNLS")
     new = run("compiled")
-    print(f"  speed-up: wall {old['wall'] / new['wall']:.2f}x, CPU {old['cpu'] / new['cpu']:.2f}x")
+    print(f"  speed-up: wall {old['wall'] / new['wall']:.2f}x, CPU {old['cpu'] / new['cpu']:.2f}x; the NNLS alone "
+          f"(numpy NNLS / compiled): wall {mid['wall'] / new['wall']:.2f}x, CPU {mid['cpu'] / new['cpu']:.2f}x")
+    compare(old, new, "numpy / compiled")
+    compare(mid, new, "numpy NNLS / compiled")
+
+
+def compare(old: dict, new: dict, label: str) -> None:
+    """Whether two runs keep the same candidates, in the same order, with the same best select-IoU program."""
     same_sets = all(old["result"][h].keys() == new["result"][h].keys() for h in old["result"])
     same_order = all(list(old["result"][h]) == list(new["result"][h]) for h in old["result"])
 
@@ -147,7 +178,7 @@ def bench_search(store: Any, heads: list, synth_idx: list[int], select_idx: list
     same_best = all(best(old["result"][h]) == best(new["result"][h]) for h in old["result"])
     diff = max(abs(old["result"][h][p][s][m] - new["result"][h][p][s][m]) for h in old["result"]
                for p in old["result"][h] if p in new["result"][h] for s in ("synth", "select") for m in ("iou", "jsd"))
-    print(f"  same candidates per head: {same_sets}; same order: {same_order}; same best select-IoU program: "
+    print(f"  {label}: same candidates per head: {same_sets}; same order: {same_order}; same best select-IoU program: "
           f"{same_best}; largest score difference {diff:.1e}")
     for h in old["result"]:
         a, b = old["result"][h], new["result"][h]

@@ -7,44 +7,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....kernels.nnls import nnls_support
 from ... import dsl
 
 
-def nnls_gram(gram: np.ndarray, rhs: np.ndarray, ridge: float = 1e-9, iters: int = 0) -> np.ndarray:
-    """Non-negative least squares ``min_w w'Gw - 2 r'w, w >= 0`` from the normal equations (Lawson-Hanson).
+#: added to the Gram's diagonal, times its mean diagonal: duplicate components (``window(1, 1)`` and ``prev(1)``)
+#: stay solvable
+RIDGE = 1e-9
 
-    ``gram`` [K, K] symmetric positive semi-definite, ``rhs`` [K]. A tiny ridge keeps duplicate
-    components (e.g. ``window(1, 1)`` and ``prev(1)``) solvable; the solution is deterministic.
-    """
-    G = np.asarray(gram, dtype=np.float64)
-    r = np.asarray(rhs, dtype=np.float64)
-    k = r.shape[0]
-    if k == 0:
+
+def nnls_gram(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """Non-negative least squares ``min_w w'Gw - 2 r'w, w >= 0`` from the normal equations (Lawson-Hanson,
+    compiled: headsurgeon/kernels/nnls.py). ``gram`` [K, K] symmetric positive semi-definite, ``rhs`` [K]; the
+    solution is deterministic."""
+    r = np.ascontiguousarray(rhs, dtype=np.float64)
+    if r.shape[0] == 0:
         return np.zeros(0)
-    G = G + ridge * max(float(np.trace(G)) / k, 1e-30) * np.eye(k)
-    w = np.zeros(k)
-    passive = np.zeros(k, dtype=bool)
-    max_iter = iters or 3 * k + 10
-    for _ in range(max_iter):
-        grad = r - G @ w
-        cand = np.where(~passive, grad, -np.inf)
-        j = int(np.argmax(cand))
-        if cand[j] <= 1e-12 * max(1.0, float(np.abs(r).max())):
-            break
-        passive[j] = True
-        while True:
-            idx = np.flatnonzero(passive)
-            z = np.zeros(k)
-            z[idx] = np.linalg.solve(G[np.ix_(idx, idx)], r[idx])
-            if (z[idx] > 0).all():
-                w = z
-                break
-            neg = idx[z[idx] <= 0]
-            alpha = np.min(w[neg] / np.maximum(w[neg] - z[neg], 1e-300))
-            w = w + alpha * (z - w)
-            passive &= w > 1e-15
-            w[~passive] = 0.0
-    return w
+    support = np.arange(r.shape[0], dtype=np.int64)
+    return nnls_support(np.ascontiguousarray(gram, dtype=np.float64), r, support, 0.0, RIDGE)[0]
 
 
 @dataclass
@@ -55,16 +35,10 @@ class GramStats:
     R: np.ndarray
     pp: np.ndarray
 
-    def loss(self, h: int, support: tuple[int, ...], w: np.ndarray) -> float:
-        """Least-squares loss of head h's fit with ``w`` on ``support``."""
-        s = np.asarray(support, dtype=np.int64)
-        return float(self.pp[h] - 2.0 * self.R[h, s] @ w + w @ self.G[np.ix_(s, s)] @ w)
-
     def fit(self, h: int, support: tuple[int, ...]) -> tuple[np.ndarray, float]:
-        """NNLS weights on ``support`` for head h and their loss."""
-        s = np.asarray(support, dtype=np.int64)
-        w = nnls_gram(self.G[np.ix_(s, s)], self.R[h, s])
-        return w, self.loss(h, support, w)
+        """NNLS weights on ``support`` for head h and their least-squares loss (one compiled call)."""
+        w, loss = nnls_support(self.G, self.R[h], np.asarray(support, dtype=np.int64), float(self.pp[h]), RIDGE)
+        return w, float(loss)
 
     def __sub__(self, other: "GramStats") -> "GramStats":
         return GramStats(self.G - other.G, self.R - other.R, self.pp - other.pp)
