@@ -9,7 +9,7 @@ from scipy.optimize import nnls
 
 from headsurgeon.synth import dsl
 from headsurgeon.synth.search.enumerative import (
-    EnumerativeConfig, FitSet, SearchStats, SplitArrays, enumerative_search, nnls_gram, primitive_library,
+    EnumerativeConfig, FitSet, GramStats, SearchStats, SplitArrays, enumerative_search, nnls_gram, primitive_library,
     round_weights,
 )
 from headsurgeon.synth.program import BUDGETS, Program
@@ -233,6 +233,22 @@ def test_nnls_gram_matches_scipy() -> None:
         ref, _ = nnls(A, b)
         assert (w >= 0).all()
         assert np.linalg.norm(A @ w - b) == pytest.approx(np.linalg.norm(A @ ref - b), rel=1e-5, abs=1e-8)
+
+
+def test_components_that_are_one_pattern_rank_by_library_order_not_by_rounding() -> None:
+    """``self()`` and ``word_start()`` are one pattern where every query starts a word: their one-term fits differ
+    only in the last bits of the solve, and the beam must not let those bits pick the program."""
+    from headsurgeon.synth.search.enumerative.mixtures import beam_mixtures
+
+    rng = np.random.default_rng(3)
+    X = rng.random((4, 200)) * (rng.random((4, 200)) < 0.4)
+    X[2] = X[0]  # component 2 is component 0's pattern on these rows
+    target = 0.7 * X[0] + 0.3 * X[1]
+    R = X @ target
+    R[2] *= 1 + 1e-13  # rounding of the kind two solves leave: component 2 now fits a hair better
+    stats = GramStats(X @ X.T, R[None], np.array([target @ target]))
+    ones = [sup for _, sup, _ in beam_mixtures(stats, 0, np.ones(4, dtype=bool), 4, 1, 4)]
+    assert ones[0] == (0,) and (2,) in ones
 
 
 def test_round_weights() -> None:

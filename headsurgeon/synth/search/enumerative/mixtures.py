@@ -44,9 +44,21 @@ class GramStats:
         return GramStats(self.G - other.G, self.R - other.R, self.pp - other.pp)
 
 
+#: losses closer than this share of the head's energy are one loss to the beam: supports of components that are
+#: the same pattern on these rows (``self()`` and ``word_start()`` where every query starts a word) then rank by
+#: their library order, not by the last bits of their solves
+LOSS_TIE = 1e-7
+
+
 def beam_mixtures(st: GramStats, h: int, allowed: np.ndarray, beam: int, max_terms: int,
                    expand: int) -> list[tuple[float, tuple[int, ...], np.ndarray]]:
-    """Greedy beam over supports: every size's best ``beam`` states as (loss, support, weights)."""
+    """Greedy beam over supports: every size's best ``beam`` states as (loss, support, weights), ranked by loss (in
+    units of ``LOSS_TIE`` of the head's energy), then by support."""
+    unit = LOSS_TIE * max(float(st.pp[h]), 1e-30)
+
+    def rank(state: tuple[float, tuple[int, ...], np.ndarray]) -> tuple[int, tuple[int, ...]]:
+        return round(state[0] / unit), state[1]
+
     states: list[tuple[float, tuple[int, ...], np.ndarray]] = [(float(st.pp[h]), (), np.zeros(0))]
     found: dict[tuple[int, ...], tuple[float, tuple[int, ...], np.ndarray]] = {}
     for _size in range(max_terms):
@@ -74,10 +86,10 @@ def beam_mixtures(st: GramStats, h: int, allowed: np.ndarray, beam: int, max_ter
                 fresh[new] = (loss2, new, w2)
         if not fresh:
             break
-        states = sorted(fresh.values(), key=lambda x: (x[0], x[1]))[:beam]
+        states = sorted(fresh.values(), key=rank)[:beam]
         for stt in states:
             found[stt[1]] = stt
-    return sorted(found.values(), key=lambda x: (x[0], x[1]))
+    return sorted(found.values(), key=rank)
 
 
 def round_weights(weights: Sequence[float], decimals: int = 2) -> list[float]:
