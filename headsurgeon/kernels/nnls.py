@@ -3,8 +3,8 @@
 The enumerative searcher's mixture beam (headsurgeon/synth/search/enumerative/mixtures.py) fits thousands of tiny
 problems per head (a support of 1-6 components out of a library of a few hundred); in numpy each fit paid for fancy
 indexing, a LAPACK call per active-set step and a dozen temporaries, more than the arithmetic. Here one call takes
-the support's rows and columns, runs Lawson-Hanson with the same ridge, tolerances and pivot choices as the numpy
-version it replaced (kept in tests/kernels/test_nnls.py) and returns the weights with their loss.
+the support's rows and columns, runs Lawson-Hanson with the same ridge, tolerances and choice of the entering component
+as the numpy version it replaced (kept in tests/kernels/test_nnls.py) and returns the weights with their loss.
 """
 from __future__ import annotations
 
