@@ -1,6 +1,6 @@
-"""Benchmark: the enumerative searcher's hot paths, compiled (headsurgeon/kernels/cell_kernels.py, and the mixtures' NNLS
-in headsurgeon/kernels/nnls.py) vs the numpy passes they replaced (kept in tests/kernels/test_cell_kernels.py and
-tests/kernels/test_nnls.py), side by side in one process.
+"""Benchmark: the enumerative searcher's hot paths, compiled (headsurgeon/kernels/cell_kernels.py, and the mixtures'
+NNLS in headsurgeon/kernels/nnls.py) vs the numpy passes they replaced (kept in tests/kernels/test_cell_kernels.py
+and tests/kernels/test_nnls.py), side by side in one process.
 
 Workload: stories260K (``../shared/data``) captured on TinyStories windows of at most 128 tokens (``--synth``
 synth and ``--select`` select windows, split by document, seeded), the enumerative search fitted on ``--fit`` of
@@ -10,8 +10,9 @@ the synth windows. Two parts:
   block of 24 patterns, row normalization of that block, one IPF step of a softmax table (its rows' mass per
   key token), ``sum``'s saturating accumulation, the mixture beam's NNLS fit on a 4-component support;
 * the whole search on the first ``--heads`` heads, once through the numpy passes (put back by patching, as
-  the test does), once with only the NNLS in numpy, and once compiled, in that order, each after a warm-up search: wall and CPU seconds, their
-  ratio, and whether both keep the same candidates and pick the same best select-IoU program per head.
+  the test does), once with only the NNLS in numpy, and once compiled, in that order, each after a warm-up
+  search: wall and CPU seconds, their ratios, and whether the runs keep the same candidates and pick the same
+  best select-IoU program per head.
 
 The machine is shared (2 cores, other people's runs): the load average is printed before and after.
 Run: ``python benchmarks/searcher_passes.py [--synth 120 --select 40 --fit 96 --heads 8 --repeats 5]``.
@@ -101,7 +102,6 @@ def reference(module: str = "test_cell_kernels") -> Any:
 def bench_passes(fs: Any, repeats: int) -> None:
     """Each pass alone on the real fit set, numpy vs compiled."""
     from headsurgeon.kernels import cell_kernels
-
     from headsurgeon.synth.search.enumerative import GramStats
 
     ref, nnls_ref = reference(), reference("test_nnls")
@@ -150,7 +150,7 @@ def bench_search(store: Any, heads: list, synth_idx: list[int], select_idx: list
         l0, cpu0, t0 = load(), time.process_time(), time.perf_counter()
         result = enumerative_search(store, splits, config, heads=heads, progress=False, stats=stats)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        print(f"  {label:<9} wall {wall:6.1f} s, CPU {cpu:6.1f} s (compose {stats.seconds['compose']:.1f} s, "
+        print(f"  {label:<10} wall {wall:6.1f} s, CPU {cpu:6.1f} s (compose {stats.seconds['compose']:.1f} s, "
               f"{stats.proposals} proposals); load {l0} -> {load()}", flush=True)
         return {"wall": wall, "cpu": cpu, "result": {h: {c.program.canonical: c.scores for c in v}
                                                       for h, v in result.items()}}
