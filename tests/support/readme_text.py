@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, SHARED, need
 
 README = (ROOT / "README.md").read_text()
@@ -49,6 +51,33 @@ def cli_lines() -> tuple[dict[str, str], list[str]]:
     variables = dict(re.findall(r'`(M|C)="?([^`"]+)"?`', text))
     lines = [line.split("  #")[0].strip() for line in blocks(text, "bash")[0].splitlines() if line.strip()]
     return variables, lines
+
+
+#: the corpus README's examples run on by default: the same subcommands, calls, flags and outputs on 12 windows of 24
+#: tokens (README's 60 windows of 64 tokens make its CLI and Python tests 5 minutes of the suite; `-m slow` runs them so)
+SMALL_WINDOWS, SMALL_LEN = 12, 24
+#: as written (slow) and small (by default), for pytest.mark.parametrize("small", SIZES)
+SIZES = [pytest.param(False, id="as-written", marks=pytest.mark.slow), pytest.param(True, id="small")]
+
+
+def sized(lines: list[str], small: bool) -> list[str]:
+    """README's command lines, their ``--max-sequences 60`` read as the small corpus where ``small``."""
+    if not small:
+        return lines
+    sizes = [line for line in lines if "--max-sequences" in line or "--max-len" in line]
+    assert all("--max-sequences 60" in line and "--max-len" not in line for line in sizes), \
+        "README's corpus flags changed: size its lines here"
+    return [line.replace("--max-sequences 60", f"--max-sequences {SMALL_WINDOWS} --max-len {SMALL_LEN}")
+            for line in lines]
+
+
+def sized_python(codes: list[str], small: bool) -> list[str]:
+    """README's Python blocks, their ``max_len=64, max_sequences=60`` read as the small corpus where ``small``."""
+    if not small:
+        return codes
+    assert "max_len=64, max_sequences=60" in "".join(codes), "README's corpus size changed: size its blocks here"
+    return [code.replace("max_len=64, max_sequences=60", f"max_len={SMALL_LEN}, max_sequences={SMALL_WINDOWS}")
+            for code in codes]
 
 
 def _outputs(line: str) -> list[str]:
