@@ -242,7 +242,7 @@ class Program:
     # ---------------------------------------------------------------- identity
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Program) and other.canonical == self.canonical
+        return other is self or isinstance(other, Program) and other.canonical == self.canonical
 
     def __hash__(self) -> int:
         return hash(self.canonical)

@@ -50,11 +50,17 @@ def _declared_kind(item: dict) -> str | None:
     return None if kind is None else get_backend(kind).kind  # an unknown kind: ProgramValidationError
 
 
-def _program(item: dict, head: tuple[int, int], tables: dict | None) -> Program:
-    """The program of a programs.json record (an entry, its explanation or a frontier point)."""
+def _program(item: dict, head: tuple[int, int], tables: dict | None, read: dict[str, Program]) -> Program:
+    """The program of a programs.json record (an entry, its explanation or a frontier point). ``read``: the programs
+    already read from this document, by their JSON: a head's replacement is usually also a frontier point, often its
+    explanation too, and a fitted table program takes milliseconds to check, so each is read once (programs are
+    immutable values)."""
     try:
         kind = _declared_kind(item)
-        return Program.from_json(programtables.unpack(item["program"], tables), kind=kind)
+        key = json.dumps([kind, item["program"]], sort_keys=True)
+        if key not in read:
+            read[key] = Program.from_json(programtables.unpack(item["program"], tables), kind=kind)
+        return read[key]
     except ProgramError as e:
         raise ProgramError(f"program for {Head.label(head)} is invalid: {e}") from e
     except KeyError:
@@ -107,21 +113,23 @@ class Entry:
         return item
 
     @classmethod
-    def from_json(cls, item: dict, tables: dict | None = None) -> "Entry":
-        """Read a programs.json record; old records (no explanation, frontier, size, chars, gloss) load too."""
+    def from_json(cls, item: dict, tables: dict | None = None, read: dict[str, Program] | None = None) -> "Entry":
+        """Read a programs.json record; old records (no explanation, frontier, size, chars, gloss) load too.
+        ``read``: programs already read from the same document, by their JSON (ProgramSet.from_json shares one)."""
         head = Head.parse(item["head"])
+        read = {} if read is None else read
         if "chars" in item:  # old files' "text" is program.text, not a rendering: render it again
             rendered = {"text": item.get("text") or None, "gloss": item.get("gloss") or None, "chars": item["chars"]}
         else:
             rendered = {"text": None, "gloss": None, "chars": None}
         rendered = {k: v if isinstance(v, str if k != "chars" else int) else None for k, v in rendered.items()}
-        replacement = ScoredProgram(_program(item, head, tables), str(item.get("source", "unknown")),
+        replacement = ScoredProgram(_program(item, head, tables, read), str(item.get("source", "unknown")),
                                     item.get("scores") or {}, str(item.get("hypothesis", "")), **rendered)
         explanation = None
         if isinstance(item.get("explanation"), dict):
             ex = item["explanation"]
-            explanation = ScoredProgram.from_json(ex, _program(ex, head, tables))
-        frontier = [ScoredProgram.from_json(f, _program(f, head, tables))
+            explanation = ScoredProgram.from_json(ex, _program(ex, head, tables, read))
+        frontier = [ScoredProgram.from_json(f, _program(f, head, tables, read))
                     for f in item.get("frontier") or [] if isinstance(f, dict)]
         return cls(replacement, explanation, frontier)
 
@@ -250,9 +258,9 @@ class ProgramSet:
         """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them). The set's
         ``origin`` marks its programs as someone else's: Python ones pass only the trust gate (headsurgeon/synth/trust.py)."""
         check_versioned(obj, PROGRAMS, origin)  # headsurgeon/core/formats.py: a newer version says to upgrade
-        entries = {}
+        entries, read = {}, {}
         for item in obj.get("programs", []):
-            entries[Head.parse(item["head"])] = Entry.from_json(item, tables)
+            entries[Head.parse(item["head"])] = Entry.from_json(item, tables, read)
         fingerprint = obj.get("vocab_fingerprint")
         return cls(entries, obj.get("model", ""), obj.get("meta", {}),
                    fingerprint if isinstance(fingerprint, str) and fingerprint else None, origin)

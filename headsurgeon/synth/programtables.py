@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -79,19 +80,20 @@ def _rebuild(arrays: dict[str, np.ndarray], key: str) -> list:
     try:
         depth, top = (int(x) for x in arrays[f"{key}.shape"])
         values, ints = arrays[f"{key}.values"], arrays[f"{key}.ints"]
-        leaves = [int(v) if i else float(v) for v, i in zip(values.tolist(), ints.tolist())]
+        if values.ndim != 1 or ints.shape != values.shape:
+            raise ValueError(f"values {values.shape} and int flags {ints.shape} differ")
+        leaves = values.astype(np.float64).tolist()  # floats; the leaves stored as ints become ints again
+        for i in np.flatnonzero(ints).tolist():
+            leaves[i] = int(leaves[i])
         levels = [arrays[f"{key}.lens{level}"].tolist() for level in range(1, depth)]
     except (KeyError, ValueError, TypeError, OverflowError) as e:
         raise ProgramError(f"table {key!r} is missing or malformed in the tables file ({e})") from None
     items: list = leaves
     for counts in reversed(levels):  # group the flat leaves level by level, innermost first
-        if sum(counts) != len(items):
+        if sum(counts) != len(items) or min(counts, default=0) < 0:
             raise ProgramError(f"table {key!r} is malformed in the tables file (lengths do not add up)")
-        grouped, at = [], 0
-        for c in counts:
-            grouped.append(items[at: at + c])
-            at += c
-        items = grouped
+        ends = list(accumulate(counts))
+        items = [items[end - c: end] for c, end in zip(counts, ends)]
     if len(items) != top:
         raise ProgramError(f"table {key!r} is malformed in the tables file (length {len(items)}, expected {top})")
     return items

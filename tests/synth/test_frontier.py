@@ -179,6 +179,9 @@ def test_programs_json_stays_under_a_megabyte_for_40_table_programs(tmp_path):
         assert again[h].hash == ps[h].hash
         assert again.entries[h].chars == ps.entries[h].replacement.chars == len(ps[h].render())
         assert [c.program for c in again.entries[h].frontier] == [c.program for c in ps.entries[h].frontier]
+        frontier = again.entries[h].frontier  # a program in several slots is read once: one object
+        assert frontier[2].program is again[h] and frontier[1].program is again.entries[h].explanation.program
+        assert frontier[0].program is not frontier[1].program
     side.write_bytes(side.read_bytes()[:-1] + b" ")
     with pytest.raises(Exception, match="sha256"):
         ProgramSet.load(path)

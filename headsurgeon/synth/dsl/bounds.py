@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -240,12 +241,26 @@ def _check_idweights(value: Any, what: str) -> tuple[tuple[int, float], ...]:
 def _check_idclasses(value: Any, what: str) -> tuple[tuple[int, ...], ...]:
     """class_weight(q=/k=...): 1..MAX_CLASSES disjoint id classes, MAX_IDS ids in all."""
     _as_list(value, what, MAX_CLASSES, "MAX_CLASSES", "[[3, 17], [5]]", "token classes (lists of ids)")
+    plain = _plain_classes(value)
+    if plain is not None:
+        return plain
     classes: list[tuple[int, ...]] = []
     seen: set[int] = set()
     for c, item in enumerate(value):
         ids = _check_class_ids(item, f"{what} class {c}", seen)
         classes.append(ids)
     return tuple(classes)
+
+
+def _plain_classes(value: Sequence) -> tuple[tuple[int, ...], ...] | None:
+    """``value``'s classes, each sorted, when they are non-empty lists of plain ints in 0..MAX_VALUE with no id
+    twice and MAX_IDS in all, checked in one C pass; None otherwise (the class checks then name what is wrong)."""
+    if not all(type(c) in (list, tuple) and c for c in value):
+        return None
+    flat = list(chain.from_iterable(value))
+    if len(flat) > MAX_IDS or _plain_ids(flat) is None or len(set(flat)) != len(flat):
+        return None
+    return tuple(tuple(sorted(c)) for c in value)
 
 
 def _check_class_ids(item: Any, what: str, seen: set[int]) -> tuple[int, ...]:
@@ -269,7 +284,24 @@ def _check_matrix(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tup
             or any(not isinstance(r, (list, tuple)) or len(r) != nk for r in value)):
         raise _err(f"{what} must be a table of {nq} rows (query classes) of {nk} weights (key classes) "
                    f"each; got {_show(value)}")
+    plain = _plain_matrix(value, nk)
+    if plain is not None:
+        return plain
     return tuple(_plain_weights(r) or tuple(_as_weight(x, f"{what} weight") for x in r) for r in value)
+
+
+def _plain_matrix(rows: Sequence, width: int) -> tuple[tuple[float, ...], ...] | None:
+    """``rows`` (each ``width`` long) as weights when every one is a plain int or float in 0..MAX_WEIGHT, checked
+    in one C pass over the whole table; None otherwise (the row checks then name what is wrong)."""
+    if not rows or not width or not set(map(type, chain.from_iterable(rows))) <= _PLAIN_NUMBERS:
+        return None
+    try:
+        arr = np.asarray(rows, dtype=np.float64)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if not (np.isfinite(arr).all() and (arr >= 0.0).all() and (arr <= MAX_WEIGHT).all()):
+        return None
+    return tuple(map(tuple, arr.tolist()))
 
 
 def _check_pairs(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tuple[Any, Any], ...]:
