@@ -258,7 +258,8 @@ class ProgramSet:
         """Read a programs.json document; ``tables``: the side file's arrays (``load`` reads them). The set's
         ``origin`` marks its programs as someone else's: Python ones pass only the trust gate (headsurgeon/synth/trust.py)."""
         check_versioned(obj, PROGRAMS, origin)  # headsurgeon/core/formats.py: a newer version says to upgrade
-        entries, read = {}, {}
+        entries: dict[Head, Entry] = {}
+        read: dict[str, Program] = {}
         for item in obj.get("programs", []):
             entries[Head.parse(item["head"])] = Entry.from_json(item, tables, read)
         fingerprint = obj.get("vocab_fingerprint")
