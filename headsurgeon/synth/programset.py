@@ -96,10 +96,16 @@ class Entry:
     def iou(self, split: Split = "test") -> float | None:
         return self.replacement.iou(split)
 
-    def to_json(self, head: tuple[int, int], tables: dict | None = None) -> dict:
-        """This entry's record in programs.json (big tables packed into ``tables`` when given)."""
+    def to_json(self, head: tuple[int, int], tables: dict | None = None, written: dict[int, Any] | None = None) -> dict:
+        """This entry's record in programs.json (big tables packed into ``tables`` when given). ``written``: the JSON
+        of the programs already written, by ``id``: a program in several slots is converted once (a record's
+        fields are never mutated, so they may share it)."""
+        written = {} if written is None else written
+
         def prog(p: Program) -> Any:
-            return p.to_json() if tables is None else programtables.pack(p.to_json(), tables)
+            if id(p) not in written:
+                written[id(p)] = p.to_json() if tables is None else programtables.pack(p.to_json(), tables)
+            return written[id(p)]
 
         rep = self.replacement
         item = {"head": Head.label(head), **rep.to_json(prog(rep.program)), "hypothesis": rep.hypothesis,
@@ -244,7 +250,8 @@ class ProgramSet:
     # JSON
     def to_json(self, tables: dict | None = None) -> dict:
         """The programs.json document; with ``tables`` (a dict), big numeric lists go there as references."""
-        programs = [e.to_json(h, tables) for h, e in self.entries.items()]
+        written: dict[int, Any] = {}  # keyed by id: every program stays alive in self while the dict lives
+        programs = [e.to_json(h, tables, written) for h, e in self.entries.items()]
         obj: dict[str, Any] = {**PROGRAMS.header(VERSION if tables else 1), "model": self.model,
                                "meta": self.meta}
         if self.vocab_fingerprint:

@@ -23,6 +23,7 @@ from .errors import ProgramError
 MIN_TABLE = 16
 REF = "$table"
 _EXACT = 2 ** 53
+_NUMBERS = frozenset((int, float))  # exact types: bool and numpy scalars take the per-item path
 
 
 def _leaves(value: Any, depth: int, out: list, lens: list[list[int]]) -> int | None:
@@ -31,6 +32,9 @@ def _leaves(value: Any, depth: int, out: list, lens: list[list[int]]) -> int | N
         if len(lens) <= depth:
             lens.append([])
         lens[depth].append(len(value))
+        if value and set(map(type, value)) <= _NUMBERS and -_EXACT < min(value) and max(value) < _EXACT:
+            out.extend(value)  # a row of plain numbers, exact as float64 (a fitted table holds thousands)
+            return depth + 1
         found = None
         for v in value:
             d = _leaves(v, depth + 1, out, lens)

@@ -13,9 +13,14 @@ from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 __all__ = ["size"]
 
 
+_SCALARS = frozenset((int, float, str, bool))  # exact types: anything else is counted item by item
+
+
 def _literals(value: Any) -> int:
     """Scalar literals in a parameter value (lists and tables count each element)."""
     if isinstance(value, (list, tuple)):
+        if set(map(type, value)) <= _SCALARS:
+            return len(value)  # a row of scalars, each one literal (a fitted table holds thousands)
         return sum(_literals(v) for v in value)
     if isinstance(value, Pred):
         return 1 + _literals(value.value)
