@@ -1,5 +1,7 @@
 """programs.json's tables side file (headsurgeon/synth/programtables.py): big numeric lists leave the JSON as
-references and come back exactly, ints as ints and floats as floats; what cannot be stored exactly stays inline."""
+references and come back exactly, ints as ints and floats as floats; what cannot be stored exactly stays inline. The
+row-at-once paths of a table's size and JSON form (headsurgeon/synth/dsl/size.py, jsonform.py) agree with the
+item-by-item rule."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headsurgeon.synth import programtables
+from headsurgeon.synth.dsl.jsonform import _json_value
 from headsurgeon.synth.dsl.size import _literals
 from headsurgeon.synth.errors import ProgramError
 
@@ -62,10 +65,21 @@ def test_a_numeric_list_comes_back_exactly_and_only_exact_ones_leave_the_json(va
     assert same(programtables.unpack(json.loads(json.dumps(packed)), tables), value)
 
 
+PARAMETERS = st.recursive(st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=2), st.booleans(),
+                                   st.none()), lambda inner: st.lists(inner, max_size=5) | st.tuples(inner, inner),
+                          max_leaves=30)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.recursive(st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=2), st.booleans(),
-                              st.none()), lambda inner: st.lists(inner, max_size=5) | st.tuples(inner, inner),
-                    max_leaves=30))
+@given(PARAMETERS)
+def test_a_parameters_json_form_turns_every_tuple_into_a_list_and_keeps_every_scalar(value):
+    def slow(v):
+        return [slow(x) for x in v] if isinstance(v, tuple) else v
+    assert same(_json_value(value), slow(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(PARAMETERS)
 def test_size_counts_each_scalar_once_and_none_not_at_all(value):
     def slow(v):
         if isinstance(v, (list, tuple)):

@@ -40,8 +40,13 @@ def _pred_from_json(obj: Any, where: str) -> Pred:
                f"got {_show(obj)}")
 
 
+_SCALARS = frozenset((int, float, str, bool))  # exact types: anything else is converted item by item
+
+
 def _json_value(v: Any) -> Any:
     if isinstance(v, tuple):
+        if set(map(type, v)) <= _SCALARS:
+            return list(v)  # a row of scalars (a fitted table holds thousands)
         return [_json_value(x) for x in v]
     if isinstance(v, Pred):
         return _pred_to_json(v)
