@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from ..core.fileio import UnsafeFileError, atomic_file, read_bounded
+from .dsl.nodes import NUMBERS
 from .errors import ProgramError
 
 #: lists with at least this many numbers go to the side file
 MIN_TABLE = 16
 REF = "$table"
 _EXACT = 2 ** 53
-_NUMBERS = frozenset((int, float))  # exact types: bool and numpy scalars take the per-item path
 
 
 def _leaves(value: Any, depth: int, out: list, lens: list[list[int]]) -> int | None:
@@ -32,7 +32,7 @@ def _leaves(value: Any, depth: int, out: list, lens: list[list[int]]) -> int | N
         if len(lens) <= depth:
             lens.append([])
         lens[depth].append(len(value))
-        if value and set(map(type, value)) <= _NUMBERS and -_EXACT < min(value) and max(value) < _EXACT:
+        if value and set(map(type, value)) <= NUMBERS and -_EXACT < min(value) and max(value) < _EXACT:
             out.extend(value)  # a row of plain numbers, exact as float64 (a fitted table holds thousands)
             return depth + 1
         found = None

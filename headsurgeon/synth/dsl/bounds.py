@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import ProgramValidationError
 from ..features import POS_TAGS
 from .labels import dep_labels
-from .nodes import Pred
+from .nodes import NUMBERS, Pred
 from .quote import _show
 
 __all__ = [
@@ -135,14 +135,13 @@ def _as_weight(value: Any, what: str) -> float:
     return v
 
 
-_PLAIN_NUMBERS = frozenset((int, float))  # exact types: bool, numpy scalars and subclasses take the per-item path
 _PLAIN_INT = frozenset((int,))
 
 
 def _plain_weights(values: Sequence) -> tuple[float, ...] | None:
     """``values`` as weights when every one is a plain int or float, finite and in 0..MAX_WEIGHT, checked at C
     speed (a fitted table holds thousands); None otherwise, so that the per-item checks name what is wrong."""
-    if not set(map(type, values)) <= _PLAIN_NUMBERS:
+    if not set(map(type, values)) <= NUMBERS:
         return None
     try:
         arr = np.asarray(values, dtype=np.float64)
@@ -293,7 +292,7 @@ def _check_matrix(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tup
 def _plain_matrix(rows: Sequence, width: int) -> tuple[tuple[float, ...], ...] | None:
     """``rows`` (each ``width`` long) as weights when every one is a plain int or float in 0..MAX_WEIGHT, checked
     in one C pass over the whole table; None otherwise (the row checks then name what is wrong)."""
-    if not rows or not width or not set(map(type, chain.from_iterable(rows))) <= _PLAIN_NUMBERS:
+    if not rows or not width or not set(map(type, chain.from_iterable(rows))) <= NUMBERS:
         return None
     try:
         arr = np.asarray(rows, dtype=np.float64)

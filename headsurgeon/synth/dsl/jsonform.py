@@ -15,7 +15,7 @@ from .bounds import (MAX_DEPTH, MAX_LITERAL_CHARS, MAX_NODES, _Budget, _check_te
                      _make_pred, _NODES_MESSAGE, _show)
 from .build import _checked, _measure, make_mix, make_prim, make_sharpen, make_sum, validate
 from .memo import memo
-from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
+from .nodes import SCALARS, Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 from .spec import COMBINATOR_SPECS, PRIMITIVE_SPECS
 
 __all__ = ["to_json", "from_json", "canonical_json", "json_loads"]
@@ -40,12 +40,9 @@ def _pred_from_json(obj: Any, where: str) -> Pred:
                f"got {_show(obj)}")
 
 
-_SCALARS = frozenset((int, float, str, bool))  # exact types: anything else is converted item by item
-
-
 def _json_value(v: Any) -> Any:
     if isinstance(v, tuple):
-        if set(map(type, v)) <= _SCALARS:
+        if set(map(type, v)) <= SCALARS:
             return list(v)  # a row of scalars (a fitted table holds thousands)
         return [_json_value(x) for x in v]
     if isinstance(v, Pred):

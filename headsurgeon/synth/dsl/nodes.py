@@ -7,7 +7,12 @@ from typing import Any, Union
 from .memo import memo
 
 __all__ = ["Pred", "Prim", "Mix", "Sum", "Fallback", "Gate", "Sharpen", "Mul", "Node", "NODE_TYPES", "is_node",
-           "children"]
+           "children", "NUMBERS", "SCALARS"]
+
+#: the exact types of a parameter's plain numbers and scalars: a row (a fitted table holds thousands) whose items are
+#: all of these is checked, counted and converted in one pass; bool, None, numpy scalars and subclasses go item by item
+NUMBERS = frozenset((int, float))
+SCALARS = frozenset((int, float, str, bool))
 
 
 def _field_hash(node: Any) -> int:

@@ -8,18 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from .memo import memo
-from .nodes import Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
+from .nodes import SCALARS, Fallback, Gate, Mix, Mul, Node, Pred, Prim, Sharpen, Sum
 
 __all__ = ["size"]
-
-
-_SCALARS = frozenset((int, float, str, bool))  # exact types: anything else is counted item by item
 
 
 def _literals(value: Any) -> int:
     """Scalar literals in a parameter value (lists and tables count each element)."""
     if isinstance(value, (list, tuple)):
-        if set(map(type, value)) <= _SCALARS:
+        if set(map(type, value)) <= SCALARS:
             return len(value)  # a row of scalars, each one literal (a fitted table holds thousands)
         return sum(_literals(v) for v in value)
     if isinstance(value, Pred):
