@@ -17,11 +17,11 @@ from headsurgeon.synth.dsl.jsonform import _json_value
 from headsurgeon.synth.dsl.size import _literals
 from headsurgeon.synth.errors import ProgramError
 
-NUMBERS = st.one_of(st.integers(-(2 ** 60), 2 ** 60), st.floats(allow_nan=False, allow_infinity=True),
+LEAVES = st.one_of(st.integers(-(2 ** 60), 2 ** 60), st.floats(allow_nan=False, allow_infinity=True),
                     st.sampled_from([True, False, None, 2 ** 53, -(2 ** 53), 2 ** 53 - 1, -0.0, "x"]))
-ROWS = st.integers(0, 20).flatmap(lambda width: st.lists(st.lists(NUMBERS, min_size=width, max_size=width),
+ROWS = st.integers(0, 20).flatmap(lambda width: st.lists(st.lists(LEAVES, min_size=width, max_size=width),
                                                          min_size=1, max_size=6))
-VALUES = st.one_of(ROWS, st.lists(NUMBERS, max_size=40), st.lists(ROWS, min_size=1, max_size=3))
+VALUES = st.one_of(ROWS, st.lists(LEAVES, max_size=40), st.lists(ROWS, min_size=1, max_size=3))
 
 
 def same(a, b) -> bool:
