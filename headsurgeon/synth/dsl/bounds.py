@@ -9,7 +9,7 @@ parameter, the bound and the fix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -138,18 +138,25 @@ def _as_weight(value: Any, what: str) -> float:
 _PLAIN_INT = frozenset((int,))
 
 
-def _plain_weights(values: Sequence) -> tuple[float, ...] | None:
-    """``values`` as weights when every one is a plain int or float, finite and in 0..MAX_WEIGHT, checked at C
-    speed (a fitted table holds thousands); None otherwise, so that the per-item checks name what is wrong."""
-    if not set(map(type, values)) <= NUMBERS:
+def _weights_array(value: Sequence, items: Iterable) -> np.ndarray | None:
+    """``value`` (a row or a table) as float64 when every one of its ``items`` is a plain int or float, finite and in
+    0..MAX_WEIGHT, checked at C speed (a fitted table holds thousands); None otherwise, so that the per-item checks
+    name what is wrong."""
+    if not set(map(type, items)) <= NUMBERS:
         return None
     try:
-        arr = np.asarray(values, dtype=np.float64)
+        arr = np.asarray(value, dtype=np.float64)
     except (OverflowError, ValueError, TypeError):
         return None
-    if arr.ndim != 1 or not (np.isfinite(arr).all() and (arr >= 0.0).all() and (arr <= MAX_WEIGHT).all()):
+    if not (np.isfinite(arr).all() and (arr >= 0.0).all() and (arr <= MAX_WEIGHT).all()):
         return None
-    return tuple(arr.tolist())
+    return arr
+
+
+def _plain_weights(values: Sequence) -> tuple[float, ...] | None:
+    """``values`` as weights, checked in one pass (``_weights_array``); None: the per-item checks decide."""
+    arr = _weights_array(values, values)
+    return tuple(arr.tolist()) if arr is not None and arr.ndim == 1 else None
 
 
 def _plain_ids(values: Sequence) -> list[int] | None:
@@ -290,17 +297,10 @@ def _check_matrix(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tup
 
 
 def _plain_matrix(rows: Sequence, width: int) -> tuple[tuple[float, ...], ...] | None:
-    """``rows`` (each ``width`` long) as weights when every one is a plain int or float in 0..MAX_WEIGHT, checked
-    in one C pass over the whole table; None otherwise (the row checks then name what is wrong)."""
-    if not rows or not width or not set(map(type, chain.from_iterable(rows))) <= NUMBERS:
-        return None
-    try:
-        arr = np.asarray(rows, dtype=np.float64)
-    except (OverflowError, ValueError, TypeError):
-        return None
-    if not (np.isfinite(arr).all() and (arr >= 0.0).all() and (arr <= MAX_WEIGHT).all()):
-        return None
-    return tuple(map(tuple, arr.tolist()))
+    """``rows`` (each ``width`` long) as weights, checked in one pass over the whole table (``_weights_array``);
+    None: the row checks decide."""
+    arr = _weights_array(rows, chain.from_iterable(rows)) if rows and width else None
+    return tuple(map(tuple, arr.tolist())) if arr is not None else None
 
 
 def _check_pairs(value: Any, what: str, others: Mapping[str, Any]) -> tuple[tuple[Any, Any], ...]:
