@@ -1,6 +1,8 @@
 """TransformerLens habits on a hybrid: run_with_cache, run_with_hooks and hooks() run the programs, not the base."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -121,6 +123,22 @@ def test_z_mode_cache_shows_the_program_pattern(random_models):
     want = torch.zeros(5, 5)
     want[:, 0] = 1
     assert torch.allclose(cache["blocks.0.attn.hook_pattern"][0, 1], want)
+
+
+def test_z_mode_inference_shows_the_program_pattern_without_a_discarded_edit_warning(random_models):
+    """Without autograd the program's pattern is written into the consumed one in place: observers see it, and the
+    bridge has no returned edit to call discarded (z carries the program)."""
+    handle = random_models["bert"]
+    hybrid = hs.replace_heads(handle, {"L0H1": "first()"})
+    ids = torch.tensor([[5, 17, 33, 8, 2]])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logits, cache = hybrid.run_with_cache(ids, names_filter="blocks.0.attn.hook_pattern")
+    assert torch.equal(logits, hybrid(ids))
+    want = torch.zeros(5, 5)
+    want[:, 0] = 1
+    assert torch.allclose(cache["blocks.0.attn.hook_pattern"][0, 1], want)
+    assert not torch.allclose(cache["blocks.0.attn.hook_pattern"][0, 0], want)  # the neural head is untouched
 
 
 def test_generate_takes_text_and_refuses_what_would_run_the_base(tiny):

@@ -62,6 +62,11 @@ class HookedPath(BatchPatterns):
             if self.mode == "z" and len(module._forward_hooks) == 1:
                 return None  # the backend ignores pattern edits; only observers (hooks after this one) need it
             found = self._batch_patterns(pattern.shape[-2], pattern.shape[-1])[layer]
+            if self.mode == "z" and not torch.is_grad_enabled():
+                # the backend has consumed the pattern already; edited in place, observers see the pattern used
+                # and the bridge does not warn that a returned edit is discarded (z carries it)
+                found.apply(pattern, in_place=True)
+                return None
             if self.mode == "pattern" and not pattern.requires_grad and len(module._forward_hooks) == 1:
                 found.apply(pattern, in_place=True)  # inference, nobody else watching: no new [B, H, N, N] buffer
                 return None
