@@ -9,11 +9,13 @@ Reading and decoding are AttentionStore's own (headsurgeon/surgery/patterns/stor
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence as Seq
 
 import numpy as np
 
+from ..synth.sequence import Sequence
 from ..surgery.patterns.store_reader import (MAX_MANIFEST_BYTES, MAX_SEQUENCES_BYTES, StoreError, StoreReader, byte_source,
                                     norm_name,
                                     listed_shards)
@@ -23,12 +25,31 @@ class StoreUnreachable(StoreError):
     """This process cannot read the store at the location it was given."""
 
 
+#: the most stores whose sequences a process keeps for its next tasks (a worker serves one run at a time)
+KEPT_STORES = 4
+_kept: OrderedDict[str, list[Sequence]] = OrderedDict()
+
+
+def shared_sequences(digest: str, sequences: list[Sequence]) -> list[Sequence]:
+    """The Sequence objects this process already read from a sequences file with sha256 ``digest`` (else
+    ``sequences``, kept for the next task): every task of a worker reads the same windows, and their features
+    (spaCy's tags, word and sentence indices) are computed once per process rather than once per task."""
+    if not digest:
+        return sequences
+    kept = _kept.setdefault(digest, sequences)
+    _kept.move_to_end(digest)
+    while len(_kept) > KEPT_STORES:
+        _kept.popitem(last=False)
+    return kept
+
+
 class HeadStore:
     """``PatternSource`` (headsurgeon/synth/search/base.py) over ``heads`` of the store at ``location`` (path or fsspec URL).
 
     Reads ``manifest.json`` and ``sequences.json`` once through the store's reader (headsurgeon/surgery/patterns/store_reader.py: the
-    same format, version, settings and sequence checks as ``AttentionStore.load``), then per ``batch`` call only
-    the byte ranges of the requested heads (kept in memory for the task's later reads).
+    same format, version, settings and sequence checks as ``AttentionStore.load``; the windows as the Sequence objects
+    of this process's earlier tasks on the same file, :func:`shared_sequences`), then per ``batch`` call only the byte
+    ranges of the requested heads (kept in memory for the task's later reads).
     """
 
     def __init__(self, location: str | os.PathLike, heads: Seq[tuple[int, int]] | None = None) -> None:
@@ -43,7 +64,8 @@ class HeadStore:
                 f"cannot read the attention store at {self.location!r} from host {os.uname().nodename} "
                 f"({type(e).__name__}: {e}); put the store on a filesystem every worker mounts at the same path, "
                 "or pass an fsspec URL the workers can open (e.g. s3://bucket/run/store)") from None
-        self.sequences, self.layout, self.causal = facts.sequences, facts.layout, facts.causal
+        self.sequences = shared_sequences(facts.sequences_digest, facts.sequences)
+        self.layout, self.causal = facts.layout, facts.causal
         self.n_layers, self.n_heads = facts.n_layers, facts.n_heads
         self.mode, self.model_name, self.shard_size = facts.layout.mode, facts.model, facts.shard_size
         missing = set(range(facts.n_shards)) - listed_shards(facts.meta, facts.n_shards)

@@ -99,6 +99,34 @@ def test_head_store_refuses_what_the_store_refuses(stores, tmp_path, change, mes
 
 
 @pytest.mark.smoke
+def test_tasks_of_one_process_share_the_windows_of_one_sequences_file(stores, tmp_path, monkeypatch):
+    """A worker's tasks read the same windows: the second task gets the first one's Sequence objects, with the
+    features already computed; a sequences file that differs in anything (here one character of a text, which the
+    ids' key does not see) gets its own, and only the last few files are kept."""
+    import json
+    import shutil
+
+    from headsurgeon.scaleout import headstore
+
+    first = HeadStore(stores["dense"].directory, [(0, 1)])
+    first.sequences[0].features.word_index  # computed in the first task
+    second = HeadStore(stores["dense"].directory, [(3, 7)])
+    assert second.sequences is first.sequences
+    assert "word_index" in second.sequences[0].features.to_dict()
+
+    copy = tmp_path / "store"
+    shutil.copytree(stores["dense"].directory, copy)
+    items = json.loads((copy / "sequences.json").read_text())
+    items[0]["text"] = items[0]["text"][:-1] + ("x" if items[0]["text"][-1] != "x" else "y")
+    (copy / "sequences.json").write_text(json.dumps(items))
+    changed = HeadStore(copy, [(0, 1)])
+    assert changed.sequences is not first.sequences and changed.sequences[0].text != first.sequences[0].text
+
+    monkeypatch.setattr(headstore, "KEPT_STORES", 1)
+    HeadStore(copy, [(0, 1)])  # the most recent file is kept, the one before dropped
+    assert HeadStore(stores["dense"].directory, [(0, 1)]).sequences is not first.sequences
+
+
 def test_journal_keeps_the_first_record_and_refuses_other_inputs(tmp_path):
     book = HeadJournal(tmp_path / "heads")
     assert book.start({"seed": 0, "searchers": ["enumerative"]}) == {}

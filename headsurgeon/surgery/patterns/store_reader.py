@@ -302,6 +302,7 @@ class StoreFacts:
     model: str
     shard_size: int
     records: dict[int, dict]
+    sequences_digest: str = ""  # sha256 of the sequences file's bytes: the same windows, text and offsets
 
     @property
     def n_shards(self) -> int:
@@ -345,7 +346,7 @@ class StoreReader:
             facts = StoreFacts(meta, sequences, int(meta["n_layers"]), int(meta["n_heads"]),
                                layout_of(meta["mode"], meta["q_frac"], meta["shard_size"],
                                          meta.get("value_norms", False)), bool(meta["causal"]),
-                               meta["model"], int(meta["shard_size"]), shard_records(meta))
+                               meta["model"], int(meta["shard_size"]), shard_records(meta), sha256_bytes(raw))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, StoreError):
                 raise
