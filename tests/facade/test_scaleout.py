@@ -98,7 +98,6 @@ def test_head_store_refuses_what_the_store_refuses(stores, tmp_path, change, mes
             reader(copy)
 
 
-@pytest.mark.smoke
 def test_tasks_of_one_process_share_the_windows_of_one_sequences_file(stores, tmp_path, monkeypatch):
     """A worker's tasks read the same windows: the second task gets the first one's Sequence objects, with the
     features already computed; a sequences file that differs in anything (here one character of a text, which the
@@ -127,6 +126,7 @@ def test_tasks_of_one_process_share_the_windows_of_one_sequences_file(stores, tm
     assert HeadStore(stores["dense"].directory, [(0, 1)]).sequences is not first.sequences
 
 
+@pytest.mark.smoke
 def test_journal_keeps_the_first_record_and_refuses_other_inputs(tmp_path):
     book = HeadJournal(tmp_path / "heads")
     assert book.start({"seed": 0, "searchers": ["enumerative"]}) == {}
