@@ -6,8 +6,9 @@ from ..core import InputError
 __all__ = ["FIRST_TASK_HEADS", "MAX_HEADS_PER_TASK", "balanced", "chunked"]
 
 #: most heads per task: a task pays a fixed cost (the searchers' shared work: the enumerative searcher's
-#: primitives on its fit set, sequence features) before its heads, so big tasks amortize it, while a killed run
-#: loses at most one task's heads (benchmarks/scaleout.py measures both costs)
+#: primitives on its fit set; the windows' features in a process's first task only, headstore.py) before its heads,
+#: so big tasks amortize it, while a killed run loses at most one task's heads (benchmarks/scaleout.py measures both
+#: costs)
 MAX_HEADS_PER_TASK = 64
 #: heads in each worker's first task: small, so the run's time estimate comes from its first seconds
 FIRST_TASK_HEADS = 2

@@ -34,8 +34,6 @@ def shared_sequences(digest: str, sequences: list[Sequence]) -> list[Sequence]:
     """The Sequence objects this process already read from a sequences file with sha256 ``digest`` (else
     ``sequences``, kept for the next task): every task of a worker reads the same windows, and their features
     (spaCy's tags, word and sentence indices) are computed once per process rather than once per task."""
-    if not digest:
-        return sequences
     kept = _kept.setdefault(digest, sequences)
     _kept.move_to_end(digest)
     while len(_kept) > KEPT_STORES:

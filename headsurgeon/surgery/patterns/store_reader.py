@@ -302,7 +302,7 @@ class StoreFacts:
     model: str
     shard_size: int
     records: dict[int, dict]
-    sequences_digest: str = ""  # sha256 of the sequences file's bytes: the same windows, text and offsets
+    sequences_digest: str  # sha256 of the sequences file's bytes: the same windows, text and offsets
 
     @property
     def n_shards(self) -> int:
