@@ -23,10 +23,15 @@ from ..surgery.threads import THREAD_ENV, pin_threads, usable_cores, worker_thre
 from .task import HeadJob, explain_heads
 from ..core import Head, HeadsurgeonError, InputError
 
-__all__ = ["WORKERS_ENV", "PoolReport", "WorkerLost", "default_workers", "describe", "peak_rss", "pool_map"]
+__all__ = ["KEEP_GROWN_WORKERS", "WORKERS_ENV", "PoolReport", "WorkerLost", "default_workers", "describe", "peak_rss",
+           "pool_map", "worker_pool"]
 
 #: times a pool may break (a worker killed) before the run gives up
 RESTARTS = 3
+#: loky replaces a worker whose memory grew 300 MB past its size after its first task, which a worker's kept windows
+#: and a large task's patterns pass by design: the new worker pays its imports, spaCy and the windows' features again.
+#: Set in each worker's environment before loky loads, so only a worker that dies (the pool's restart path) is replaced
+KEEP_GROWN_WORKERS = {"LOKY_MAX_MEMORY_LEAK_SIZE": str(2 ** 60)}
 #: the environment variable that sets the default number of workers (e.g. 1 where the caller already fills the
 #: cores with processes of its own, as tests/conftest.py does under pytest-xdist)
 WORKERS_ENV = "HEADSURGEON_WORKERS"
@@ -66,6 +71,14 @@ def _init_worker(threads: int) -> None:
     pin_threads(threads)
 
 
+def worker_pool(workers: int, threads: int) -> ProcessPoolExecutor:
+    """A loky pool of ``workers`` fresh interpreters, each pinned to ``threads`` threads, ignoring Ctrl-C, and kept
+    however much its memory grows."""
+    # the environment sizes each worker's native pools as its libraries load; _init_worker pins them again
+    return ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(threads,),
+                               env={**{k: str(threads) for k in THREAD_ENV}, **KEEP_GROWN_WORKERS})
+
+
 def _task(job: HeadJob, chunk: list[tuple[int, int]]) -> tuple[list[dict], int, int]:
     return explain_heads(job, chunk), os.getpid(), peak_rss()
 
@@ -82,9 +95,7 @@ def pool_map(job: HeadJob, chunks: list[list[tuple[int, int]]], finished: Callab
     report = PoolReport(workers, worker_threads(workers))
     todo = list(chunks)
     while todo:
-        # the environment sizes each worker's native pools as its libraries load; _init_worker pins them again
-        executor = ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_init_worker,
-                                       initargs=(report.threads,), env={k: str(report.threads) for k in THREAD_ENV})
+        executor = worker_pool(min(workers, len(todo)), report.threads)
         done: set[int] = set()
         try:
             pending: dict[Future, int] = {executor.submit(_task, job, chunk): i for i, chunk in enumerate(todo)}

@@ -196,6 +196,24 @@ def test_bad_worker_counts_are_refused_before_the_capture():
         preflight(ScaleoutConfig("ray", workers=2))
 
 
+def test_a_worker_whose_memory_grows_keeps_running_the_tasks():
+    """A worker that keeps 400 MB after its first task (its kept windows, a large task's patterns) is not replaced, as
+    loky replaces one that grew 300 MB: a new worker would pay its imports and the windows' features again."""
+    from headsurgeon.scaleout.pool import worker_pool
+
+    grow = "import builtins; builtins.hs_kept = getattr(builtins, 'hs_kept', []) + [b'x' * (400 << 20)]"
+    executor = worker_pool(1, 1)
+    try:
+        first = executor.submit(os.getpid).result(timeout=120)
+        time.sleep(1.2)  # loky checks a worker's memory at most once a second, after a task
+        executor.submit(exec, grow).result(timeout=120)
+        time.sleep(1.2)
+        pids = {executor.submit(os.getpid).result(timeout=120) for _ in range(3)}
+    finally:
+        executor.shutdown(wait=True, kill_workers=True)
+    assert pids == {first}
+
+
 @pytest.mark.e2e
 def test_a_searcher_registered_in_a_script_runs_on_the_workers(script_run):
     """A script that registers its own searcher (a closure in __main__, no main guard) reaches the workers, and
