@@ -200,8 +200,9 @@ def _gather_seqs(rowptr, cols, vals, n, idx, new_ptr, new_cols, new_vals):  # pr
         src = rowptr[b * n]
         dst = new_ptr[t * n]
         m = rowptr[(b + 1) * n] - src
-        new_cols[dst: dst + m] = cols[src: src + m]
-        new_vals[dst: dst + m] = vals[src: src + m]
+        for k in range(m):  # element loops, not slice copies: a slice copy compiles numpy's shape-error path
+            new_cols[dst + k] = cols[src + k]
+            new_vals[dst + k] = vals[src + k]
 
 
 @njit(cache=True)
@@ -233,13 +234,15 @@ def _pack(rowptr, cols, vbits, r0, L, mode, out):  # pragma: no cover - compiled
             out[c + i] = cols[rowptr[r0 + i]] if rowptr[r0 + i + 1] > rowptr[r0 + i] else 0
         c += L
     else:
-        out[c: c + nnz] = cols[lo: lo + nnz]
+        for k in range(nnz):
+            out[c + k] = cols[lo + k]
         c += nnz
     if mode & _ROWVAL:
         for i in range(L):
             out[c + i] = vbits[rowptr[r0 + i]] if rowptr[r0 + i + 1] > rowptr[r0 + i] else 0
     else:
-        out[c: c + nnz] = vbits[lo: lo + nnz]
+        for k in range(nnz):
+            out[c + k] = vbits[lo + k]
 
 
 def _packed_size(L: int, nnz: int, mode: int) -> int:
@@ -418,11 +421,13 @@ def _unpack(flat, starts, n, rowptr, cols, vbits):  # pragma: no cover - compile
                 for k in range(k0, k1):
                     cols[dst + k] = flat[c + i] + (k - k0)
         else:
-            cols[dst: dst + nnz] = flat[c: c + nnz]
+            for k in range(nnz):
+                cols[dst + k] = flat[c + k]
         if mode & _ROWVAL:
             for i in range(L):
                 k0, k1 = flat[ptr + i], flat[ptr + i + 1]
                 for k in range(k0, k1):
                     vbits[dst + k] = flat[v + i]
         else:
-            vbits[dst: dst + nnz] = flat[v: v + nnz]
+            for k in range(nnz):
+                vbits[dst + k] = flat[v + k]

@@ -46,7 +46,8 @@ def per_token_kernel(kernel: Callable[..., None], name: str, doc: str) -> Callab
 def _pad_rows(flat, starts, out):  # pragma: no cover - compiled
     for b in range(out.shape[0]):
         L = starts[b + 1] - starts[b]
-        out[b, :L] = flat[starts[b]: starts[b + 1]]
+        for j in range(L):  # an element loop: a slice copy compiles numpy's shape-error path (seconds)
+            out[b, j] = flat[starts[b] + j]
         out[b, L:] = 0
 
 

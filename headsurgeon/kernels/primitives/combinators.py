@@ -84,21 +84,23 @@ def raw_accumulate(out, a, weight):  # pragma: no cover - compiled
 @njit(cache=True, fastmath=_FASTMATH)
 def fallback_rows(a, alt):  # pragma: no cover - compiled
     """Rows of ``a`` with zero mass are replaced by the same rows of ``alt`` (in place on ``a``)."""
-    nb, n, _ = a.shape
+    nb, n, nk = a.shape
     for b in range(nb):
         for i in range(n):
             if _row_sum(a[b, i]) <= 0.0:
-                a[b, i, :] = alt[b, i, :]
+                for j in range(nk):  # an element loop: a slice copy compiles numpy's shape-error path (seconds)
+                    a[b, i, j] = alt[b, i, j]
 
 
 @njit(cache=True)
 def gate_rows(qmask, a, alt):  # pragma: no cover - compiled
     """Rows whose query mask is unset take ``alt``'s row (in place on ``a``)."""
-    nb, n, _ = a.shape
+    nb, n, nk = a.shape
     for b in range(nb):
         for i in range(n):
             if not qmask[b, i]:
-                a[b, i, :] = alt[b, i, :]
+                for j in range(nk):
+                    a[b, i, j] = alt[b, i, j]
 
 
 @njit(cache=True, fastmath=_FASTMATH)
