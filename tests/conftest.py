@@ -17,9 +17,11 @@ torch.set_num_threads(1)  # tiny models: one thread is as fast, and immune to ov
 if os.environ.get("PYTEST_XDIST_WORKER"):  # README's `pytest -n 2`: a worker per core, so the CLI and Ray
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses a worker starts take its one core, not both
 
-#: the files that cost most (seconds per file with their child processes, `--durations=0`, benchmarks/RESULTS.md), in
-#: that order: collected first, so that pytest-xdist starts them first and both workers finish near the same time
-LONGEST_FIRST = ("test_scaleout_pool.py", "test_scaleout_ray.py", "test_downstream.py", "test_architectures.py",
+#: the files that cost most (seconds per file with their child processes, `--durations=0`, benchmarks/RESULTS.md),
+#: collected first, so that pytest-xdist starts them first and both workers finish near the same time. The first two
+#: start together: the second compiles few numba kernels, so on a cold cache the first compiles the kernels once for
+#: every later process (numba's disk cache) instead of both workers compiling the same ones side by side
+LONGEST_FIRST = ("test_scaleout_pool.py", "test_architectures.py", "test_scaleout_ray.py", "test_downstream.py",
                  "test_readme_cli_rest.py", "test_readme_cli.py", "test_kernel_specialisation.py", "test_eaps_files.py",
                  "test_known_heads.py", "test_build.py", "test_lint.py", "test_explain.py", "test_explain_measures.py",
                  "test_readme.py", "test_enumerative.py", "test_packaging.py")

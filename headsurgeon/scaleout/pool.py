@@ -4,8 +4,9 @@ may use, each worker pinned to its share of threads (headsurgeon/surgery/threads
 The pool is loky's: workers start as fresh interpreters (a fork of a process whose OpenMP pool has run can hang)
 that never re-run the caller's script (so a script needs no ``if __name__ == "__main__"`` guard), and tasks travel
 with cloudpickle (a searcher registered in a notebook or a script reaches them). Workers ignore Ctrl-C (the driver
-stops them and keeps its journal) and report their peak memory with each task. A worker that dies (the
-out-of-memory killer, a kill -9) breaks the pool; the tasks it had not finished run again on a fresh pool.
+stops them and keeps its journal) and report their peak memory with each task. A worker is never replaced for
+growing (what it keeps is meant to be reused); a worker that dies (the out-of-memory killer, a kill -9) breaks the
+pool, and the tasks it had not finished run again on a fresh pool.
 """
 from __future__ import annotations
 
