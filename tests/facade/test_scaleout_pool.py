@@ -151,21 +151,9 @@ def test_two_workers_select_what_one_process_selects(one_process, script_run):
 
 
 @pytest.mark.e2e
-def test_a_killed_worker_has_its_heads_re_run(one_process, tmp_path):
-    out = tmp_path / "out"
-    proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
-    _wait_for(lambda: len(_workers(proc.pid)) == 2, proc, "two workers started")
-    _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= 2, proc, "the first heads were journaled")
-    os.kill(_workers(proc.pid)[0], signal.SIGKILL)
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
-    notes = json.loads(stdout.strip().splitlines()[-1])["notes"]
-    assert any("lost workers 1 time(s)" in n for n in notes), notes
-    assert _programs(out) == _programs(one_process)
-
-
-@pytest.mark.e2e
-def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(one_process, tmp_path):
+def test_ctrl_c_stops_every_worker_and_the_resumed_run_survives_a_killed_worker(one_process, tmp_path):
+    """Ctrl-C stops the driver and every worker and leaves a journal; the same command resumes from it, and a worker
+    killed during the resumed run has its heads re-run: the programs are the one process's (one chain, one full run)."""
     out = tmp_path / "out"
     proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
     _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= 2, proc, "the first heads were journaled")
@@ -180,8 +168,15 @@ def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(one_process, tmp
     assert not any(_alive(w) for w in workers), "a worker outlived the interrupted driver"
     journaled = len(list((out / "heads").glob("L*H*.json")))
     assert 2 <= journaled < 40
-    summary = _drive(tmp_path, out, workers=2)
-    assert any(f"resumed {journaled} of 40 heads" in n for n in summary["notes"]), summary
+    proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
+    _wait_for(lambda: len(_workers(proc.pid)) == 2, proc, "two workers started")
+    _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= journaled + 2, proc, "the resumed run journaled")
+    os.kill(_workers(proc.pid)[0], signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    notes = json.loads(stdout.strip().splitlines()[-1])["notes"]
+    assert any(f"resumed {journaled} of 40 heads" in n for n in notes), notes
+    assert any("lost workers 1 time(s)" in n for n in notes), notes
     assert _programs(out) == _programs(one_process)
 
 
