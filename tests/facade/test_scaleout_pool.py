@@ -196,6 +196,7 @@ def test_a_worker_whose_memory_grows_keeps_running_the_tasks():
     loky replaces one that grew 300 MB: a new worker would pay its imports and the windows' features again."""
     from headsurgeon.scaleout.pool import worker_pool
 
+    pytest.importorskip("psutil", reason="loky measures a worker's memory only where psutil is installed")
     grow = "import builtins; builtins.hs_kept = getattr(builtins, 'hs_kept', []) + [b'x' * (400 << 20)]"
     executor = worker_pool(1, 1)
     try:
