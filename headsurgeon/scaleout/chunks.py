@@ -10,7 +10,8 @@ __all__ = ["FIRST_TASK_HEADS", "MAX_HEADS_PER_TASK", "balanced", "chunked"]
 #: so big tasks amortize it, while a killed run loses at most one task's heads (benchmarks/scaleout.py measures both
 #: costs)
 MAX_HEADS_PER_TASK = 64
-#: heads in each worker's first task: small, so the run's time estimate comes from its first seconds
+#: heads in each worker's first task: small, since that task also starts the worker (its process, spaCy, the
+#: windows' features) and its pace says little about the rest (run.py's estimate waits for the task after it)
 FIRST_TASK_HEADS = 2
 
 
@@ -25,7 +26,7 @@ def balanced(heads: list[tuple[int, int]], workers: int) -> list[list[tuple[int,
     """``heads`` in tasks for ``workers`` processes: a small first task each, then tasks that shrink as the work
     left shrinks (each a ``1 / (2 * workers)`` share of it, at most ``MAX_HEADS_PER_TASK``), so no worker is
     left with a long task while the others idle at the end, and the progress bar moves steadily."""
-    if workers <= 1:  # nothing to balance: one small task for the estimate, then the largest
+    if workers <= 1:  # nothing to balance: one small task to start, then the largest
         first = heads[:FIRST_TASK_HEADS]
         return chunked(first, FIRST_TASK_HEADS) + chunked(heads[FIRST_TASK_HEADS:], MAX_HEADS_PER_TASK)
     chunks: list[list[tuple[int, int]]] = []

@@ -26,18 +26,21 @@ if TYPE_CHECKING:  # surgery/models/handle.py imports torch, which this module d
 EXECUTORS = ("local", "ray")
 
 
-def _estimate(elapsed: float, done: int, left: int, workers: int, warmup: float = 0.0) -> str:
-    """The time the remaining heads will take, from the first heads' pace (the workers ran in parallel).
-
-    ``warmup``: seconds of ``elapsed`` spent compiling kernels (warmup.py), which later tasks do not repeat.
-    """
-    seconds = max(0.0, elapsed - warmup) * left / max(1, done * workers)
+def _estimate(seconds_per_head: float, left: int, workers: int) -> str:
+    """The time the remaining heads will take at ``seconds_per_head``, the workers running side by side."""
+    seconds = max(0.0, seconds_per_head) * left / max(1, workers)
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _warmup(records: list[dict]) -> float:
-    """The seconds a task's records say it spent compiling kernels (task.py ``explain_heads``)."""
-    return sum(float((rec.get("seconds") or {}).get("warmup") or 0.0) for rec in records)
+def _pace(records: list[dict]) -> float:
+    """Seconds per head of one task: its heads' own search, selection and ΔPPL time, less the numba warm-up it
+    recorded (task.py ``explain_heads``)."""
+    def total(value: Any) -> float:
+        return sum(map(total, value.values())) if isinstance(value, dict) else float(value or 0.0)
+
+    seconds = [rec.get("seconds") or {} for rec in records]
+    spent = sum(total({k: v for k, v in s.items() if k != "warmup"}) - float(s.get("warmup") or 0.0) for s in seconds)
+    return max(0.0, spent) / max(1, len(records))
 
 
 def _picklable(job: HeadJob) -> bool:
@@ -79,7 +82,7 @@ def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *
     with tqdm(total=len(heads), initial=len(heads) - len(todo), desc=f"explain heads ({executor})", unit="head",
               disable=not progress) as bar:
         t0 = time.perf_counter()
-        count = [0]  # heads journaled by this run
+        count = [0, 0]  # heads journaled by this run, tasks finished
 
         def finished(records: list[dict]) -> None:
             for rec in records:
@@ -88,13 +91,15 @@ def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *
                     on_record(rec)
             bar.update(len(records))
             count[0] += len(records)
+            count[1] += 1
             left = len(todo) - count[0]
-            if count[0] == len(records) and left and progress:  # the first task: say how long the rest will take
-                took = time.perf_counter() - t0
-                warm = min(_warmup(records), took)
-                compiling = f" ({warm:.0f} s of it compiling kernels, left out)" if warm >= 0.5 else ""
-                bar.write(f"explain heads: the first {len(records)} took {took:.0f} s{compiling}; the other {left} "
-                          f"will take about {_estimate(took, len(records), left, workers, warm)}")
+            # a worker's first task also starts its process, loads spaCy and reads the windows (three to four times
+            # a later task's pace on SmolLM2): the estimate waits for the first task after every worker's first
+            if count[1] == workers + 1 and left and progress:
+                pace = _pace(records)
+                bar.write(f"explain heads: {count[0]} done in {time.perf_counter() - t0:.0f} s; at a later task's "
+                          f"pace ({pace:.1f} s a head) the other {left} will take about "
+                          f"{_estimate(pace, left, workers)}")
 
         if executor == "local" and todo:
             chunks = chunked(todo, heads_per_task) if heads_per_task else balanced(todo, workers)
