@@ -93,8 +93,8 @@ def run_heads(job: HeadJob, heads: list[tuple[int, int]], journal: str | Path, *
             count[0] += len(records)
             count[1] += 1
             left = len(todo) - count[0]
-            # a worker's first task also starts its process, loads spaCy and reads the windows (three to four times
-            # a later task's pace on SmolLM2): the estimate waits for the first task after every worker's first
+            # a worker's first task also starts its process, loads spaCy and reads the windows, so its pace overstates
+            # the rest (benchmarks/RESULTS.md): the estimate waits for the first task after every worker's first
             if count[1] == workers + 1 and left and progress:
                 pace = _pace(records)
                 bar.write(f"explain heads: {count[0]} done in {time.perf_counter() - t0:.0f} s; at a later task's "
