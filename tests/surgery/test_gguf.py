@@ -58,6 +58,36 @@ def test_a_cache_hit_equals_a_fresh_conversion_bit_for_bit(tiny, cache, monkeypa
     assert hit.config.num_key_value_heads == 2 and hit.config._attn_implementation == "eager"
 
 
+def test_a_conversion_parses_the_file_once_and_gives_what_transformers_alone_gives(tiny, cache, monkeypatch):
+    """transformers reads the file for the tokenizer, the config and the weights, and maps names per module; a
+    conversion parses it once and builds each name map once (headsurgeon/surgery/models/gguf_once.py), to the same
+    weights, config and tokens as transformers' own three reads."""
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    own_tok = AutoTokenizer.from_pretrained(str(tiny.parent), gguf_file=tiny.name)
+    own = AutoModelForCausalLM.from_pretrained(str(tiny.parent), gguf_file=tiny.name, dtype=torch.float32,
+                                               attn_implementation="eager")
+    readers, maps = [], []
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    def spy_reader(*a, **k):
+        readers.append(a)
+        return reader_class(*a, **k)
+
+    def spy_map(*a):
+        maps.append(a)
+        return name_map(*a)
+
+    monkeypatch.setattr(gguf, "GGUFReader", spy_reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", spy_map)
+    model, tok, _ = hs_gguf.read_gguf(tiny, cache=False)
+    assert len(readers) == 1 and len(maps) == len(set(maps)) == 1, (readers, maps)
+    assert gguf.GGUFReader is spy_reader and gguf.get_tensor_name_map is spy_map  # put back after the conversion
+    assert same_state(state(model), state(own)) and model.config.to_dict() == own.config.to_dict()
+    text = "the cat sat in the sun. Tim ate a pie!"
+    assert tok(text)["input_ids"] == own_tok(text)["input_ids"] and tok.get_vocab() == own_tok.get_vocab()
+
+
 @pytest.mark.parametrize("damage", ["flip a weight byte", "truncate", "stale versions", "torn entry"])
 def test_a_damaged_cache_entry_is_detected_and_rebuilt(tiny, cache, damage):
     fresh_model, _, sha = hs_gguf.read_gguf(tiny, cache=False)

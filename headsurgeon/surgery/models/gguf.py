@@ -1,7 +1,8 @@
 """GGUF files as models: transformers dequantizes one once, and the float32 result is cached by the file's sha256.
 
 Reading a GGUF through transformers parses the file's metadata three times (config, tokenizer, weights) and maps
-tensor names layer by layer; for SmolLM2-135M that, not the dequantization, is most of a 40-90 s load. Before
+tensor names module by module, most of a first load rather than the dequantization; a conversion parses the file and
+builds each name map once (headsurgeon/surgery/models/gguf_once.py). Before
 either parses it, the file's header is read bounded and checked (headsurgeon/surgery/models/gguf_header.py), so a damaged file is
 reported as damaged, at its byte offset. The cache entry (``cache_root()/gguf/<sha256>/``: save_pretrained's
 config, tokenizer and ``model.safetensors``, plus ``entry.json`` with every file's size and sha256, the
@@ -26,6 +27,7 @@ from ...core.fileio import atomic_write_json, sha256_file
 from .gguf_cache import ENTRY, ConversionCacheWarning, building, entry_problem, private_folder, secret_of, sign_entry
 from .gguf_cache import sweep_dead_builds
 from .gguf_header import GGUFFileError, read_gguf_header
+from .gguf_once import parsed_once
 from .handle import ModelLoadError
 
 __all__ = ["GGUFParts", "assemble_parts", "cache_root", "is_gguf", "package_dir", "read_gguf", "gguf_architecture",
@@ -67,11 +69,12 @@ def _require_gguf_package() -> None:
 
 
 def _convert(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
-    """transformers' own GGUF reader: config and tokenizer from the file, weights dequantized to ``dtype``."""
+    """transformers' own GGUF reader: config and tokenizer from the file, weights dequantized to ``dtype`` (the file
+    parsed once for the three, headsurgeon/surgery/models/gguf_once.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), parsed_once():
             warnings.simplefilter("ignore")
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype,
