@@ -15,43 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, NARROW_SEARCH, STORIES, need
+from conftest import CORPUS, need
+from support.explain_driver import MODEL, SETTINGS, drive, programs
 from headsurgeon.scaleout.chunks import FIRST_TASK_HEADS, MAX_HEADS_PER_TASK, balanced
-
-MODEL = f"llama2c:{STORIES / 'stories260K.bin'}"
-SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequences=24, searchers=["enumerative"],
-                enumerative=NARROW_SEARCH, sweep_steps=[0.0, 1.0], progress=False, seed=0)
-
-DRIVER = textwrap.dedent("""
-    import json, signal, sys
-    # a script started from a terminal: Ctrl-C raises KeyboardInterrupt even where the test runner itself was
-    # started as a background job of a shell, which leaves SIGINT ignored in every child
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    import torch
-    torch.set_num_threads(1)
-    from headsurgeon.pipeline import explain
-    kw = json.loads(sys.argv[1])
-    result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
-    print(json.dumps({"notes": result.notes}))
-""")
-
-
-def _drive(tmp: Path, out: Path, wait: bool = True, **kw) -> subprocess.Popen | dict:
-    """Run explain in a fresh Python process, as a user's script does (its last stdout line is a JSON summary)."""
-    (tmp / "driver.py").write_text(DRIVER)
-    args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(out), **SETTINGS, **kw})
-    proc = subprocess.Popen([sys.executable, str(tmp / "driver.py"), args], cwd=tmp, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    if not wait:
-        return proc
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
-def _programs(out: Path) -> dict:
-    return json.loads((out / "programs.json").read_text())
-
 
 def _workers(pid: int) -> list[int]:
     """The driver's pool workers (its children running loky's worker main)."""
@@ -144,7 +110,7 @@ def test_two_workers_select_what_one_process_selects(one_process, script_run):
     """The script's searcher is the enumerative one under another name (its candidates name their searcher, so the
     files compare whole); the skipped LLM agent adds nothing."""
     folder, notes = script_run
-    assert _programs(folder / "out") == _programs(one_process)  # programs, frontiers and scores, bit for bit
+    assert programs(folder / "out") == programs(one_process)  # programs, frontiers and scores, bit for bit
     assert any("2 worker processes × 1 thread" in n and "peak memory" in n for n in notes), notes
 
 
@@ -155,7 +121,7 @@ def test_ctrl_c_stops_every_worker_and_the_resumed_run_survives_a_killed_worker(
     """Ctrl-C stops the driver and every worker and leaves a journal; the same command resumes from it, and a worker
     killed during the resumed run has its heads re-run: the programs are the one process's (one chain, one full run)."""
     out = tmp_path / "out"
-    proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
+    proc = drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
     _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= 2, proc, "the first heads were journaled")
     workers = _workers(proc.pid)
     assert workers
@@ -168,7 +134,7 @@ def test_ctrl_c_stops_every_worker_and_the_resumed_run_survives_a_killed_worker(
     assert not any(_alive(w) for w in workers), "a worker outlived the interrupted driver"
     journaled = len(list((out / "heads").glob("L*H*.json")))
     assert 2 <= journaled < 40
-    proc = _drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
+    proc = drive(tmp_path, out, wait=False, workers=2, heads_per_task=2)
     _wait_for(lambda: len(_workers(proc.pid)) == 2, proc, "two workers started")
     _wait_for(lambda: len(list((out / "heads").glob("L*H*.json"))) >= journaled + 2, proc, "the resumed run journaled")
     os.kill(_workers(proc.pid)[0], signal.SIGKILL)
@@ -177,7 +143,7 @@ def test_ctrl_c_stops_every_worker_and_the_resumed_run_survives_a_killed_worker(
     notes = json.loads(stdout.strip().splitlines()[-1])["notes"]
     assert any(f"resumed {journaled} of 40 heads" in n for n in notes), notes
     assert any("lost workers 1 time(s)" in n for n in notes), notes
-    assert _programs(out) == _programs(one_process)
+    assert programs(out) == programs(one_process)
 
 
 def test_bad_worker_counts_are_refused_before_the_capture():

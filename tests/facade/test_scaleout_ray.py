@@ -11,60 +11,26 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, NARROW_SEARCH, STORIES, need
+from conftest import CORPUS, need
+from support.explain_driver import MODEL, SETTINGS, drive, programs
 
 ray = pytest.importorskip("ray", reason="pip install 'headsurgeon[ray]' (in the test extra)")
 
-MODEL = f"llama2c:{STORIES / 'stories260K.bin'}"
-SETTINGS = dict(tokenizer=str(STORIES / "tok512.model"), max_len=16, max_sequences=24, searchers=["enumerative"],
-                enumerative=NARROW_SEARCH,
-                sweep_steps=[0.0, 1.0], progress=False, seed=0)
-
-# a driver in its own process, as a user runs explain (a fresh interpreter: whether it imports Ray is its own)
-DRIVER = textwrap.dedent("""
-    import json, sys
-    import torch
-    torch.set_num_threads(1)
-    from headsurgeon.pipeline import explain
-    kw = json.loads(sys.argv[1])
-    result = explain(kw.pop("model"), kw.pop("corpus"), kw.pop("out"), **kw)
-    print(json.dumps({"ray_imported": "ray" in sys.modules, "notes": result.notes}))
-""")
-
-
-def _drive(tmp: Path, out: Path, wait: bool = True, **kw) -> subprocess.Popen | dict:
-    """Run explain in a fresh Python process (its last stdout line is a JSON summary)."""
-    (tmp / "driver.py").write_text(DRIVER)
-    args = json.dumps({"model": MODEL, "corpus": str(need(CORPUS)), "out": str(out), **SETTINGS, **kw})
-    proc = subprocess.Popen([sys.executable, str(tmp / "driver.py"), args], cwd=tmp, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    if not wait:
-        return proc
-    stdout, stderr = proc.communicate(timeout=900)
-    assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
-def _programs(out: Path) -> dict:
-    return json.loads((out / "programs.json").read_text())
-
-
-def _assert_same_programs(got: dict, want: dict, path: str = "programs.json") -> None:
+def _assert_sameprograms(got: dict, want: dict, path: str = "programs.json") -> None:
     """The same programs, texts, glosses, frontiers and scores, bit for bit (the path names the first difference)."""
     if isinstance(want, dict) and isinstance(got, dict):
         assert got.keys() == want.keys(), f"{path}: keys {sorted(got)} != {sorted(want)}"
         for key in want:
-            _assert_same_programs(got[key], want[key], f"{path}/{key}")
+            _assert_sameprograms(got[key], want[key], f"{path}/{key}")
     elif isinstance(want, list) and isinstance(got, list):
         assert len(got) == len(want), f"{path}: {len(got)} items != {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            _assert_same_programs(g, w, f"{path}[{i}]")
+            _assert_sameprograms(g, w, f"{path}[{i}]")
     else:
         assert got == want, f"{path}: {got!r} != {want!r}"
 
@@ -94,7 +60,7 @@ def ray_auth():
 def serial(tmp_path_factory):
     """The serial run (with per-head ΔPPL), in its own process, and whether it imported Ray."""
     tmp = tmp_path_factory.mktemp("serial")
-    summary = _drive(tmp, tmp / "out", delta_ppl=True)
+    summary = drive(tmp, tmp / "out", delta_ppl=True)
     return tmp / "out", summary
 
 
@@ -164,7 +130,7 @@ def test_a_killed_driver_resumes_on_a_cluster_that_survives_a_killed_worker(seri
 
     head, address = cluster
     out = tmp_path / "out"
-    proc = _drive(tmp_path, out, wait=False, heads_per_task=2, delta_ppl=True)
+    proc = drive(tmp_path, out, wait=False, heads_per_task=2, delta_ppl=True)
     try:
         _wait_for_records(out, 6, proc)
     finally:
@@ -172,7 +138,7 @@ def test_a_killed_driver_resumes_on_a_cluster_that_survives_a_killed_worker(seri
         proc.communicate()
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert 6 <= len(before) < 40 and not (out / "programs.json").exists()
-    proc = _drive(tmp_path, out, wait=False, executor="ray", address=address, heads_per_task=4, delta_ppl=True)
+    proc = drive(tmp_path, out, wait=False, executor="ray", address=address, heads_per_task=4, delta_ppl=True)
     killed = None
     try:
         deadline = time.monotonic() + 600
@@ -199,7 +165,7 @@ def test_a_killed_driver_resumes_on_a_cluster_that_survives_a_killed_worker(seri
     assert f"resumed {len(before)} of 40 heads from the journal {out / 'heads'}" in notes
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "heads").glob("L*H*.json")}
     assert len(after) == 40 and all(after[name] == before[name] for name in before)  # finished heads untouched
-    _assert_same_programs(_programs(out), _programs(serial[0]))  # same programs, frontier and scores
+    _assert_sameprograms(programs(out), programs(serial[0]))  # same programs, frontier and scores
     want = json.loads((serial[0] / "summary.json").read_text())["delta_ppl"]
     got = json.loads((out / "summary.json").read_text())["delta_ppl"]
     assert len(got) == 40 and got.keys() == want.keys()
@@ -294,5 +260,5 @@ def test_a_searcher_registered_at_run_time_runs_on_workers(local_ray, tmp_path):
         explain(MODEL, need(CORPUS), tmp_path / "ray", executor="ray", heads_per_task=8, **kw)
     finally:
         unregister_searcher("hs-offsets")
-    _assert_same_programs(_programs(tmp_path / "ray"), _programs(tmp_path / "serial"))
-    assert any(e["source"] == "hs-offsets" for e in _programs(tmp_path / "ray")["programs"])
+    _assert_sameprograms(programs(tmp_path / "ray"), programs(tmp_path / "serial"))
+    assert any(e["source"] == "hs-offsets" for e in programs(tmp_path / "ray")["programs"])
