@@ -88,6 +88,23 @@ def test_a_conversion_parses_the_file_once_and_gives_what_transformers_alone_giv
     assert tok(text)["input_ids"] == own_tok(text)["input_ids"] and tok.get_vocab() == own_tok.get_vocab()
 
 
+def test_parsed_once_shares_readers_and_maps_nests_and_puts_the_names_back(tiny):
+    import gguf
+
+    from headsurgeon.surgery.models.gguf_once import parsed_once
+
+    originals = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    with parsed_once():
+        outer = (gguf.GGUFReader, gguf.get_tensor_name_map)
+        assert gguf.GGUFReader(str(tiny)) is gguf.GGUFReader(str(tiny.resolve()))
+        with parsed_once():  # a conversion inside a conversion, in the same thread
+            arch = gguf.MODEL_ARCH.LLAMA
+            assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        assert (gguf.GGUFReader, gguf.get_tensor_name_map) == outer
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
+    assert gguf.GGUFReader(str(tiny)) is not gguf.GGUFReader(str(tiny))
+
+
 @pytest.mark.parametrize("damage", ["flip a weight byte", "truncate", "stale versions", "torn entry"])
 def test_a_damaged_cache_entry_is_detected_and_rebuilt(tiny, cache, damage):
     fresh_model, _, sha = hs_gguf.read_gguf(tiny, cache=False)

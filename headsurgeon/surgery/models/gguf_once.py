@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["parsed_once"]
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -42,7 +42,7 @@ def parsed_once() -> Iterator[None]:
             maps[args] = name_map(*args)
         return maps[args]
 
-    with _LOCK:  # one conversion patches the module at a time; nested blocks would restore the wrong names
+    with _LOCK:  # one thread patches the module at a time; a nested block restores the names of the one around it
         gguf.GGUFReader, gguf.get_tensor_name_map = shared_reader, shared_name_map
         try:
             yield
