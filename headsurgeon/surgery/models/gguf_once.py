@@ -23,7 +23,7 @@ _LOCK = threading.RLock()
 @contextlib.contextmanager
 def parsed_once() -> Iterator[None]:
     """Within the block, ``gguf.GGUFReader(path)`` returns one reader per (file, mode) and ``gguf.get_tensor_name_map``
-    one map per arguments; a file replaced during the block (another inode or size) gets a reader of its own."""
+    one map per arguments; a file replaced during the block (another inode, size or mtime) gets a reader of its own."""
     import gguf
 
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
